@@ -1,0 +1,100 @@
+"""Huawei Ascend NPU accelerator (torch_npu, HCCL)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from typing import Any
+
+import torch
+
+from slime.accelerator.base import Capabilities
+from slime.accelerator.device_module import DeviceModuleAccelerator
+
+GUIDE = "docs/ascend.md"
+
+
+def import_torch_npu() -> Any:
+    """Import torch_npu (registers torch.npu, the "npu" device and the hccl backend)."""
+    return importlib.import_module("torch_npu")
+
+
+class AscendAccelerator(DeviceModuleAccelerator):
+    name = "npu"
+    device_type = "npu"
+    dist_backend = "hccl"
+    visible_devices_env = "ASCEND_RT_VISIBLE_DEVICES"
+    ray_resource = "NPU"
+    ray_noset_env = "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES"
+
+    _import_error: str | None = None
+
+    def _module(self) -> Any:
+        import_torch_npu()
+        return torch.npu
+
+    @classmethod
+    def is_available(cls) -> bool:
+        # find_spec is truthy even when the import fails (CANN missing), so import for real.
+        if importlib.util.find_spec("torch_npu") is None:
+            cls._import_error = "torch_npu is not installed"
+            return False
+        try:
+            import_torch_npu()
+        except BaseException as e:  # OSError (libhccl.so), ImportError, RuntimeError (version pair)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            cls._import_error = f"import torch_npu failed: {type(e).__name__}: {first}"
+            return False
+        try:
+            ok = bool(torch.npu.is_available()) and int(torch.npu.device_count()) > 0
+        except Exception as e:
+            cls._import_error = f"torch.npu runtime error: {e}"
+            return False
+        if not ok:
+            cls._import_error = "torch_npu imported but no NPU device is visible"
+        return ok
+
+    @classmethod
+    def unavailable_reason(cls) -> str:
+        cause = cls._import_error or "no NPU available"
+        return (
+            f"SLIME_ACCELERATOR=npu but {cause}; install CANN and the matching torch_npu, "
+            f"`source /usr/local/Ascend/ascend-toolkit/set_env.sh`, see {GUIDE}"
+        )
+
+    def device_name(self) -> str:
+        try:
+            return str(self._module().get_device_name())
+        except Exception:
+            return ""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        # Ascend 950DT has no IPC (torch_npu notes); SLIME_NPU_IPC=0/1 overrides the name check.
+        env = os.environ.get("SLIME_NPU_IPC")
+        ipc = env == "1" if env in ("0", "1") else "950DT" not in self.device_name()
+        m = self._module()
+        bf16 = bool(getattr(m, "is_bf16_supported", lambda: True)())
+        return Capabilities(bf16=bf16, fp8="950" in self.device_name(), ipc=ipc, graphs=True, triton=False)
+
+    def _device_env(self) -> dict[str, str]:
+        return {
+            # Large MoE all-to-alls and weight broadcasts exceed the 120 s default on first connect.
+            "HCCL_CONNECT_TIMEOUT": os.environ.get("HCCL_CONNECT_TIMEOUT", "1800"),
+            # Two-level task queue: the documented recommendation for training throughput.
+            "TASK_QUEUE_ENABLE": os.environ.get("TASK_QUEUE_ENABLE", "2"),
+            # expandable_segments is the one allocator option every Ascend generation (incl. 950DT) takes.
+            "PYTORCH_NPU_ALLOC_CONF": os.environ.get("PYTORCH_NPU_ALLOC_CONF", "expandable_segments:True"),
+        }
+
+    def ipc_rebuild_allowlist(self) -> frozenset[tuple[str, str]]:
+        allowed = set(super().ipc_rebuild_allowlist())
+        allowed.add(("torch_npu.multiprocessing.reductions", "rebuild_npu_tensor"))
+        # torch_npu rebinds reduce_tensor; admit the rebuild function it emits, wherever it lives.
+        from torch.multiprocessing import reductions
+
+        mod = getattr(reductions.reduce_tensor, "__module__", "") or ""
+        if mod.startswith("torch_npu"):
+            allowed.add((mod, "rebuild_npu_tensor"))
+        return frozenset(allowed)

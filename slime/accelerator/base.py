@@ -1,0 +1,227 @@
+"""The `Accelerator` interface: everything device-specific that slime needs.
+
+Trainer, rollout engines and models call this interface and never a device module
+(`torch.cuda`, `torch_npu`) or a collective backend name directly. Three backends
+implement it: `CpuAccelerator`, `CudaAccelerator`, `AscendAccelerator`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Sequence
+
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from slime.accelerator.ops import OpTable
+
+
+class AcceleratorUnavailable(RuntimeError):
+    """An accelerator was requested that this process cannot use. The message is one line: cause and fix."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the device can do; code branches on these, never on the accelerator name."""
+
+    bf16: bool
+    fp8: bool
+    ipc: bool  # cross-process tensor sharing (colocated weight sync)
+    graphs: bool  # CUDA/ACL graph capture
+    triton: bool
+
+
+class NullStream:
+    """Stream stand-in for devices without streams (CPU). Same API, no effect."""
+
+    def __init__(self, device: Any = None, priority: int = 0) -> None:
+        self.device = device
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait_stream(self, stream: Any) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def record_event(self, event: Any = None) -> "NullEvent":
+        event = event or NullEvent()
+        event.record(self)
+        return event
+
+    def query(self) -> bool:
+        return True
+
+
+class NullEvent:
+    """Event stand-in for devices without events (CPU). `elapsed_time` uses the host clock."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
+        self._t: float | None = None
+
+    def record(self, stream: Any = None) -> None:
+        import time
+
+        self._t = time.perf_counter()
+
+    def wait(self, stream: Any = None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: "NullEvent") -> float:
+        if self._t is None or end._t is None:
+            raise RuntimeError("elapsed_time needs both events recorded")
+        return (end._t - self._t) * 1000.0
+
+
+MEMORY_STAT_KEYS = ("allocated", "reserved", "peak_allocated", "total", "free")
+
+
+class Accelerator(ABC):
+    """One device family. Instances are per process (see `get_accelerator`)."""
+
+    # --- identity -------------------------------------------------------------------------
+    name: ClassVar[str]  # "cpu" | "cuda" | "npu"
+    device_type: ClassVar[str]  # torch device type
+    dist_backend: ClassVar[str]  # "gloo" | "nccl" | "hccl"
+    visible_devices_env: ClassVar[str | None]  # env var that restricts visible devices
+    ray_resource: ClassVar[str | None]  # Ray resource name for one device, None = CPU bundles
+
+    @classmethod
+    @abstractmethod
+    def is_available(cls) -> bool:
+        """Detector: can this process use the device? Must not raise."""
+
+    @classmethod
+    def unavailable_reason(cls) -> str:
+        """One line: why `is_available()` is False, and the fix."""
+        return f"accelerator '{cls.name}' is not available in this process"
+
+    @property
+    @abstractmethod
+    def capabilities(self) -> Capabilities: ...
+
+    # --- device ---------------------------------------------------------------------------
+    def device(self, index: int | None = None) -> torch.device:
+        """A torch.device for this accelerator (current device when index is None)."""
+        if index is None:
+            return self.current_device()
+        return torch.device(self.device_type, int(index))
+
+    @abstractmethod
+    def device_count(self) -> int: ...
+
+    @abstractmethod
+    def set_device(self, index: int) -> None: ...
+
+    @abstractmethod
+    def current_device(self) -> torch.device: ...
+
+    # --- execution ------------------------------------------------------------------------
+    @abstractmethod
+    def synchronize(self) -> None: ...
+
+    @property
+    @abstractmethod
+    def Stream(self) -> type: ...
+
+    @property
+    @abstractmethod
+    def Event(self) -> type: ...
+
+    @abstractmethod
+    def current_stream(self) -> Any: ...
+
+    @abstractmethod
+    def stream(self, s: Any) -> contextlib.AbstractContextManager: ...
+
+    # --- memory ---------------------------------------------------------------------------
+    @abstractmethod
+    def memory_stats(self) -> dict[str, int]:
+        """At least the int byte keys in MEMORY_STAT_KEYS."""
+
+    @abstractmethod
+    def reset_peak_memory_stats(self) -> None: ...
+
+    @abstractmethod
+    def empty_cache(self) -> None: ...
+
+    # --- rng ------------------------------------------------------------------------------
+    @abstractmethod
+    def manual_seed(self, seed: int) -> None:
+        """Seed host and device generators."""
+
+    @abstractmethod
+    def get_rng_state(self) -> torch.Tensor: ...
+
+    @abstractmethod
+    def set_rng_state(self, state: torch.Tensor) -> None: ...
+
+    # --- collectives ----------------------------------------------------------------------
+    @abstractmethod
+    def process_group_backend(self) -> str:
+        """Backend spec for torch.distributed.init_process_group (e.g. "cpu:gloo,cuda:nccl")."""
+
+    @abstractmethod
+    def worker_env(self, device_ids: Sequence[int]) -> dict[str, str]:
+        """Environment a worker process needs to use exactly `device_ids`."""
+
+    # --- IPC ------------------------------------------------------------------------------
+    @abstractmethod
+    def share_tensor(self, t: torch.Tensor) -> bytes:
+        """A handle (bytes) another process on this host opens with `open_tensor`, without a copy."""
+
+    def open_tensor(self, handle: bytes) -> torch.Tensor:
+        """Open a handle from `share_tensor`. Only allow-listed rebuild functions are unpickled."""
+        from slime.accelerator.ipc import loads_tensor_handle
+
+        return loads_tensor_handle(handle, self.ipc_rebuild_allowlist())
+
+    @abstractmethod
+    def ipc_rebuild_allowlist(self) -> frozenset[tuple[str, str]]:
+        """(module, name) globals a tensor handle of this device may reference."""
+
+    # --- patches and ops ------------------------------------------------------------------
+    def apply_patches(self, library: str) -> list[str]:
+        """Apply this device's documented patch set for `library` (once per process). Returns patch names."""
+        from slime.accelerator.patches import apply_patch_set
+
+        return apply_patch_set(self.name, library)
+
+    def revert_patches(self, library: str) -> None:
+        from slime.accelerator.patches import revert_patch_set
+
+        revert_patch_set(self.name, library)
+
+    @property
+    def ops(self) -> "OpTable":
+        """Fused-op dispatch table for this device (see slime.accelerator.ops)."""
+        table = self.__dict__.get("_ops")
+        if table is None:
+            from slime.accelerator.ops import build_op_table
+
+            table = build_op_table(self)
+            self.__dict__["_ops"] = table
+        return table
+
+    # --- helpers shared by backends -------------------------------------------------------
+    def describe(self) -> str:
+        caps = ", ".join(f"{k}={v}" for k, v in self.capabilities.__dict__.items())
+        return f"{self.name} (devices={self.device_count()}, backend={self.process_group_backend()}, {caps})"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+@contextlib.contextmanager
+def null_stream_context(s: Any) -> Iterator[Any]:
+    yield s

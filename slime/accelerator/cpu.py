@@ -1,0 +1,123 @@
+"""CPU accelerator: the development and CI device. Runs the same code paths as the real devices."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Sequence
+
+import torch
+
+from slime.accelerator.base import Accelerator, Capabilities, NullEvent, NullStream, null_stream_context
+from slime.accelerator.ipc import COMMON_ALLOWLIST, dumps_reduced
+
+
+class CpuAccelerator(Accelerator):
+    name = "cpu"
+    device_type = "cpu"
+    dist_backend = "gloo"
+    visible_devices_env = None
+    ray_resource = None
+
+    def __init__(self) -> None:
+        self._peak_rss = 0
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return True
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(bf16=True, fp8=False, ipc=True, graphs=False, triton=False)
+
+    # device: one logical CPU device
+    def device(self, index: int | None = None) -> torch.device:
+        return torch.device("cpu")
+
+    def device_count(self) -> int:
+        return 1
+
+    def set_device(self, index: int) -> None:
+        pass  # every rank shares the host; nothing to select
+
+    def current_device(self) -> torch.device:
+        return torch.device("cpu")
+
+    # execution: synchronous; stream/event objects keep the API
+    def synchronize(self) -> None:
+        pass
+
+    @property
+    def Stream(self) -> type:
+        return NullStream
+
+    @property
+    def Event(self) -> type:
+        return NullEvent
+
+    def current_stream(self) -> Any:
+        return NullStream()
+
+    def stream(self, s: Any) -> contextlib.AbstractContextManager:
+        return null_stream_context(s)
+
+    # memory: torch.cpu has no allocator stats, so use process RSS and system memory
+    def memory_stats(self) -> dict[str, int]:
+        import psutil
+
+        rss = int(psutil.Process().memory_info().rss)
+        self._peak_rss = max(self._peak_rss, rss)
+        vm = psutil.virtual_memory()
+        return {
+            "allocated": rss,
+            "reserved": rss,
+            "peak_allocated": self._peak_rss,
+            "total": int(vm.total),
+            "free": int(vm.available),
+        }
+
+    def reset_peak_memory_stats(self) -> None:
+        self._peak_rss = 0
+        self.memory_stats()
+
+    def empty_cache(self) -> None:
+        pass
+
+    # rng
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def get_rng_state(self) -> torch.Tensor:
+        return torch.get_rng_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        torch.set_rng_state(state)
+
+    # collectives
+    def process_group_backend(self) -> str:
+        return "gloo"
+
+    def worker_env(self, device_ids: Sequence[int]) -> dict[str, str]:
+        # Ray sets OMP_NUM_THREADS=1 for actors; a trainer or engine actor should use its CPU share.
+        threads = os.environ.get("SLIME_CPU_THREADS")
+        return {"OMP_NUM_THREADS": threads} if threads else {}
+
+    # IPC: POSIX shared memory through torch's "file_system" strategy. The default
+    # "file_descriptor" strategy passes fds over a socket guarded by the multiprocessing
+    # authkey, which differs between Ray workers; file names work across any two processes.
+    def share_tensor(self, t: torch.Tensor) -> bytes:
+        if t.device.type != "cpu":
+            raise ValueError(f"CpuAccelerator.share_tensor got a {t.device} tensor; move it to cpu first")
+        import torch.multiprocessing as mp
+        from torch.multiprocessing import reductions
+
+        if mp.get_sharing_strategy() != "file_system":
+            mp.set_sharing_strategy("file_system")
+        t = t.detach()
+        if not t.is_shared():
+            t.share_memory_()
+        fn, args = reductions.reduce_tensor(t)
+        return dumps_reduced(fn, args)
+
+    def ipc_rebuild_allowlist(self) -> frozenset[tuple[str, str]]:
+        return COMMON_ALLOWLIST

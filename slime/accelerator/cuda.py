@@ -1,0 +1,61 @@
+"""NVIDIA GPU accelerator (torch.cuda, NCCL, CUDA IPC)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from slime.accelerator.base import Capabilities
+from slime.accelerator.device_module import DeviceModuleAccelerator
+
+
+class CudaAccelerator(DeviceModuleAccelerator):
+    name = "cuda"
+    device_type = "cuda"
+    dist_backend = "nccl"
+    visible_devices_env = "CUDA_VISIBLE_DEVICES"
+    ray_resource = "GPU"
+    ray_noset_env = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
+
+    def _module(self) -> Any:
+        return torch.cuda
+
+    @classmethod
+    def is_available(cls) -> bool:
+        try:
+            return bool(torch.cuda.is_available())
+        except Exception:
+            return False
+
+    @classmethod
+    def unavailable_reason(cls) -> str:
+        if not torch.backends.cuda.is_built():
+            return (
+                f"SLIME_ACCELERATOR=cuda but torch {torch.__version__} is a CPU build; "
+                "install a CUDA build of torch or unset SLIME_ACCELERATOR"
+            )
+        return "SLIME_ACCELERATOR=cuda but no CUDA device is visible; check the driver and CUDA_VISIBLE_DEVICES"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        m = self._module()
+        major, _ = m.get_device_capability()
+        try:
+            import triton  # noqa: F401
+
+            has_triton = True
+        except Exception:
+            has_triton = False
+        return Capabilities(
+            bf16=bool(m.is_bf16_supported()), fp8=major >= 9 or (major, _) >= (8, 9), ipc=True,
+            graphs=True, triton=has_triton,
+        )
+
+    def _device_env(self) -> dict[str, str]:
+        return {
+            # Weight-sync buffers are shared across processes; cuMem-based NCCL buffers break that.
+            "NCCL_CUMEM_ENABLE": "0",
+            # Let NCCL free buffers when the work completes instead of per-stream bookkeeping.
+            "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
+        }

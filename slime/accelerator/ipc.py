@@ -1,0 +1,91 @@
+"""Tensor handles for cross-process sharing, and the allow-list unpickler that opens them.
+
+A handle is the pickle of `rebuild_fn(*args)` as produced by torch's multiprocessing
+reductions (`reduce_tensor`), serialized with `ForkingPickler` so storages travel as
+shared-memory / device-IPC references instead of bytes. Handles come from other
+processes (HTTP bodies), so they are opened with an unpickler that resolves only the
+globals on an explicit allow-list: tensor-rebuild functions, storage classes, dtypes.
+Anything else (os.system, builtins.eval, ...) raises `UnsafeHandleError`.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from typing import Any, Callable
+
+import torch
+
+# Globals every tensor handle may reference, whatever the device.
+COMMON_ALLOWLIST: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("torch.multiprocessing.reductions", "rebuild_tensor"),
+        ("torch.multiprocessing.reductions", "rebuild_typed_storage"),
+        ("torch.multiprocessing.reductions", "rebuild_typed_storage_child"),
+        ("torch.multiprocessing.reductions", "rebuild_storage_filename"),
+        ("torch.multiprocessing.reductions", "rebuild_storage_empty"),
+        ("torch.multiprocessing.reductions", "rebuild_nested_tensor"),
+        ("torch.storage", "UntypedStorage"),
+        ("torch.storage", "TypedStorage"),
+        ("torch", "UntypedStorage"),
+        ("torch", "TypedStorage"),
+        ("torch", "Tensor"),
+        ("torch", "Size"),
+        ("torch", "device"),
+        ("torch.nn.parameter", "Parameter"),
+        ("collections", "OrderedDict"),
+    }
+    | {("torch", str(dt).split(".")[-1]) for dt in (
+        torch.float64, torch.float32, torch.float16, torch.bfloat16,
+        torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
+    )}
+    | {("torch", n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)}
+)
+
+
+class UnsafeHandleError(pickle.UnpicklingError):
+    """A handle referenced a global outside the allow-list."""
+
+
+class _Reduced:
+    """Pickles as `fn(*args)`: lets a (rebuild_fn, args) pair from reduce_tensor travel as one object."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple) -> None:
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return self.fn, self.args
+
+
+def dumps_reduced(fn: Callable[..., Any], args: tuple) -> bytes:
+    """Serialize a reduce_tensor result. ForkingPickler routes nested storages through
+    torch's shared-memory reducers (so nothing is copied into the bytes)."""
+    from multiprocessing.reduction import ForkingPickler
+
+    return bytes(ForkingPickler.dumps(_Reduced(fn, args)))
+
+
+class AllowListUnpickler(pickle.Unpickler):
+    def __init__(self, data: bytes, allowed: frozenset[tuple[str, str]]) -> None:
+        super().__init__(io.BytesIO(data))
+        self._allowed = allowed
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self._allowed:
+            raise UnsafeHandleError(
+                f"tensor handle references {module}.{name}, which is not an allowed tensor-rebuild global; "
+                "only handles made by Accelerator.share_tensor can be opened"
+            )
+        return super().find_class(module, name)
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise UnsafeHandleError("tensor handles may not contain persistent ids")
+
+
+def loads_tensor_handle(data: bytes, allowed: frozenset[tuple[str, str]]) -> torch.Tensor:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"tensor handle must be bytes, got {type(data).__name__}")
+    obj = AllowListUnpickler(bytes(data), allowed).load()
+    if not isinstance(obj, torch.Tensor):
+        raise UnsafeHandleError(f"tensor handle decoded to {type(obj).__name__}, expected a Tensor")
+    return obj
