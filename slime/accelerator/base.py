@@ -177,8 +177,14 @@ class Accelerator(ABC):
 
     # --- IPC ------------------------------------------------------------------------------
     @abstractmethod
+    def reduce_tensor(self, t: torch.Tensor) -> tuple[Any, tuple]:
+        """(rebuild_fn, args) that recreate `t` in another process on this host without a copy."""
+
     def share_tensor(self, t: torch.Tensor) -> bytes:
         """A handle (bytes) another process on this host opens with `open_tensor`, without a copy."""
+        from slime.accelerator.ipc import dumps_reduced
+
+        return dumps_reduced(*self.reduce_tensor(t))
 
     def open_tensor(self, handle: bytes) -> torch.Tensor:
         """Open a handle from `share_tensor`. Only allow-listed rebuild functions are unpickled."""

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import torch
 
 from slime.accelerator.base import Accelerator, Capabilities, NullEvent, NullStream, null_stream_context
-from slime.accelerator.ipc import COMMON_ALLOWLIST, dumps_reduced
+from slime.accelerator.ipc import COMMON_ALLOWLIST
 
 
 class CpuAccelerator(Accelerator):
@@ -105,9 +105,9 @@ class CpuAccelerator(Accelerator):
     # IPC: POSIX shared memory through torch's "file_system" strategy. The default
     # "file_descriptor" strategy passes fds over a socket guarded by the multiprocessing
     # authkey, which differs between Ray workers; file names work across any two processes.
-    def share_tensor(self, t: torch.Tensor) -> bytes:
+    def reduce_tensor(self, t: torch.Tensor) -> tuple[Any, tuple]:
         if t.device.type != "cpu":
-            raise ValueError(f"CpuAccelerator.share_tensor got a {t.device} tensor; move it to cpu first")
+            raise ValueError(f"CpuAccelerator.reduce_tensor got a {t.device} tensor; move it to cpu first")
         import torch.multiprocessing as mp
         from torch.multiprocessing import reductions
 
@@ -116,8 +116,7 @@ class CpuAccelerator(Accelerator):
         t = t.detach()
         if not t.is_shared():
             t.share_memory_()
-        fn, args = reductions.reduce_tensor(t)
-        return dumps_reduced(fn, args)
+        return reductions.reduce_tensor(t)
 
     def ipc_rebuild_allowlist(self) -> frozenset[tuple[str, str]]:
         return COMMON_ALLOWLIST

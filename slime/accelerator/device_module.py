@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import torch
 
 from slime.accelerator.base import Accelerator
-from slime.accelerator.ipc import COMMON_ALLOWLIST, dumps_reduced
+from slime.accelerator.ipc import COMMON_ALLOWLIST
 
 
 class DeviceModuleAccelerator(Accelerator):
@@ -100,17 +100,16 @@ class DeviceModuleAccelerator(Accelerator):
 
     # IPC: torch's reductions give a device IPC handle (looked up at call time: torch_npu
     # rebinds reduce_tensor when imported).
-    def share_tensor(self, t: torch.Tensor) -> bytes:
+    def reduce_tensor(self, t: torch.Tensor) -> tuple[Any, tuple]:
         if not self.capabilities.ipc:
             raise RuntimeError(
                 f"{self.name} device does not support IPC tensor sharing; use the distributed weight-sync path"
             )
         if t.device.type != self.device_type:
-            raise ValueError(f"{type(self).__name__}.share_tensor got a {t.device} tensor")
+            raise ValueError(f"{type(self).__name__}.reduce_tensor got a {t.device} tensor")
         from torch.multiprocessing import reductions
 
-        fn, args = reductions.reduce_tensor(t.detach())
-        return dumps_reduced(fn, args)
+        return reductions.reduce_tensor(t.detach())
 
     def ipc_rebuild_allowlist(self) -> frozenset[tuple[str, str]]:
         return COMMON_ALLOWLIST | {

@@ -89,3 +89,21 @@ def loads_tensor_handle(data: bytes, allowed: frozenset[tuple[str, str]]) -> tor
     if not isinstance(obj, torch.Tensor):
         raise UnsafeHandleError(f"tensor handle decoded to {type(obj).__name__}, expected a Tensor")
     return obj
+
+
+def serialize_named_tensors(acc: Any, named: list[tuple[str, torch.Tensor]]) -> bytes:
+    """SGLang's `serialized_named_tensors` payload (before base64): a pickled list of (name, tensor)
+    whose tensors travel as the accelerator's IPC handles. Any unpickler that admits the rebuild
+    functions (SGLang's, or `deserialize_named_tensors`) gets the tensors back without a copy."""
+    from multiprocessing.reduction import ForkingPickler
+
+    return bytes(ForkingPickler.dumps([(str(n), _Reduced(*acc.reduce_tensor(t))) for n, t in named]))
+
+
+def deserialize_named_tensors(data: bytes, allowed: frozenset[tuple[str, str]]) -> list[tuple[str, torch.Tensor]]:
+    obj = AllowListUnpickler(bytes(data), allowed).load()
+    if not isinstance(obj, list) or not all(
+        isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) and isinstance(x[1], torch.Tensor) for x in obj
+    ):
+        raise UnsafeHandleError("named-tensor payload must be a list of (str, Tensor) pairs")
+    return obj

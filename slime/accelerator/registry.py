@@ -14,6 +14,9 @@ import threading
 from slime.accelerator.base import Accelerator, AcceleratorUnavailable
 
 ENV_VAR = "SLIME_ACCELERATOR"
+# Comma-separated modules imported before detection; each may call register_accelerator()
+# (out-of-tree devices, or a replacement backend such as a test simulator).
+PLUGINS_ENV_VAR = "SLIME_ACCELERATOR_PLUGINS"
 
 _CLASSES: dict[str, type[Accelerator]] = {}
 _DETECTION_ORDER: list[str] = []
@@ -56,7 +59,18 @@ def _fail(msg: str) -> AcceleratorUnavailable:
     return AcceleratorUnavailable(msg)
 
 
+def load_plugins() -> None:
+    import importlib
+
+    for mod in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV_VAR, "").split(","))):
+        try:
+            importlib.import_module(mod)
+        except Exception as e:
+            raise _fail(f"{PLUGINS_ENV_VAR}: cannot import accelerator plugin {mod!r} ({type(e).__name__}: {e}); fix or unset it")
+
+
 def detect() -> Accelerator:
+    load_plugins()
     requested = os.environ.get(ENV_VAR, "").strip().lower()
     if requested and requested != "auto":
         if requested not in _CLASSES:
