@@ -1,0 +1,251 @@
+"""The `train.py` command line: slime's flag names, grouped help, one-line validation errors.
+
+"GPU" in a flag name means one accelerator device (GPU, NPU, or a CPU worker slot on CPU).
+Rollout and data flags come from `slime.rollout.arguments.add_rollout_arguments`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Sequence
+
+ADVANTAGE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+KL_LOSS_TYPES = ("k1", "k2", "k3", "low_var_kl")
+UPDATE_WEIGHT_MODES = ("auto", "ipc", "distributed")
+
+
+class ArgumentError(ValueError):
+    """A bad combination of flags. The message is one line: the problem and the fix."""
+
+
+def _has_flag(parser: argparse.ArgumentParser, flag: str) -> bool:
+    return flag in parser._option_string_actions
+
+
+def _add(group, parser: argparse.ArgumentParser, flag: str, **kwargs) -> None:
+    # The rollout group may already define a flag slime also lists elsewhere; keep its definition.
+    if not _has_flag(parser, flag):
+        group.add_argument(flag, **kwargs)
+
+
+def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("cluster", "Ray placement of trainer and rollout engines")
+    _add(g, parser, "--actor-num-nodes", type=int, default=1, help="nodes for the trainer")
+    _add(g, parser, "--actor-num-gpus-per-node", type=int, default=1,
+         help="trainer ranks per node (one accelerator device each; CPU worker slots on CPU)")
+    _add(g, parser, "--rollout-num-gpus", type=int, default=None,
+         help="devices for rollout engines (default: the trainer's devices when --colocate, else 1)")
+    _add(g, parser, "--rollout-num-gpus-per-engine", type=int, default=1, help="devices per engine (engine TP size)")
+    _add(g, parser, "--colocate", action="store_true", help="trainer and engines share the same devices")
+    _add(g, parser, "--offload-train", action="store_true", help="release trainer memory while rolling out")
+    _add(g, parser, "--offload-rollout", action="store_true", help="release engine memory while training")
+    _add(g, parser, "--num-cpus", type=int, default=None,
+         help="CPUs Ray may use when this process starts it (default: all)")
+
+
+def _add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("checkpoints")
+    _add(g, parser, "--hf-checkpoint", type=str, default=None, help="HF model dir: initial weights, tokenizer, config")
+    _add(g, parser, "--ref-load", type=str, default=None,
+         help="HF dir of the reference model for KL (default: --hf-checkpoint)")
+    _add(g, parser, "--load", type=str, default=None, help="resume from this slime checkpoint dir (if it holds one)")
+    _add(g, parser, "--save", type=str, default=None, help="write slime checkpoints here")
+    _add(g, parser, "--save-interval", type=int, default=None, help="save every N rollouts (and after the last)")
+    _add(g, parser, "--save-hf", type=str, default=None,
+         help="also export HF weights to this dir at each save ('{rollout_id}' is substituted)")
+
+
+def _add_training_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("training batches")
+    _add(g, parser, "--num-rollout", type=int, default=None, help="total rollout iterations")
+    _add(g, parser, "--num-steps-per-rollout", type=int, default=1, help="optimizer steps per rollout")
+    _add(g, parser, "--global-batch-size", type=int, default=None,
+         help="samples per optimizer step (default: rollout-batch-size * n-samples-per-prompt / num-steps-per-rollout)")
+    _add(g, parser, "--micro-batch-size", type=int, default=1, help="samples per micro-batch (without dynamic batching)")
+    _add(g, parser, "--use-dynamic-batch-size", action="store_true",
+         help="pack micro-batches up to --max-tokens-per-gpu instead of a fixed sample count")
+    _add(g, parser, "--max-tokens-per-gpu", type=int, default=None, help="token budget of one packed micro-batch")
+    _add(g, parser, "--log-probs-chunk-size", type=int, default=None,
+         help="tokens per chunk when computing log-probs over the vocabulary (bounds memory)")
+    _add(g, parser, "--bf16", action="store_true", help="train in bfloat16 (default: the checkpoint's float32)")
+    _add(g, parser, "--calculate-per-token-loss", action="store_true",
+         help="average the loss over all tokens of the step (default: mean per sample, then over samples)")
+
+
+def _add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("parallelism (Megatron)")
+    _add(g, parser, "--tensor-model-parallel-size", type=int, default=1)
+    _add(g, parser, "--expert-model-parallel-size", type=int, default=1)
+    _add(g, parser, "--pipeline-model-parallel-size", type=int, default=1)
+    _add(g, parser, "--sequence-parallel", action="store_true")
+
+
+def _add_optimizer_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("optimizer (Adam)")
+    _add(g, parser, "--lr", type=float, default=1e-6)
+    _add(g, parser, "--weight-decay", type=float, default=0.0)
+    _add(g, parser, "--clip-grad", type=float, default=1.0, help="max global grad norm (0 = off)")
+    _add(g, parser, "--adam-beta1", type=float, default=0.9)
+    _add(g, parser, "--adam-beta2", type=float, default=0.98)
+    _add(g, parser, "--adam-eps", type=float, default=1e-8)
+    _add(g, parser, "--seed", type=int, default=1234)
+
+
+def _add_weight_sync_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("weight sync (trainer -> engines)")
+    _add(g, parser, "--update-weight-buffer-size", type=int, default=512 * 1024**2,
+         help="bytes per exported weight bucket")
+    _add(g, parser, "--update-weight-mode", choices=UPDATE_WEIGHT_MODES, default="auto",
+         help="ipc: shared device memory (colocated); distributed: broadcast over a collective group; "
+              "auto: ipc when colocated and the device supports it")
+    _add(g, parser, "--check-weight-sync", type=int, choices=(0, 1), default=1,
+         help="compare a weight checksum on trainer and engine after every sync (1 = on)")
+
+
+def _add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("algorithm")
+    _add(g, parser, "--advantage-estimator", choices=ADVANTAGE_ESTIMATORS, default="grpo")
+    _add(g, parser, "--disable-grpo-std-normalization", action="store_true",
+         help="grpo/gspo: subtract the group mean only")
+    _add(g, parser, "--eps-clip", type=float, default=0.2, help="PPO clip: ratio >= 1 - eps-clip")
+    _add(g, parser, "--eps-clip-high", type=float, default=None, help="PPO clip: ratio <= 1 + eps-clip-high (default eps-clip)")
+    _add(g, parser, "--eps-clip-c", type=float, default=None, help="dual clip bound for negative advantages (> 1)")
+    _add(g, parser, "--use-kl-loss", action="store_true", help="add a KL(actor || reference) loss term")
+    _add(g, parser, "--kl-loss-coef", type=float, default=0.0)
+    _add(g, parser, "--kl-loss-type", choices=KL_LOSS_TYPES, default="low_var_kl")
+    _add(g, parser, "--kl-coef", type=float, default=0.0,
+         help="KL penalty folded into token rewards (reinforce_plus_plus*)")
+    _add(g, parser, "--gamma", type=float, default=1.0, help="discount for reinforce_plus_plus returns")
+    _add(g, parser, "--entropy-coef", type=float, default=0.0, help="entropy bonus weight")
+    _add(g, parser, "--use-tis", action="store_true",
+         help="truncated importance sampling: weight the loss by min(pi_old / pi_rollout, tis-clip)")
+    _add(g, parser, "--tis-clip", type=float, default=2.0)
+    _add(g, parser, "--tis-clip-low", type=float, default=0.0)
+    _add(g, parser, "--use-rollout-logprobs", action="store_true",
+         help="use the engine's log-probs as the old policy instead of recomputing them")
+
+
+def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("output")
+    _add(g, parser, "--output-dir", type=str, default="outputs/run", help="metrics.jsonl, logs and reports")
+
+
+def _add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
+    try:
+        from slime.rollout.arguments import add_rollout_arguments
+    except ImportError:
+        return
+    add_rollout_arguments(parser)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="train.py",
+        description="slime RL training: rollout -> reward -> policy update -> weight sync, on GPU, NPU or CPU.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    _add_cluster_arguments(parser)
+    _add_checkpoint_arguments(parser)
+    _add_rollout_arguments(parser)
+    _add_training_arguments(parser)
+    _add_parallel_arguments(parser)
+    _add_optimizer_arguments(parser)
+    _add_weight_sync_arguments(parser)
+    _add_algorithm_arguments(parser)
+    _add_output_arguments(parser)
+    return parser
+
+
+def _require(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ArgumentError(msg)
+
+
+def validate_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill derived values and check combinations; raises ArgumentError with one line."""
+    _require(args.hf_checkpoint is not None, "--hf-checkpoint is required: pass the HF model directory to train")
+    _require(os.path.isdir(args.hf_checkpoint),
+             f"--hf-checkpoint {args.hf_checkpoint!r} is not a directory; pass an HF model dir (config.json + safetensors)")
+    _require(args.num_rollout is not None and args.num_rollout > 0, "--num-rollout must be a positive integer")
+    for flag in ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus_per_engine", "micro_batch_size",
+                 "num_steps_per_rollout", "tensor_model_parallel_size", "expert_model_parallel_size",
+                 "pipeline_model_parallel_size", "update_weight_buffer_size"):
+        value = getattr(args, flag)
+        _require(value >= 1, f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+
+    world = args.actor_num_nodes * args.actor_num_gpus_per_node
+    tp, pp, ep = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.expert_model_parallel_size
+    _require(world % (tp * pp) == 0,
+             f"trainer world size {world} is not divisible by TP*PP={tp * pp}; change --actor-num-gpus-per-node or the parallel sizes")
+    dp = world // (tp * pp)
+    _require((dp * tp) % ep == 0, f"--expert-model-parallel-size {ep} must divide DP*TP={dp * tp}")
+    _require(pp == 1, "--pipeline-model-parallel-size > 1 is not supported by this trainer yet; use 1")
+    args.data_parallel_size = dp
+    args.world_size = world
+
+    if args.rollout_num_gpus is None:
+        args.rollout_num_gpus = world if args.colocate else args.rollout_num_gpus_per_engine
+    _require(args.rollout_num_gpus % args.rollout_num_gpus_per_engine == 0,
+             f"--rollout-num-gpus {args.rollout_num_gpus} is not a multiple of --rollout-num-gpus-per-engine "
+             f"{args.rollout_num_gpus_per_engine}")
+    if args.colocate:
+        _require(args.rollout_num_gpus <= world,
+                 f"--colocate: --rollout-num-gpus {args.rollout_num_gpus} exceeds the trainer's {world} devices; lower it")
+
+    rollout_batch = getattr(args, "rollout_batch_size", None)
+    n_samples = getattr(args, "n_samples_per_prompt", 1) or 1
+    if args.global_batch_size is None:
+        _require(rollout_batch is not None, "--global-batch-size is required when the rollout flags are unavailable")
+        total = rollout_batch * n_samples
+        _require(total % args.num_steps_per_rollout == 0,
+                 f"rollout-batch-size*n-samples-per-prompt={total} is not divisible by --num-steps-per-rollout "
+                 f"{args.num_steps_per_rollout}")
+        args.global_batch_size = total // args.num_steps_per_rollout
+    _require(args.global_batch_size % dp == 0,
+             f"--global-batch-size {args.global_batch_size} is not divisible by data-parallel size {dp}")
+    if rollout_batch is not None:
+        _require((rollout_batch * n_samples) % args.global_batch_size == 0,
+                 f"rollout produces {rollout_batch * n_samples} samples, not a multiple of --global-batch-size "
+                 f"{args.global_batch_size}")
+    if args.use_dynamic_batch_size:
+        _require(args.max_tokens_per_gpu is not None and args.max_tokens_per_gpu > 0,
+                 "--use-dynamic-batch-size needs --max-tokens-per-gpu N (the token budget of one micro-batch)")
+    else:
+        _require((args.global_batch_size // dp) % args.micro_batch_size == 0,
+                 f"per-rank batch {args.global_batch_size // dp} is not divisible by --micro-batch-size {args.micro_batch_size}")
+
+    if args.eps_clip_high is None:
+        args.eps_clip_high = args.eps_clip
+    _require(0 < args.eps_clip < 1, f"--eps-clip must be in (0, 1), got {args.eps_clip}")
+    _require(args.eps_clip_high > 0, f"--eps-clip-high must be > 0, got {args.eps_clip_high}")
+    if args.eps_clip_c is not None:
+        _require(args.eps_clip_c > 1.0, f"--eps-clip-c (dual clip) must be > 1, got {args.eps_clip_c}")
+    if args.use_kl_loss:
+        _require(args.kl_loss_coef >= 0, f"--kl-loss-coef must be >= 0, got {args.kl_loss_coef}")
+    if args.use_tis:
+        _require(args.tis_clip > 0 and args.tis_clip_low < args.tis_clip,
+                 f"--tis-clip-low {args.tis_clip_low} must be below --tis-clip {args.tis_clip} (> 0)")
+    _require(args.lr >= 0 and args.weight_decay >= 0 and args.clip_grad >= 0,
+             "--lr, --weight-decay and --clip-grad must be >= 0")
+    _require(0 <= args.adam_beta1 < 1 and 0 <= args.adam_beta2 < 1, "--adam-beta1/--adam-beta2 must be in [0, 1)")
+    if args.save_interval is not None:
+        _require(args.save is not None, "--save-interval needs --save DIR")
+        _require(args.save_interval >= 1, f"--save-interval must be >= 1, got {args.save_interval}")
+    if args.update_weight_mode == "ipc":
+        _require(args.colocate, "--update-weight-mode ipc needs --colocate (engines must share the trainer's host devices)")
+    args.use_ref_model = bool(args.use_kl_loss and args.kl_loss_coef > 0) or (
+        args.kl_coef > 0 and args.advantage_estimator.startswith("reinforce_plus_plus"))
+    if args.ref_load is None:
+        args.ref_load = args.hf_checkpoint
+    return args
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse and validate; bad combinations exit with status 2 and one line, like argparse errors."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return validate_args(args)
+    except ArgumentError as e:
+        parser.exit(2, f"train.py: error: {e}\n")
