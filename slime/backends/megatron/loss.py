@@ -1,0 +1,97 @@
+"""The RL training objective of one micro-batch, built from slime.utils.ppo_utils formulas.
+
+loss = policy_loss * tis - entropy_coef * entropy + kl_loss_coef * kl(actor || ref),
+each term reduced per sample (masked token mean) and summed over samples, then divided by
+the step's sample count on this rank (or, with --calculate-per-token-loss, summed over tokens
+and divided by the step's token count). Gradients over micro-batches then add up to the step mean.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from slime.utils import ppo_utils
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    advantage_estimator: str = "grpo"
+    eps_clip: float = 0.2
+    eps_clip_high: float = 0.2
+    eps_clip_c: float | None = None
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.0
+    kl_loss_type: str = "low_var_kl"
+    entropy_coef: float = 0.0
+    use_tis: bool = False
+    tis_clip: float = 2.0
+    tis_clip_low: float = 0.0
+    per_token_loss: bool = False
+
+    @classmethod
+    def from_args(cls, args) -> "LossConfig":
+        return cls(
+            advantage_estimator=args.advantage_estimator, eps_clip=args.eps_clip,
+            eps_clip_high=args.eps_clip_high if args.eps_clip_high is not None else args.eps_clip,
+            eps_clip_c=args.eps_clip_c, use_kl_loss=args.use_kl_loss, kl_loss_coef=args.kl_loss_coef,
+            kl_loss_type=args.kl_loss_type, entropy_coef=args.entropy_coef, use_tis=args.use_tis,
+            tis_clip=args.tis_clip, tis_clip_low=args.tis_clip_low, per_token_loss=args.calculate_per_token_loss,
+        )
+
+
+# Metrics returned as sums (of per-sample means, or of tokens in per-token mode); divide by the count.
+METRIC_KEYS = ("pg_loss", "entropy", "kl", "clip_frac", "ppo_kl", "tis")
+
+
+def rl_loss(cfg: LossConfig, log_probs: torch.Tensor, entropy: torch.Tensor, old_log_probs: torch.Tensor,
+            advantages: torch.Tensor, loss_mask: torch.Tensor, lengths: Sequence[int], normalizer: float,
+            ref_log_probs: torch.Tensor | None = None,
+            rollout_log_probs: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Loss (scaled by 1/normalizer) and metric sums for flat per-response-token tensors."""
+    if normalizer <= 0:
+        raise ValueError(f"loss normalizer must be > 0, got {normalizer}")
+    mask = loss_mask.to(torch.float32)
+    lengths = [int(n) for n in lengths]
+
+    if cfg.advantage_estimator == "gspo":
+        log_ratio = ppo_utils.gspo_log_ratio(log_probs, old_log_probs, lengths, mask)
+    else:
+        log_ratio = log_probs - old_log_probs
+    pg_loss, clip_frac = ppo_utils.policy_loss(log_ratio, advantages, cfg.eps_clip, cfg.eps_clip_high, cfg.eps_clip_c)
+
+    tis = None
+    if cfg.use_tis:
+        if rollout_log_probs is None:
+            raise ValueError("--use-tis needs rollout log-probs from the engine (return_logprob)")
+        tis = ppo_utils.tis_weights(old_log_probs, rollout_log_probs, cfg.tis_clip, cfg.tis_clip_low)
+        pg_loss = pg_loss * tis
+
+    def reduce(values: torch.Tensor) -> torch.Tensor:
+        if cfg.per_token_loss:
+            return (values * mask).sum()
+        return ppo_utils.sample_mean_sum(values, lengths, mask)
+
+    loss = reduce(pg_loss)
+    entropy_sum = reduce(entropy.float())
+    if cfg.entropy_coef:
+        loss = loss - cfg.entropy_coef * entropy_sum
+    kl_sum = None
+    if ref_log_probs is not None:
+        kl = ppo_utils.approx_kl(log_probs, ref_log_probs, cfg.kl_loss_type)
+        kl_sum = reduce(kl)
+        if cfg.use_kl_loss and cfg.kl_loss_coef:
+            loss = loss + cfg.kl_loss_coef * kl_sum
+
+    with torch.no_grad():
+        metrics = {
+            "pg_loss": float(reduce(pg_loss)),
+            "entropy": float(entropy_sum),
+            "kl": float(kl_sum) if kl_sum is not None else 0.0,
+            "clip_frac": float(reduce(clip_frac)),
+            "ppo_kl": float(reduce(old_log_probs.float() - log_probs.float())),
+            "tis": float(reduce(tis)) if tis is not None else 0.0,
+        }
+    return loss / normalizer, metrics

@@ -1,0 +1,160 @@
+"""RL algorithm formulas: advantage estimators, PPO/GSPO policy loss, KL estimators, TIS.
+
+Per-token tensors are flat over the response tokens of one or more samples; `lengths` gives
+each sample's response length in order (segments of the flat tensor). Pure torch, no device code.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+GRPO_STD_EPS = 1e-6  # added to the group std so equal rewards give zero advantage, not NaN
+WHITEN_EPS = 1e-8
+
+
+# --- KL estimators ------------------------------------------------------------------------
+def approx_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kl_type: str) -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from samples of pi.
+
+    k1 = log r, k2 = (log r)^2 / 2, k3 = exp(-log r) - 1 + log r with log r = log pi - log pi_ref;
+    low_var_kl is k3 clamped to [-10, 10] (guards against exploding ratios).
+    """
+    log_ratio = log_probs.float() - ref_log_probs.float()
+    if kl_type == "k1":
+        return log_ratio
+    if kl_type == "k2":
+        return log_ratio.square() / 2
+    if kl_type in ("k3", "low_var_kl"):
+        kl = torch.exp(-log_ratio) - 1 + log_ratio
+        return kl.clamp(-10.0, 10.0) if kl_type == "low_var_kl" else kl
+    raise ValueError(f"unknown kl type {kl_type!r}; use one of k1, k2, k3, low_var_kl")
+
+
+# --- advantage estimators -----------------------------------------------------------------
+def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    if rewards.dim() != 1 or rewards.numel() % group_size:
+        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size} (n-samples-per-prompt)")
+    return rewards.float().view(-1, group_size)
+
+
+def grpo_advantages(rewards: torch.Tensor, group_size: int, std_normalization: bool = True) -> torch.Tensor:
+    """One advantage per sample: (r - group mean) / (group std + eps); std is the unbiased sample std.
+    A group of one has no baseline: its advantage is 0."""
+    g = _groups(rewards, group_size)
+    centred = g - g.mean(dim=1, keepdim=True)
+    if std_normalization and group_size > 1:
+        centred = centred / (g.std(dim=1, keepdim=True) + GRPO_STD_EPS)
+    return centred.reshape(-1)
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(v - mean) / sqrt(var + eps) over the masked entries (population variance); unmasked -> 0."""
+    mask = mask.to(values.dtype)
+    n = mask.sum().clamp_min(1)
+    mean = (values * mask).sum() / n
+    var = ((values - mean).square() * mask).sum() / n
+    return (values - mean) * torch.rsqrt(var + WHITEN_EPS) * mask
+
+
+def _split(flat: torch.Tensor, lengths: Sequence[int]) -> list[torch.Tensor]:
+    if sum(lengths) != flat.numel():
+        raise ValueError(f"per-token tensor has {flat.numel()} entries but lengths sum to {sum(lengths)}")
+    return list(torch.split(flat, list(lengths)))
+
+
+def reinforce_plus_plus_returns(rewards: torch.Tensor, kl: torch.Tensor, lengths: Sequence[int],
+                                kl_coef: float, gamma: float) -> torch.Tensor:
+    """Token rewards = -kl_coef * kl, plus the sample reward on its last token; returns are the
+    discounted reverse cumulative sums, per sample. Flat over tokens."""
+    out = []
+    for r, k in zip(rewards.float(), _split(kl.float(), lengths)):
+        token_rewards = -kl_coef * k
+        if token_rewards.numel():
+            token_rewards[-1] += r
+        if gamma == 1.0:
+            out.append(token_rewards.flip(0).cumsum(0).flip(0))
+            continue
+        ret, running = torch.empty_like(token_rewards), torch.zeros((), dtype=token_rewards.dtype)
+        for t in range(token_rewards.numel() - 1, -1, -1):
+            running = token_rewards[t] + gamma * running
+            ret[t] = running
+        out.append(ret)
+    return torch.cat(out) if out else kl.new_zeros(0)
+
+
+def compute_advantages(estimator: str, rewards: torch.Tensor, lengths: Sequence[int], loss_mask: torch.Tensor,
+                       group_size: int, *, kl: torch.Tensor | None = None, kl_coef: float = 0.0,
+                       gamma: float = 1.0, std_normalization: bool = True) -> torch.Tensor:
+    """Per-token advantages (flat over response tokens) for one rollout batch.
+
+    grpo / gspo: the group-normalised sample advantage on every token.
+    reinforce_plus_plus: discounted returns of KL-shaped token rewards, whitened over the batch.
+    reinforce_plus_plus_baseline: (reward - group mean) - kl_coef * kl per token, whitened over the batch.
+    """
+    lengths = [int(n) for n in lengths]
+    rep = torch.tensor(lengths)
+    if kl is None:
+        kl = torch.zeros(sum(lengths))
+    if estimator in ("grpo", "gspo"):
+        per_sample = grpo_advantages(rewards, group_size, std_normalization)
+        return torch.repeat_interleave(per_sample, rep)
+    if estimator == "reinforce_plus_plus":
+        returns = reinforce_plus_plus_returns(rewards, kl, lengths, kl_coef, gamma)
+        return masked_whiten(returns, loss_mask)
+    if estimator == "reinforce_plus_plus_baseline":
+        baseline = grpo_advantages(rewards, group_size, std_normalization=False)
+        raw = torch.repeat_interleave(baseline, rep) - kl_coef * kl.float()
+        return masked_whiten(raw, loss_mask)
+    raise ValueError(f"unknown advantage estimator {estimator!r}")
+
+
+# --- policy loss --------------------------------------------------------------------------
+def gspo_log_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor, lengths: Sequence[int],
+                   loss_mask: torch.Tensor) -> torch.Tensor:
+    """GSPO's token view of the sequence ratio: each token's value is the sequence's mean masked
+    log-ratio, and its gradient is that token's d log pi (s_i,t = sg[s_i] * pi_t / sg[pi_t])."""
+    diff = (log_probs - old_log_probs).float() * loss_mask
+    seq_mean = torch.stack([
+        d.sum() / m.sum().clamp_min(1) for d, m in zip(_split(diff, lengths), _split(loss_mask.float(), lengths))
+    ]) if lengths else diff.new_zeros(0)
+    per_token = torch.repeat_interleave(seq_mean, torch.tensor([int(n) for n in lengths]))
+    return log_probs - log_probs.detach() + per_token.detach()
+
+
+def policy_loss(log_ratio: torch.Tensor, advantages: torch.Tensor, eps_clip: float, eps_clip_high: float,
+                eps_clip_c: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token PPO clipped surrogate loss and clip indicator.
+
+    ratio = exp(log_ratio); loss = max(-A*ratio, -A*clip(ratio, 1-eps_clip, 1+eps_clip_high)).
+    Dual clip (eps_clip_c > 1): for A < 0 the loss is further capped at -A*eps_clip_c.
+    The clip indicator is 1 where the clipped branch is the active (larger) one.
+    """
+    ratio = torch.exp(log_ratio.float())
+    adv = advantages.float()
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - eps_clip, 1.0 + eps_clip_high)
+    loss = torch.maximum(unclipped, clipped)
+    clip_frac = (clipped > unclipped).float()
+    if eps_clip_c is not None:
+        capped = torch.minimum(loss, -adv * eps_clip_c)
+        clip_frac = torch.where((adv < 0) & (capped < loss), torch.ones_like(clip_frac), clip_frac)
+        loss = torch.where(adv < 0, capped, loss)
+    return loss, clip_frac
+
+
+def tis_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, clip: float,
+                clip_low: float = 0.0) -> torch.Tensor:
+    """Truncated importance weights pi_train_old / pi_rollout, clamped to [clip_low, clip] (no gradient)."""
+    w = torch.exp(old_log_probs.float() - rollout_log_probs.float())
+    return w.clamp(min=clip_low, max=clip).detach()
+
+
+# --- reductions ---------------------------------------------------------------------------
+def sample_mean_sum(values: torch.Tensor, lengths: Sequence[int], loss_mask: torch.Tensor) -> torch.Tensor:
+    """Sum over samples of each sample's masked token mean (divide by the step's sample count outside)."""
+    if not lengths:
+        return values.sum() * 0
+    parts = zip(_split(values, lengths), _split(loss_mask.to(values.dtype), lengths))
+    return torch.stack([(v * m).sum() / m.sum().clamp_min(1) for v, m in parts]).sum()
