@@ -1,0 +1,180 @@
+"""Training data layout: rollout batch -> per-rank steps -> packed micro-batches (THD, B=1).
+
+A packed micro-batch concatenates its samples into one row of T tokens; `cu_seqlens` ([0, l0,
+l0+l1, ...], int32) tells attention where sequences start so no token attends across samples,
+and positions restart at 0 per sample. Response tokens are the loss positions: the logit at row
+t predicts token t+1, so the log-prob of response token j of sample i comes from logit row
+offset_i + prompt_len_i - 1 + j. `response_logit_rows` lists those rows in sample order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+
+@dataclass
+class RolloutBatch:
+    """One rollout's training data, one entry per sample (order = data order; groups contiguous)."""
+
+    tokens: list[list[int]]  # prompt + response token ids
+    response_lengths: list[int]
+    rewards: list[float]
+    loss_masks: list[list[int]]  # per response token: 1 = trained on
+    rollout_log_probs: list[list[float]] | None = None  # engine's log-probs of the response tokens
+    # Filled by the trainer/driver (one flat tensor per sample, over response tokens):
+    old_log_probs: list[torch.Tensor] | None = None
+    ref_log_probs: list[torch.Tensor] | None = None
+    advantages: list[torch.Tensor] | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.tokens)
+        for name in ("response_lengths", "rewards", "loss_masks"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"RolloutBatch.{name} has {len(getattr(self, name))} entries for {n} samples")
+        for i, (t, r, m) in enumerate(zip(self.tokens, self.response_lengths, self.loss_masks)):
+            if not 0 < r < len(t):
+                raise ValueError(f"sample {i}: response_length {r} must be in [1, {len(t) - 1}] (prompt needs >= 1 token)")
+            if len(m) != r:
+                raise ValueError(f"sample {i}: loss_mask has {len(m)} entries for a response of {r} tokens")
+        if self.rollout_log_probs is not None:
+            for i, (lp, r) in enumerate(zip(self.rollout_log_probs, self.response_lengths)):
+                if len(lp) != r:
+                    raise ValueError(f"sample {i}: {len(lp)} rollout log-probs for a response of {r} tokens")
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def select(self, indices: Sequence[int]) -> "RolloutBatch":
+        def pick(values):
+            return None if values is None else [values[i] for i in indices]
+
+        return RolloutBatch(
+            tokens=pick(self.tokens), response_lengths=pick(self.response_lengths), rewards=pick(self.rewards),
+            loss_masks=pick(self.loss_masks), rollout_log_probs=pick(self.rollout_log_probs),
+            old_log_probs=pick(self.old_log_probs), ref_log_probs=pick(self.ref_log_probs),
+            advantages=pick(self.advantages),
+        )
+
+
+def step_indices(num_samples: int, global_batch_size: int) -> list[list[int]]:
+    """Sample indices of each optimizer step of a rollout (consecutive slices of the global batch)."""
+    if num_samples % global_batch_size:
+        raise ValueError(f"{num_samples} rollout samples do not split into global batches of {global_batch_size}")
+    return [list(range(s, s + global_batch_size)) for s in range(0, num_samples, global_batch_size)]
+
+
+def dp_shard(indices: Sequence[int], dp_rank: int, dp_size: int) -> list[int]:
+    """This data-parallel rank's samples of a step: strided, so each rank sees every group position."""
+    if len(indices) % dp_size:
+        raise ValueError(f"{len(indices)} samples do not split over {dp_size} data-parallel ranks")
+    return list(indices[dp_rank::dp_size])
+
+
+# --- micro-batching -----------------------------------------------------------------------
+def fixed_micro_batches(num_samples: int, micro_batch_size: int) -> list[list[int]]:
+    return [list(range(s, min(s + micro_batch_size, num_samples))) for s in range(0, num_samples, micro_batch_size)]
+
+
+def first_fit_decreasing(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Bins of positions whose lengths sum to <= max_tokens (a longer sample gets a bin of its own)."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    bins: list[list[int]] = []
+    loads: list[int] = []
+    for i in order:
+        for b, load in enumerate(loads):
+            if load + lengths[i] <= max_tokens:
+                bins[b].append(i)
+                loads[b] += lengths[i]
+                break
+        else:
+            bins.append([i])
+            loads.append(lengths[i])
+    return bins
+
+
+def dynamic_micro_batches(lengths: Sequence[int], max_tokens: int, min_count: int = 1) -> list[list[int]]:
+    """The fewest micro-batches under the token budget, but at least `min_count` (all data-parallel
+    ranks must run the same number, since MoE all-to-all and grad sync are collective). Bins are
+    split, largest sample-count first, until there are enough; sample order is kept inside a bin."""
+    if max_tokens <= 0:
+        raise ValueError(f"max_tokens_per_gpu must be > 0, got {max_tokens}")
+    if min_count > len(lengths):
+        raise ValueError(f"cannot make {min_count} micro-batches from {len(lengths)} samples")
+    bins = first_fit_decreasing(lengths, max_tokens)
+    while len(bins) < min_count:
+        b = max(range(len(bins)), key=lambda k: (len(bins[k]), sum(lengths[i] for i in bins[k])))
+        items = sorted(bins[b], key=lambda i: lengths[i])
+        half = len(items) // 2
+        bins[b] = items[half:]
+        bins.append(items[:half])
+    bins = [sorted(b) for b in bins]
+    bins.sort(key=lambda b: b[0])
+    return bins
+
+
+# --- packing ------------------------------------------------------------------------------
+@dataclass
+class PackedMicroBatch:
+    tokens: torch.Tensor  # [1, T] int64
+    position_ids: torch.Tensor  # [1, T] int64, restarting at 0 per sample
+    cu_seqlens: torch.Tensor  # [n + 1] int32 (a trailing padding segment counts as a sequence)
+    max_seqlen: int
+    response_logit_rows: torch.Tensor  # [R] int64 rows of the [T, V] logits that score response tokens
+    response_targets: torch.Tensor  # [R] int64 the response tokens themselves (= tokens[rows + 1])
+    response_lengths: list[int]  # per real sample
+    loss_mask: torch.Tensor  # [R] float32
+    sample_indices: list[int] = field(default_factory=list)  # positions in the source batch
+    num_tokens: int = 0  # real tokens (without padding)
+
+
+def pack(batch: RolloutBatch, indices: Sequence[int], pad_multiple: int = 1, pad_token_id: int = 0) -> PackedMicroBatch:
+    """Pack samples `indices` of `batch` into one THD row, padded to a multiple of `pad_multiple`
+    (TP/sequence-parallel needs T divisible by the TP size)."""
+    if not indices:
+        raise ValueError("cannot pack an empty micro-batch")
+    tokens: list[int] = []
+    positions: list[int] = []
+    cu = [0]
+    rows: list[int] = []
+    masks: list[int] = []
+    lengths: list[int] = []
+    for i in indices:
+        seq, r = batch.tokens[i], batch.response_lengths[i]
+        offset = len(tokens)
+        prompt_len = len(seq) - r
+        rows.extend(range(offset + prompt_len - 1, offset + len(seq) - 1))
+        tokens.extend(seq)
+        positions.extend(range(len(seq)))
+        cu.append(len(tokens))
+        masks.extend(batch.loss_masks[i])
+        lengths.append(r)
+    real = len(tokens)
+    pad = (-real) % max(1, pad_multiple)
+    if pad:
+        tokens.extend([pad_token_id] * pad)
+        positions.extend(range(pad))
+        cu.append(len(tokens))
+    t = torch.tensor(tokens, dtype=torch.long)
+    rows_t = torch.tensor(rows, dtype=torch.long)
+    return PackedMicroBatch(
+        tokens=t.unsqueeze(0), position_ids=torch.tensor(positions, dtype=torch.long).unsqueeze(0),
+        cu_seqlens=torch.tensor(cu, dtype=torch.int32), max_seqlen=max(b - a for a, b in zip(cu, cu[1:])),
+        response_logit_rows=rows_t, response_targets=t[rows_t + 1], response_lengths=lengths,
+        loss_mask=torch.tensor(masks, dtype=torch.float32), sample_indices=list(indices), num_tokens=real,
+    )
+
+
+def response_log_probs(logits: torch.Tensor, mb: PackedMicroBatch, ops, chunk_size: int | None = None,
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log_probs, entropy) of the response tokens, flat in sample order, from [1, T, V] or [T, V]
+    logits, via the accelerator's `ops.token_log_probs` (only response rows are processed)."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    rows = mb.response_logit_rows.to(flat.device)
+    return ops.token_log_probs(flat.index_select(0, rows), mb.response_targets.to(flat.device), chunk_size=chunk_size)
+
+
+def split_per_sample(flat: torch.Tensor, lengths: Sequence[int]) -> list[torch.Tensor]:
+    return list(torch.split(flat, list(lengths)))
