@@ -1,0 +1,257 @@
+"""`MegatronTrainRayActor`: one trainer rank (one accelerator device) as a Ray actor.
+
+Per rank: select the device, join the trainer's process group on the accelerator's collective
+backend, apply the accelerator's Megatron patches, load the HF checkpoint into the Megatron model,
+build the Megatron optimizer; then per rollout: log-probs (old policy, reference) without grad,
+train steps over packed micro-batches with gradient clipping, weight sync to the engines, save.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from typing import Any
+
+import torch
+
+from slime.accelerator import get_accelerator
+from slime.backends.megatron import checkpoint as ckpt
+from slime.backends.megatron import data as D
+from slime.backends.megatron.loss import METRIC_KEYS, LossConfig, rl_loss
+
+logger = logging.getLogger(__name__)
+
+
+def _node_ip() -> str:
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:
+        return "127.0.0.1"
+
+
+def find_free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class MegatronTrainRayActor:
+    def __init__(self, world_size: int, rank: int, master: tuple[str, int] | None = None) -> None:
+        self.world_size, self.rank = world_size, rank
+        self.master = master or (_node_ip(), find_free_port())
+        self.model = None
+        self.optimizer = None
+        self.ref_weights: dict[str, torch.Tensor] | None = None
+        self.weight_sync = None
+        self._extra_state: dict[str, Any] | None = None
+
+    def get_master_addr_port(self) -> tuple[str, int]:
+        return self.master
+
+    # --- set-up ---------------------------------------------------------------------------
+    def init(self, args, role: str = "actor", with_ref: bool = False) -> int:
+        import torch.distributed as dist
+        from megatron.core import parallel_state as mpu
+
+        self.args = args
+        acc = get_accelerator()
+        threads = os.environ.get("OMP_NUM_THREADS")
+        if threads and acc.device_type == "cpu":
+            torch.set_num_threads(int(threads))  # Ray starts actors with 1 thread; worker_env sets our share
+        acc.set_device(0)  # worker_env made exactly this rank's device visible
+        self.device = acc.device()
+        if not dist.is_initialized():
+            addr, port = self.master
+            dist.init_process_group(backend=acc.process_group_backend(), init_method=f"tcp://{addr}:{port}",
+                                    world_size=self.world_size, rank=self.rank)
+        acc.apply_patches("megatron")
+        if not mpu.model_parallel_is_initialized():
+            mpu.initialize_model_parallel(
+                tensor_model_parallel_size=args.tensor_model_parallel_size,
+                pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+                expert_model_parallel_size=args.expert_model_parallel_size,
+            )
+        self.tp_size = mpu.get_tensor_model_parallel_world_size()
+        self.tp_rank = mpu.get_tensor_model_parallel_rank()
+        self.dp_size = mpu.get_data_parallel_world_size()
+        self.dp_rank = mpu.get_data_parallel_rank()
+        self.dp_group = mpu.get_data_parallel_group()
+        ckpt.seed_everything(args.seed)
+
+        from slime.backends.megatron import model_setup
+
+        if with_ref:
+            # The reference policy is held on the host and swapped in for its log-probs (no second model on device).
+            ref_model = model_setup.load_model(args, args.ref_load)
+            self.ref_weights = model_setup.host_copy(ref_model)
+            del ref_model
+        self.model = model_setup.load_model(args, args.hf_checkpoint)
+        self.model, self.optimizer = model_setup.wrap_and_build_optimizer(args, self.model)
+        self.loss_config = LossConfig.from_args(args)
+
+        start_rollout_id = 0
+        if args.load and ckpt.latest_iteration(args.load) is not None:
+            rollout_id, self._extra_state = ckpt.load(args.load, self.model, self.optimizer, self.rank,
+                                                      self._layout())
+            start_rollout_id = rollout_id + 1
+            logger.info("resumed from %s at rollout %d", args.load, rollout_id)
+        return start_rollout_id
+
+    def _layout(self) -> dict[str, int]:
+        a = self.args
+        return {"world_size": self.world_size, "tp": a.tensor_model_parallel_size,
+                "ep": a.expert_model_parallel_size, "pp": a.pipeline_model_parallel_size}
+
+    def loaded_extra_state(self) -> dict[str, Any] | None:
+        return self._extra_state
+
+    # --- forward --------------------------------------------------------------------------
+    def _logits(self, mb: D.PackedMicroBatch) -> torch.Tensor:
+        from slime.backends.megatron import model_setup
+
+        return model_setup.forward_logits(self.model, mb, self.device, self.tp_size)
+
+    def _pad_multiple(self) -> int:
+        return self.tp_size if self.args.sequence_parallel else 1
+
+    def _my_samples(self, n: int) -> list[int]:
+        """Samples this rank trains on this rollout (its data-parallel shard of every step)."""
+        mine: list[int] = []
+        for step in D.step_indices(n, self.args.global_batch_size):
+            mine.extend(D.dp_shard(step, self.dp_rank, self.dp_size))
+        return mine
+
+    def _micro_batches(self, batch: D.RolloutBatch, indices: list[int]) -> list[list[int]]:
+        """Micro-batches (lists of sample indices into `batch`); the count is equal on every rank."""
+        import torch.distributed as dist
+
+        if not self.args.use_dynamic_batch_size:
+            return [[indices[i] for i in mb] for mb in D.fixed_micro_batches(len(indices), self.args.micro_batch_size)]
+        lengths = [len(batch.tokens[i]) for i in indices]
+        count = torch.tensor([len(D.first_fit_decreasing(lengths, self.args.max_tokens_per_gpu))])
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)  # MoE all-to-all and grad sync need lock-step ranks
+        bins = D.dynamic_micro_batches(lengths, self.args.max_tokens_per_gpu, int(count.item()))
+        return [[indices[i] for i in b] for b in bins]
+
+    @torch.no_grad()
+    def _log_probs_of(self, batch: D.RolloutBatch, indices: list[int]) -> dict[int, torch.Tensor]:
+        out: dict[int, torch.Tensor] = {}
+        ops = get_accelerator().ops
+        for mb_indices in self._micro_batches(batch, indices):
+            mb = D.pack(batch, mb_indices, self._pad_multiple())
+            lp, _ = D.response_log_probs(self._logits(mb), mb, ops, self.args.log_probs_chunk_size)
+            for i, part in zip(mb_indices, D.split_per_sample(lp.float().cpu(), mb.response_lengths)):
+                out[i] = part
+        return out
+
+    def compute_log_probs(self, batch: D.RolloutBatch) -> dict[str, Any]:
+        """Old-policy (current weights) and reference log-probs of this rank's samples, no grad."""
+        from slime.backends.megatron import model_setup
+
+        t0 = time.perf_counter()
+        self.model.eval()
+        indices = self._my_samples(len(batch))
+        result = {"old_log_probs": self._log_probs_of(batch, indices)}
+        if self.ref_weights is not None:
+            with model_setup.swapped_weights(self.model, self.ref_weights):
+                result["ref_log_probs"] = self._log_probs_of(batch, indices)
+        keep = self.tp_rank == 0  # TP ranks hold identical results; one reports
+        return {"log_probs": result if keep else {}, "metrics": {"time/log_probs": time.perf_counter() - t0}}
+
+    # --- training -------------------------------------------------------------------------
+    def train(self, rollout_id: int, batch: D.RolloutBatch) -> dict[str, float]:
+        import torch.distributed as dist
+
+        acc = get_accelerator()
+        acc.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        self.model.train()
+        args, ops = self.args, acc.ops
+        totals = {k: 0.0 for k in METRIC_KEYS}
+        counts = torch.zeros(3, dtype=torch.float64)  # samples, loss tokens, real tokens (this DP rank)
+        grad_norms, losses = [], []
+        for step in D.step_indices(len(batch), args.global_batch_size):
+            shard = D.dp_shard(step, self.dp_rank, self.dp_size)
+            n_tokens = sum(float(sum(batch.loss_masks[i])) for i in shard)
+            if args.calculate_per_token_loss:
+                total = torch.tensor([n_tokens], dtype=torch.float64)
+                dist.all_reduce(total, group=self.dp_group)
+                normalizer = max(float(total.item()) / self.dp_size, 1.0)
+            else:
+                normalizer = float(len(shard))
+            self.model.zero_grad_buffer()
+            self.optimizer.zero_grad()
+            step_loss = 0.0
+            for mb_indices in self._micro_batches(batch, shard):
+                mb = D.pack(batch, mb_indices, self._pad_multiple())
+                log_probs, entropy = D.response_log_probs(self._logits(mb), mb, ops, args.log_probs_chunk_size)
+
+                def cat(values):
+                    return None if values is None else torch.cat([torch.as_tensor(values[i], dtype=torch.float32)
+                                                                  for i in mb_indices]).to(log_probs.device)
+
+                loss, m = rl_loss(self.loss_config, log_probs, entropy, cat(batch.old_log_probs), cat(batch.advantages),
+                                  mb.loss_mask.to(log_probs.device), mb.response_lengths, normalizer,
+                                  ref_log_probs=cat(batch.ref_log_probs), rollout_log_probs=cat(batch.rollout_log_probs))
+                loss.backward()
+                step_loss += float(loss.detach())
+                for k in METRIC_KEYS:
+                    totals[k] += m[k]
+                counts += torch.tensor([len(mb_indices), float(mb.loss_mask.sum()), mb.num_tokens], dtype=torch.float64)
+            from slime.backends.megatron import model_setup
+
+            grad_norm = model_setup.finish_step(self.model, self.optimizer)
+            grad_norms.append(grad_norm)
+            loss_t = torch.tensor([step_loss], dtype=torch.float64)
+            dist.all_reduce(loss_t, group=self.dp_group)
+            losses.append(float(loss_t.item()) / self.dp_size)
+        elapsed = time.perf_counter() - t0
+
+        # Metrics: sums over this DP rank, then over the data-parallel group.
+        vec = torch.tensor([totals[k] for k in METRIC_KEYS], dtype=torch.float64)
+        vec = torch.cat([vec, counts])
+        dist.all_reduce(vec, group=self.dp_group)
+        n_samples, n_loss_tokens, n_tokens = vec[-3:].tolist()
+        denom = n_loss_tokens if args.calculate_per_token_loss else n_samples
+        metrics = {f"train/{k}": float(vec[j]) / max(denom, 1.0) for j, k in enumerate(METRIC_KEYS)}
+        metrics.update({
+            "train/loss": sum(losses) / len(losses),
+            "train/grad_norm": sum(grad_norms) / len(grad_norms),
+            "train/steps": float(len(losses)),
+            "train/tokens": n_tokens,
+            "perf/train_tokens_per_s": n_tokens / max(elapsed, 1e-9),
+            "time/train": elapsed,
+            "memory/train_peak_bytes": float(acc.memory_stats()["peak_allocated"]),
+        })
+        return metrics
+
+    # --- weight sync ----------------------------------------------------------------------
+    def connect_rollout_engines(self, engines: list[dict[str, Any]]) -> str:
+        from slime.backends.megatron.weight_sync import create_weight_sync
+
+        self.weight_sync = create_weight_sync(self.args, self.model, engines, self.rank)
+        self.weight_sync.connect()
+        return self.weight_sync.mode
+
+    def update_weights(self, version: int) -> dict[str, float]:
+        if self.weight_sync is None:
+            raise RuntimeError("update_weights called before connect_rollout_engines")
+        return self.weight_sync.sync(version)
+
+    # --- checkpoints ----------------------------------------------------------------------
+    def save(self, rollout_id: int, extra_state: dict[str, Any]) -> dict[str, float]:
+        t0 = time.perf_counter()
+        ckpt.save(self.args.save, rollout_id, self.model, self.optimizer, self.rank, self._layout(), extra_state)
+        if self.args.save_hf:
+            from slime.backends.megatron import model_setup
+
+            model_setup.save_hf(self.model, self.args.save_hf.replace("{rollout_id}", str(rollout_id)), self.args)
+        return {"time/save": time.perf_counter() - t0}
+
+    def shutdown(self) -> None:
+        if self.weight_sync is not None:
+            self.weight_sync.close()

@@ -1,0 +1,81 @@
+"""A group of trainer rank actors (one per device), driven as one object from the training loop."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slime.ray.placement_group import DeviceSlots
+
+
+class RayTrainGroup:
+    """Creates `len(slots)` trainer actors, rank i on bundle i; methods call every rank and return
+    rank 0's result (ranks hold identical metrics after their own all-reduces)."""
+
+    def __init__(self, args, slots: DeviceSlots, actor_cls: Any = None) -> None:
+        import ray
+
+        if actor_cls is None:
+            from slime.backends.megatron.actor import MegatronTrainRayActor
+
+            actor_cls = MegatronTrainRayActor
+        remote_cls = ray.remote(actor_cls) if not hasattr(actor_cls, "remote") else actor_cls
+        world = len(slots)
+        self.args = args
+        self.actors: list[Any] = []
+        master = None
+        for rank in range(world):
+            actor = remote_cls.options(**slots.actor_options(rank)).remote(world, rank, master)
+            if rank == 0:
+                master = ray.get(actor.get_master_addr_port.remote())
+            self.actors.append(actor)
+
+    def _all(self, method: str, *args, **kwargs) -> list[Any]:
+        import ray
+
+        return ray.get([getattr(a, method).remote(*args, **kwargs) for a in self.actors])
+
+    def init(self, role: str = "actor", with_ref: bool = False) -> int:
+        """Load models, build optimizers, restore a checkpoint; returns the first rollout id to run."""
+        return self._all("init", self.args, role, with_ref)[0]
+
+    def compute_log_probs(self, batch_ref) -> dict[str, Any]:
+        """Old-policy (and reference) log-probs of every sample, merged over data-parallel ranks."""
+        parts = self._all("compute_log_probs", batch_ref)
+        merged: dict[str, dict[int, Any]] = {}
+        for part in parts:  # each rank reports {key: {sample index: tensor}} for its data shard
+            for key, by_index in part["log_probs"].items():
+                merged.setdefault(key, {}).update(by_index)
+        out: dict[str, Any] = {key: [by_index[i] for i in sorted(by_index)] for key, by_index in merged.items()}
+        out["metrics"] = parts[0]["metrics"]
+        return out
+
+    def train(self, rollout_id: int, batch_ref) -> dict[str, float]:
+        return self._all("train", rollout_id, batch_ref)[0]
+
+    def connect_rollout_engines(self, engines: list[dict[str, Any]]) -> str:
+        return self._all("connect_rollout_engines", engines)[0]
+
+    def update_weights(self, version: int) -> dict[str, float]:
+        return self._all("update_weights", version)[0]
+
+    def save(self, rollout_id: int, extra_state: dict[str, Any]) -> dict[str, float]:
+        return self._all("save", rollout_id, extra_state)[0]
+
+    def load_extra_state(self) -> dict[str, Any] | None:
+        return self._all("loaded_extra_state")[0]
+
+    def offload(self) -> None:
+        self._all("offload")
+
+    def onload(self) -> None:
+        self._all("onload")
+
+    def shutdown(self) -> None:
+        import ray
+
+        for a in self.actors:
+            try:
+                ray.get(a.shutdown.remote(), timeout=30)
+            except Exception:
+                pass
+            ray.kill(a)
