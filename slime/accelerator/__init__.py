@@ -17,6 +17,7 @@ from slime.accelerator.base import (
 )
 from slime.accelerator.cpu import CpuAccelerator
 from slime.accelerator.cuda import CudaAccelerator
+from slime.accelerator.patches import register_patch_loader
 from slime.accelerator.registry import (
     accelerator_class,
     accelerator_names,
@@ -28,6 +29,20 @@ from slime.accelerator.registry import (
 register_accelerator(AscendAccelerator)
 register_accelerator(CudaAccelerator)
 register_accelerator(CpuAccelerator)
+
+
+def _load_megatron_patches(module: str):
+    def load() -> None:
+        import importlib
+
+        importlib.import_module(module)
+
+    return load
+
+
+# megatron-core patch sets, imported on first apply_patches("megatron") (CUDA needs none).
+register_patch_loader("cpu", "megatron", _load_megatron_patches("slime.accelerator.megatron_patches.cpu"))
+register_patch_loader("npu", "megatron", _load_megatron_patches("slime.accelerator.ascend.megatron_patches"))
 
 __all__ = [
     "MEMORY_STAT_KEYS",

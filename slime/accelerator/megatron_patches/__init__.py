@@ -1,0 +1,30 @@
+"""Megatron-core patch sets: the named functions that hard-code CUDA, replaced by versions that ask
+the current accelerator (`get_accelerator()`) for device, RNG, streams and events.
+
+megatron-core calls `torch.cuda.*` in ~500 places; only the ones on the paths slime uses are replaced
+(GPT / GLM model forward+backward with TP, SP, EP, the alltoall MoE dispatcher, RNG tracker, DDP,
+optimizer and grad clipping). Every replacement is a `Patch` (why, what it replaces, target versions,
+remove-when) in one of the topic modules below; `common_patches()` is the set shared by every
+non-CUDA accelerator (CPU and Ascend), `cpu.py` registers the CPU set, `ascend/megatron_patches.py` the
+Ascend one. CUDA needs none.
+"""
+
+from __future__ import annotations
+
+from slime.accelerator.patches import Patch
+
+MEGATRON_VERSIONS = ">=0.16,<0.17"
+
+
+def common_patches() -> list[Patch]:
+    """Patches every accelerator without CUDA needs (CPU, Ascend). Imports megatron.core lazily."""
+    from slime.accelerator.megatron_patches import comm, memory, moe, optim, rng
+
+    return [*rng.PATCHES, *memory.PATCHES, *comm.PATCHES, *moe.PATCHES, *optim.PATCHES]
+
+
+def register_set(accelerator: str, patches: list[Patch]) -> None:
+    from slime.accelerator.patches import register_patch
+
+    for p in patches:
+        register_patch(accelerator, "megatron", p)

@@ -1,0 +1,2 @@
+"""Optimizer / DDP / grad clipping (filled below)."""
+PATCHES = []
