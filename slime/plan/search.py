@@ -1,0 +1,57 @@
+"""Search a few parallel layouts for a model on a device count and keep the ones that fit."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from slime.plan.devices import DeviceProfile
+from slime.plan.estimate import Plan, plan
+from slime.plan.layout import Layout, RolloutSettings, TrainSettings
+from slime.plan.model import ModelShape
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    out, v = [], 1
+    while v <= limit:
+        out.append(v)
+        v *= 2
+    return out
+
+
+def candidate_layouts(model: ModelShape, nodes: int, devices_per_node: int, pps: tuple[int, ...] = (1, 2, 4, 8),
+                      cps: tuple[int, ...] = (1,), etp_modes: tuple[str, ...] = ("1", "tp")) -> list[Layout]:
+    """TP within a node, the given PP/CP sizes, EP a power of two dividing the experts, expert-TP 1 or = TP;
+    only layouts valid for `model`."""
+    world = nodes * devices_per_node
+    out = []
+    for tp in _powers_of_two(devices_per_node):
+        for pp in pps:
+            for ep in _powers_of_two(min(world, model.n_routed_experts)):
+                for cp in cps:
+                    for etp in sorted({1 if m == "1" else tp for m in etp_modes}):
+                        lay = Layout(nodes, devices_per_node, tp=tp, pp=pp, ep=ep, cp=cp, etp=etp)
+                        if not lay.problems(model):
+                            out.append(lay)
+    return out
+
+
+def search(model: ModelShape, device: DeviceProfile, nodes: int, devices_per_node: int,
+           ts: TrainSettings | None = None, rs: RolloutSettings | None = None, top: int = 10,
+           recompute_options: tuple[str, ...] = ("none", "full"), include_unfit: bool = False,
+           pps: tuple[int, ...] = (1, 2, 4, 8), cps: tuple[int, ...] = (1,),
+           etp_modes: tuple[str, ...] = ("1", "tp"), engine_sizes: tuple[int, ...] = ()) -> list[Plan]:
+    """Plans sorted by step-time lower bound, then train-phase memory (more headroom first); only fitting
+    ones unless `include_unfit`. `engine_sizes` also tries these devices-per-engine values."""
+    ts, rs = ts or TrainSettings(), rs or RolloutSettings()
+    plans = []
+    for lay in candidate_layouts(model, nodes, devices_per_node, pps, cps, etp_modes):
+        for rc in recompute_options:
+            for g in sorted(set(engine_sizes) | {rs.devices_per_engine}):
+                try:
+                    p = plan(model, lay, device, replace(ts, recompute=rc), replace(rs, devices_per_engine=g))
+                except ValueError:
+                    continue
+                if p.fits or include_unfit:
+                    plans.append(p)
+    plans.sort(key=lambda p: (not p.fits, round(p.time.total_s, 3), p.phases["train"]))
+    return plans[:top]
