@@ -1,0 +1,250 @@
+"""Trainer -> rollout engine weight sync, through the accelerator, over SGLang's HTTP protocol.
+
+ipc (colocated): each bucket of `export_hf` is shared with `Accelerator.share_tensor`-style handles
+(`serialize_named_tensors`) and posted to `/update_weights_from_tensor`; the engine opens the
+handles (no copy across the process boundary) and copies into its weights; the bucket is freed
+before the next one. Generation is paused and the cache flushed around the update.
+
+distributed: trainer rank 0 and every engine device form one collective group on the accelerator's
+backend (`/init_weights_update_group`); per bucket, names/dtypes/shapes go over HTTP
+(`/update_weights_from_distributed`) while rank 0 broadcasts the tensors.
+
+auto: ipc when colocated and the device supports IPC, else distributed (logged once).
+After every sync the engine's weight checksums (`/get_weights_checksum`) must equal the trainer's
+exported weights; a mismatch raises `WeightSyncError`.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import torch
+
+from slime.accelerator import get_accelerator
+from slime.utils import weight_checksum
+
+logger = logging.getLogger(__name__)
+
+GROUP_NAME = "slime_weight_sync"
+
+
+class WeightSyncError(RuntimeError):
+    """The engines' weights do not match the trainer's after a sync (or the engine refused an update)."""
+
+
+@dataclass
+class EngineEndpoint:
+    url: str  # http://127.0.0.1:PORT
+    tp_size: int = 1  # devices of this engine (= ranks it adds to a distributed group)
+    token: str | None = None  # bearer token of the engine's control endpoints, when it requires one
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "EngineEndpoint":
+        return cls(url=str(d["url"]).rstrip("/"), tp_size=int(d.get("tp_size", 1)), token=d.get("token"))
+
+
+def default_post(endpoint: EngineEndpoint, path: str, payload: dict[str, Any] | None,
+                 timeout: float = 600.0) -> dict[str, Any]:
+    """POST JSON to an engine; returns the decoded body, raises WeightSyncError on a non-2xx reply."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    headers = {"Content-Type": "application/json"}
+    if endpoint.token:
+        headers["Authorization"] = f"Bearer {endpoint.token}"
+    req = urllib.request.Request(endpoint.url + path, data=json.dumps(payload or {}).encode(), headers=headers,
+                                 method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            body = resp.read()
+    except urllib.error.HTTPError as e:
+        detail = e.read().decode(errors="replace")[:500]
+        raise WeightSyncError(f"{endpoint.url}{path} answered HTTP {e.code}: {detail}") from None
+    return json.loads(body) if body else {}
+
+
+def resolve_mode(requested: str, colocate: bool, ipc_capable: bool) -> str:
+    if requested == "ipc":
+        if not ipc_capable:
+            raise WeightSyncError("--update-weight-mode ipc: this device cannot share tensors across processes; "
+                                  "use --update-weight-mode distributed (or auto)")
+        return "ipc"
+    if requested == "distributed":
+        return "distributed"
+    if colocate and ipc_capable:
+        return "ipc"
+    if colocate:
+        logger.warning("device has no IPC tensor sharing: colocated weight sync falls back to the distributed path")
+    return "distributed"
+
+
+def _check_reply(reply: dict[str, Any], what: str) -> None:
+    if isinstance(reply, dict) and reply.get("success") is False:
+        raise WeightSyncError(f"engine refused {what}: {reply.get('message', reply)}")
+
+
+class WeightSync:
+    """Runs on every trainer rank (export is collective); rank 0 talks to the engines."""
+
+    def __init__(self, mode: str, export: Callable[[], Iterable[list[tuple[str, torch.Tensor]]]],
+                 engines: list[EngineEndpoint], rank: int, check: bool = True,
+                 post: Callable[..., dict[str, Any]] = default_post) -> None:
+        self.mode, self.export, self.engines, self.rank = mode, export, engines, rank
+        self.check, self.post = check, post
+        self.group = None
+        self.syncs = 0
+
+    # --- set-up ---------------------------------------------------------------------------
+    def connect(self) -> None:
+        if self.mode != "distributed" or self.rank != 0:
+            return
+        from slime.utils.distributed import init_weight_update_group  # standalone group (rollout side helper)
+        from slime.backends.megatron.actor import _node_ip, find_free_port
+
+        acc = get_accelerator()
+        addr, port = _node_ip(), find_free_port()
+        world = 1 + sum(e.tp_size for e in self.engines)
+        backend = acc.dist_backend
+        errors: list[BaseException] = []
+
+        def ask(engine: EngineEndpoint, offset: int) -> None:
+            try:
+                _check_reply(self.post(engine, "/init_weights_update_group", {
+                    "master_address": addr, "master_port": port, "rank_offset": offset, "world_size": world,
+                    "group_name": GROUP_NAME, "backend": backend}), "init_weights_update_group")
+            except BaseException as e:  # reported after the group forms or times out
+                errors.append(e)
+
+        threads, offset = [], 1
+        for engine in self.engines:
+            threads.append(threading.Thread(target=ask, args=(engine, offset), daemon=True))
+            offset += engine.tp_size
+        for t in threads:
+            t.start()
+        self.group = init_weight_update_group(addr, port, rank=0, world_size=world, backend=backend,
+                                              group_name=GROUP_NAME)
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+
+    def close(self) -> None:
+        if self.group is not None and self.rank == 0:
+            for engine in self.engines:
+                try:
+                    self.post(engine, "/destroy_weights_update_group", {"group_name": GROUP_NAME}, timeout=30)
+                except Exception:
+                    pass
+            try:
+                import torch.distributed as dist
+
+                dist.destroy_process_group(self.group)
+            except Exception:
+                pass
+            self.group = None
+
+    # --- one sync -------------------------------------------------------------------------
+    def _all_engines(self, path: str, payload: dict[str, Any]) -> None:
+        for engine in self.engines:
+            _check_reply(self.post(engine, path, payload), path)
+
+    def sync(self, version: int) -> dict[str, float]:
+        """Push the current weights to every engine; returns timing/size metrics."""
+        t0 = time.perf_counter()
+        leader = self.rank == 0
+        sent_bytes, expected = 0, {}
+        if leader:
+            self._all_engines("/pause_generation", {})
+            self._all_engines("/flush_cache", {})
+        for bucket in self.export():
+            if not leader:
+                continue  # other ranks only take part in the export's collectives
+            if self.check:
+                expected.update(weight_checksum.named_checksums(bucket))
+            sent_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
+            if self.mode == "ipc":
+                self._send_ipc(bucket, version)
+            else:
+                self._send_distributed(bucket, version)
+            del bucket  # the engine copied it; release the shared buffers before the next bucket
+        metrics = {"weight_sync/bytes": float(sent_bytes)}
+        if leader:
+            self._all_engines("/flush_cache", {})
+            self._all_engines("/continue_generation", {})
+            if self.check:
+                metrics["weight_sync/checked_tensors"] = float(self.verify(expected))
+        self.syncs += 1
+        metrics["time/weight_sync"] = time.perf_counter() - t0
+        return metrics
+
+    def _send_ipc(self, bucket: list[tuple[str, torch.Tensor]], version: int) -> None:
+        from slime.accelerator.ipc import serialize_named_tensors
+
+        acc = get_accelerator()
+        named = [(n, t.detach().contiguous()) for n, t in bucket]
+        payload = base64.b64encode(serialize_named_tensors(acc, named)).decode()
+        for engine in self.engines:
+            _check_reply(self.post(engine, "/update_weights_from_tensor", {
+                "serialized_named_tensors": [payload] * engine.tp_size, "load_format": None,
+                "flush_cache": False, "weight_version": str(version)}), "update_weights_from_tensor")
+
+    def _send_distributed(self, bucket: list[tuple[str, torch.Tensor]], version: int) -> None:
+        import torch.distributed as dist
+
+        device = get_accelerator().device()
+        tensors = [t.detach().to(device).contiguous() for _, t in bucket]
+        payload = {"names": [n for n, _ in bucket], "dtypes": [str(t.dtype).removeprefix("torch.") for t in tensors],
+                   "shapes": [list(t.shape) for t in tensors], "group_name": GROUP_NAME, "flush_cache": False,
+                   "weight_version": str(version)}
+        errors: list[BaseException] = []
+
+        def ask(engine: EngineEndpoint) -> None:
+            try:
+                _check_reply(self.post(engine, "/update_weights_from_distributed", payload),
+                             "update_weights_from_distributed")
+            except BaseException as e:
+                errors.append(e)
+
+        # The engines block in the broadcast until rank 0 sends, so their HTTP calls run alongside.
+        threads = [threading.Thread(target=ask, args=(e,), daemon=True) for e in self.engines]
+        for t in threads:
+            t.start()
+        for t in tensors:
+            dist.broadcast(t, src=0, group=self.group)
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+
+    def verify(self, expected: dict[str, list[float]]) -> int:
+        """Compare the engines' checksums of the synced names with the trainer's; raise on a mismatch."""
+        names = sorted(expected)
+        for engine in self.engines:
+            reply = self.post(engine, "/get_weights_checksum", {"names": names})
+            actual = reply.get("checksums", {}) if isinstance(reply, dict) else {}
+            bad = weight_checksum.mismatches(expected, {n: actual[n] for n in names if n in actual})
+            if bad:
+                raise WeightSyncError(
+                    f"weight sync {self.syncs}: engine {engine.url} differs from the trainer in {len(bad)} tensors "
+                    f"(first: {bad[:3]}); stopping (the engine would sample from the wrong policy)")
+            logger.info("weight sync %d: %d tensors verified on %s", self.syncs, len(names), engine.url)
+        return len(names)
+
+
+def create_weight_sync(args, model, engines: list[dict[str, Any]], rank: int) -> WeightSync:
+    from slime.backends.megatron import model_setup
+
+    acc = get_accelerator()
+    mode = resolve_mode(args.update_weight_mode, args.colocate, acc.capabilities.ipc)
+    endpoints = [EngineEndpoint.from_dict(e) for e in engines]
+
+    def export():
+        return model_setup.export_hf(model, args.update_weight_buffer_size)
+
+    return WeightSync(mode, export, endpoints, rank, check=bool(args.check_weight_sync))

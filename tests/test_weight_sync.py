@@ -1,0 +1,121 @@
+"""Weight sync client against a stand-in engine that speaks the SGLang endpoints it uses."""
+
+import base64
+import json
+import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+
+from slime.accelerator import get_accelerator
+from slime.accelerator.ipc import deserialize_named_tensors
+from slime.backends.megatron.weight_sync import EngineEndpoint, WeightSync, WeightSyncError, resolve_mode
+from slime.utils import weight_checksum
+
+
+class FakeEngine:
+    """Holds named weights; applies /update_weights_from_tensor; reports checksums; logs calls."""
+
+    def __init__(self, weights):
+        self.weights = {k: v.clone() for k, v in weights.items()}
+        self.calls = []
+        self.corrupt = None  # name to perturb after updates (simulates a broken load)
+        self.refuse = False
+        engine = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+                engine.calls.append(self.path)
+                out = engine.handle(self.path, body)
+                data = json.dumps(out).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def handle(self, path, body):
+        if path == "/update_weights_from_tensor":
+            if self.refuse:
+                return {"success": False, "message": "shape mismatch for x"}
+            acc = get_accelerator()
+            named = deserialize_named_tensors(base64.b64decode(body["serialized_named_tensors"][0]),
+                                              acc.ipc_rebuild_allowlist())
+            for name, t in named:
+                self.weights[name].copy_(t)
+            if self.corrupt:
+                self.weights[self.corrupt].view(-1)[0] += 1e-3
+            return {"success": True, "message": ""}
+        if path == "/get_weights_checksum":
+            names = body.get("names") or sorted(self.weights)
+            return {"checksums": weight_checksum.named_checksums((n, self.weights[n]) for n in names if n in self.weights)}
+        return {"success": True}
+
+
+@pytest.fixture
+def trainer_weights():
+    g = torch.Generator().manual_seed(0)
+    return {"a.weight": torch.randn(7, 5, generator=g), "b.bias": torch.randn(13, generator=g),
+            "c.weight": torch.randn(3, 4, 2, generator=g)}
+
+
+def _sync(engines, weights, bucket_names):
+    def export():
+        for names in bucket_names:
+            yield [(n, weights[n]) for n in names]
+    return WeightSync("ipc", export, [EngineEndpoint(e.url) for e in engines], rank=0)
+
+
+def test_ipc_sync_updates_engine_and_verifies(trainer_weights):
+    engines = [FakeEngine({k: torch.full_like(v, float("nan")) for k, v in trainer_weights.items()}) for _ in range(2)]
+    ws = _sync(engines, trainer_weights, [["a.weight", "b.bias"], ["c.weight"]])
+    metrics = ws.sync(version=1)
+    for e in engines:
+        for k, v in trainer_weights.items():
+            assert torch.equal(e.weights[k], v)
+        assert e.calls[:2] == ["/pause_generation", "/flush_cache"]
+        assert e.calls.count("/update_weights_from_tensor") == 2  # one per bucket
+        assert e.calls[-3:] == ["/flush_cache", "/continue_generation", "/get_weights_checksum"]
+    assert metrics["weight_sync/checked_tensors"] == 3
+    assert metrics["weight_sync/bytes"] == sum(v.numel() * 4 for v in trainer_weights.values())
+
+
+def test_checksum_mismatch_stops(trainer_weights):
+    engine = FakeEngine(trainer_weights)
+    engine.corrupt = "b.bias"
+    with pytest.raises(WeightSyncError, match=r"differs from the trainer in 1 tensors.*b\.bias"):
+        _sync([engine], trainer_weights, [list(trainer_weights)]).sync(version=1)
+
+
+def test_engine_refusal_is_an_error(trainer_weights):
+    engine = FakeEngine(trainer_weights)
+    engine.refuse = True
+    with pytest.raises(WeightSyncError, match="shape mismatch"):
+        _sync([engine], trainer_weights, [list(trainer_weights)]).sync(version=1)
+
+
+def test_checksum_detects_permutation_and_tolerates_order():
+    x = torch.randn(64, dtype=torch.float64)
+    base = weight_checksum.named_checksums([("x", x)])
+    assert weight_checksum.mismatches(base, weight_checksum.named_checksums([("x", x.flip(0))])) == ["x"]
+    assert weight_checksum.mismatches(base, weight_checksum.named_checksums([("x", x.clone())])) == []
+    assert weight_checksum.mismatches(base, {}) == ["x"]
+
+
+def test_resolve_mode(caplog):
+    assert resolve_mode("auto", colocate=True, ipc_capable=True) == "ipc"
+    assert resolve_mode("auto", colocate=False, ipc_capable=True) == "distributed"
+    with caplog.at_level(logging.WARNING):
+        assert resolve_mode("auto", colocate=True, ipc_capable=False) == "distributed"
+    assert sum("falls back to the distributed path" in r.message for r in caplog.records) == 1
+    with pytest.raises(WeightSyncError, match="cannot share tensors"):
+        resolve_mode("ipc", colocate=True, ipc_capable=False)
