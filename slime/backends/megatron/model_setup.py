@@ -1,0 +1,112 @@
+"""What the trainer actor needs from the Megatron model, in one place: load from HF, wrap in
+Megatron DDP and build the Megatron optimizer, packed forward to full-vocab logits, finish a step
+(grad sync + clip + update), host copies of weights (reference policy), HF export/save.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+
+from slime.backends.megatron import data as D
+
+
+def load_model(args, hf_dir: str) -> torch.nn.Module:
+    """The GLM-5-family Megatron model for this rank's TP/EP shard, weights from `hf_dir`."""
+    from slime.backends.megatron import load_hf_model
+
+    model = load_hf_model(hf_dir, args.tensor_model_parallel_size, args.expert_model_parallel_size,
+                          args.pipeline_model_parallel_size)
+    if args.bf16:
+        model = model.to(torch.bfloat16)
+    return model
+
+
+def wrap_and_build_optimizer(args, model: torch.nn.Module):
+    """Megatron DDP (grads reduced in fp32, no overlap: steps are few and small) + Megatron Adam with
+    gradient clipping at --clip-grad."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    config = model.config
+    ddp = DistributedDataParallel(
+        config=config,
+        ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                                 use_distributed_optimizer=False),
+        module=model,
+    )
+    opt_config = OptimizerConfig(
+        optimizer="adam", lr=args.lr, min_lr=args.lr, weight_decay=args.weight_decay, adam_beta1=args.adam_beta1,
+        adam_beta2=args.adam_beta2, adam_eps=args.adam_eps, clip_grad=args.clip_grad, bf16=args.bf16, fp16=False,
+        params_dtype=torch.bfloat16 if args.bf16 else torch.float32, use_distributed_optimizer=False,
+    )
+    return ddp, get_megatron_optimizer(opt_config, [ddp])
+
+
+def forward_logits(model: torch.nn.Module, mb: D.PackedMicroBatch, device: torch.device, tp_size: int) -> torch.Tensor:
+    """[T, V] logits of a packed micro-batch (THD: cu_seqlens keep samples apart), full vocab."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    cu = mb.cu_seqlens.to(device)
+    packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=mb.max_seqlen,
+                             max_seqlen_kv=mb.max_seqlen)
+    logits = model(input_ids=mb.tokens.to(device), position_ids=mb.position_ids.to(device), attention_mask=None,
+                   packed_seq_params=packed)
+    if tp_size > 1:  # the output layer is vocab-parallel; log-softmax needs every vocab shard
+        from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+        logits = gather_from_tensor_model_parallel_region(logits)
+    return logits.reshape(-1, logits.shape[-1])
+
+
+def finish_step(model, optimizer) -> float:
+    """Reduce grads over data-parallel ranks, clip, update. Returns the (pre-clip) global grad norm."""
+    from megatron.core.distributed import finalize_model_grads
+
+    finalize_model_grads([model])
+    ok, grad_norm, _ = optimizer.step()
+    if not ok:
+        raise RuntimeError("optimizer step skipped (non-finite gradients); lower --lr or check the data")
+    return float(grad_norm) if grad_norm is not None else 0.0
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return getattr(model, "module", model)
+
+
+def host_copy(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().to("cpu", copy=True) for n, p in _unwrap(model).named_parameters()}
+
+
+@contextlib.contextmanager
+def swapped_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> Iterator[None]:
+    """Temporarily load `weights` (host tensors by parameter name) into `model`, restoring after."""
+    params = dict(_unwrap(model).named_parameters())
+    if params.keys() != weights.keys():
+        missing = sorted(params.keys() ^ weights.keys())[:3]
+        raise ValueError(f"reference weights do not match the model's parameters (e.g. {missing})")
+    saved = host_copy(model)
+    with torch.no_grad():
+        for n, p in params.items():
+            p.copy_(weights[n])
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for n, p in params.items():
+                p.copy_(saved[n])
+
+
+def export_hf(model: torch.nn.Module, bucket_bytes: int):
+    """Buckets (lists of (HF name, full tensor)) of the current weights; collective over trainer ranks."""
+    from slime.backends.megatron import export_hf as _export
+
+    return _export(_unwrap(model), bucket_bytes)
+
+
+def save_hf(model: torch.nn.Module, out_dir: str, args) -> None:
+    from slime.backends.megatron import save_hf as _save
+
+    _save(_unwrap(model), out_dir)

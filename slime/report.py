@@ -1,0 +1,106 @@
+"""`python -m slime.report RUN_DIR`: a PNG of reward and per-phase timings, and a markdown summary,
+from RUN_DIR/metrics.jsonl. Writes RUN_DIR/report.png and RUN_DIR/report.md."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+from slime.utils.metrics import read_metrics
+
+PHASES = ("time/rollout", "time/log_probs", "time/train", "time/weight_sync", "time/save")
+
+
+def plot(records: list[dict], out_png: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ids = [r["rollout_id"] for r in records]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    mean = [r.get("rollout/reward_mean", float("nan")) for r in records]
+    std = [r.get("rollout/reward_std", 0.0) for r in records]
+    ax1.plot(ids, mean, marker="o", label="reward mean")
+    ax1.fill_between(ids, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2,
+                     label="± std")
+    ax1.set_xlabel("rollout")
+    ax1.set_ylabel("reward")
+    ax1.set_title("reward")
+    ax1.legend()
+    bottom = [0.0] * len(ids)
+    for phase in PHASES:
+        values = [r.get(phase, 0.0) for r in records]
+        ax2.bar(ids, values, bottom=bottom, label=phase.split("/")[1])
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax2.set_xlabel("rollout")
+    ax2.set_ylabel("seconds")
+    ax2.set_title("time per phase")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)
+
+
+def _mean(records: list[dict], key: str) -> float:
+    values = [r[key] for r in records if key in r]
+    return statistics.fmean(values) if values else float("nan")
+
+
+def summary(records: list[dict], run_dir: str) -> str:
+    first, last = records[0], records[-1]
+    lines = [
+        f"# Run report: {os.path.abspath(run_dir)}",
+        "",
+        f"Iterations: {len(records)} (rollout {first['rollout_id']} .. {last['rollout_id']})",
+        "",
+        "| metric | first | last |",
+        "|---|---|---|",
+    ]
+    for key in ("rollout/reward_mean", "rollout/reward_std", "rollout/response_len_mean", "train/kl",
+                "train/entropy", "train/clip_frac", "train/grad_norm", "train_rollout_logprob_abs_diff"):
+        if key in first:
+            lines.append(f"| {key} | {first[key]:.4g} | {last.get(key, float('nan')):.4g} |")
+    lines += ["", "| phase | mean seconds |", "|---|---|"]
+    for key in PHASES + ("time/iteration",):
+        lines.append(f"| {key.split('/')[1]} | {_mean(records, key):.3f} |")
+    lines += [
+        "",
+        f"Throughput: rollout {_mean(records, 'perf/rollout_tokens_per_s'):.1f} tokens/s, "
+        f"train {_mean(records, 'perf/train_tokens_per_s'):.1f} tokens/s.",
+        f"Peak trainer memory: {max(r.get('memory/train_peak_bytes', 0) for r in records) / 2**20:.1f} MiB.",
+        "",
+        "![reward and timings](report.png)",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_report(run_dir: str) -> tuple[str, str]:
+    records = read_metrics(run_dir)
+    if not records:
+        raise ValueError(f"{run_dir}/metrics.jsonl has no iterations yet; run training first")
+    png, md = os.path.join(run_dir, "report.png"), os.path.join(run_dir, "report.md")
+    plot(records, png)
+    with open(md, "w") as f:
+        f.write(summary(records, run_dir))
+    return png, md
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m slime.report", description=__doc__)
+    ap.add_argument("run_dir", help="the --output-dir of a training run")
+    a = ap.parse_args(argv)
+    try:
+        png, md = write_report(a.run_dir)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"slime.report: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {png} and {md}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Per-iteration metrics: one compact console line and one JSON object per line in metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+
+# Keys every iteration record carries (the e2e test checks them).
+REQUIRED_KEYS = (
+    "rollout_id", "rollout/reward_mean", "rollout/reward_std", "rollout/response_len_mean",
+    "train/kl", "train/entropy", "train/clip_frac", "train/grad_norm", "train/loss",
+    "train_rollout_logprob_abs_diff", "time/rollout", "time/log_probs", "time/train", "time/weight_sync",
+    "time/save", "time/iteration", "perf/rollout_tokens_per_s", "perf/train_tokens_per_s",
+    "memory/train_peak_bytes",
+)
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "K", "M", "G", "T"):
+        if abs(n) < 1024 or unit == "T":
+            return f"{n:.1f}{unit}" if unit != "B" else f"{n:.0f}B"
+        n /= 1024
+    return f"{n:.1f}T"
+
+
+def console_line(m: dict[str, Any], num_rollout: int) -> str:
+    g = m.get
+    return (
+        f"[rollout {m['rollout_id'] + 1}/{num_rollout}] reward {g('rollout/reward_mean', math.nan):.3f}"
+        f"±{g('rollout/reward_std', math.nan):.3f} len {g('rollout/response_len_mean', math.nan):.1f}"
+        f" | loss {g('train/loss', math.nan):.4f} kl {g('train/kl', math.nan):.2e} ent {g('train/entropy', math.nan):.3f}"
+        f" clip {g('train/clip_frac', math.nan):.3f} gnorm {g('train/grad_norm', math.nan):.3f}"
+        f" |dlp| {g('train_rollout_logprob_abs_diff', math.nan):.1e}"
+        f" | t roll {g('time/rollout', 0):.1f}s lp {g('time/log_probs', 0):.1f}s train {g('time/train', 0):.1f}s"
+        f" sync {g('time/weight_sync', 0):.1f}s save {g('time/save', 0):.1f}s"
+        f" | tok/s roll {g('perf/rollout_tokens_per_s', 0):.0f} train {g('perf/train_tokens_per_s', 0):.0f}"
+        f" | mem {_fmt_bytes(g('memory/train_peak_bytes', 0))}"
+    )
+
+
+class MetricsLogger:
+    def __init__(self, output_dir: str, resume_from: int | None = None) -> None:
+        os.makedirs(output_dir, exist_ok=True)
+        self.path = os.path.join(output_dir, METRICS_FILE)
+        if resume_from is not None and os.path.exists(self.path):
+            # Drop records of iterations that will run again (written after the checkpoint we resume from).
+            kept = [r for r in read_metrics(output_dir) if r["rollout_id"] < resume_from]
+            with open(self.path, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in kept)
+        elif resume_from is None and os.path.exists(self.path):
+            os.remove(self.path)
+
+    def log(self, record: dict[str, Any]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record, allow_nan=True) + "\n")
+            f.flush()
+
+
+def read_metrics(output_dir: str) -> list[dict[str, Any]]:
+    path = os.path.join(output_dir, METRICS_FILE) if os.path.isdir(output_dir) else output_dir
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no {METRICS_FILE} in {output_dir}; pass the --output-dir of a run")
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,41 @@
+"""metrics.jsonl logging, the console line, and `python -m slime.report`."""
+
+import json
+import os
+
+import pytest
+
+from slime import report
+from slime.utils.metrics import REQUIRED_KEYS, MetricsLogger, console_line, read_metrics
+
+
+def _record(i, reward):
+    r = {k: 0.5 for k in REQUIRED_KEYS}
+    r.update({"rollout_id": i, "rollout/reward_mean": reward, "rollout/reward_std": 0.1, "time/rollout": 1.0 + i,
+              "time/train": 2.0, "memory/train_peak_bytes": 3 * 2**20})
+    return r
+
+
+def test_logger_resume_truncates_and_report(tmp_path):
+    log = MetricsLogger(str(tmp_path))
+    for i in range(4):
+        log.log(_record(i, 0.1 * i))
+    MetricsLogger(str(tmp_path), resume_from=2)  # iterations 2, 3 will run again
+    assert [r["rollout_id"] for r in read_metrics(str(tmp_path))] == [0, 1]
+    MetricsLogger(str(tmp_path), resume_from=2).log(_record(2, 0.9))
+    assert report.main([str(tmp_path)]) == 0
+    png = tmp_path / "report.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    md = (tmp_path / "report.md").read_text()
+    assert "| rollout/reward_mean | 0 | 0.9 |" in md and "Iterations: 3" in md
+    assert "Peak trainer memory: 3.0 MiB" in md
+
+
+def test_console_line_compact():
+    line = console_line(_record(4, 0.25), num_rollout=10)
+    assert line.startswith("[rollout 5/10] reward 0.250±0.100") and "\n" not in line
+
+
+def test_report_missing_dir(tmp_path, capsys):
+    assert report.main([str(tmp_path / "none")]) == 2
+    assert "no metrics.jsonl" in capsys.readouterr().err
