@@ -104,13 +104,12 @@ class WeightSync:
     def connect(self) -> None:
         if self.mode != "distributed" or self.rank != 0:
             return
-        from slime.utils.distributed import init_weight_update_group  # standalone group (rollout side helper)
         from slime.backends.megatron.actor import _node_ip, find_free_port
+        from slime.utils.distributed import init_custom_process_group
 
-        acc = get_accelerator()
         addr, port = _node_ip(), find_free_port()
         world = 1 + sum(e.tp_size for e in self.engines)
-        backend = acc.dist_backend
+        backend = get_accelerator().process_group_backend()
         errors: list[BaseException] = []
 
         def ask(engine: EngineEndpoint, offset: int) -> None:
@@ -127,8 +126,8 @@ class WeightSync:
             offset += engine.tp_size
         for t in threads:
             t.start()
-        self.group = init_weight_update_group(addr, port, rank=0, world_size=world, backend=backend,
-                                              group_name=GROUP_NAME)
+        self.group = init_custom_process_group(addr, port, world_size=world, rank=0, group_name=GROUP_NAME,
+                                               backend=backend)
         for t in threads:
             t.join()
         if errors:
@@ -141,12 +140,9 @@ class WeightSync:
                     self.post(engine, "/destroy_weights_update_group", {"group_name": GROUP_NAME}, timeout=30)
                 except Exception:
                     pass
-            try:
-                import torch.distributed as dist
+            from slime.utils.distributed import destroy_custom_process_group
 
-                dist.destroy_process_group(self.group)
-            except Exception:
-                pass
+            destroy_custom_process_group(self.group)
             self.group = None
 
     # --- one sync -------------------------------------------------------------------------
@@ -195,7 +191,7 @@ class WeightSync:
                 "flush_cache": False, "weight_version": str(version)}), "update_weights_from_tensor")
 
     def _send_distributed(self, bucket: list[tuple[str, torch.Tensor]], version: int) -> None:
-        import torch.distributed as dist
+        from slime.utils.distributed import broadcast
 
         device = get_accelerator().device()
         tensors = [t.detach().to(device).contiguous() for _, t in bucket]
@@ -216,7 +212,7 @@ class WeightSync:
         for t in threads:
             t.start()
         for t in tensors:
-            dist.broadcast(t, src=0, group=self.group)
+            broadcast(t, src=0, group=self.group)
         for t in threads:
             t.join()
         if errors:

@@ -1,0 +1,180 @@
+"""The RL loop: rollout -> rewards -> old/ref log-probs -> advantages -> train -> weight sync -> save.
+
+    python train.py --hf-checkpoint DIR --num-rollout N ...     (also: python -m slime.train)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+import torch
+
+logger = logging.getLogger("slime.train")
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(level=os.environ.get("SLIME_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S", stream=sys.stderr)
+
+
+def _cpu_threads_default(args) -> None:
+    """CPU: trainer ranks and engines take turns (colocated) or split the cores; Ray would give each 1 thread."""
+    if "SLIME_CPU_THREADS" in os.environ:
+        return
+    cores = args.num_cpus or os.cpu_count() or 1
+    workers = args.world_size if args.colocate else args.world_size + args.rollout_num_gpus
+    os.environ["SLIME_CPU_THREADS"] = str(max(1, cores // max(1, workers)))
+
+
+def rollout_batch_from(rollout: dict[str, Any]):
+    """The trainer's view of a rollout: token ids, response lengths, masks, rewards, engine log-probs."""
+    from slime.backends.megatron.data import RolloutBatch
+
+    samples = rollout["samples"]
+    return RolloutBatch(
+        tokens=[list(s.tokens) for s in samples],
+        response_lengths=[int(s.response_length) for s in samples],
+        rewards=[float(s.reward) for s in samples],
+        loss_masks=[list(s.loss_mask) if s.loss_mask is not None else [1] * s.response_length for s in samples],
+        rollout_log_probs=[list(s.rollout_log_probs) for s in samples]
+        if all(s.rollout_log_probs is not None for s in samples) else None,
+    )
+
+
+def add_advantages(args, batch) -> dict[str, float]:
+    """Fill batch.advantages (per sample, per response token); returns advantage/logprob metrics."""
+    from slime.utils import ppo_utils
+
+    lengths = batch.response_lengths
+    mask = torch.cat([torch.tensor(m, dtype=torch.float32) for m in batch.loss_masks])
+    kl = None
+    if batch.ref_log_probs is not None:
+        kl = ppo_utils.approx_kl(torch.cat(batch.old_log_probs), torch.cat(batch.ref_log_probs), "k1")
+    n_per_prompt = getattr(args, "n_samples_per_prompt", 1) or 1
+    adv = ppo_utils.compute_advantages(
+        args.advantage_estimator, torch.tensor(batch.rewards), lengths, mask, n_per_prompt, kl=kl,
+        kl_coef=args.kl_coef, gamma=args.gamma, std_normalization=not args.disable_grpo_std_normalization)
+    batch.advantages = list(torch.split(adv, list(lengths)))
+    metrics = {"train/advantage_abs_mean": float((adv.abs() * mask).sum() / mask.sum().clamp_min(1))}
+    if batch.rollout_log_probs is not None:
+        # Train-inference mismatch: the trainer's and the engine's log-probs of the same tokens, same weights.
+        old = torch.cat(batch.old_log_probs)
+        rollout = torch.cat([torch.tensor(r, dtype=torch.float32) for r in batch.rollout_log_probs])
+        diff = (old - rollout).abs()
+        metrics["train_rollout_logprob_abs_diff"] = float((diff * mask).sum() / mask.sum().clamp_min(1))
+        metrics["train_rollout_logprob_abs_diff_max"] = float((diff * mask).max()) if diff.numel() else 0.0
+    else:
+        metrics["train_rollout_logprob_abs_diff"] = float("nan")
+    return metrics
+
+
+def rollout_metrics(batch, elapsed: float) -> dict[str, float]:
+    rewards = torch.tensor(batch.rewards, dtype=torch.float64)
+    lengths = torch.tensor(batch.response_lengths, dtype=torch.float64)
+    return {
+        "rollout/reward_mean": float(rewards.mean()),
+        "rollout/reward_std": float(rewards.std(unbiased=False)),
+        "rollout/response_len_mean": float(lengths.mean()),
+        "rollout/samples": float(len(batch)),
+        "time/rollout": elapsed,
+        "perf/rollout_tokens_per_s": float(lengths.sum()) / max(elapsed, 1e-9),
+    }
+
+
+def _should_save(args, rollout_id: int) -> bool:
+    if not args.save:
+        return False
+    last = rollout_id == args.num_rollout - 1
+    return last or (args.save_interval is not None and (rollout_id + 1) % args.save_interval == 0)
+
+
+def train(args) -> list[dict[str, Any]]:
+    """Run the loop; returns the per-iteration metric records (also in OUTPUT_DIR/metrics.jsonl)."""
+    import ray
+
+    from slime.ray.actor_group import RayTrainGroup
+    from slime.ray.placement_group import create_placement_groups, init_ray
+    from slime.ray.rollout import create_rollout_manager
+    from slime.utils.metrics import MetricsLogger, console_line
+
+    _cpu_threads_default(args)
+    init_ray(args.num_cpus)
+    slots = create_placement_groups(args)
+    actor = RayTrainGroup(args, slots["actor"])
+    # Trainer first: in colocated mode the engines then start on devices the trainer already holds.
+    start_rollout_id = actor.init("actor", with_ref=args.use_ref_model)
+    rollout = create_rollout_manager(args, slots["rollout"])
+    if start_rollout_id > 0:
+        extra = actor.load_extra_state() or {}
+        if extra.get("data_source") is not None:
+            ray.get(rollout.load_state.remote(extra["data_source"]))
+    mode = actor.connect_rollout_engines(ray.get(rollout.engines.remote()))
+    logger.info("weight sync mode: %s", mode)
+    if start_rollout_id > 0:
+        actor.update_weights(version=start_rollout_id)  # engines started from --hf-checkpoint
+
+    log = MetricsLogger(args.output_dir, resume_from=start_rollout_id if args.load else None)
+    records = []
+    for rollout_id in range(start_rollout_id, args.num_rollout):
+        t_iter = time.perf_counter()
+        t0 = time.perf_counter()
+        result = ray.get(rollout.generate.remote(rollout_id))
+        batch = rollout_batch_from(result)
+        metrics: dict[str, Any] = {"rollout_id": rollout_id, **rollout_metrics(batch, time.perf_counter() - t0)}
+        metrics.update({k: v for k, v in result.get("metrics", {}).items() if isinstance(v, (int, float))})
+        if args.offload_rollout:
+            ray.get(rollout.offload.remote())
+        if args.offload_train:
+            actor.onload()
+
+        log_probs = actor.compute_log_probs(ray.put(batch))
+        batch.old_log_probs = log_probs["old_log_probs"]
+        batch.ref_log_probs = log_probs.get("ref_log_probs")
+        metrics.update(log_probs["metrics"])
+        metrics.update(add_advantages(args, batch))
+        if args.use_rollout_logprobs and batch.rollout_log_probs is not None:
+            batch.old_log_probs = [torch.tensor(r, dtype=torch.float32) for r in batch.rollout_log_probs]
+
+        metrics.update(actor.train(rollout_id, ray.put(batch)))
+        if args.offload_rollout:
+            ray.get(rollout.onload.remote())
+        metrics.update(actor.update_weights(version=rollout_id + 1))
+        if args.offload_train:
+            actor.offload()
+
+        metrics["time/save"] = 0.0
+        if _should_save(args, rollout_id):
+            state = ray.get(rollout.state.remote())
+            metrics.update(actor.save(rollout_id, {"data_source": state, "rollout_id": rollout_id}))
+        metrics["time/iteration"] = time.perf_counter() - t_iter
+        log.log(metrics)
+        records.append(metrics)
+        print(console_line(metrics, args.num_rollout), flush=True)
+
+    actor.shutdown()
+    try:
+        ray.get(rollout.shutdown.remote(), timeout=60)
+    except Exception:
+        pass
+    return records
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from slime.utils.arguments import parse_args
+
+    _setup_logging()
+    args = parse_args(argv)
+    records = train(args)
+    if records:
+        first, last = records[0]["rollout/reward_mean"], records[-1]["rollout/reward_mean"]
+        print(f"reward: first {first:.3f} -> last {last:.3f} over {len(records)} iterations; "
+              f"metrics in {os.path.join(args.output_dir, 'metrics.jsonl')}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
