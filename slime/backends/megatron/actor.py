@@ -252,6 +252,26 @@ class MegatronTrainRayActor:
             model_setup.save_hf(self.model, self.args.save_hf.replace("{rollout_id}", str(rollout_id)), self.args)
         return {"time/save": time.perf_counter() - t0}
 
+    # --- memory (--offload-train) ---------------------------------------------------------
+    def offload(self) -> int:
+        """Release device memory of weights, grads and optimizer state (no-op on the CPU device)."""
+        from slime.backends.megatron.offload import Offloader
+
+        acc = get_accelerator()
+        if acc.device_type == "cpu":
+            return 0
+        if getattr(self, "_offloader", None) is None:
+            self._offloader = Offloader(self.model, self.optimizer)
+        released = self._offloader.offload()
+        acc.synchronize()
+        acc.empty_cache()
+        return released
+
+    def onload(self) -> None:
+        if getattr(self, "_offloader", None) is not None:
+            self._offloader.onload()
+            get_accelerator().synchronize()
+
     def shutdown(self) -> None:
         if self.weight_sync is not None:
             self.weight_sync.close()
