@@ -1,8 +1,469 @@
-"""Ascend op implementations (provider for the "npu" accelerator). Filled in per op; until then the
-reference runs."""
+"""Ascend implementations of the slime ops, on torch_npu fused kernels (provider for accelerator "npu").
+
+Each function has the reference signature (slime/accelerator/ops/reference.py) and calls the reference
+itself for inputs its kernel does not take (documented kernel limits: dtypes, head dims, layouts).
+torch_npu is looked up at call time, so the documented-contract simulator in tests/npu_sim can stand in.
+`MAPPINGS` records which torch_npu release each mapping needs; docs/ops.md has the same table.
+"""
 
 from __future__ import annotations
 
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
 
-def resolve(op_name: str, acc):
-    return None
+import torch
+
+from slime.accelerator.ops import DeviceOp, log_once, reference
+from slime.accelerator.ops.reference import check_attention_shapes, check_rotary_dim, rotary_pair_angles, seqlens_to_host
+
+# Ascend Extension for PyTorch ("PTA", op-plugin branch) release -> (torch_npu wheels, CANN), from the
+# Ascend/pytorch release notes.
+PTA_RELEASES: dict[str, tuple[str, str]] = {
+    "6.0.0": ("2.1.0.post10, 2.3.1.post4, 2.4.0.post2", "8.0.0"),
+    "7.0.0": ("2.1.0.post12, 2.3.1.post6, 2.4.0.post4, 2.5.1", "8.1.RC1"),
+    "7.1.0": ("2.1.0.post13, 2.5.1.post1, 2.6.0", "8.2.RC1"),
+    "7.2.0": ("2.1.0.post17, 2.6.0.post3, 2.7.1, 2.8.0", "8.3.RC1"),
+    "7.3.0": ("2.9.0, 2.8.0.post2, 2.7.1.post2, 2.6.0.post5", "8.5.0"),
+    "26.0.0": ("2.9.0.post2", "9.0.0"),
+    "26.1.0": ("2.10.0.post4, 2.11.0, 2.12.0", "9.1.0"),
+}
+
+
+@dataclass(frozen=True)
+class NpuMapping:
+    op: str
+    kernels: tuple[str, ...]  # torch_npu functions that must exist
+    since: str  # first PTA release (op-plugin branch) whose op_plugin_functions.yaml has them with the arguments used
+    backward: str  # where the gradient comes from
+
+    def requirement(self) -> str:
+        wheels, cann = PTA_RELEASES[self.since]
+        return f"Ascend PyTorch {self.since} (torch_npu {wheels}; CANN {cann})"
+
+
+MAPPINGS: dict[str, NpuMapping] = {
+    m.op: m
+    for m in (
+        NpuMapping("rms_norm", ("npu_rms_norm",), "6.0.0", "native (npu_rms_norm_backward)"),
+        NpuMapping("apply_rotary", ("npu_rotary_mul",), "6.0.0",
+                   "native (npu_rotary_mul_backward); interleaved needs rotary_mode, 7.0.0+"),
+        NpuMapping("attention", ("npu_fusion_attention",), "6.0.0", "native (npu_fusion_attention_grad)"),
+        NpuMapping("sparse_attention", ("npu_fusion_attention",), "6.0.0",
+                   "native; absorbed-MLA shapes use npu_sparse_flash_attention (7.3.0+) when present"),
+        NpuMapping("lightning_indexer", ("npu_lightning_indexer",), "7.3.0", "none needed (integer output)"),
+        NpuMapping("swiglu", ("npu_swiglu",), "6.0.0", "native (npu_swiglu_backward)"),
+        NpuMapping("moe_route", ("npu_moe_gating_top_k",), "7.0.0",
+                   "native from 26.1.0 (npu_moe_gating_top_k_backward), else the reference backward"),
+        NpuMapping("moe_permute", ("npu_moe_token_permute",), "7.2.0", "native (npu_moe_token_permute_grad_v2)"),
+        NpuMapping("moe_unpermute", ("npu_moe_token_unpermute",), "7.2.0", "native (npu_moe_token_unpermute_grad)"),
+        NpuMapping("grouped_matmul", ("npu_grouped_matmul",), "7.0.0",
+                   "slime autograd.Function: dx and dw by grouped matmuls (group_type 0 and 2)"),
+    )
+}
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def torch_npu() -> Any:
+    return importlib.import_module("torch_npu")
+
+
+def has_kernel(name: str) -> bool:
+    npu = torch_npu()
+    if hasattr(npu, name):
+        return True
+    try:  # kernels registered only under torch.ops.npu
+        getattr(torch.ops.npu, name)
+        return True
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _kernel(name: str) -> Callable:
+    npu = torch_npu()
+    fn = getattr(npu, name, None)
+    return fn if fn is not None else getattr(torch.ops.npu, name)
+
+
+def _unsupported(op: str, why: str) -> None:
+    log_once(f"ops[npu].{op}: reference for inputs the kernel does not take ({why})")
+
+
+def _host_offsets(cu: torch.Tensor, total: int, name: str) -> list[int]:
+    """torch_npu's cumulative lengths: the end offset of each sequence, without the leading 0."""
+    return seqlens_to_host(cu, total, name)[1:]
+
+
+# --- norm / activation ----------------------------------------------------------------------
+
+# (x dtype, gamma dtype) pairs npu_rms_norm takes on A2/A3.
+_RMS_NORM_DTYPES = {(d, d) for d in FLOATS} | {(torch.float16, torch.float32), (torch.bfloat16, torch.float32)}
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6) -> torch.Tensor:
+    if weight is None or (x.dtype, weight.dtype) not in _RMS_NORM_DTYPES or x.dim() < 1 or x.numel() == 0:
+        return reference.rms_norm(x, weight, eps)
+    y, _rstd = _kernel("npu_rms_norm")(x, weight, epsilon=float(eps))
+    out_dtype = torch.promote_types(x.dtype, weight.dtype)
+    return y if y.dtype == out_dtype else y.to(out_dtype)
+
+
+def swiglu(x: torch.Tensor) -> torch.Tensor:
+    if x.dtype not in FLOATS or x.numel() == 0 or x.shape[-1] % 2:
+        return reference.swiglu(x)
+    return _kernel("npu_swiglu")(x.contiguous(), dim=-1)
+
+
+# --- rotary ---------------------------------------------------------------------------------
+
+_ROTARY_INTERLEAVE_OK: list[bool] = [True]  # flips to False when the installed kernel lacks rotary_mode
+
+
+def apply_rotary(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int | None = None, interleaved: bool = False
+) -> torch.Tensor:
+    rd = check_rotary_dim(x, rotary_dim)
+    if x.dim() != 3 or rd >= 896 or x.dtype not in FLOATS or x.shape[0] == 0 or (interleaved and not _ROTARY_INTERLEAVE_OK[0]):
+        return reference.apply_rotary(x, cos, sin, rotary_dim, interleaved)
+    c, s = rotary_pair_angles(x, cos, sin, rd)
+    if c.dim() != 3 or c.shape[0] != x.shape[0] or c.shape[1] != 1:  # kernel takes TND with r1/r2 as T1D
+        return reference.apply_rotary(x, cos, sin, rotary_dim, interleaved)
+    # The kernel rotates the whole last dim and takes cos/sin at full width: "half" pairs (i, i+d/2)
+    # share an angle -> cat(c, c); "interleave" pairs (2i, 2i+1) -> each angle repeated twice.
+    widen = (lambda a: a.repeat_interleave(2, dim=-1)) if interleaved else (lambda a: torch.cat((a, a), dim=-1))
+    r1 = widen(c.detach()).to(x.dtype).contiguous()
+    r2 = widen(s.detach()).to(x.dtype).contiguous()
+    xr = x[..., :rd].contiguous()
+    kernel = _kernel("npu_rotary_mul")
+    if interleaved:
+        try:
+            out = kernel(xr, r1, r2, rotary_mode="interleave")
+        except TypeError:  # kernels before Ascend PyTorch 7.0.0 only rotate "half"
+            _ROTARY_INTERLEAVE_OK[0] = False
+            _unsupported("apply_rotary", "installed npu_rotary_mul has no rotary_mode; interleaved uses the reference")
+            return reference.apply_rotary(x, cos, sin, rotary_dim, interleaved)
+    else:
+        out = kernel(xr, r1, r2)
+    return out if rd == x.shape[-1] else torch.cat((out, x[..., rd:]), dim=-1)
+
+
+# --- attention ------------------------------------------------------------------------------
+
+_CAUSAL_MASKS: dict[torch.device, torch.Tensor] = {}
+
+
+def compressed_causal_mask(device: torch.device) -> torch.Tensor:
+    """The 2048x2048 upper-triangular mask (True = masked out) that sparse_mode 2/3 take."""
+    mask = _CAUSAL_MASKS.get(device)
+    if mask is None:
+        mask = torch.triu(torch.ones(2048, 2048, dtype=torch.bool, device=device), diagonal=1)
+        _CAUSAL_MASKS[device] = mask
+    return mask
+
+
+def _fusion_attention_takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    # Documented limits: Nq <= 256, Dq == Dk >= Dv, D <= 768, same dtype.
+    return (
+        q.dtype in FLOATS and k.dtype == q.dtype and v.dtype == q.dtype and q.shape[1] <= 256
+        and q.shape[2] <= 768 and v.shape[2] <= q.shape[2] and q.shape[0] > 0 and k.shape[0] > 0
+    )
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+) -> torch.Tensor:
+    check_attention_shapes(q, k, v)
+    seq_q = _host_offsets(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
+    seq_k = _host_offsets(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
+    if len(seq_q) != len(seq_k):
+        raise ValueError(f"cu_seqlens_q has {len(seq_q)} sequences, cu_seqlens_k {len(seq_k)}")
+    if not _fusion_attention_takes(q, k, v) or len(seq_q) > 1024:
+        return reference.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale)
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    outs = _kernel("npu_fusion_attention")(
+        q, k, v, q.shape[1], "TND",
+        atten_mask=compressed_causal_mask(q.device) if causal else None,
+        scale=scale,
+        actual_seq_qlen=seq_q,
+        actual_seq_kvlen=seq_k,
+        sparse_mode=3 if causal else 0,  # 3 = causal aligned bottom-right, as flash-attn
+    )
+    return outs[0]
+
+
+# Absorbed-MLA shapes npu_sparse_flash_attention takes: one latent kv head of 512 (+64 rope) dims.
+_SFA_NOPE, _SFA_ROPE = 512, 64
+
+
+def _is_absorbed_mla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    return (
+        k.shape[1] == 1 and q.shape[2] == _SFA_NOPE + _SFA_ROPE and v.shape[2] == _SFA_NOPE
+        and q.dtype in LOW_PRECISION and k.dtype == q.dtype and v.dtype == q.dtype
+        and v.data_ptr() == k.data_ptr() and v.stride() == k.stride()  # v is k's latent part
+    )
+
+
+def sparse_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    topk_indices: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+) -> torch.Tensor:
+    check_attention_shapes(q, k, v)
+    cq = seqlens_to_host(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
+    ck = seqlens_to_host(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
+    if len(cq) != len(ck) or topk_indices.dim() != 2 or topk_indices.shape[0] != q.shape[0]:
+        return reference.sparse_attention(q, k, v, topk_indices, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale)
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    if _is_absorbed_mla(q, k, v) and has_kernel("npu_sparse_flash_attention") and q.shape[0] > 0:
+        return _sparse_flash_attention(q, k, topk_indices, cq, ck, causal, scale)
+    if not _fusion_attention_takes(q, k, v):
+        return reference.sparse_attention(q, k, v, topk_indices, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale)
+    # General shapes (expanded MLA, GQA): per sequence, npu_fusion_attention with the explicit mask
+    # (True = masked out). Dense cost, but no [H, S, S] float scores in memory.
+    kernel = _kernel("npu_fusion_attention")
+    outs = []
+    for b in range(len(cq) - 1):
+        sq, sk = cq[b + 1] - cq[b], ck[b + 1] - ck[b]
+        if sq == 0:
+            continue
+        if sk == 0:
+            outs.append(q.new_zeros(sq, q.shape[1], v.shape[2]))
+            continue
+        idx = topk_indices[cq[b] : cq[b + 1]].long()
+        selected = torch.zeros(sq, sk + 1, dtype=torch.bool, device=q.device)
+        selected.scatter_(1, torch.where((idx < 0) | (idx >= sk), sk, idx), True)
+        allowed = selected[:, :sk]
+        if causal:
+            allowed = allowed & torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
+        out = kernel(
+            q[cq[b] : cq[b + 1]].unsqueeze(0), k[ck[b] : ck[b + 1]].unsqueeze(0), v[ck[b] : ck[b + 1]].unsqueeze(0),
+            q.shape[1], "BSND", atten_mask=(~allowed).view(1, 1, sq, sk), scale=scale, sparse_mode=0,
+        )[0]
+        outs.append(out[0])
+    if not outs:
+        return q.new_zeros(0, q.shape[1], v.shape[2])
+    return torch.cat(outs, dim=0)
+
+
+def _sparse_flash_attention(q, k, topk_indices, cq, ck, causal, scale):
+    """Absorbed MLA: q = [q_nope(512) | q_rope(64)] per head, k = [latent(512) | k_rope(64)] one head,
+    v = the latent part of k."""
+    latent = k[..., :_SFA_NOPE].contiguous()
+    # Kernel contract: valid indices first, -1 after; descending sort gives that.
+    idx = torch.sort(topk_indices.to(torch.int32), dim=-1, descending=True).values
+    dev = q.device
+    need_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
+    out = _kernel("npu_sparse_flash_attention")(
+        q[..., :_SFA_NOPE].contiguous(), latent, latent, idx.unsqueeze(1).contiguous(), scale,
+        actual_seq_lengths_query=torch.tensor(cq[1:], dtype=torch.int32, device=dev),
+        actual_seq_lengths_kv=torch.tensor(ck[1:], dtype=torch.int32, device=dev),
+        query_rope=q[..., _SFA_NOPE:].contiguous(), key_rope=k[..., _SFA_NOPE:].contiguous(),
+        sparse_block_size=1, layout_query="TND", layout_kv="TND", sparse_mode=3 if causal else 0,
+        attention_mode=2, return_softmax_lse=need_grad,  # softmax statistics feed the backward
+    )
+    return out[0]
+
+
+_INDEXER_SPARSE_COUNTS = set(range(1, 2049)) | {3072, 4096, 5120, 6144, 7168, 8192}
+
+
+def lightning_indexer(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    weights: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    topk: int,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+) -> torch.Tensor:
+    k3 = k.unsqueeze(1) if k.dim() == 2 else k
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    takes = (
+        q.dim() == 3 and k3.dim() == 3 and k3.shape[1] == 1 and q.shape[-1] == 128 and k3.shape[-1] == 128
+        and q.shape[1] <= 64 and q.dtype in LOW_PRECISION and k3.dtype == q.dtype and int(topk) in _INDEXER_SPARSE_COUNTS
+        and scale > 0 and q.shape[0] > 0 and k3.shape[0] > 0 and weights.shape == q.shape[:2]
+    )
+    if not takes:
+        return reference.lightning_indexer(q, k, weights, cu_seqlens_q, cu_seqlens_k, topk, causal, softmax_scale)
+    seq_q = _host_offsets(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
+    seq_k = _host_offsets(cu_seqlens_k, k3.shape[0], "cu_seqlens_k")
+    if len(seq_q) != len(seq_k):
+        raise ValueError(f"cu_seqlens_q has {len(seq_q)} sequences, cu_seqlens_k {len(seq_k)}")
+    # The kernel has no scale: relu(s * q.k) = s * relu(q.k) for s > 0, so fold s into the weights.
+    w = (weights.float() * scale).to(q.dtype).contiguous()
+    with torch.no_grad():
+        indices = _kernel("npu_lightning_indexer")(
+            q.contiguous(), k3.contiguous(), w,
+            actual_seq_lengths_query=torch.tensor(seq_q, dtype=torch.int32, device=q.device),
+            actual_seq_lengths_key=torch.tensor(seq_k, dtype=torch.int32, device=q.device),
+            layout_query="TND", layout_key="TND", sparse_count=int(topk), sparse_mode=3 if causal else 0,
+        )[0]
+    return indices.view(q.shape[0], int(topk)).to(torch.int32)
+
+
+# --- MoE ------------------------------------------------------------------------------------
+
+
+def _gating_takes(e: int, n_group: int, topk_group: int, top_k: int, norm_topk_prob: bool) -> bool:
+    # Documented: sigmoid weights are always renormalised; E <= 2048; E / group_count > 2 and, aligned
+    # up to 32, times group_count <= 2048; k <= E / group_count * k_group.
+    if not norm_topk_prob or e > 2048 or e % n_group:
+        return False
+    per_group = e // n_group
+    return per_group > 2 and -(-per_group // 32) * 32 * n_group <= 2048 and top_k <= per_group * topk_group
+
+
+class _GatingWithReferenceBackward(torch.autograd.Function):
+    """npu_moe_gating_top_k forward; backward recomputes the weights from the logits in torch (for
+    torch_npu releases without npu_moe_gating_top_k_backward)."""
+
+    @staticmethod
+    def forward(ctx, logits, bias, top_k, n_group, topk_group, scaling):
+        y, idx, _ = _kernel("npu_moe_gating_top_k")(
+            logits.detach(), top_k, bias=bias, k_group=topk_group, group_count=n_group, group_select_mode=1,
+            renorm=0, norm_type=1, out_flag=False, routed_scaling_factor=scaling, eps=1e-20,
+        )
+        indices = idx.long()
+        ctx.save_for_backward(logits, indices)
+        ctx.scaling = scaling
+        ctx.mark_non_differentiable(indices)
+        return y, indices
+
+    @staticmethod
+    def backward(ctx, grad_weights, _grad_indices):
+        logits, indices = ctx.saved_tensors
+        with torch.enable_grad():
+            x = logits.detach().requires_grad_(True)
+            w = torch.sigmoid(x).gather(1, indices)
+            w = w / (w.sum(dim=-1, keepdim=True) + 1e-20) * ctx.scaling
+            (grad,) = torch.autograd.grad(w, x, grad_weights)
+        return grad, None, None, None, None, None
+
+
+def moe_route(
+    logits: torch.Tensor,
+    bias: torch.Tensor | None,
+    top_k: int,
+    n_group: int = 1,
+    topk_group: int = 1,
+    routed_scaling_factor: float = 1.0,
+    norm_topk_prob: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if logits.dim() != 2 or logits.shape[0] == 0 or not _gating_takes(logits.shape[1], n_group, topk_group, top_k, norm_topk_prob):
+        return reference.moe_route(logits, bias, top_k, n_group, topk_group, routed_scaling_factor, norm_topk_prob)
+    x = logits.float()  # weights are float32 by contract; the kernel returns x's dtype
+    b = None if bias is None else bias.float()
+    if _NATIVE_GATING_BACKWARD[0]:
+        y, idx, _ = _kernel("npu_moe_gating_top_k")(
+            x, top_k, bias=b, k_group=topk_group, group_count=n_group, group_select_mode=1, renorm=0,
+            norm_type=1, out_flag=True, routed_scaling_factor=float(routed_scaling_factor), eps=1e-20,
+        )
+        return y, idx.long()
+    return _GatingWithReferenceBackward.apply(x, b, top_k, n_group, topk_group, float(routed_scaling_factor))
+
+
+_NATIVE_GATING_BACKWARD = [False]
+
+
+def moe_permute(tokens: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    idx2 = indices.unsqueeze(1) if indices.dim() == 1 else indices
+    if tokens.dim() != 2 or idx2.dim() != 2 or tokens.dtype not in FLOATS or tokens.shape[0] == 0 or idx2.shape[0] != tokens.shape[0]:
+        return reference.moe_permute(tokens, indices)
+    permuted, sorted_indices = _kernel("npu_moe_token_permute")(tokens, idx2)
+    return permuted, sorted_indices.to(torch.int32)
+
+
+def moe_unpermute(permuted: torch.Tensor, sort_map: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    w2 = weights.unsqueeze(1) if weights.dim() == 1 else weights
+    if permuted.dim() != 2 or permuted.dtype not in FLOATS or w2.dim() != 2 or permuted.shape[0] == 0 \
+            or permuted.shape[0] != w2.numel() or sort_map.numel() != w2.numel():
+        return reference.moe_unpermute(permuted, sort_map, weights)
+    # The kernel takes probs in the tokens' dtype (autograd casts the gradient back to float32).
+    return _kernel("npu_moe_token_unpermute")(permuted, sort_map.to(torch.int32), probs=w2.to(permuted.dtype))
+
+
+class _GroupedMatmul(torch.autograd.Function):
+    """y = x @ w[e] per expert row block. npu_grouped_matmul has no autograd; dx and dw are grouped
+    matmuls too (group_type 0 = groups along m, 2 = groups along k)."""
+
+    @staticmethod
+    def forward(ctx, x, w, group_list, empty_experts):
+        gmm = _kernel("npu_grouped_matmul")
+        y = gmm([x], [w], group_list=group_list, split_item=3, group_type=0, group_list_type=0)[0]
+        ctx.save_for_backward(x, w, group_list, empty_experts)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, group_list, empty_experts = ctx.saved_tensors
+        gmm = _kernel("npu_grouped_matmul")
+        dy = dy.contiguous()
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            dx = gmm([dy], [w.transpose(1, 2)], group_list=group_list, split_item=3, group_type=0, group_list_type=0)[0]
+        if ctx.needs_input_grad[1]:
+            dw = gmm([x.t()], [dy], group_list=group_list, split_item=3, group_type=2, group_list_type=0)[0]
+            # The kernel documents nothing for empty k-groups: make an expert without tokens get 0.
+            dw = dw.masked_fill(empty_experts.view(-1, 1, 1), 0)
+        return dx, dw, None, None
+
+
+def grouped_matmul(x: torch.Tensor, w: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
+    reference.check_grouped_matmul(x, w)
+    if x.dtype not in FLOATS or w.dtype != x.dtype or x.shape[0] == 0 or w.shape[0] == 0:
+        return reference.grouped_matmul(x, w, tokens_per_expert)
+    counts = tokens_per_expert.to(device=x.device, dtype=torch.int64)
+    reference.tokens_per_expert_to_host(counts, w.shape[0], x.shape[0])  # one host sync: bad counts corrupt silently
+    return _GroupedMatmul.apply(x, w, torch.cumsum(counts, 0), counts == 0)
+
+
+IMPLEMENTATIONS: dict[str, Callable] = {
+    "rms_norm": rms_norm,
+    "apply_rotary": apply_rotary,
+    "attention": attention,
+    "sparse_attention": sparse_attention,
+    "lightning_indexer": lightning_indexer,
+    "swiglu": swiglu,
+    "moe_route": moe_route,
+    "moe_permute": moe_permute,
+    "moe_unpermute": moe_unpermute,
+    "grouped_matmul": grouped_matmul,
+}
+
+
+def resolve(op_name: str, acc) -> DeviceOp | None:
+    """Provider hook for slime.accelerator.ops: the Ascend implementation of `op_name`, or why not."""
+    mapping = MAPPINGS.get(op_name)
+    if mapping is None:
+        return None  # no fused kernel worth it (token_log_probs: the chunked torch reference)
+    try:
+        npu = torch_npu()
+    except Exception as e:
+        return DeviceOp(None, "", f"import torch_npu failed: {type(e).__name__}: {e}")
+    missing = [k for k in mapping.kernels if not has_kernel(k)]
+    if missing:
+        version = getattr(npu, "__version__", "unknown")
+        return DeviceOp(None, "", f"torch_npu {version} lacks {', '.join(missing)}; needs {mapping.requirement()}")
+    if op_name == "moe_route":
+        _NATIVE_GATING_BACKWARD[0] = has_kernel("npu_moe_gating_top_k_backward")
+        if not _NATIVE_GATING_BACKWARD[0]:
+            log_once(
+                f"ops[npu].moe_route: torch_npu {getattr(npu, '__version__', 'unknown')} has no "
+                f"npu_moe_gating_top_k backward (needs {NpuMapping('', (), '26.1.0', '').requirement()}); "
+                "forward on the kernel, backward by the reference"
+            )
+    return DeviceOp(IMPLEMENTATIONS[op_name], "torch_npu." + mapping.kernels[0])

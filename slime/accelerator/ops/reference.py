@@ -337,24 +337,25 @@ def moe_route(
 
 def moe_permute(tokens: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Group token copies by expert: tokens [T, H], indices [T, K] expert ids ->
-    (permuted [T*K, H] sorted by expert, stable in (token, k) order; sort_map int32 [T*K]).
+    (permuted [T*K, H] sorted by expert, within an expert in (token, k) order; sort_map int32 [T*K]).
 
-    permuted[i] = tokens[sort_map[i] // K]; pass sort_map to `moe_unpermute`. Tokens per expert for
+    sort_map[t*K + k] is the row of `permuted` that holds token t's copy for its k-th expert
+    (torch_npu's `sorted_indices` convention); pass it to `moe_unpermute`. Tokens per expert for
     `grouped_matmul`: `torch.bincount(indices.flatten(), minlength=E)`.
     """
     if indices.dim() == 1:
         indices = indices.unsqueeze(1)
     if tokens.dim() != 2 or indices.dim() != 2 or indices.shape[0] != tokens.shape[0]:
         raise ValueError(f"moe_permute needs tokens [T, H] and indices [T, K]; got {tuple(tokens.shape)}, {tuple(indices.shape)}")
-    flat = indices.reshape(-1)
-    sort_map = torch.argsort(flat, stable=True)
-    permuted = tokens.index_select(0, sort_map // indices.shape[1])
-    return permuted, sort_map.to(torch.int32)
+    order = torch.argsort(indices.reshape(-1), stable=True)  # permuted row j holds copy order[j]
+    sort_map = torch.empty_like(order)
+    sort_map[order] = torch.arange(order.numel(), device=order.device)
+    return tokens.index_select(0, order // indices.shape[1]), sort_map.to(torch.int32)
 
 
 def moe_unpermute(permuted: torch.Tensor, sort_map: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Inverse of `moe_permute` with the weighted sum over each token's K copies:
-    out[t] = sum_k weights[t, k] * permuted[position of (t, k)]. weights [T, K]; output [T, H] in
+    out[t] = sum_k weights[t, k] * permuted[sort_map[t*K + k]]. weights [T, K]; output [T, H] in
     permuted.dtype, accumulated in float32. Gradients flow to permuted and weights.
     """
     if weights.dim() == 1:
@@ -365,10 +366,8 @@ def moe_unpermute(permuted: torch.Tensor, sort_map: torch.Tensor, weights: torch
             f"moe_unpermute: permuted {tuple(permuted.shape)}, sort_map {tuple(sort_map.shape)} and weights "
             f"{tuple(weights.shape)} disagree (need permuted [T*K, H], sort_map [T*K], weights [T, K])"
         )
-    inverse = torch.empty_like(sort_map, dtype=torch.long)
-    inverse[sort_map.long()] = torch.arange(sort_map.numel(), device=sort_map.device)
     ct = compute_dtype(permuted.dtype)
-    copies = permuted.index_select(0, inverse).view(t, kk, -1).to(ct)
+    copies = permuted.index_select(0, sort_map.reshape(-1).long()).view(t, kk, -1).to(ct)
     return (copies * weights.to(ct).unsqueeze(-1)).sum(dim=1).to(permuted.dtype)
 
 

@@ -1,0 +1,83 @@
+"""A SIMULATED `torch_npu` for tests. It is not hardware and not Huawei's package.
+
+It implements the torch_npu ops slime calls, following their documented contracts (Ascend op-plugin
+docs and op_plugin_functions.yaml / derivatives.yaml): layouts, cumulative lengths without a leading 0,
+True = masked out, scale default 1.0, gate-first swiglu, group_list cumsum vs counts, split_item,
+returned tuples. The math is plain torch in float64 (independent of slime's reference ops); any
+documented-contract violation raises, as the real kernels do. Importing it installs a host-backed
+`torch.npu` runtime stand-in (torch.cuda-like API), as importing the real package installs torch.npu.
+
+`simulate_release("7.2.0")` makes it behave like an older Ascend PyTorch release: ops added later
+disappear and derivatives added later raise on backward (see _RELEASE_OF).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from . import _common, _runtime
+from ._attention import npu_fusion_attention, npu_lightning_indexer, npu_sparse_flash_attention
+from ._moe import npu_grouped_matmul, npu_moe_gating_top_k, npu_moe_token_permute, npu_moe_token_unpermute
+from ._nn import npu_rms_norm, npu_rotary_mul, npu_swiglu
+
+SIMULATED = True
+
+# First Ascend PyTorch (op-plugin branch) release that has each op, from op_plugin_functions.yaml.
+_RELEASE_OF = {
+    "npu_rms_norm": "6.0.0",
+    "npu_rotary_mul": "6.0.0",
+    "npu_fusion_attention": "6.0.0",
+    "npu_swiglu": "6.0.0",
+    "npu_grouped_matmul": "6.0.0",
+    "npu_moe_gating_top_k": "7.0.0",
+    "npu_moe_token_permute": "7.1.0",
+    "npu_moe_token_unpermute": "7.1.0",
+    "npu_lightning_indexer": "7.3.0",
+    "npu_sparse_flash_attention": "7.3.0",
+    "npu_moe_gating_top_k_backward": "26.1.0",
+}
+_OPS = {
+    "npu_rms_norm": npu_rms_norm,
+    "npu_rotary_mul": npu_rotary_mul,
+    "npu_fusion_attention": npu_fusion_attention,
+    "npu_swiglu": npu_swiglu,
+    "npu_grouped_matmul": npu_grouped_matmul,
+    "npu_moe_gating_top_k": npu_moe_gating_top_k,
+    "npu_moe_token_permute": npu_moe_token_permute,
+    "npu_moe_token_unpermute": npu_moe_token_unpermute,
+    "npu_lightning_indexer": npu_lightning_indexer,
+    "npu_sparse_flash_attention": npu_sparse_flash_attention,
+}
+
+
+def npu_moe_gating_top_k_backward(x_norm, grad_y, expert_idx, *, renorm=0, norm_type=0, routed_scaling_factor=1.0, eps=1e-20):
+    raise _common.fail("npu_moe_gating_top_k_backward", "direct calls are not simulated (reached through autograd)")
+
+
+_OPS["npu_moe_gating_top_k_backward"] = npu_moe_gating_top_k_backward
+__version__ = _common.RELEASE_WHEELS[_common.NEWEST_RELEASE] + "+sim"
+
+
+def simulate_release(release: str | None = None) -> None:
+    """Behave like Ascend PyTorch `release` (None = newest): hide later ops, set __version__."""
+    global __version__
+    release = release or _common.NEWEST_RELEASE
+    _common.set_release(release)
+    module = sys.modules[__name__]
+    for name, fn in _OPS.items():
+        if _common.at_least(_RELEASE_OF[name]):
+            setattr(module, name, fn)
+        elif hasattr(module, name):
+            delattr(module, name)
+    __version__ = _common.RELEASE_WHEELS[release] + "+sim"
+
+
+def current_release() -> str:
+    return _common._release[0]
+
+
+install_runtime = _runtime.install
+uninstall_runtime = _runtime.uninstall
+if __name__ == "torch_npu":  # imported as the package itself (PYTHONPATH=tests/npu_sim): act like it
+    npu = _runtime.install()
+# Imported as npu_sim.torch_npu (in-process tests): npu_sim.activate() installs and restores.
