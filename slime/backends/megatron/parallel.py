@@ -1,0 +1,78 @@
+"""Process group + megatron model-parallel set-up on the current accelerator."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from slime.accelerator import get_accelerator
+
+
+def apply_megatron_patches() -> list[str]:
+    """Apply the current accelerator's megatron-core patch set (once per process). A set applied for a
+    different accelerator earlier in this process (tests switching accelerators) is reverted first."""
+    from slime.accelerator import patches
+
+    acc = get_accelerator()
+    for name in {key[0] for key in list(patches._APPLIED) if key[1] == "megatron"} - {acc.name}:
+        patches.revert_patch_set(name, "megatron")
+    return acc.apply_patches("megatron")
+
+
+@dataclass(frozen=True)
+class ParallelSizes:
+    tp: int = 1
+    ep: int = 1
+    pp: int = 1
+
+    def check(self, world: int) -> None:
+        for name, v in (("tp", self.tp), ("ep", self.ep), ("pp", self.pp)):
+            if int(v) < 1:
+                raise ValueError(f"{name} must be >= 1, got {v}")
+        if world % (self.tp * self.pp) or (world // self.pp) % self.ep:
+            raise ValueError(
+                f"world size {world} does not fit tp={self.tp} x pp={self.pp} (and ep={self.ep} must divide "
+                f"world/pp={world // max(self.pp, 1)}); change the parallel sizes or the number of ranks"
+            )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_process_group() -> None:
+    """Join the process group from torchrun-style env vars, or create a single-process one."""
+    if dist.is_initialized():
+        return
+    backend = get_accelerator().process_group_backend()
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
+        dist.init_process_group(backend=backend)
+    else:
+        dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+
+
+def init_parallel(tp: int = 1, ep: int = 1, pp: int = 1, seed: int = 1234) -> ParallelSizes:
+    """Patches, process group, megatron model parallel (expert tensor parallel = 1) and RNG seeds.
+    Re-initializes megatron's groups when they exist with other sizes."""
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+
+    sizes = ParallelSizes(int(tp), int(ep), int(pp))
+    apply_megatron_patches()
+    ensure_process_group()
+    sizes.check(dist.get_world_size())
+    if ps.model_parallel_is_initialized():
+        current = ParallelSizes(ps.get_tensor_model_parallel_world_size(), ps.get_expert_model_parallel_world_size(),
+                                ps.get_pipeline_model_parallel_world_size())
+        if current != sizes:
+            ps.destroy_model_parallel()
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(tensor_model_parallel_size=sizes.tp, pipeline_model_parallel_size=sizes.pp,
+                                     expert_model_parallel_size=sizes.ep, expert_tensor_parallel_size=1)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
+    return sizes
