@@ -3,6 +3,7 @@
     --name   print only the detected accelerator's name (cpu | cuda | npu): run scripts pick their profile by it
     --env    print KEY=VALUE lines of the device environment a job's workers need on this node (allocator,
              collectives, task queue); the per-worker visible-device pinning is left to the trainer
+    With both, the name comes first, then the KEY=VALUE lines.
 """
 
 from __future__ import annotations
@@ -40,18 +41,17 @@ def smoke(acc) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m slime.accelerator", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    what = ap.add_mutually_exclusive_group()
-    what.add_argument("--name", action="store_true", help="print only the accelerator name")
-    what.add_argument("--env", action="store_true", help="print the job's device environment as KEY=VALUE lines")
+    ap.add_argument("--name", action="store_true", help="print the accelerator name")
+    ap.add_argument("--env", action="store_true", help="print the job's device environment as KEY=VALUE lines")
     a = ap.parse_args(argv)
     try:
         acc = get_accelerator()
         if a.name:
             print(acc.name)
-            return 0
         if a.env:
             for k, v in sorted(job_env(acc).items()):
                 print(f"{k}={v}")
+        if a.name or a.env:
             return 0
     except AcceleratorUnavailable as e:
         print(f"slime: {e}", file=sys.stderr)

@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: on when tp > 1")
     g = ap.add_argument_group("training")
     g.add_argument("--max-tokens-per-gpu", type=int, default=16384)
-    g.add_argument("--recompute", choices=("none", "full"), default="full")
+    g.add_argument("--recompute", choices=("none", "full"), default=None,
+                   help="default: full for one layout; --search tries both unless this is given")
     g.add_argument("--distributed-optimizer", action=argparse.BooleanOptionalAction, default=True)
     g.add_argument("--optimizer-cpu-offload", action="store_true")
     g.add_argument("--grad-bytes", type=int, default=4, help="4 = fp32 main grads, 2 = bf16 grads")
@@ -87,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def settings(a: argparse.Namespace) -> tuple[TrainSettings, RolloutSettings]:
-    ts = TrainSettings(max_tokens_per_gpu=a.max_tokens_per_gpu, recompute=a.recompute,
+    ts = TrainSettings(max_tokens_per_gpu=a.max_tokens_per_gpu, recompute=a.recompute or "full",
                        distributed_optimizer=a.distributed_optimizer, optimizer_cpu_offload=a.optimizer_cpu_offload,
                        grad_bytes=a.grad_bytes, with_mtp=a.with_mtp)
     rs = RolloutSettings(rollout_batch_size=a.rollout_batch_size, n_samples_per_prompt=a.n_samples_per_prompt,
@@ -115,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         dpn = a.devices_per_node or device.devices_per_node
         if a.search:
             etp_modes = ("1", "tp") if a.search_etp == "both" else (a.search_etp,)
-            plans = search(model, device, a.nodes, dpn, ts, rs, top=a.top, pps=a.search_pp, cps=a.search_cp,
+            recompute = (a.recompute,) if a.recompute else ("none", "full")
+            plans = search(model, device, a.nodes, dpn, ts, rs, top=a.top, recompute_options=recompute,
+                           pps=a.search_pp, cps=a.search_cp,
                            etp_modes=etp_modes, engine_sizes=a.search_engine)
             if a.format == "json":
                 print(json.dumps([{"layout": p.layout.short(), "recompute": p.train.recompute, "peak": p.peak,

@@ -1,0 +1,50 @@
+# Device profile for Huawei Ascend NPU clusters, sourced by scripts/run-*.sh when
+# `python -m slime.accelerator --name` prints "npu". Parallel sizes and memory settings only:
+# the device environment (HCCL timeouts, task queue, allocator config, visible devices) comes
+# from the accelerator itself. Every value can be overridden from the environment.
+# Each value that differs from scripts/profiles/cuda.sh is listed with its reason in
+# docs/ascend.md ("Ascend deviations"). Sized with `python -m slime.plan` for GLM-5.3-Flash 300B.
+# NOTHING here has run on Ascend hardware yet.
+
+PLAN_DEVICE=${PLAN_DEVICE:-950dt}                 # 950dt | 950pr | a3 (slime/plan/devices.py)
+
+case "$PLAN_DEVICE" in
+  a3)
+    # Deviation: an Atlas A3 node exposes 16 devices of 64 GB (one per 910C die): twice the
+    # nodes, TP over the node's 16 dies, 32-device engines and half the token budget fit there.
+    NUM_NODES=${NUM_NODES:-32}
+    GPUS_PER_NODE=${GPUS_PER_NODE:-16}
+    TP=${TP:-16}
+    EP=${EP:-32}
+    MAX_TOKENS_PER_GPU=${MAX_TOKENS_PER_GPU:-2048}
+    ROLLOUT_GPUS_PER_ENGINE=${ROLLOUT_GPUS_PER_ENGINE:-32}
+    ;;
+  *)
+    NUM_NODES=${NUM_NODES:-16}
+    GPUS_PER_NODE=${GPUS_PER_NODE:-8}             # assumed for Ascend 950 nodes
+    TP=${TP:-8}
+    EP=${EP:-16}
+    MAX_TOKENS_PER_GPU=${MAX_TOKENS_PER_GPU:-4096}
+    ROLLOUT_GPUS_PER_ENGINE=${ROLLOUT_GPUS_PER_ENGINE:-8}
+    ;;
+esac
+PP=${PP:-1}
+CP=${CP:-1}
+ETP=${ETP:-}
+
+if [ "$PLAN_DEVICE" = "950dt" ]; then
+  # Deviation: the Ascend 950DT has no IPC, so a colocated run cannot hand weights to its engines
+  # through shared device memory, and the collective fallback would put two ranks of one HCCL
+  # group on the same device. 950DT runs split trainer and engines onto different nodes
+  # (8 more nodes = 8 engines of 8 devices) and broadcast the weights over HCCL.
+  COLOCATE=${COLOCATE:-0}
+  ROLLOUT_NUM_NODES=${ROLLOUT_NUM_NODES:-8}
+  UPDATE_WEIGHT_MODE=${UPDATE_WEIGHT_MODE:-distributed}
+else
+  COLOCATE=${COLOCATE:-1}
+  ROLLOUT_NUM_NODES=${ROLLOUT_NUM_NODES:-0}
+  UPDATE_WEIGHT_MODE=${UPDATE_WEIGHT_MODE:-auto}
+fi
+SGLANG_MEM_FRACTION_STATIC=${SGLANG_MEM_FRACTION_STATIC:-0.8}
+UPDATE_WEIGHT_BUFFER_SIZE=${UPDATE_WEIGHT_BUFFER_SIZE:-1073741824}
+RAY_START_ARGS=${RAY_START_ARGS:-}                # Ray detects NPUs (resource "NPU") itself
