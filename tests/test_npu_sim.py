@@ -1,0 +1,243 @@
+"""The torch_npu simulator is strict (documented-contract violations raise) and its runtime / accelerator
+stand-ins behave as documented. A simulation, not hardware: these tests guard the simulator itself."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+npu_sim = pytest.importorskip("npu_sim")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MASK = torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)
+
+
+@pytest.fixture
+def npu():
+    with npu_sim.activate():
+        import torch_npu
+
+        yield torch_npu
+
+
+def qkv(t=6, n=2, d=8):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(t, n, d, generator=g) for _ in range(3)]
+
+
+def test_fusion_attention_contract(npu):
+    q, k, v = qkv()
+    out = npu.npu_fusion_attention(q, k, v, 2, "TND", atten_mask=MASK, actual_seq_qlen=[2, 6], actual_seq_kvlen=[2, 6], sparse_mode=3)
+    assert len(out) == 7 and out[0].shape == q.shape and out[1].dtype == torch.float32
+    # scale defaults to 1.0, not D**-0.5
+    unscaled = npu.npu_fusion_attention(q, k, v, 2, "TND", actual_seq_qlen=[6], actual_seq_kvlen=[6])[0]
+    probs = torch.softmax(torch.einsum("snd,tnd->nst", q.double(), k.double()), -1)
+    torch.testing.assert_close(unscaled.double(), torch.einsum("nst,tnd->snd", probs, v.double()), rtol=1e-6, atol=1e-6)
+    # zero-length sequences are allowed (repeated offsets)
+    npu.npu_fusion_attention(q, k, v, 2, "TND", atten_mask=MASK, actual_seq_qlen=[2, 2, 6], actual_seq_kvlen=[2, 2, 6], sparse_mode=3)
+
+
+@pytest.mark.parametrize(
+    "kwargs,error",
+    [
+        (dict(actual_seq_qlen=torch.tensor([2, 6]), actual_seq_kvlen=[2, 6]), TypeError),  # host ints only
+        (dict(actual_seq_qlen=[2, 5], actual_seq_kvlen=[2, 6]), RuntimeError),  # must end at T
+        (dict(actual_seq_qlen=[4, 2, 6], actual_seq_kvlen=[4, 2, 6]), RuntimeError),  # not cumulative
+        (dict(actual_seq_qlen=[2, 6], actual_seq_kvlen=[2, 6], sparse_mode=3), RuntimeError),  # mask missing
+        (dict(actual_seq_qlen=[2, 6], actual_seq_kvlen=[2, 6], sparse_mode=3, atten_mask=~MASK), RuntimeError),
+        (dict(actual_seq_qlen=[2, 6], actual_seq_kvlen=[2, 6], head_num=4), RuntimeError),  # head_num != N
+        (dict(actual_seq_qlen=[2, 6], actual_seq_kvlen=[2, 6], input_layout="BSND"), RuntimeError),  # 3-D is not BSND
+        (dict(), RuntimeError),  # TND needs the cumulative lengths
+    ],
+)
+def test_fusion_attention_rejects(npu, kwargs, error):
+    q, k, v = qkv()
+    args = dict(head_num=2, input_layout="TND") | kwargs
+    with pytest.raises(error):
+        npu.npu_fusion_attention(q, k, v, args.pop("head_num"), args.pop("input_layout"), **args)
+
+
+def test_fusion_attention_rejects_dv_larger_than_dk(npu):
+    q, k, _ = qkv()
+    with pytest.raises(RuntimeError, match="Dk >= Dv"):
+        npu.npu_fusion_attention(q, k, torch.randn(6, 2, 16), 2, "TND", actual_seq_qlen=[6], actual_seq_kvlen=[6])
+
+
+def test_rotary_mul_contract(npu):
+    x = torch.randn(5, 2, 8)
+    with pytest.raises(RuntimeError, match="full width"):
+        npu.npu_rotary_mul(x, torch.ones(5, 1, 4), torch.zeros(5, 1, 4))
+    with pytest.raises(RuntimeError, match="dtype"):
+        npu.npu_rotary_mul(x, torch.ones(5, 1, 8, dtype=torch.float64), torch.zeros(5, 1, 8, dtype=torch.float64))
+    torch.testing.assert_close(npu.npu_rotary_mul(x, torch.ones(5, 1, 8), torch.zeros(5, 1, 8)), x)
+    quarter = npu.npu_rotary_mul(x, torch.zeros(5, 1, 8), torch.ones(5, 1, 8), rotary_mode="interleave")
+    torch.testing.assert_close(quarter[..., 0], -x[..., 1])  # GPT-J pairs (0, 1)
+    half = npu.npu_rotary_mul(x, torch.zeros(5, 1, 8), torch.ones(5, 1, 8))
+    torch.testing.assert_close(half[..., 0], -x[..., 4])  # NeoX pairs (0, 4)
+
+
+def test_rotary_mode_missing_before_7_0():
+    with npu_sim.activate(release="6.0.0"):
+        import torch_npu
+
+        x = torch.randn(3, 1, 4)
+        with pytest.raises(TypeError, match="rotary_mode"):
+            torch_npu.npu_rotary_mul(x, torch.ones(3, 1, 4), torch.zeros(3, 1, 4), rotary_mode="interleave")
+
+
+def test_rms_norm_swiglu_contract(npu):
+    x = torch.randn(4, 6)
+    y, rstd = npu.npu_rms_norm(x, torch.ones(6))
+    assert y.shape == x.shape and rstd.dtype == torch.float32
+    with pytest.raises(RuntimeError, match="dtype pair"):
+        npu.npu_rms_norm(x, torch.ones(6, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="contiguous"):
+        npu.npu_swiglu(torch.randn(6, 4).t())
+    a, b = x.chunk(2, -1)
+    torch.testing.assert_close(npu.npu_swiglu(x), torch.nn.functional.silu(a) * b)  # gate first
+
+
+def test_grouped_matmul_contract(npu):
+    x, w = torch.randn(5, 4), torch.randn(3, 4, 2)
+    cumsum = torch.tensor([2, 2, 5])
+    y = npu.npu_grouped_matmul([x], [w], group_list=cumsum, split_item=3, group_type=0, group_list_type=0)[0]
+    torch.testing.assert_close(y[:2], x[:2] @ w[0])
+    torch.testing.assert_close(y[2:], x[2:] @ w[2])
+    counts = npu.npu_grouped_matmul([x], [w], group_list=torch.tensor([2, 0, 3]), split_item=3, group_type=0, group_list_type=1)[0]
+    torch.testing.assert_close(counts, y)
+    dw = npu.npu_grouped_matmul([x.t()], [y], group_list=cumsum, split_item=3, group_type=2, group_list_type=0)[0]
+    assert dw.shape == (3, 4, 2) and torch.isnan(dw[1]).all(), "empty k-groups are undocumented: poisoned"
+    for bad in (
+        dict(x=x, weight=[w], group_list=cumsum, split_item=3, group_type=0),  # not a list
+        dict(x=[x], weight=[w], group_list=cumsum, split_item=0, group_type=0),  # split_item
+        dict(x=[x], weight=[w], group_list=[2, 2, 5], split_item=3, group_type=0),  # list group_list
+        dict(x=[x], weight=[w], group_list=torch.tensor([5, 2, 2]), split_item=3, group_type=0),  # not cumulative
+        dict(x=[x], weight=[w[:1]], group_list=torch.tensor([5]), split_item=3, group_type=0, group_list_type=1),
+    ):
+        with pytest.raises((RuntimeError, TypeError)):
+            npu.npu_grouped_matmul(bad.pop("x"), bad.pop("weight"), **bad)
+    xg = x.clone().requires_grad_(True)
+    out = npu.npu_grouped_matmul([xg], [w], group_list=cumsum, split_item=3, group_type=0)[0]
+    with pytest.raises(RuntimeError, match="derivative"):
+        out.sum().backward()  # the kernel has no autograd: callers must wrap it
+
+
+def test_gating_top_k_contract(npu):
+    x = torch.zeros(2, 8)  # all tied: the documented stable sort picks the lowest ids
+    y, idx, norm = npu.npu_moe_gating_top_k(x, 2, k_group=1, group_count=2, group_select_mode=1, norm_type=1, out_flag=True)
+    assert idx.dtype == torch.int32 and idx.tolist() == [[0, 1], [0, 1]]
+    torch.testing.assert_close(y, torch.full((2, 2), 0.5))  # renormalised sigmoid weights
+    assert norm.shape == x.shape and norm.dtype == torch.float32
+    with pytest.raises(RuntimeError, match="bias dtype"):
+        npu.npu_moe_gating_top_k(x, 2, bias=torch.zeros(8, dtype=torch.float64), norm_type=1)
+    with pytest.raises(RuntimeError, match="> 2"):
+        npu.npu_moe_gating_top_k(x, 1, group_count=4, norm_type=1)
+    with pytest.raises(RuntimeError, match="renorm"):
+        npu.npu_moe_gating_top_k(x, 2, renorm=1, norm_type=1)
+
+
+def test_gating_backward_only_from_26_1():
+    x = torch.randn(3, 8, requires_grad=True)
+    with npu_sim.activate(release="7.3.0"):
+        import torch_npu
+
+        assert not hasattr(torch_npu, "npu_moe_gating_top_k_backward")
+        y = torch_npu.npu_moe_gating_top_k(x, 2, norm_type=1)[0]
+        with pytest.raises(RuntimeError, match="derivative"):
+            y.sum().backward()
+    with npu_sim.activate():
+        import torch_npu
+
+        y = torch_npu.npu_moe_gating_top_k(x, 2, norm_type=1, out_flag=True)[0]
+        (y * torch.arange(2.0)).sum().backward()
+        assert x.grad is not None and x.grad.abs().sum() > 0
+
+
+def test_permute_contract(npu):
+    tokens = torch.arange(3.0).view(3, 1)
+    permuted, sorted_indices = npu.npu_moe_token_permute(tokens, torch.tensor([[1, 0], [0, 2], [1, 2]]))
+    assert sorted_indices.dtype == torch.int32
+    assert sorted_indices.tolist() == [2, 0, 1, 4, 3, 5]  # destination row of each (token, k) copy
+    assert permuted[:, 0].tolist() == [0.0, 1.0, 0.0, 2.0, 1.0, 2.0]
+    with pytest.raises(RuntimeError, match="probs dtype"):
+        npu.npu_moe_token_unpermute(permuted, sorted_indices, probs=torch.ones(3, 2, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="int32"):
+        npu.npu_moe_token_unpermute(permuted, sorted_indices.long(), probs=torch.ones(3, 2))
+
+
+def test_dsa_kernel_contracts(npu):
+    q = torch.randn(5, 4, 128, dtype=torch.bfloat16)
+    k = torch.randn(5, 1, 128, dtype=torch.bfloat16)
+    w = torch.randn(5, 4, dtype=torch.bfloat16)
+    ends = torch.tensor([2, 5], dtype=torch.int32)
+    idx, _ = npu.npu_lightning_indexer(q, k, w, actual_seq_lengths_query=ends, actual_seq_lengths_key=ends,
+                                       layout_query="TND", layout_key="TND", sparse_count=3)
+    assert idx.shape == (5, 1, 3) and idx[0, 0].tolist()[1:] == [-1, -1]  # first token sees only itself
+    with pytest.raises(RuntimeError, match="128"):
+        npu.npu_lightning_indexer(q[..., :64].contiguous(), k[..., :64].contiguous(), w, actual_seq_lengths_query=ends,
+                                  actual_seq_lengths_key=ends, layout_query="TND", layout_key="TND")
+    with pytest.raises(RuntimeError, match="int32"):
+        npu.npu_lightning_indexer(q, k, w, actual_seq_lengths_query=ends.long(), actual_seq_lengths_key=ends,
+                                  layout_query="TND", layout_key="TND")
+    qn, qr = torch.randn(5, 2, 512, dtype=torch.bfloat16), torch.randn(5, 2, 64, dtype=torch.bfloat16)
+    kn, kr = torch.randn(5, 1, 512, dtype=torch.bfloat16), torch.randn(5, 1, 64, dtype=torch.bfloat16)
+    good = torch.tensor([[0, -1], [1, 0], [0, -1], [1, 0], [2, -1]], dtype=torch.int32).view(5, 1, 2)
+    kw = dict(actual_seq_lengths_query=ends, actual_seq_lengths_kv=ends, query_rope=qr, key_rope=kr,
+              layout_query="TND", layout_kv="TND", attention_mode=2)
+    assert npu.npu_sparse_flash_attention(qn, kn, kn, good, 0.1, **kw)[0].shape == (5, 2, 512)
+    with pytest.raises(RuntimeError, match="valid entries first"):
+        npu.npu_sparse_flash_attention(qn, kn, kn, good.flip(-1).contiguous(), 0.1, **kw)
+    with pytest.raises(RuntimeError, match="attention_mode"):
+        npu.npu_sparse_flash_attention(qn, kn, kn, good, 0.1, **(kw | dict(attention_mode=0)))
+
+
+def test_runtime_stand_in_and_restore():
+    before_attr, before_module = getattr(torch, "npu", None), sys.modules.get("torch_npu")
+    with npu_sim.activate() as acc:
+        m = torch.npu
+        assert m.is_available() and m.device_count() == 1 and "simulated" in m.get_device_name()
+        with pytest.raises(RuntimeError, match="Invalid device"):
+            m.set_device(3)
+        start, end = m.Event(enable_timing=True), m.Event(enable_timing=True)
+        start.record()
+        end.record()
+        assert end.elapsed_time(start) <= 0 <= start.elapsed_time(end)
+        with m.stream(m.Stream()):
+            m.synchronize()
+        free, total = m.mem_get_info()
+        assert 0 < free <= total and m.memory_allocated() > 0
+        m.manual_seed(5)
+        a = torch.rand(2)
+        m.set_rng_state(m.get_rng_state())
+        m.manual_seed(5)
+        assert torch.equal(a, torch.rand(2))
+        stats = acc.memory_stats()
+        assert all(isinstance(stats[key], int) for key in ("allocated", "reserved", "peak_allocated", "total", "free"))
+        assert acc.device() == torch.device("cpu") and acc.process_group_backend() == "gloo"
+        assert acc.name == "npu" and "SIMULATED" in acc.describe()
+        env = acc.worker_env([1, 0])
+        assert env["ASCEND_RT_VISIBLE_DEVICES"] == "0,1" and env["SLIME_ACCELERATOR"] == "npu"
+        assert "slime_npu_sim" in env["SLIME_ACCELERATOR_PLUGINS"] and npu_sim.slime_npu_sim.SIM_DIR in env["PYTHONPATH"]
+        t = torch.arange(6.0)
+        assert torch.equal(acc.open_tensor(acc.share_tensor(t)), t)
+    assert getattr(torch, "npu", None) is before_attr and sys.modules.get("torch_npu") is before_module
+
+
+def test_plugin_makes_npu_available_in_a_fresh_process():
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "tests", "npu_sim"), SLIME_ACCELERATOR_PLUGINS="slime_npu_sim",
+               SLIME_ACCELERATOR="npu")
+    code = (
+        "import torch; from slime.accelerator import get_accelerator; a = get_accelerator();"
+        "x = torch.randn(3, 2, 4, device=a.device());"
+        "cu = torch.tensor([0, 3], dtype=torch.int32);"
+        "a.ops.attention(x, x, x, cu, cu);"
+        "print(type(a).__name__, a.name, a.ops.source('attention'), a.process_group_backend(), torch.npu.get_device_name())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == [
+        "SimulatedAscendAccelerator", "npu", "torch_npu.npu_fusion_attention", "gloo", "Ascend950PR", "(simulated)",
+    ]

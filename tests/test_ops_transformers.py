@@ -1,0 +1,120 @@
+"""The reference ops reproduce transformers' GLM-5 (glm_moe_dsa) modules exactly: router (incl. ties),
+DSA indexer, RMSNorm, interleaved RoPE and the DSA-masked eager attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from slime.accelerator.ops import reference as R
+
+glm = pytest.importorskip("transformers.models.glm_moe_dsa.modeling_glm_moe_dsa")
+
+
+def tiny(**overrides):
+    from slime_plugins.models.glm5.tiny import tiny_config
+
+    return tiny_config("glm_moe_dsa", **overrides)
+
+
+@pytest.mark.parametrize("n_group,topk_group", [(1, 1), (4, 2)])
+def test_moe_route_equals_transformers_router_with_ties(n_group, topk_group):
+    cfg = tiny(n_routed_experts=16, num_experts_per_tok=3, n_group=n_group, topk_group=topk_group, routed_scaling_factor=2.5)
+    router = glm.GlmMoeDsaTopkRouter(cfg)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        router.weight.copy_(torch.randn(router.weight.shape, generator=g))
+        router.weight[5] = router.weight[3]  # experts 3 and 5 tie on every token
+        router.weight[9] = router.weight[3]
+        router.e_score_correction_bias.copy_(torch.randn(16, generator=g) * 0.1)
+        router.e_score_correction_bias[[3, 5, 9]] = 0.2
+    hidden = torch.randn(13, cfg.hidden_size, generator=g)
+    hidden[4] = 0  # every logit ties for this token
+    logits, w_hf, idx_hf = router(hidden)
+    w, idx = R.moe_route(logits, router.e_score_correction_bias, 3, n_group, topk_group, 2.5, True)
+    assert torch.equal(idx, idx_hf), "expert choice (incl. tie order) differs from transformers"
+    assert torch.equal(w, w_hf), "weights differ from transformers"
+
+
+def test_rms_norm_equals_transformers_bitwise():
+    norm = glm.GlmMoeDsaRMSNorm(48, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(48) + 0.5)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(5, 48).to(dtype)
+        n = norm.to(dtype)
+        assert torch.equal(R.rms_norm(x, n.weight, 1e-5), n(x)), dtype
+
+
+def test_interleaved_rotary_matches_transformers_up_to_the_documented_permutation():
+    g = torch.Generator().manual_seed(1)
+    rd = 8
+    q = torch.randn(1, 3, 6, rd, generator=g, dtype=torch.float64)  # [B, H, S, rd]
+    k = torch.randn(1, 1, 6, rd, generator=g, dtype=torch.float64)
+    inv = 1.0 / 10000 ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd)
+    freqs = torch.arange(6, dtype=torch.float64)[:, None] * inv
+    emb = torch.cat((freqs, freqs), -1)
+    cos, sin = emb.cos()[None], emb.sin()[None]
+    q_hf, k_hf = glm.apply_rotary_pos_emb_interleave(q, k, cos, sin)
+    to_thd = lambda t: t[0].transpose(0, 1)  # [S, H, rd]
+    q_ours = R.apply_rotary(to_thd(q), cos[0], sin[0], rd, interleaved=True)
+    k_ours = R.apply_rotary(to_thd(k), cos[0], sin[0], rd, interleaved=True)
+    deinterleave = lambda t: torch.cat((t[..., 0::2], t[..., 1::2]), -1)
+    torch.testing.assert_close(deinterleave(q_ours), to_thd(q_hf), rtol=0, atol=1e-12)
+    scores_ours = torch.einsum("shd,thd->hst", q_ours, k_ours.expand(-1, 3, -1))
+    scores_hf = torch.einsum("shd,thd->hst", to_thd(q_hf), to_thd(k_hf).expand(-1, 3, -1))
+    torch.testing.assert_close(scores_ours, scores_hf, rtol=0, atol=1e-12)
+
+
+def test_lightning_indexer_equals_transformers_indexer():
+    cfg = tiny(index_topk=5)
+    idx_mod = glm.GlmMoeDsaIndexer(cfg, layer_idx=0).eval()
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in idx_mod.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    s = 12
+    hidden = torch.randn(1, s, cfg.hidden_size, generator=g)
+    q_resid = torch.randn(1, s, cfg.q_lora_rank, generator=g)
+    rope = glm.GlmMoeDsaRotaryEmbedding(cfg)
+    cos, sin = rope(hidden, torch.arange(s)[None])
+    causal = torch.ones(s, s, dtype=torch.bool).tril()[None]
+    want = idx_mod(hidden, q_resid, (cos, sin), causal, None)[0]  # [S, min(topk, S)]
+
+    # The same projections + RoPE as the module, then the op on THD tensors.
+    h, d, rd = cfg.index_n_heads, cfg.index_head_dim, cfg.qk_rope_head_dim
+    with torch.no_grad():
+        q = idx_mod.wq_b(q_resid).view(1, s, h, d)
+        k = idx_mod.k_norm(idx_mod.wk(hidden)).unsqueeze(2)
+        q_rot, k_rot = glm.apply_rotary_pos_emb_interleave(q[..., :rd], k[..., :rd], cos, sin, unsqueeze_dim=2)
+        q = torch.cat((q_rot, q[..., rd:]), -1)[0]
+        k = torch.cat((k_rot, k[..., rd:]), -1)[0, :, 0]
+        weights = idx_mod.weights_proj(hidden)[0].float() * h**-0.5
+    cu = torch.tensor([0, s], dtype=torch.int32)
+    got = R.lightning_indexer(q, k, weights, cu, cu, cfg.index_topk)
+    for i in range(s):
+        visible = [j for j in want[i].tolist() if j <= i]  # transformers also lists masked positions
+        assert got[i].tolist() == visible + [-1] * (cfg.index_topk - len(visible)), i
+
+
+def test_sparse_attention_equals_transformers_masked_eager_attention():
+    g = torch.Generator().manual_seed(3)
+    s, h, dqk, dv, topk = 9, 2, 12, 8, 4
+    q = torch.randn(1, h, s, dqk, generator=g)
+    k = torch.randn(1, h, s, dqk, generator=g)
+    v = torch.randn(1, h, s, dv, generator=g)
+    topk_idx = torch.stack([torch.randperm(s, generator=g)[:topk] for _ in range(s)]).to(torch.int32)
+    index_mask = torch.ones(1, s, s, dtype=torch.bool).scatter(-1, topk_idx[None].long(), False).unsqueeze(1)
+    mask = torch.ones(s, s, dtype=torch.bool).tril()[None, None] & ~index_mask
+    additive = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+
+    class Module:
+        num_key_value_groups = 1
+        training = False
+
+    want, _ = glm.eager_attention_forward(Module(), q, k, v, additive, scaling=dqk**-0.5)  # [1, S, H, Dv]
+    cu = torch.tensor([0, s], dtype=torch.int32)
+    got = R.sparse_attention(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), topk_idx, cu, cu)
+    rows_with_keys = mask[0, 0].any(-1)
+    torch.testing.assert_close(got[rows_with_keys], want[0][rows_with_keys], rtol=1e-5, atol=1e-6)
+    assert (got[~rows_with_keys] == 0).all(), "queries without a visible key give 0"
