@@ -1,0 +1,118 @@
+"""Reading HF safetensors checkpoints: single file, sharded with an index, or a directory of shards;
+transformers 5.x fused expert tensors are exposed under the per-expert names."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+
+import torch
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+# transformers 5.x fused experts: gate_up_proj [E, 2I, H] (gate rows first), down_proj [E, H, I]
+_FUSED = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<kind>gate_up_proj|down_proj)$")
+
+
+class HFCheckpointError(ValueError):
+    """A checkpoint that cannot be loaded; the message names every offending file or tensor."""
+
+
+def name_list(names, limit: int = 12) -> str:
+    names = sorted(names)
+    more = f" ... (+{len(names) - limit} more)" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+class HFCheckpoint:
+    def __init__(self, hf_dir: str) -> None:
+        self.dir = hf_dir
+        if not os.path.isdir(hf_dir):
+            raise HFCheckpointError(f"HF checkpoint directory {hf_dir!r} does not exist")
+        config_path = os.path.join(hf_dir, "config.json")
+        if not os.path.isfile(config_path):
+            raise HFCheckpointError(f"{hf_dir}: missing config.json (not an HF model directory)")
+        with open(config_path) as f:
+            self.config = json.load(f)
+        self._file_of = self._index()
+        self._handles: dict[str, object] = {}
+        self._virtual: dict[str, tuple[str, int, str]] = {}  # per-expert name -> (fused name, expert, part)
+        for name in list(self._file_of):
+            m = _FUSED.match(name)
+            if m:
+                self._add_fused(name, m["prefix"], m["kind"])
+
+    def _index(self) -> dict[str, str]:
+        index_path = os.path.join(self.dir, INDEX_FILE)
+        if os.path.isfile(index_path):
+            with open(index_path) as f:
+                weight_map = json.load(f).get("weight_map") or {}
+            files = sorted(set(weight_map.values()))
+            missing = [fn for fn in files if not os.path.isfile(os.path.join(self.dir, fn))]
+            if missing:
+                raise HFCheckpointError(f"{self.dir}: {INDEX_FILE} lists missing shard files: {name_list(missing)}")
+            return dict(weight_map)
+        files = [SINGLE_FILE] if os.path.isfile(os.path.join(self.dir, SINGLE_FILE)) else sorted(
+            os.path.basename(p) for p in glob.glob(os.path.join(self.dir, "*.safetensors")))
+        if not files:
+            other = [os.path.basename(p) for p in glob.glob(os.path.join(self.dir, "*.bin"))]
+            hint = " (found .bin files: convert them to safetensors)" if other else ""
+            raise HFCheckpointError(f"{self.dir}: no safetensors weights ({SINGLE_FILE}, {INDEX_FILE} or *.safetensors){hint}")
+        from safetensors import safe_open
+
+        file_of = {}
+        for fn in files:
+            with safe_open(os.path.join(self.dir, fn), "pt") as f:
+                for key in f.keys():
+                    file_of[key] = fn
+        return file_of
+
+    def _handle(self, fn: str):
+        if fn not in self._handles:
+            from safetensors import safe_open
+
+            try:
+                self._handles[fn] = safe_open(os.path.join(self.dir, fn), "pt")
+            except Exception as e:
+                raise HFCheckpointError(f"{self.dir}/{fn}: cannot open safetensors file ({e})") from e
+        return self._handles[fn]
+
+    def _shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._handle(self._file_of[name]).get_slice(name).get_shape())
+
+    def _add_fused(self, name: str, prefix: str, kind: str) -> None:
+        shape = self._shape(name)
+        if len(shape) != 3:
+            raise HFCheckpointError(f"{self.dir}: fused expert tensor {name} must be 3-D [E, ., .], got {shape}")
+        for e in range(shape[0]):
+            if kind == "gate_up_proj":
+                self._virtual[f"{prefix}.{e}.gate_proj.weight"] = (name, e, "gate")
+                self._virtual[f"{prefix}.{e}.up_proj.weight"] = (name, e, "up")
+            else:
+                self._virtual[f"{prefix}.{e}.down_proj.weight"] = (name, e, "all")
+
+    def names(self) -> set[str]:
+        """Tensor names as the loader sees them (fused experts replaced by per-expert names)."""
+        fused = {v[0] for v in self._virtual.values()}
+        return (set(self._file_of) - fused) | set(self._virtual)
+
+    def get(self, name: str) -> torch.Tensor:
+        if name in self._virtual:
+            fused, e, part = self._virtual[name]
+            w = self._handle(self._file_of[fused]).get_slice(fused)[e]
+            if part == "all":
+                return w
+            half = w.shape[0] // 2
+            return w[:half] if part == "gate" else w[half:]
+        if name not in self._file_of:
+            raise HFCheckpointError(f"{self.dir}: tensor {name} not in the checkpoint")
+        return self._handle(self._file_of[name]).get_tensor(name)
+
+    def close(self) -> None:
+        self._handles.clear()
+
+    def dtype(self) -> torch.dtype | None:
+        value = self.config.get("dtype") or self.config.get("torch_dtype")
+        return getattr(torch, value, None) if isinstance(value, str) else None

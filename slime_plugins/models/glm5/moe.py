@@ -1,0 +1,107 @@
+"""GLM MoE layer: sigmoid router with expert bias and group-limited top-k (`ops.moe_route`), routed experts
+as grouped SwiGLU matmuls (`ops.moe_permute` / `grouped_matmul` / `swiglu` / `moe_unpermute`), plus the
+shared expert.
+
+Parallelism: expert tensor parallel is 1. Each EP rank holds n_routed_experts / ep experts; tokens go to
+the ranks of their experts with an all-to-all over the expert-parallel group and come back the same way.
+With TP the layer works on the rank's own (sequence-parallel) tokens; router and expert grads are then
+partial per TP rank and summed by megatron (router weight marked `sequence_parallel`; experts marked
+`allreduce=False`, reduced over the expert-data-parallel group, which includes the TP ranks).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+from megatron.core import tensor_parallel
+from megatron.core.transformer.module import MegatronModule
+
+from slime.accelerator import get_accelerator
+from slime_plugins.models.glm5.config import GlmConfig
+from slime_plugins.models.glm5.layers import KeepsFloat32, SwiGLUMLP
+
+
+class GroupedExperts(torch.nn.Module):
+    """This EP rank's experts: weight1 [E_local, H, 2I] ([gate | up] columns), weight2 [E_local, I, H]."""
+
+    def __init__(self, num_local: int, hidden: int, ffn: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight1 = torch.nn.Parameter(torch.empty(num_local, hidden, 2 * ffn, dtype=dtype))
+        self.weight2 = torch.nn.Parameter(torch.empty(num_local, ffn, hidden, dtype=dtype))
+        for w in (self.weight1, self.weight2):
+            torch.nn.init.normal_(w, std=0.02)
+            w.allreduce = False  # megatron DDP: expert parameter, reduced over the expert-data-parallel group
+
+    def forward(self, x: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
+        ops = get_accelerator().ops
+        h = ops.swiglu(ops.grouped_matmul(x, self.weight1, tokens_per_expert))
+        return ops.grouped_matmul(h, self.weight2, tokens_per_expert)
+
+
+class GlmMoE(KeepsFloat32, MegatronModule):
+    bound_glm: GlmConfig | None = None
+    float32_names = ("router_weight", "expert_bias")
+
+    @classmethod
+    def bound_to(cls, glm: GlmConfig) -> type["GlmMoE"]:
+        """A subclass that knows its GlmConfig (megatron's layer builder passes only `config`)."""
+        return type(cls.__name__, (cls,), {"bound_glm": glm})
+
+    def __init__(self, config, glm: GlmConfig | None = None, **_: object) -> None:
+        super().__init__(config=config)
+        glm = glm or self.bound_glm
+        self.glm = glm
+        self.ep = config.expert_model_parallel_size
+        self.num_local = glm.n_routed_experts // self.ep
+        self.router_weight = torch.nn.Parameter(torch.empty(glm.n_routed_experts, glm.hidden_size, dtype=torch.float32))
+        torch.nn.init.normal_(self.router_weight, std=0.02)
+        setattr(self.router_weight, "sequence_parallel", config.sequence_parallel)
+        self.register_buffer("expert_bias", torch.zeros(glm.n_routed_experts, dtype=torch.float32))  # not trained
+        self.experts = GroupedExperts(self.num_local, glm.hidden_size, glm.moe_intermediate_size, config.params_dtype)
+        self.shared_experts = (
+            SwiGLUMLP(config, ffn_hidden_size=glm.moe_intermediate_size * glm.n_shared_experts)
+            if glm.n_shared_experts else None
+        )
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        glm = self.glm
+        logits = x.float() @ self.router_weight.float().t()
+        return get_accelerator().ops.moe_route(logits, self.expert_bias, glm.num_experts_per_tok, glm.n_group,
+                                               glm.topk_group, glm.routed_scaling_factor, glm.norm_topk_prob)
+
+    def forward(self, hidden_states: torch.Tensor, padding_mask=None):
+        ops = get_accelerator().ops
+        x = hidden_states.reshape(-1, hidden_states.shape[-1])
+        weights, indices = self.route(x)
+        permuted, sort_map = ops.moe_permute(x, indices)
+        counts = torch.bincount(indices.reshape(-1), minlength=self.glm.n_routed_experts)
+        if self.ep == 1:
+            out = self.experts(permuted, counts)
+        else:
+            out = self._expert_parallel(permuted, counts)
+        routed = ops.moe_unpermute(out, sort_map, weights)
+        routed = routed.view_as(hidden_states)
+        if self.shared_experts is not None:
+            shared, _ = self.shared_experts(hidden_states)
+            routed = routed + shared
+        return routed, None
+
+    def _expert_parallel(self, permuted: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """permuted rows are sorted by global expert id, so each EP rank's rows are contiguous."""
+        ops = get_accelerator().ops
+        group = ps.get_expert_model_parallel_group()
+        send_counts = counts.view(self.ep, self.num_local)
+        recv_counts = torch.empty_like(send_counts)
+        dist.all_to_all_single(recv_counts, send_counts.contiguous(), group=group)  # [source rank, local expert]
+        input_splits = send_counts.sum(1).tolist()
+        output_splits = recv_counts.sum(1).tolist()
+        received = tensor_parallel.all_to_all(group, permuted, output_splits, input_splits)
+        # Rows arrive grouped by (source rank, local expert): regroup by local expert for the matmuls.
+        local_ids = torch.arange(self.num_local, device=counts.device).repeat(self.ep)
+        local_ids = local_ids.repeat_interleave(recv_counts.reshape(-1))
+        by_expert, regroup = ops.moe_permute(received, local_ids[:, None])
+        out = self.experts(by_expert, recv_counts.sum(0))
+        ones = torch.ones(received.shape[0], 1, dtype=torch.float32, device=received.device)
+        out = ops.moe_unpermute(out, regroup, ones)
+        return tensor_parallel.all_to_all(group, out, input_splits, output_splits)

@@ -1,0 +1,53 @@
+"""Rotary angles for the MLA rope slice, and the per-forward context handed to every attention layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from slime_plugins.models.glm5.config import GlmConfig
+
+
+def inv_freq_and_scaling(cfg: GlmConfig) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies (rope dims = qk_rope_head_dim) and the cos/sin scaling of the checkpoint's
+    rope type. "default" is computed here; other types (yarn, ...) use transformers' rope initializers."""
+    dim = cfg.qk_rope_head_dim
+    if cfg.rope_type == "default":
+        theta = float(cfg.rope_parameters.get("rope_theta", 10000.0))
+        return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)), 1.0
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if cfg.rope_type not in ROPE_INIT_FUNCTIONS:
+        raise ValueError(f"rope_type {cfg.rope_type!r} is unknown to transformers; supported: {sorted(ROPE_INIT_FUNCTIONS)}")
+    hf = {k: v for k, v in cfg.hf_config.items() if k != "model_type"}
+    hf_config = AutoConfig.for_model(cfg.model_type, **hf)
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[cfg.rope_type](hf_config, "cpu")
+    return inv_freq.float(), float(scaling)
+
+
+@dataclass
+class ForwardContext:
+    """What every attention layer of one forward shares (passed through megatron's TransformerBlock as
+    `rotary_pos_emb`): rotary cos/sin per token (THD order, [T, rope_dim // 2]), the packed sequence
+    boundaries, and the DSA top-k of each "full" indexer layer (read by later "shared" layers)."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    cu_seqlens: torch.Tensor  # int32 [n + 1], leading 0
+    batch: int
+    seq_len: int
+    topk: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+class RotaryTable(torch.nn.Module):
+    def __init__(self, cfg: GlmConfig) -> None:
+        super().__init__()
+        inv_freq, self.scaling = inv_freq_and_scaling(cfg)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """position_ids [B, S] -> cos, sin [B*S, rope_dim // 2] in batch-major (THD) order."""
+        freqs = position_ids.reshape(-1, 1).float() * self.inv_freq.to(position_ids.device)[None, :]
+        return (freqs.cos() * self.scaling).to(dtype), (freqs.sin() * self.scaling).to(dtype)
