@@ -1,0 +1,62 @@
+"""`python -m slime.backends.embedded --model-path DIR --port P`: run the embedded engine standalone.
+
+The token for weight/memory/control endpoints comes from $SLIME_ENGINE_TOKEN (kept out of argv so
+it does not show in process listings); without it a fresh token is printed once at start-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import secrets
+import signal
+import sys
+import threading
+
+TOKEN_ENV = "SLIME_ENGINE_TOKEN"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m slime.backends.embedded", description=__doc__.splitlines()[0])
+    ap.add_argument("--model-path", required=True, help="HF checkpoint directory")
+    ap.add_argument("--tokenizer-path", default=None)
+    ap.add_argument("--port", type=int, default=30000, help="port on 127.0.0.1 (0 = any free port)")
+    ap.add_argument("--dtype", default="auto", help="auto (float32 on CPU, checkpoint dtype on a device) or a dtype")
+    ap.add_argument("--max-running-requests", type=int, default=64)
+    ap.add_argument("--context-length", type=int, default=None)
+    ap.add_argument("--random-seed", type=int, default=0)
+    ap.add_argument("--return-original-logprob", action="store_true",
+                    help="return logprobs of the raw (temperature 1) distribution instead of the sampled one")
+    ap.add_argument("--attn-implementation", default=None)
+    ap.add_argument("--log-level", default="info")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from slime.backends.embedded import EmbeddedEngine, EngineConfig, EngineHTTPServer
+
+    token = os.environ.get(TOKEN_ENV) or ""
+    if not token:
+        token = secrets.token_hex(16)
+        print(f"engine token (send as 'Authorization: Bearer <token>'): {token}", flush=True)
+    engine = EmbeddedEngine(EngineConfig(
+        model_path=args.model_path, tokenizer_path=args.tokenizer_path, dtype=args.dtype,
+        max_running_requests=args.max_running_requests, context_length=args.context_length,
+        random_seed=args.random_seed, original_logprobs=args.return_original_logprob,
+        attn_implementation=args.attn_implementation))
+    server = EngineHTTPServer(engine, token, args.port)
+    print(f"embedded engine serving {args.model_path} at {server.url}", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server.start_in_thread()
+    stop.wait()
+    server.stop()
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,571 @@
+"""The embedded rollout engine: a transformers causal LM with batched, KV-cached generation.
+
+Scheduling is wave batching: requests that are waiting when the scheduler is free (plus those
+arriving within `batch_wait_s`) form one wave of up to `max_running_requests` rows. A wave is
+left-padded (padding masked, position ids counted from each row's first real token), prefilled
+once, then decoded one token per step for all rows; finished rows are dropped from the batch and
+its KV cache. Requests arriving during a wave start with the next one.
+
+Exactness: with float32 weights, greedy tokens equal `model.generate` on each prompt alone and the
+returned logprobs equal a teacher-forced forward pass within float32 rounding (tests: 1e-4). One
+caveat is inherited from the model, not the engine: DSA (GLM-5) selects the top-k keys per query,
+a discontinuous choice, so when a sequence is longer than `index_topk` the cached decode path and
+a full forward pass can pick different keys on near-ties (transformers' own `generate` differs
+from its teacher-forced pass there too).
+
+Weights change only between forward steps (one lock), and only after a whole update has been
+validated (see weights.py).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from slime.accelerator import get_accelerator
+from slime.backends.embedded.errors import BadRequest
+from slime.backends.embedded.sampling import SamplingParams, apply_penalties, choose_tokens
+from slime.backends.embedded.weights import (
+    PlannedCopy,
+    WeightNameMap,
+    apply_plan,
+    dtype_name,
+    parse_dtype,
+    plan_disk_update,
+    plan_update,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineConfig:
+    model_path: str
+    dtype: str = "auto"  # auto: float32 on CPU, the checkpoint's dtype on a device
+    max_running_requests: int = 64
+    context_length: int | None = None  # default: the model's max_position_embeddings
+    random_seed: int = 0
+    original_logprobs: bool = False  # True: logprobs of the raw (temperature 1) distribution
+    batch_wait_s: float = 0.003
+    tokenizer_path: str | None = None
+    attn_implementation: str | None = None
+
+
+@dataclass
+class Request:
+    input_ids: list[int]
+    params: SamplingParams
+    return_logprob: bool = False
+    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: dict[str, Any] | None = None
+    text: str = ""
+    weight_version: str = ""
+    created: float = field(default_factory=time.perf_counter)
+    finished_at: float = 0.0
+    done: threading.Event = field(default_factory=threading.Event)
+    generator: torch.Generator | None = None
+
+
+class EmbeddedEngine:
+    def __init__(self, cfg: EngineConfig, model: torch.nn.Module | None = None, tokenizer: Any = None) -> None:
+        self.cfg = cfg
+        self.acc = get_accelerator()
+        self.device = self.acc.device()
+        self.model = model if model is not None else self._load_model()
+        self.model.eval()
+        self.tokenizer = tokenizer if tokenizer is not None else self._load_tokenizer()
+        config = self.model.config
+        self.vocab_size = int(getattr(config, "vocab_size", 0) or self.model.get_output_embeddings().weight.shape[0])
+        self.context_length = int(cfg.context_length or getattr(config, "max_position_embeddings", 0) or 1 << 30)
+        self.eos_ids = self._eos_ids()
+        self.name_map = WeightNameMap(self.model)
+        self.weight_version = "default"
+        self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        self._keep_kw = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        self._default_gen = torch.Generator().manual_seed(cfg.random_seed)
+
+        self._model_lock = threading.RLock()  # held per forward step and per weight change
+        self._cond = threading.Condition()
+        self._queue: deque[Request] = deque()
+        self._running: list[Request] = []
+        self._paused = False
+        self._abort_pending = False
+        self._released_weights: dict[str, tuple[torch.Size, torch.dtype]] | None = None
+        self._stopped = False
+        self._wave_idle = threading.Event()
+        self._wave_idle.set()
+        self._groups: dict[str, Any] = {}
+        self.stats = {"waves": 0, "forward_steps": 0, "generated_tokens": 0}
+        self._thread = threading.Thread(target=self._loop, name="embedded-engine-scheduler", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ loading
+    def _torch_dtype(self) -> torch.dtype | str:
+        if self.cfg.dtype == "auto":
+            return torch.float32 if self.device.type == "cpu" else "auto"
+        return parse_dtype(self.cfg.dtype)
+
+    def _load_model(self) -> torch.nn.Module:
+        from transformers import AutoModelForCausalLM
+
+        kwargs: dict[str, Any] = {"dtype": self._torch_dtype()}
+        if self.cfg.attn_implementation:
+            kwargs["attn_implementation"] = self.cfg.attn_implementation
+        model = AutoModelForCausalLM.from_pretrained(self.cfg.model_path, **kwargs)
+        return model.to(self.device)
+
+    def _load_tokenizer(self) -> Any:
+        try:
+            from transformers import AutoTokenizer
+
+            return AutoTokenizer.from_pretrained(self.cfg.tokenizer_path or self.cfg.model_path)
+        except Exception as e:  # token-id clients do not need one
+            logger.warning("no tokenizer loaded (%s); text input/output disabled", e)
+            return None
+
+    def _eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for src in (getattr(self.model, "generation_config", None), self.model.config):
+            v = getattr(src, "eos_token_id", None) if src is not None else None
+            if isinstance(v, int):
+                ids.add(v)
+            elif isinstance(v, (list, tuple)):
+                ids.update(int(x) for x in v)
+        return ids
+
+    # ------------------------------------------------------------------ requests
+    def make_request(self, input_ids: Any, sampling_params: Any, return_logprob: bool = False,
+                     rid: str | None = None, text: str | None = None) -> Request:
+        """Validate one request (BadRequest on any problem)."""
+        if input_ids is None and text is not None:
+            if self.tokenizer is None:
+                raise BadRequest("text input needs a tokenizer, and none was loaded; send input_ids")
+            if not isinstance(text, str):
+                raise BadRequest("text must be a string")
+            input_ids = self.tokenizer(text)["input_ids"]
+        if not isinstance(input_ids, list) or not input_ids:
+            raise BadRequest("input_ids must be a non-empty list of token ids")
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in input_ids):
+            raise BadRequest("input_ids must contain only integers")
+        bad = [t for t in input_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise BadRequest(f"input_ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        if len(input_ids) >= self.context_length:
+            raise BadRequest(f"prompt has {len(input_ids)} tokens but the context length is {self.context_length} "
+                             "(it must leave room for one new token); shorten the prompt")
+        params = SamplingParams.from_json(sampling_params, self.vocab_size)
+        if params.stop and self.tokenizer is None:
+            raise BadRequest("sampling_params.stop (strings) needs a tokenizer; use stop_token_ids")
+        if not isinstance(return_logprob, bool):
+            raise BadRequest("return_logprob must be true/false")
+        req = Request(list(input_ids), params, return_logprob, rid=str(rid) if rid is not None else uuid.uuid4().hex)
+        if params.sampling_seed is not None:
+            req.generator = torch.Generator().manual_seed(params.sampling_seed)
+        return req
+
+    def submit(self, req: Request) -> Request:
+        if req.params.max_new_tokens == 0:
+            self._finish(req, {"type": "length", "length": 0})
+            return req
+        with self._cond:
+            if self._stopped:
+                self._finish(req, {"type": "abort", "message": "engine is shutting down"})
+                return req
+            self._queue.append(req)
+            self._cond.notify_all()
+        return req
+
+    def generate(self, input_ids: list[int], sampling_params: dict | None = None, return_logprob: bool = False) -> Request:
+        """Blocking convenience call (tests, benchmarks)."""
+        req = self.submit(self.make_request(input_ids, sampling_params or {}, return_logprob))
+        req.done.wait()
+        return req
+
+    def _finish(self, req: Request, reason: dict[str, Any]) -> None:
+        if req.done.is_set():
+            return
+        req.finish_reason = reason
+        req.weight_version = self.weight_version
+        if self.tokenizer is not None:
+            req.text = self.tokenizer.decode(req.output_ids, skip_special_tokens=req.params.skip_special_tokens)
+            matched = reason.get("matched")
+            if isinstance(matched, str) and not req.params.no_stop_trim:
+                req.text = req.text[: req.text.find(matched)] if matched in req.text else req.text
+        req.finished_at = time.perf_counter()
+        req.done.set()
+
+    def response(self, req: Request) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "id": req.rid,
+            "prompt_tokens": len(req.input_ids),
+            "completion_tokens": len(req.output_ids),
+            "cached_tokens": 0,
+            "finish_reason": req.finish_reason,
+            "weight_version": req.weight_version,
+            "e2e_latency": max(0.0, req.finished_at - req.created),
+        }
+        if req.return_logprob:
+            meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(req.logprobs, req.output_ids)]
+        return {"text": req.text, "output_ids": list(req.output_ids), "meta_info": meta}
+
+    # ------------------------------------------------------------------ scheduler
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopped and (not self._queue or self._paused or self._released_weights is not None):
+                    self._cond.wait()
+                if self._stopped:
+                    return
+                # A short gather window lets concurrently sent requests share the wave.
+                if len(self._queue) < self.cfg.max_running_requests and self.cfg.batch_wait_s > 0:
+                    self._cond.wait(self.cfg.batch_wait_s)
+                if self._paused or self._released_weights is not None or not self._queue:
+                    continue
+                wave = [self._queue.popleft() for _ in range(min(len(self._queue), self.cfg.max_running_requests))]
+                self._running = wave
+                self._wave_idle.clear()
+            try:
+                self._run_wave(wave)
+            except Exception as e:  # a bug or device error must not hang clients
+                logger.exception("generation wave failed")
+                for r in wave:
+                    self._finish(r, {"type": "abort", "message": f"engine error: {type(e).__name__}: {e}"})
+            finally:
+                with self._cond:
+                    self._running = []
+                    self._abort_pending = False
+                    self._wave_idle.set()
+                    self._cond.notify_all()
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
+        kwargs: dict[str, Any] = {self._cache_kw: cache, "use_cache": True}
+        if self._keep_kw:
+            kwargs["logits_to_keep"] = 1
+        with self._model_lock:
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, **kwargs)
+        self.stats["forward_steps"] += 1
+        return out.logits[:, -1, :]
+
+    def _new_cache(self) -> Any:
+        from transformers import DynamicCache
+
+        try:
+            return DynamicCache(config=self.model.config)
+        except TypeError:
+            return DynamicCache()
+
+    def _check_interrupts(self) -> bool:
+        """Between steps: honour abort and in-place pause. True = abort every row."""
+        with self._cond:
+            while self._paused and not self._abort_pending and not self._stopped:
+                self._cond.wait()
+            if self._abort_pending or self._stopped:
+                return True
+        return False
+
+    @torch.inference_mode()
+    def _run_wave(self, wave: list[Request]) -> None:
+        self.stats["waves"] += 1
+        dev = self.device
+        width = max(len(r.input_ids) for r in wave)
+        ids = torch.zeros(len(wave), width, dtype=torch.long)
+        mask = torch.zeros(len(wave), width, dtype=torch.long)
+        for i, r in enumerate(wave):
+            ids[i, width - len(r.input_ids):] = torch.tensor(r.input_ids)
+            mask[i, width - len(r.input_ids):] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = self._new_cache()
+        rows = list(wave)
+        logits = self._forward(ids, mask, pos, cache)
+        last_pos = pos[:, -1]
+        while rows:
+            if self._check_interrupts():
+                for r in rows:
+                    self._finish(r, {"type": "abort", "message": "aborted by pause_generation/abort_request"})
+                return
+            logits = self._adjust_logits(logits, rows)
+            tokens, lps = choose_tokens(logits, [r.params for r in rows], [r.generator for r in rows],
+                                        self._default_gen, self.cfg.original_logprobs)
+            keep: list[int] = []
+            for i, (r, tok, lp) in enumerate(zip(rows, tokens, lps)):
+                r.output_ids.append(tok)
+                r.logprobs.append(lp)
+                self.stats["generated_tokens"] += 1
+                reason = self._finish_reason(r, tok)
+                if reason is None:
+                    keep.append(i)
+                else:
+                    self._finish(r, reason)
+            if not keep:
+                return
+            next_ids = torch.tensor([tokens[i] for i in keep], dtype=torch.long, device=dev)[:, None]
+            if len(keep) != len(rows):
+                idx = torch.tensor(keep, dtype=torch.long, device=dev)
+                cache.batch_select_indices(idx)
+                mask, last_pos = mask[idx], last_pos[idx]
+                rows = [rows[i] for i in keep]
+            mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
+            last_pos = last_pos + 1
+            logits = self._forward(next_ids, mask, last_pos[:, None], cache)
+
+    def _adjust_logits(self, logits: torch.Tensor, rows: list[Request]) -> torch.Tensor:
+        """Penalties and min_new_tokens masking, only for rows that ask for them."""
+        out = logits
+        for i, r in enumerate(rows):
+            p = r.params
+            needs_min = len(r.output_ids) < p.min_new_tokens
+            if not (p.penalized or needs_min):
+                continue
+            if out is logits:
+                out = logits.float().clone()
+            if p.penalized:
+                apply_penalties(out[i], p, r.input_ids + r.output_ids, r.output_ids)
+            if needs_min:
+                stop = set(p.stop_token_ids) | (set() if p.ignore_eos else self.eos_ids)
+                if stop:
+                    out[i, sorted(stop)] = float("-inf")
+        return out
+
+    def _finish_reason(self, r: Request, tok: int) -> dict[str, Any] | None:
+        p = r.params
+        n = len(r.output_ids)
+        if n >= p.min_new_tokens:
+            if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_ids):
+                return {"type": "stop", "matched": tok}
+            if p.stop:
+                tail = self.tokenizer.decode(r.output_ids[-32:], skip_special_tokens=p.skip_special_tokens)
+                for s in p.stop:
+                    if s in tail:
+                        return {"type": "stop", "matched": s}
+        if n >= p.max_new_tokens:
+            return {"type": "length", "length": n}
+        if len(r.input_ids) + n >= self.context_length:
+            return {"type": "length", "length": n, "message": f"reached the context length {self.context_length}"}
+        return None
+
+    # ------------------------------------------------------------------ control
+    def pause(self, mode: str = "abort") -> None:
+        """Stop scheduling. mode "abort": running and queued requests finish now with finish_reason abort;
+        "in_place": running requests freeze between steps and continue after `resume()`."""
+        if mode not in ("abort", "in_place", "retract"):
+            raise BadRequest(f"pause_generation mode {mode!r} unknown; use abort or in_place")
+        with self._cond:
+            self._paused = True
+            self._cond.notify_all()
+        if mode in ("abort", "retract"):
+            self.abort_all("aborted by pause_generation")
+
+    def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
+    def abort_all(self, message: str = "aborted") -> int:
+        with self._cond:
+            queued = list(self._queue)
+            self._queue.clear()
+            running = bool(self._running)
+            if running:
+                self._abort_pending = True  # the scheduler clears it when the wave ends
+            self._cond.notify_all()
+        for r in queued:
+            self._finish(r, {"type": "abort", "message": message})
+        if running:
+            self._wave_idle.wait()
+        return len(queued)
+
+    def abort_request(self, rid: str) -> bool:
+        with self._cond:
+            for r in list(self._queue):
+                if r.rid == rid:
+                    self._queue.remove(r)
+                    self._finish(r, {"type": "abort", "message": "aborted by abort_request"})
+                    return True
+        return False
+
+    def is_idle(self) -> bool:
+        with self._cond:
+            return not self._queue and not self._running
+
+    def release_memory(self, tags: list[str] | None = None) -> None:
+        tags = _check_tags(tags)
+        if "weights" not in tags:
+            return  # the KV cache lives only for a wave; nothing is held between waves
+        with self._cond:
+            if self._released_weights is not None:
+                return
+            self._released_weights = {}
+        self.abort_all("aborted by release_memory_occupation")
+        with self._model_lock:
+            for name, p in self.model.named_parameters():
+                self._released_weights[name] = (p.shape, p.dtype)
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        self.acc.empty_cache()
+
+    def resume_memory(self, tags: list[str] | None = None) -> None:
+        tags = _check_tags(tags)
+        if "weights" not in tags or self._released_weights is None:
+            return
+        with self._model_lock:
+            for name, p in self.model.named_parameters():
+                shape, dtype = self._released_weights[name]
+                # Contents are undefined until the next weight update; NaN makes a missed update visible.
+                fill = float("nan") if dtype.is_floating_point else 0
+                p.data = torch.full(shape, fill, dtype=dtype, device=self.device)
+        with self._cond:
+            self._released_weights = None
+            self._cond.notify_all()
+
+    def shutdown(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        self.abort_all("engine is shutting down")
+        self._thread.join(timeout=10)
+        for name in list(self._groups):
+            self.destroy_weights_update_group(name)
+
+    # ------------------------------------------------------------------ weights
+    def _require_weights(self) -> None:
+        if self._released_weights is not None:
+            raise BadRequest("weights are released; call /resume_memory_occupation with tags [\"weights\"] first")
+
+    def _commit(self, plan: list[PlannedCopy], weight_version: Any) -> None:
+        with self._model_lock:
+            apply_plan(plan)
+            if weight_version is not None:
+                self.weight_version = str(weight_version)
+
+    def update_from_named_tensors(self, named: list[tuple[str, torch.Tensor]], weight_version: Any = None) -> int:
+        self._require_weights()
+        plan = plan_update(self.name_map, [(n, t.shape, t.dtype) for n, t in named])
+        for p, (_, t) in zip(plan, named):
+            p.source = t
+        self._commit(plan, weight_version)
+        return len(plan)
+
+    def update_from_disk(self, model_path: str, weight_version: Any = None) -> int:
+        self._require_weights()
+        plan = plan_disk_update(self.name_map, model_path)
+        self._commit(plan, weight_version)
+        return len(plan)
+
+    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                                  group_name: str, backend: str | None = None) -> None:
+        from slime.utils.distributed import init_custom_process_group
+
+        if not isinstance(group_name, str) or not group_name:
+            raise BadRequest("group_name must be a non-empty string")
+        if group_name in self._groups:
+            raise BadRequest(f"weights update group {group_name!r} already exists; destroy it first")
+        for k, v in (("master_port", master_port), ("rank_offset", rank_offset), ("world_size", world_size)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise BadRequest(f"{k} must be a non-negative int, got {v!r}")
+        if not 1 <= rank_offset < world_size:
+            raise BadRequest(f"rank_offset {rank_offset} must be in [1, world_size={world_size}) (rank 0 is the trainer)")
+        self._groups[group_name] = init_custom_process_group(
+            master_address=str(master_address), master_port=master_port, world_size=world_size,
+            rank=rank_offset, group_name=group_name, backend=backend)
+
+    def update_from_distributed(self, names: Any, dtypes: Any, shapes: Any, group_name: str,
+                                weight_version: Any = None) -> int:
+        """Receive every tensor (broadcast from group rank 0, in `names` order), then apply all or nothing.
+        Tensors are received even when the update will be rejected, so the sender never hangs."""
+        from slime.utils.distributed import broadcast
+
+        if group_name not in self._groups:
+            raise BadRequest(f"no weights update group {group_name!r}; call /init_weights_update_group first")
+        if not (isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)
+                and len(names) == len(dtypes) == len(shapes) and names):
+            raise BadRequest("names, dtypes and shapes must be non-empty lists of equal length")
+        try:
+            bufs = [torch.empty([int(s) for s in shape], dtype=parse_dtype(dt), device=self.device)
+                    for shape, dt in zip(shapes, dtypes)]
+        except (TypeError, ValueError) as e:
+            raise BadRequest(f"bad shapes/dtypes in update_weights_from_distributed: {e}") from e
+        error: BadRequest | None = None
+        plan: list[PlannedCopy] = []
+        try:
+            self._require_weights()
+            plan = plan_update(self.name_map, [(n, b.shape, b.dtype) for n, b in zip(names, bufs)])
+        except BadRequest as e:
+            error = e
+        group = self._groups[group_name]
+        for b in bufs:
+            broadcast(b, src=0, group=group)
+        if error is not None:
+            raise error
+        for p, b in zip(plan, bufs):
+            p.source = b
+        self._commit(plan, weight_version)
+        return len(plan)
+
+    def destroy_weights_update_group(self, group_name: str) -> None:
+        from slime.utils.distributed import destroy_custom_process_group
+
+        group = self._groups.pop(group_name, None)
+        if group is None:
+            raise BadRequest(f"no weights update group {group_name!r}")
+        destroy_custom_process_group(group)
+
+    def weights_checksum(self, names: Any) -> dict[str, list[float]]:
+        """slime.utils.weight_checksum of each named weight (HF or runtime names), to verify a sync."""
+        from slime.utils.weight_checksum import tensor_checksum
+
+        self._require_weights()
+        if names is None:
+            names = self.name_map.checkpoint_names()
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise BadRequest("names must be a list of weight names (or omitted for all)")
+        unknown = [n for n in names if n not in self.name_map]
+        if unknown:
+            raise BadRequest(f"unknown weights {unknown[:3]}{' ...' if len(unknown) > 3 else ''}")
+        with self._model_lock:
+            return {n: tensor_checksum(self.name_map.resolve(n)) for n in names}
+
+    def model_info(self) -> dict[str, Any]:
+        main = self._main_dtype()
+        return {
+            "model_path": self.cfg.model_path,
+            "tokenizer_path": self.cfg.tokenizer_path or self.cfg.model_path,
+            "is_generation": True,
+            "engine": "embedded",
+            "device": str(self.device),
+            "dtype": dtype_name(main),
+            "weight_dtypes": self.name_map.dtype_overrides(main) if self._released_weights is None else {},
+            "weight_version": self.weight_version,
+            "max_context_length": self.context_length,
+            "vocab_size": self.vocab_size,
+            "max_running_requests": self.cfg.max_running_requests,
+            "eos_token_ids": sorted(self.eos_ids),
+        }
+
+    def _main_dtype(self) -> torch.dtype:
+        counts: dict[torch.dtype, int] = {}
+        for p in self.model.parameters():
+            counts[p.dtype] = counts.get(p.dtype, 0) + p.numel()
+        return max(counts, key=counts.get) if counts else torch.float32
+
+
+def _check_tags(tags: Any) -> list[str]:
+    valid = ["weights", "kv_cache", "cuda_graph"]
+    if tags is None:
+        return valid
+    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+        raise BadRequest("tags must be a list of strings")
+    bad = sorted(set(tags) - set(valid))
+    if bad:
+        raise BadRequest(f"unknown memory tags {bad}; use {valid}")
+    return tags
+

@@ -1,0 +1,292 @@
+"""HTTP front of the embedded engine: SGLang's endpoints on 127.0.0.1 (stdlib ThreadingHTTPServer).
+
+Weight, memory and scheduling-control endpoints need `Authorization: Bearer <token>` (the run's
+token; SGLang's `--api-key` uses the same header). Malformed requests get HTTP 400 with
+`{"error": {"message": ...}}` (generation) or `{"success": false, "message": ...}` (control),
+one line naming the problem; the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import json
+import logging
+import pickle
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+from slime.accelerator import get_accelerator
+from slime.accelerator.ipc import UnsafeHandleError, deserialize_named_tensors
+from slime.backends.embedded.engine import EmbeddedEngine
+from slime.backends.embedded.errors import BadRequest, NotFound, Unauthorized
+
+logger = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+MAX_BODY_BYTES = 1 << 30
+
+# Endpoints that change weights, memory or scheduling for every client.
+PROTECTED = {
+    "/update_weights_from_tensor", "/update_weights_from_distributed", "/update_weights_from_disk",
+    "/init_weights_update_group", "/destroy_weights_update_group", "/release_memory_occupation",
+    "/resume_memory_occupation", "/pause_generation", "/continue_generation", "/abort_request",
+}
+
+
+class EngineHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 1024  # socketserver's default backlog of 5 resets bursts of concurrent clients
+
+    def __init__(self, engine: EmbeddedEngine, token: str, port: int = 0) -> None:
+        if not token:
+            raise ValueError("the engine server needs a non-empty token")
+        self.engine = engine
+        self.token = token
+        super().__init__((HOST, port), _Handler)
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def start_in_thread(self) -> threading.Thread:
+        t = threading.Thread(target=self.serve_forever, name="embedded-engine-http", daemon=True)
+        t.start()
+        return t
+
+    def stop(self) -> None:
+        self.shutdown()
+        self.server_close()
+        self.engine.shutdown()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: EngineHTTPServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt: str, *args: Any) -> None:  # route access logs through logging (quiet by default)
+        logger.debug("%s - %s", self.address_string(), fmt % args)
+
+    # -------------------------------------------------------------- plumbing
+    def do_GET(self) -> None:
+        self._dispatch()
+
+    def do_POST(self) -> None:
+        self._dispatch()
+
+    def _send(self, status: int, obj: Any) -> None:
+        body = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _body(self) -> dict[str, Any]:
+        n = int(self.headers.get("Content-Length") or 0)
+        if n > MAX_BODY_BYTES:
+            raise BadRequest(f"request body of {n} bytes exceeds {MAX_BODY_BYTES}")
+        raw = self.rfile.read(n) if n else b""
+        if not raw.strip():
+            return {}
+        try:
+            obj = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise BadRequest(f"body is not valid JSON: {e.msg if hasattr(e, 'msg') else e}") from e
+        if not isinstance(obj, dict):
+            raise BadRequest("body must be a JSON object")
+        return obj
+
+    def _authorized(self) -> bool:
+        header = self.headers.get("Authorization", "")
+        given = header[7:] if header.startswith("Bearer ") else ""
+        return hmac.compare_digest(given.encode(), self.server.token.encode())
+
+    def _dispatch(self) -> None:
+        path = self.path.split("?", 1)[0]
+        route = _ROUTES.get(path)
+        generation = path == "/generate"
+        try:
+            # Read the body first so keep-alive connections stay in sync even on errors.
+            body = self._body() if self.command == "POST" else {}
+            if route is None:
+                raise NotFound(f"no endpoint {path}")
+            if path in PROTECTED and not self._authorized():
+                raise Unauthorized(f"{path} needs the run's token: send header 'Authorization: Bearer <token>'")
+            status, result = route(self.server.engine, body)
+            self._send(status, result)
+        except (BadRequest, Unauthorized, NotFound) as e:
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            self._send(e.status, {"error": {"message": msg, "code": e.status}} if generation
+                       else {"success": False, "message": msg})
+        except Exception as e:  # keep serving; report one line
+            logger.exception("error serving %s", path)
+            msg = f"internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            self._send(500, {"error": {"message": msg, "code": 500}} if generation else {"success": False, "message": msg})
+
+
+# ------------------------------------------------------------------ endpoints
+def _ok(message: str = "ok", **extra: Any) -> tuple[int, dict[str, Any]]:
+    return 200, {"success": True, "message": message, **extra}
+
+
+def _health(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
+    return 200, {"status": "ok", "weight_version": engine.weight_version}
+
+
+def _generate(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
+    input_ids, text = body.get("input_ids"), body.get("text")
+    if input_ids is None and text is None:
+        raise BadRequest("send input_ids (list of ints, or list of lists for a batch) or text")
+    batch = (isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list)) or isinstance(text, list)
+    if not batch:
+        req = engine.make_request(input_ids, body.get("sampling_params"), body.get("return_logprob", False),
+                                  body.get("rid"), text)
+        engine.submit(req).done.wait()
+        return 200, engine.response(req)
+    items = input_ids if input_ids is not None else text
+    n = len(items)
+
+    def per_item(key: str, default: Any) -> list[Any]:
+        v = body.get(key, default)
+        if isinstance(v, list):
+            if len(v) != n:
+                raise BadRequest(f"{key} has {len(v)} entries for a batch of {n}")
+            return v
+        return [None if key == "rid" else v] * n
+
+    params, logprob, rids = per_item("sampling_params", None), per_item("return_logprob", False), per_item("rid", None)
+    reqs = [engine.make_request(items[i] if input_ids is not None else None, params[i], logprob[i], rids[i],
+                                items[i] if input_ids is None else None) for i in range(n)]
+    for r in reqs:  # all validated before any is queued
+        engine.submit(r)
+    for r in reqs:
+        r.done.wait()
+    return 200, [engine.response(r) for r in reqs]
+
+
+def _model_info(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
+    return 200, engine.model_info()
+
+
+def _flush_cache(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
+    return _ok("no prefix cache is kept between waves")
+
+
+def _pause(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
+    engine.pause(body.get("mode", "abort"))
+    return _ok("paused")
+
+
+def _continue(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
+    engine.resume()
+    return _ok("continued")
+
+
+def _abort(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
+    if body.get("abort_all") or not body.get("rid"):
+        n = engine.abort_all("aborted by abort_request")
+        return _ok(f"aborted all ({n} queued)")
+    return _ok("aborted" if engine.abort_request(str(body["rid"])) else "no queued request with that rid")
+
+
+def _release(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
+    engine.release_memory(body.get("tags"))
+    return _ok("released")
+
+
+def _resume_memory(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
+    engine.resume_memory(body.get("tags"))
+    return _ok("resumed")
+
+
+def _decode_named_tensors(body: dict) -> list[tuple[str, Any]]:
+    from slime.backends.embedded.flattened_bucket import unflatten_buckets
+
+    payload = body.get("serialized_named_tensors")
+    if not isinstance(payload, list) or not payload or not all(isinstance(s, str) for s in payload):
+        raise BadRequest("serialized_named_tensors must be a non-empty list of base64 strings (one per TP rank)")
+    if len(payload) != 1:
+        raise BadRequest(f"this engine has tp_size 1 but serialized_named_tensors has {len(payload)} entries")
+    try:
+        data = base64.b64decode(payload[0], validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise BadRequest(f"serialized_named_tensors[0] is not valid base64: {e}") from e
+    acc = get_accelerator()
+    try:
+        named = deserialize_named_tensors(data, acc.ipc_rebuild_allowlist())
+    except UnsafeHandleError as e:
+        raise BadRequest(f"refused tensor payload: {e}") from e
+    except (pickle.UnpicklingError, EOFError, TypeError, ValueError, AttributeError, RuntimeError, OSError) as e:
+        raise BadRequest(f"cannot open tensor payload ({type(e).__name__}: {e}); build it with "
+                         "slime.accelerator.ipc.serialize_named_tensors") from e
+    fmt = body.get("load_format")
+    if fmt in (None, "direct", "auto"):
+        return named
+    if fmt == "flattened_bucket":
+        return unflatten_buckets(named, body.get("flattened_bucket_meta"))
+    raise BadRequest(f"load_format {fmt!r} is not supported; use null or \"flattened_bucket\"")
+
+
+def _update_from_tensor(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
+    named = _decode_named_tensors(body)
+    n = engine.update_from_named_tensors(named, body.get("weight_version"))
+    return _ok(f"updated {n} weights", weight_version=engine.weight_version)
+
+
+def _update_from_disk(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
+    n = engine.update_from_disk(body.get("model_path"), body.get("weight_version"))
+    return _ok(f"loaded {n} weights from {body.get('model_path')}", weight_version=engine.weight_version)
+
+
+def _init_group(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
+    missing = [k for k in ("master_address", "master_port", "rank_offset", "world_size", "group_name") if k not in body]
+    if missing:
+        raise BadRequest(f"init_weights_update_group is missing {missing}")
+    engine.init_weights_update_group(body["master_address"], body["master_port"], body["rank_offset"],
+                                     body["world_size"], body["group_name"], body.get("backend"))
+    return _ok(f"joined group {body['group_name']}")
+
+
+def _update_from_distributed(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
+    if body.get("load_format") not in (None, "direct", "auto"):
+        raise BadRequest("update_weights_from_distributed supports only the per-tensor format (load_format null)")
+    n = engine.update_from_distributed(body.get("names"), body.get("dtypes"), body.get("shapes"),
+                                       body.get("group_name", "weight_update_group"), body.get("weight_version"))
+    return _ok(f"updated {n} weights", weight_version=engine.weight_version)
+
+
+def _weights_checksum(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
+    return _ok("checksums", checksums=engine.weights_checksum(body.get("names")))
+
+
+def _destroy_group(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
+    engine.destroy_weights_update_group(body.get("group_name", "weight_update_group"))
+    return _ok("destroyed")
+
+
+_ROUTES: dict[str, Callable[[EmbeddedEngine, dict], tuple[int, Any]]] = {
+    "/health": _health,
+    "/health_generate": _health,
+    "/generate": _generate,
+    "/get_model_info": _model_info,
+    "/flush_cache": _flush_cache,
+    "/pause_generation": _pause,
+    "/continue_generation": _continue,
+    "/abort_request": _abort,
+    "/release_memory_occupation": _release,
+    "/resume_memory_occupation": _resume_memory,
+    "/update_weights_from_tensor": _update_from_tensor,
+    "/update_weights_from_disk": _update_from_disk,
+    "/init_weights_update_group": _init_group,
+    "/update_weights_from_distributed": _update_from_distributed,
+    "/destroy_weights_update_group": _destroy_group,
+    "/get_weights_checksum": _weights_checksum,
+}

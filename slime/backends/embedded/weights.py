@@ -1,0 +1,255 @@
+"""Weight updates by HF checkpoint name: name resolution, all-or-nothing checks, safetensors loading.
+
+transformers keeps some weights in a fused runtime layout (MoE experts as one 3-D
+`experts.gate_up_proj` parameter) while checkpoints and trainers name them per expert
+(`experts.7.gate_proj.weight`). `WeightNameMap` accepts both: every runtime parameter/persistent
+buffer name, and every checkpoint name that transformers' own conversion table maps into a slice
+of a fused parameter (stack over experts, then concatenate). Conversions with other operations
+(transposes, splits of unknown size) are not mapped; their weights are updated by runtime name.
+
+An update is a list of (name, shape, dtype) checked completely (unknown name, duplicate, shape,
+dtype) before anything is copied, so a bad update changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import torch
+
+from slime.backends.embedded.errors import BadRequest
+
+_DTYPES: dict[str, torch.dtype] = {
+    n: getattr(torch, n)
+    for n in ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
+              "float8_e4m3fn", "float8_e5m2")
+    if hasattr(torch, n)
+}
+
+
+def dtype_name(dt: torch.dtype) -> str:
+    return str(dt).removeprefix("torch.")
+
+
+def parse_dtype(name: Any) -> torch.dtype:
+    key = str(name).removeprefix("torch.")
+    if key not in _DTYPES:
+        raise BadRequest(f"unknown dtype {name!r}; use one of {sorted(_DTYPES)}")
+    return _DTYPES[key]
+
+
+@dataclass(frozen=True)
+class _Slot:
+    runtime_name: str
+    index: tuple  # applied to the runtime tensor; () = whole tensor
+
+
+def _simple_pattern(p: str) -> bool:
+    return isinstance(p, str) and not re.search(r"[\^$()\[\]\\|+?{}]", p)
+
+
+class WeightNameMap:
+    """Resolves external weight names to live tensors (views) of `model`."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self._slots: dict[str, _Slot] = {}
+        runtime: list[str] = [n for n, _ in model.named_parameters(remove_duplicate=False)]
+        for mod_name, mod in model.named_modules():
+            skip = getattr(mod, "_non_persistent_buffers_set", set())
+            for b_name, _ in mod.named_buffers(recurse=False):
+                if b_name not in skip:
+                    runtime.append(f"{mod_name}.{b_name}" if mod_name else b_name)
+        for n in runtime:
+            self._slots[n] = _Slot(n, ())
+        self._fused: set[str] = set()
+        self._add_conversions()
+        # Tied weights (lm_head <- embed_tokens) are one tensor; a checkpoint stores only one name.
+        tied = getattr(model, "_tied_weights_keys", None) or {}
+        tie = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+        self._aliases = {k for k in (tied if isinstance(tied, dict) else {})} if tie else set()
+
+    def _add_conversions(self) -> None:
+        try:
+            from transformers.conversion_mapping import get_model_conversion_mapping
+            from transformers.core_model_loading import Concatenate, MergeModulelist, WeightConverter
+        except Exception:  # older/newer transformers without this table: runtime names only
+            return
+        try:
+            conversions = get_model_conversion_mapping(self.model)
+        except Exception:
+            return
+        shapes = {n: tuple(self._tensor(n).shape) for n in list(self._slots)}
+        for conv in conversions:
+            if not isinstance(conv, WeightConverter) or getattr(conv, "scope_prefix", None):
+                continue
+            ops = list(getattr(conv, "operations", []) or [])
+            if not ops or not all(isinstance(o, (MergeModulelist, Concatenate)) for o in ops):
+                continue
+            merge = [o for o in ops if isinstance(o, MergeModulelist)]
+            concat = [o for o in ops if isinstance(o, Concatenate)]
+            if len(merge) > 1 or len(concat) > 1 or (merge and merge[0].dim != 0):
+                continue
+            sources, targets = list(conv.source_patterns), list(conv.target_patterns)
+            if len(targets) != 1 or not all(_simple_pattern(p) for p in sources + targets):
+                continue
+            if any(p.count("*") != (1 if merge else 0) for p in sources):
+                continue
+            target = targets[0]
+            for rt_name, shape in shapes.items():
+                if not (rt_name == target or rt_name.endswith("." + target)):
+                    continue
+                prefix = rt_name[: len(rt_name) - len(target)]
+                cat_dim = concat[0].dim if concat else None
+                if cat_dim is not None and (cat_dim >= len(shape) or shape[cat_dim] % len(sources)):
+                    continue
+                chunk = shape[cat_dim] // len(sources) if cat_dim is not None else None
+                experts = range(shape[0]) if merge else [None]
+                for si, src in enumerate(sources):
+                    for e in experts:
+                        idx: list[Any] = [] if e is None else [e]
+                        if cat_dim is not None:
+                            local = cat_dim - (1 if merge else 0)  # dim inside one expert's tensor
+                            idx += [slice(None)] * local + [slice(si * chunk, (si + 1) * chunk)]
+                        name = prefix + (src.replace("*", str(e)) if e is not None else src)
+                        self._slots[name] = _Slot(rt_name, tuple(idx))
+                self._fused.add(rt_name)
+
+    def _tensor(self, runtime_name: str) -> torch.Tensor:
+        try:
+            return self.model.get_parameter(runtime_name)
+        except AttributeError:
+            return self.model.get_buffer(runtime_name)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._slots
+
+    def resolve(self, name: str) -> torch.Tensor:
+        """A view of the live tensor that `name` denotes (writes through)."""
+        slot = self._slots[name]
+        t = self._tensor(slot.runtime_name)
+        return t.data[slot.index] if slot.index else t.data
+
+    def checkpoint_names(self) -> list[str]:
+        """Names a complete HF checkpoint provides: fused runtime names replaced by their parts, tied aliases dropped."""
+        out = []
+        for name, slot in self._slots.items():
+            if name in self._aliases or (name in self._fused and not slot.index):
+                continue
+            out.append(name)
+        return out
+
+    def dtype_overrides(self, default: torch.dtype) -> dict[str, str]:
+        """{checkpoint name: dtype} for weights whose dtype differs from the model's main dtype."""
+        return {n: dtype_name(self.resolve(n).dtype) for n in self.checkpoint_names()
+                if self.resolve(n).dtype != default}
+
+
+@dataclass
+class PlannedCopy:
+    name: str
+    target: torch.Tensor
+    source: torch.Tensor | None  # None until received (distributed path)
+
+
+def plan_update(
+    name_map: WeightNameMap,
+    specs: Iterable[tuple[str, Any, Any]],
+    allow_cast: bool = False,
+) -> list[PlannedCopy]:
+    """Check (name, shape, dtype) of every weight against the model; raise BadRequest listing the problems.
+
+    `shape` is a list/tuple/torch.Size; `dtype` a torch.dtype or its name. Nothing is modified.
+    """
+    problems: list[str] = []
+    plan: list[PlannedCopy] = []
+    seen: set[str] = set()
+    for name, shape, dtype in specs:
+        if not isinstance(name, str):
+            problems.append(f"weight name {name!r} is not a string")
+            continue
+        if name in seen:
+            problems.append(f"{name} appears twice")
+            continue
+        seen.add(name)
+        if name not in name_map:
+            problems.append(f"unknown weight {name}")
+            continue
+        target = name_map.resolve(name)
+        try:
+            shape_t = tuple(int(s) for s in shape)
+        except (TypeError, ValueError):
+            problems.append(f"{name}: shape {shape!r} is not a list of ints")
+            continue
+        if shape_t != tuple(target.shape):
+            problems.append(f"{name}: shape {list(shape_t)} != model {list(target.shape)}")
+            continue
+        try:
+            dt = dtype if isinstance(dtype, torch.dtype) else parse_dtype(dtype)
+        except BadRequest as e:
+            problems.append(f"{name}: {e}")
+            continue
+        if dt != target.dtype and not allow_cast:
+            problems.append(f"{name}: dtype {dtype_name(dt)} != model {dtype_name(target.dtype)} (send it as "
+                            f"{dtype_name(target.dtype)})")
+            continue
+        plan.append(PlannedCopy(name, target, None))
+    if problems:
+        more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise BadRequest(f"weight update rejected, nothing changed: {'; '.join(problems[:3])}{more}")
+    return plan
+
+
+def apply_plan(plan: list[PlannedCopy]) -> None:
+    """Copy every planned source into its target. Call with the engine's model lock held."""
+    with torch.no_grad():
+        for p in plan:
+            p.target.copy_(p.source)
+
+
+def safetensors_files(model_path: str) -> list[str]:
+    if not isinstance(model_path, str) or not os.path.isdir(model_path):
+        raise BadRequest(f"model_path {model_path!r} is not a directory; pass an HF checkpoint directory")
+    files = sorted(os.path.join(model_path, f) for f in os.listdir(model_path) if f.endswith(".safetensors"))
+    if not files:
+        raise BadRequest(f"no *.safetensors files in {model_path}; save the checkpoint with safe_serialization=True")
+    return files
+
+
+def plan_disk_update(name_map: WeightNameMap, model_path: str) -> list[PlannedCopy]:
+    """Plan loading a full safetensors checkpoint: names/shapes checked from headers before reading data;
+    dtypes are cast (as loading does). Every checkpoint weight of the model must be present."""
+    from safetensors import safe_open
+
+    specs, where = [], {}
+    for path in safetensors_files(model_path):
+        with safe_open(path, framework="pt", device="cpu") as f:
+            for key in f.keys():
+                sl = f.get_slice(key)
+                specs.append((key, sl.get_shape(), _safetensors_dtype(sl.get_dtype())))
+                where[key] = path
+    plan = plan_update(name_map, specs, allow_cast=True)
+    missing = sorted(set(name_map.checkpoint_names()) - set(where))
+    if missing:
+        raise BadRequest(f"checkpoint {model_path} lacks {len(missing)} weights of this model (e.g. {missing[:3]}); "
+                         "nothing changed")
+    by_file: dict[str, list[PlannedCopy]] = {}
+    for p in plan:
+        by_file.setdefault(where[p.name], []).append(p)
+    for path, items in by_file.items():
+        with safe_open(path, framework="pt", device="cpu") as f:
+            for p in items:
+                p.source = f.get_tensor(p.name)
+    return plan
+
+
+def _safetensors_dtype(code: str) -> torch.dtype:
+    table = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
+             "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool", "F8_E4M3": "float8_e4m3fn",
+             "F8_E5M2": "float8_e5m2"}
+    if code not in table:
+        raise BadRequest(f"safetensors dtype {code} is not supported")
+    return parse_dtype(table[code])

@@ -1,0 +1,194 @@
+"""The one HTTP client for rollout engines: drives the embedded engine and SGLang servers alike.
+
+    client = EngineClient("http://127.0.0.1:30000", token)
+    out = client.generate([1, 2, 3], {"max_new_tokens": 8, "temperature": 0}, return_logprob=True)
+    client.update_weights_from_tensor([(name, tensor), ...])   # IPC handles, no copy
+
+Errors: `EngineError` (the engine answered with an error status or success=false; `.status`,
+one-line `.message`), `EngineUnreachable` (no connection: the engine is down or not yet up).
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import socket
+import time
+from typing import Any, Callable, Sequence
+from urllib.parse import urlsplit
+
+import torch
+
+
+class EngineError(RuntimeError):
+    def __init__(self, url: str, path: str, status: int, message: str) -> None:
+        super().__init__(f"{url}{path}: HTTP {status}: {message}")
+        self.url, self.path, self.status, self.message = url, path, status, message
+
+
+class EngineUnreachable(EngineError):
+    def __init__(self, url: str, path: str, cause: BaseException) -> None:
+        super().__init__(url, path, 0, f"cannot reach engine ({type(cause).__name__}: {cause})")
+
+
+def encode_named_tensors(named: Sequence[tuple[str, torch.Tensor]], acc: Any = None) -> str:
+    """SGLang's `serialized_named_tensors` entry for one TP rank: base64 of the accelerator's IPC payload."""
+    from slime.accelerator import get_accelerator
+    from slime.accelerator.ipc import serialize_named_tensors
+
+    return base64.b64encode(serialize_named_tensors(acc or get_accelerator(), list(named))).decode("ascii")
+
+
+class EngineClient:
+    def __init__(self, url: str, token: str | None = None, timeout: float | None = None) -> None:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname or not parts.port:
+            raise ValueError(f"engine url must look like http://host:port, got {url!r}")
+        self.url = url.rstrip("/")
+        self.host, self.port = parts.hostname, parts.port
+        self.token = token
+        self.timeout = timeout
+
+    def __repr__(self) -> str:
+        return f"EngineClient({self.url})"
+
+    # ------------------------------------------------------------------ transport
+    def request(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout or self.timeout)
+        try:
+            conn.request(method, path, body=data, headers=headers)
+            resp = conn.getresponse()
+            raw = resp.read()
+        except (ConnectionError, socket.timeout, http.client.HTTPException, OSError) as e:
+            raise EngineUnreachable(self.url, path, e) from e
+        finally:
+            conn.close()
+        try:
+            obj = json.loads(raw) if raw else None
+        except json.JSONDecodeError:
+            obj = raw.decode(errors="replace")
+        if resp.status >= 400:
+            raise EngineError(self.url, path, resp.status, _message(obj))
+        if isinstance(obj, dict) and obj.get("success") is False:
+            raise EngineError(self.url, path, resp.status, _message(obj))
+        return obj
+
+    def get(self, path: str, timeout: float | None = None) -> Any:
+        return self.request("GET", path, None, timeout)
+
+    def post(self, path: str, body: Any = None, timeout: float | None = None) -> Any:
+        return self.request("POST", path, body if body is not None else {}, timeout)
+
+    # ------------------------------------------------------------------ health
+    def health(self, timeout: float = 5.0) -> bool:
+        try:
+            self.get("/health", timeout=timeout)
+            return True
+        except EngineError:
+            return False
+
+    def wait_healthy(self, timeout: float = 600.0, alive: Callable[[], bool] | None = None,
+                     interval: float = 0.2) -> None:
+        """Poll /health until it answers; `alive()` returning False (process exited) stops early."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.health(timeout=min(5.0, interval * 10)):
+                return
+            if alive is not None and not alive():
+                raise EngineUnreachable(self.url, "/health", RuntimeError("engine process exited before it was healthy"))
+            time.sleep(interval)
+        raise EngineUnreachable(self.url, "/health", TimeoutError(f"not healthy after {timeout:.0f}s"))
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, input_ids: list[int] | list[list[int]], sampling_params: dict | list | None = None,
+                 return_logprob: bool = False, rid: str | None = None, timeout: float | None = None) -> Any:
+        body: dict[str, Any] = {"input_ids": input_ids, "sampling_params": sampling_params or {},
+                                "return_logprob": return_logprob}
+        if rid is not None:
+            body["rid"] = rid
+        return self.post("/generate", body, timeout)
+
+    def get_model_info(self) -> dict[str, Any]:
+        return self.get("/get_model_info")
+
+    # ------------------------------------------------------------------ control
+    def flush_cache(self) -> None:
+        self.post("/flush_cache")
+
+    def pause_generation(self, mode: str = "abort") -> None:
+        self.post("/pause_generation", {"mode": mode})
+
+    def continue_generation(self) -> None:
+        self.post("/continue_generation", {})
+
+    def abort_all(self) -> None:
+        self.post("/abort_request", {"abort_all": True})
+
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        self.post("/release_memory_occupation", {"tags": tags} if tags else {})
+
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        self.post("/resume_memory_occupation", {"tags": tags} if tags else {})
+
+    # ------------------------------------------------------------------ weights
+    def update_weights_from_tensor(self, named: Sequence[tuple[str, torch.Tensor]], load_format: str | None = None,
+                                   weight_version: str | None = None, flush_cache: bool = False) -> dict:
+        """Send weights by IPC handle (tensors must stay alive until this returns).
+        `load_format="flattened_bucket"` packs them per dtype (embedded engine's layout; see flattened_bucket.py)."""
+        body: dict[str, Any] = {"load_format": load_format, "flush_cache": flush_cache}
+        if weight_version is not None:
+            body["weight_version"] = str(weight_version)
+        if load_format == "flattened_bucket":
+            from slime.backends.embedded.flattened_bucket import flatten_named_tensors
+
+            flats, meta = flatten_named_tensors(list(named))
+            body["serialized_named_tensors"] = [encode_named_tensors(flats)]
+            body["flattened_bucket_meta"] = meta
+            return self.post("/update_weights_from_tensor", body)  # `flats` stays alive until the reply
+        body["serialized_named_tensors"] = [encode_named_tensors(named)]
+        return self.post("/update_weights_from_tensor", body)
+
+    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                                  group_name: str, backend: str | None = None, timeout: float | None = None) -> dict:
+        body = {"master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
+                "world_size": world_size, "group_name": group_name}
+        if backend:
+            body["backend"] = backend
+        return self.post("/init_weights_update_group", body, timeout)
+
+    def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
+                                        group_name: str, weight_version: str | None = None,
+                                        flush_cache: bool = False, timeout: float | None = None) -> dict:
+        body: dict[str, Any] = {"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name,
+                                "flush_cache": flush_cache}
+        if weight_version is not None:
+            body["weight_version"] = str(weight_version)
+        return self.post("/update_weights_from_distributed", body, timeout)
+
+    def destroy_weights_update_group(self, group_name: str) -> dict:
+        return self.post("/destroy_weights_update_group", {"group_name": group_name})
+
+    def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> dict:
+        body: dict[str, Any] = {"model_path": model_path}
+        if weight_version is not None:
+            body["weight_version"] = str(weight_version)
+        return self.post("/update_weights_from_disk", body)
+
+
+def _message(obj: Any) -> str:
+    if isinstance(obj, dict):
+        err = obj.get("error")
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+        if "message" in obj:
+            return str(obj["message"])
+        if "detail" in obj:
+            return str(obj["detail"])
+    return str(obj)[:500]
