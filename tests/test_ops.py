@@ -284,6 +284,8 @@ def test_sparse_attention_general_shapes(accel, kernel_calls, dtype):
     idx = random_topk(lens, topk, g)
     idx[0, :] = -1
     idx[0, 0] = 0  # a query whose only key is itself
+    idx[7, :] = -1
+    idx[7, 0] = 5  # a query whose only listed key is in the future: it sees nothing and gives 0
     out = accel.ops.sparse_attention(q, k, v, idx.to(dev), cu(lens, dev), cu(lens, dev))
     qr, kr, vr = ref_leaf(q), ref_leaf(k), ref_leaf(v)
     expected = R.sparse_attention(qr, kr, vr, idx, cu(lens, "cpu"), cu(lens, "cpu"))
@@ -293,6 +295,7 @@ def test_sparse_attention_general_shapes(accel, kernel_calls, dtype):
     assert_close(expected, by_hand, 1e-12, "reference vs naive (positions within the sequence)")
     assert len(starts) == t
     assert_close(out, expected, ATTN_TOL[dtype], "sparse_attention forward")
+    assert (out[7] == 0).all()
     up = torch.randn(out.shape, generator=g)
     for name, a, b in zip("qkv", grads(out, (q, k, v), up.to(out)), grads(expected, (qr, kr, vr), up.double())):
         assert_close(a, b, ATTN_TOL[dtype], f"sparse_attention d{name}")

@@ -248,11 +248,16 @@ def sparse_attention(
         allowed = selected[:, :sk]
         if causal:
             allowed = allowed & torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
+        empty = ~allowed.any(dim=-1)  # the kernel does not define fully masked rows: let them see key 0, then zero
+        has_empty = bool(empty.any())
+        if has_empty:
+            allowed = allowed.clone()
+            allowed[empty, 0] = True
         out = kernel(
             q[cq[b] : cq[b + 1]].unsqueeze(0), k[ck[b] : ck[b + 1]].unsqueeze(0), v[ck[b] : ck[b + 1]].unsqueeze(0),
             q.shape[1], "BSND", atten_mask=(~allowed).view(1, 1, sq, sk), scale=scale, sparse_mode=0,
-        )[0]
-        outs.append(out[0])
+        )[0][0]
+        outs.append(out.masked_fill(empty.view(-1, 1, 1), 0.0) if has_empty else out)
     if not outs:
         return q.new_zeros(0, q.shape[1], v.shape[2])
     return torch.cat(outs, dim=0)

@@ -144,6 +144,8 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, pa
             check(atten_mask.dim() in (2, 4) and tuple(atten_mask.shape[-2:]) == (sq, sk), op,
                   f"atten_mask must be [S1, S2] or [B|1, N|1, S1, S2] = ({sq}, {sk}), got {tuple(atten_mask.shape)}")
             mask = atten_mask.bool()
+        if mask is not None:  # documented: padding rows (all masked) are not supported
+            check(not bool(mask.all(dim=-1).any()), op, "atten_mask has a row that masks every key")
         outs, maxes, sums = [], [], []
         for i in range(b):
             mi = mask if mask is None or mask.dim() == 2 else mask[min(i, mask.shape[0] - 1)]
