@@ -69,7 +69,7 @@ def attention(
         # flash-attn wants one head dim for q, k, v: zero-pad v and drop the padding after.
         vp = F.pad(v, (0, dqk - dv)) if dv < dqk else v
         out = flash(
-            q, k, vp, cu_seqlens_q, cu_seqlens_k, max(b - a for a, b in zip(cq, cq[1:])),
+            q, k, vp, cu_seqlens_q.to(q.device), cu_seqlens_k.to(q.device), max(b - a for a, b in zip(cq, cq[1:])),
             max(b - a for a, b in zip(ck, ck[1:])), dropout_p=0.0, softmax_scale=scale, causal=causal,
         )
         return out[..., :dv] if dv < dqk else out
