@@ -29,6 +29,16 @@ class WeightMap:
     hf: tuple[str, ...]  # HF names, in the order the rule uses them
     kind: str
     experts: tuple[int, ...] = ()  # global expert ids of the local shard (EXPERT_*)
+    expert_prefix: str = ""  # "model.layers.L.mlp.experts" (EXPERT_*)
+
+    def hf_names_after_gather(self, num_experts: int) -> tuple[str, ...]:
+        """HF names of `to_hf` of the gathered shards: for expert weights, every expert's."""
+        p = self.expert_prefix
+        if self.kind == EXPERT_W1:
+            return tuple(n for e in range(num_experts) for n in (f"{p}.{e}.gate_proj.weight", f"{p}.{e}.up_proj.weight"))
+        if self.kind == EXPERT_W2:
+            return tuple(f"{p}.{e}.down_proj.weight" for e in range(num_experts))
+        return self.hf
 
     def to_local(self, full: list[torch.Tensor], tp_rank: int, tp: int) -> torch.Tensor:
         if self.kind == REPLICATED:
@@ -111,8 +121,9 @@ def layer_maps(glm: GlmConfig, layer: int, prefix: str, hf_prefix: str, ep_rank:
         WeightMap(f"{m}.expert_bias", (f"{hm}.gate.e_score_correction_bias",), REPLICATED),
         WeightMap(f"{m}.experts.weight1",
                   tuple(n for e in local for n in (f"{hm}.experts.{e}.gate_proj.weight", f"{hm}.experts.{e}.up_proj.weight")),
-                  EXPERT_W1, local),
-        WeightMap(f"{m}.experts.weight2", tuple(f"{hm}.experts.{e}.down_proj.weight" for e in local), EXPERT_W2, local),
+                  EXPERT_W1, local, f"{hm}.experts"),
+        WeightMap(f"{m}.experts.weight2", tuple(f"{hm}.experts.{e}.down_proj.weight" for e in local), EXPERT_W2, local,
+                  f"{hm}.experts"),
     ]
     if glm.n_shared_experts:
         s, hs = f"{m}.shared_experts", f"{hm}.shared_experts"

@@ -1,0 +1,150 @@
+"""export_hf / save_hf: the megatron model's weights as full HF tensors (TP and EP shards gathered).
+
+export_hf is collective over the tensor- and expert-parallel groups: every rank of a model replica must
+iterate it in step. Every rank then receives the full tensors of its own pipeline stage (with pp = 1 the
+whole model): weight sync picks what it needs on any rank; save_hf writes from one rank per stage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+MAX_SHARD_BYTES = 4 << 30
+COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                "generation_config.json", "tokenizer.model", "vocab.json", "merges.txt")
+
+
+def unwrap(model):
+    """The GlmModel inside DDP / Float16Module wrappers."""
+    while not hasattr(model, "glm") and hasattr(model, "module"):
+        model = model.module
+    if not hasattr(model, "glm"):
+        raise TypeError(f"{type(model).__name__} is not a slime GLM model (build it with load_hf_model)")
+    return model
+
+
+def _gather(t: torch.Tensor, group) -> list[torch.Tensor]:
+    size = dist.get_world_size(group) if group is not None else 1
+    if size == 1:
+        return [t]
+    out = [torch.empty_like(t) for _ in range(size)]
+    dist.all_gather(out, t.contiguous(), group=group)
+    return out
+
+
+def export_hf(model, bucket_bytes: int = 1 << 28, dtype: torch.dtype | None = None
+              ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Yield buckets (lists of (hf_name, full tensor on the accelerator)) of about `bucket_bytes` each,
+    in checkpoint order. dtype: cast on the way out (default: the parameters' own, so the router weight
+    and expert bias stay float32). Collective over TP and EP (see module docstring)."""
+    from megatron.core import parallel_state as ps
+
+    from slime_plugins.models.glm5 import weights as W
+
+    model = unwrap(model)
+    tp_group, ep_group = ps.get_tensor_model_parallel_group(), ps.get_expert_model_parallel_group()
+    state = model.state_dict(keep_vars=True)
+    bucket, size = [], 0
+    for m in W.maps_for_model(model):
+        local = state[m.param].detach()
+        if m.kind in (W.TP_ROWS, W.TP_COLS, W.TP_GATE_UP):
+            shards = _gather(local, tp_group)
+        elif m.kind in (W.EXPERT_W1, W.EXPERT_W2):
+            shards = _gather(local, ep_group)
+        else:
+            shards = [local]
+        tensors = m.to_hf(shards)
+        for name, t in zip(m.hf_names_after_gather(model.glm.n_routed_experts), tensors):
+            if dtype is not None:
+                t = t.to(dtype)
+            bucket.append((name, t))
+            size += t.numel() * t.element_size()
+            if size >= bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+    if bucket:
+        yield bucket
+
+
+def _writer_of_stage() -> bool:
+    from megatron.core import parallel_state as ps
+
+    return (ps.get_tensor_model_parallel_rank() == 0 and ps.get_expert_model_parallel_rank() == 0
+            and ps.get_data_parallel_rank() == 0)
+
+
+def save_hf(model, out_dir: str, dtype: torch.dtype | None = None, max_shard_bytes: int = MAX_SHARD_BYTES) -> str:
+    """Write an HF checkpoint (safetensors shards + index, config.json, tokenizer files of the source
+    checkpoint) to `out_dir`, atomically: into `out_dir`.tmp-save, then renamed. Collective over all ranks."""
+    from megatron.core import parallel_state as ps
+    from safetensors.torch import save_file
+
+    model = unwrap(model)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    tmp = out_dir.rstrip("/") + ".tmp-save"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    if dist.is_initialized():
+        dist.barrier()
+    stage, stages = ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size()
+    writer = _writer_of_stage()
+    files: list[tuple[str, list[str]]] = []
+    shard: dict[str, torch.Tensor] = {}
+    shard_bytes = 0
+
+    def flush():
+        nonlocal shard, shard_bytes
+        if shard and writer:
+            fn = f"model-pp{stage:03d}-{len(files):05d}.safetensors"
+            save_file(shard, os.path.join(tmp, fn), metadata={"format": "pt"})
+            files.append((fn, list(shard)))
+        shard, shard_bytes = {}, 0
+
+    for bucket in export_hf(model, dtype=dtype):
+        for name, t in bucket:
+            if writer:
+                shard[name] = t.detach().to("cpu").contiguous()
+                shard_bytes += t.numel() * t.element_size()
+            if shard_bytes >= max_shard_bytes:
+                flush()
+    flush()
+    all_files = [files]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        all_files = [None] * dist.get_world_size()
+        dist.all_gather_object(all_files, files)
+    if rank == 0:
+        _finish(model, tmp, out_dir, [f for per_rank in all_files for f in per_rank], dtype)
+    if dist.is_initialized():
+        dist.barrier()
+    return out_dir
+
+
+def _finish(model, tmp: str, out_dir: str, files: list[tuple[str, list[str]]], dtype) -> None:
+    if len(files) == 1:
+        os.replace(os.path.join(tmp, files[0][0]), os.path.join(tmp, "model.safetensors"))
+    else:
+        total = sum(os.path.getsize(os.path.join(tmp, fn)) for fn, _ in files)
+        weight_map = {name: fn for fn, names in files for name in names}
+        with open(os.path.join(tmp, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    config = dict(model.glm.hf_config)
+    dtypes = {p.dtype for p in model.parameters()}
+    out_dtype = dtype or (torch.bfloat16 if torch.bfloat16 in dtypes else next(iter(dtypes)))
+    config["dtype"] = str(out_dtype).removeprefix("torch.")
+    config.pop("torch_dtype", None)
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    source = getattr(model, "hf_dir", None)
+    for fn in COPIED_FILES:
+        if source and os.path.isfile(os.path.join(source, fn)):
+            shutil.copy(os.path.join(source, fn), os.path.join(tmp, fn))
+    if os.path.exists(out_dir):
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
