@@ -152,8 +152,9 @@ PLAN_ARGS=(--model "$PLAN_MODEL" --device "$PLAN_DEVICE" --nodes "$NUM_NODES" --
 
 # Device environment for every Ray worker (from the accelerator, read above).
 RUNTIME_ENV_JSON=$("$PYTHON" -c 'import json, sys
-env = dict(kv.split("=", 1) for kv in sys.argv[1:] if "=" in kv)
-print(json.dumps({"env_vars": env}))' "PYTHONPATH=$ROOT" "${DEVICE_ENV[@]}")
+env = dict(kv.split("=", 1) for kv in sys.argv[2:] if "=" in kv)
+env["PYTHONPATH"] = ":".join(p for p in (sys.argv[1], env.get("PYTHONPATH")) if p)
+print(json.dumps({"env_vars": env}))' "$ROOT" "${DEVICE_ENV[@]}")
 
 TOTAL_NODES=$((NUM_NODES + (COLOCATE == 1 ? 0 : ROLLOUT_NUM_NODES)))
 JOB=(ray job submit --address="http://127.0.0.1:$RAY_DASHBOARD_PORT" --runtime-env-json="$RUNTIME_ENV_JSON"

@@ -1,0 +1,344 @@
+"""Run scripts, device profiles, MODEL_ARGS, Dockerfiles and docker/npu_patch: what can be checked without
+docker or a cluster. The run script's --dry-run is executed for real (it starts nothing)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = ROOT / "scripts/run-glm5.3-flash-300B.sh"
+MODEL_SH = ROOT / "scripts/models/glm5.3-flash-300B.sh"
+SHELL_FILES = [RUN, MODEL_SH, ROOT / "scripts/check-device.sh", *sorted((ROOT / "scripts/profiles").glob("*.sh"))]
+# The simulated NPU as the detected accelerator of a child process (tests/npu_sim; not hardware).
+NPU_SIM_ENV = {"PYTHONPATH": str(ROOT / "tests/npu_sim"), "SLIME_ACCELERATOR_PLUGINS": "slime_npu_sim",
+               "SLIME_ACCELERATOR": "npu"}
+
+
+# Variables the profiles and the run script read: a developer's shell must not change the tests' results.
+SCRIPT_VARS = {"PLAN_DEVICE", "NUM_NODES", "GPUS_PER_NODE", "TP", "PP", "EP", "CP", "ETP", "MAX_TOKENS_PER_GPU",
+               "COLOCATE", "ROLLOUT_NUM_NODES", "ROLLOUT_GPUS_PER_ENGINE", "SGLANG_MEM_FRACTION_STATIC",
+               "UPDATE_WEIGHT_MODE", "UPDATE_WEIGHT_BUFFER_SIZE", "RAY_START_ARGS", "HF_CHECKPOINT", "MASTER_ADDR",
+               "PYTHONPATH"}
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLIME_") and k not in SCRIPT_VARS}
+    env.update({"PYTHON": sys.executable, "SLIME_ACCELERATOR": "cpu", "RAY_AUTH_MODE": "disabled"})
+    env.update(extra)
+    return env
+
+
+def _run(cmd: list[str], **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=ROOT, env=_env(**env), capture_output=True, text=True, timeout=60)
+
+
+@functools.lru_cache(maxsize=None)
+def _dry_run_cached(env_items: tuple[tuple[str, str], ...]) -> subprocess.CompletedProcess:
+    return _run(["bash", str(RUN), "--dry-run"], **dict(env_items))
+
+
+def _dry_run(**env: str) -> tuple[str, list[str]]:
+    """Dry-run output and the train.py arguments of the command it prints."""
+    r = _dry_run_cached(tuple(sorted(env.items())))
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("command:"))
+    argv = shlex.split(line[len("command:"):])
+    assert argv[:3] == ["ray", "job", "submit"] and "train.py" in argv
+    return r.stdout, argv[argv.index("train.py") + 1:]
+
+
+def _opt(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
+# --- shell scripts --------------------------------------------------------------------------------
+@pytest.mark.parametrize("path", SHELL_FILES, ids=lambda p: p.name)
+def test_shell_syntax(path):
+    r = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_run_script_names_no_device():
+    """Device specifics come from the accelerator and the profile files, never from the run script."""
+    text = RUN.read_text()
+    hits = re.findall(r"\b(cuda|npu|nccl|hccl|gpu_ids|CUDA_VISIBLE_DEVICES|ASCEND_RT_VISIBLE_DEVICES)\b", text, re.I)
+    assert not hits, hits
+    for profile in ("cuda", "npu"):
+        assert (ROOT / "scripts/profiles" / f"{profile}.sh").is_file()
+
+
+def test_dry_run_npu_profile_from_detected_accelerator():
+    out, args = _dry_run(**NPU_SIM_ENV)  # no SLIME_PROFILE: picked from `python -m slime.accelerator --name`
+    assert "accelerator: npu (detected: npu" in out and "planner device 950dt" in out
+    # 950DT: split placement (no IPC) and the accelerator's HCCL settings in the job's environment
+    assert "8 engine(s) x 8 devices on 8 separate node(s)" in out
+    assert "--colocate" not in args and _opt(args, "--update-weight-mode") == "distributed"
+    assert _opt(args, "--rollout-num-gpus") == "64"
+    submit = shlex.split(out[out.index("command:"):].splitlines()[0])
+    runtime_json = next(t for t in submit if t.startswith("--runtime-env-json=")).split("=", 1)[1]
+    runtime_env = json.loads(runtime_json)["env_vars"]
+    assert runtime_env["HCCL_CONNECT_TIMEOUT"] == "1800" and runtime_env["TASK_QUEUE_ENABLE"] == "2"
+    assert str(ROOT) in runtime_env["PYTHONPATH"].split(":")
+    assert re.search(r"^plan: .* -> fits; step >= \d+ s$", out, re.M)
+
+
+def test_dry_run_cuda_and_a3_profiles():
+    out, args = _dry_run(SLIME_PROFILE="cuda")
+    assert "colocated on the trainer's devices" in out and "NVIDIA H200" in out
+    assert {"--colocate", "--offload-train", "--offload-rollout", "--sequence-parallel", "--use-dynamic-batch-size"} <= set(args)
+    assert (_opt(args, "--tensor-model-parallel-size"), _opt(args, "--expert-model-parallel-size"),
+            _opt(args, "--max-tokens-per-gpu")) == ("8", "16", "4096")
+    out, args = _dry_run(SLIME_PROFILE="npu", PLAN_DEVICE="a3")
+    assert (_opt(args, "--actor-num-nodes"), _opt(args, "--actor-num-gpus-per-node"),
+            _opt(args, "--tensor-model-parallel-size"), _opt(args, "--rollout-num-gpus-per-engine")) == ("32", "16", "16", "32")
+    assert "Atlas A3" in out and "-> fits" in out
+    # an override from the environment reaches both the command and the plan
+    out, args = _dry_run(SLIME_PROFILE="cuda", MAX_TOKENS_PER_GPU="65536")
+    assert _opt(args, "--max-tokens-per-gpu") == "65536" and "DOES NOT FIT" in out
+
+
+def test_dry_run_command_parses_with_train_py_flags():
+    """Every flag the script passes is one train.py defines (rollout/SGLang flags once their module exists)."""
+    from slime.utils.arguments import build_parser, validate_args
+
+    _, args = _dry_run(SLIME_PROFILE="cuda")
+    parsed, unknown = build_parser().parse_known_args(args)
+    try:
+        import slime.rollout.arguments  # noqa: F401
+        rollout_flags_available = True
+    except ImportError:
+        rollout_flags_available = False
+    if rollout_flags_available:
+        assert unknown == [], f"train.py does not define: {unknown}"
+    else:  # only the rollout issue's flags (and their values) may be missing until slime.rollout.arguments lands
+        pending = {"--prompt-data", "--input-key", "--label-key", "--apply-chat-template", "--rm-type",
+                   "--rollout-batch-size", "--n-samples-per-prompt", "--rollout-max-response-len",
+                   "--rollout-temperature", "--sglang-mem-fraction-static"}
+        unknown_flags = {u for u in unknown if u.startswith("--")}
+        assert unknown_flags <= pending, f"train.py does not define: {sorted(unknown_flags - pending)}"
+        pytest.skip("slime.rollout.arguments not present yet: rollout/SGLang flags unchecked")
+    parsed.hf_checkpoint = str(ROOT)  # validation needs an existing directory, nothing more
+    validate_args(parsed)
+    assert parsed.data_parallel_size == 16
+
+
+def test_dry_run_without_profile_fails_in_one_line():
+    r = _run(["bash", str(RUN), "--dry-run"])  # cpu: no scripts/profiles/cpu.sh
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no profile for accelerator 'cpu'" in lines[0] and "SLIME_PROFILE" in lines[0]
+    r = _run(["bash", str(RUN), "--bogus"])
+    assert r.returncode == 2 and "unknown argument '--bogus'" in r.stderr
+
+
+def test_check_device_script():
+    r = _run(["bash", "scripts/check-device.sh", "--dry-run", "--", "-k", "x y"])
+    assert r.returncode == 0, r.stderr
+    assert "-m pytest -q -m device tests -k x\\ y" in r.stdout and "benchmarks/ops.py" in r.stdout
+    r = _run(["bash", "scripts/check-device.sh"])  # CPU only: refuses with the reason
+    assert r.returncode == 2 and "no GPU or NPU" in r.stderr
+
+
+# --- MODEL_ARGS -------------------------------------------------------------------------------------
+def _model_args() -> list[str]:
+    r = subprocess.run(["bash", "-c", f'source "{MODEL_SH}"; printf "%s\\0" "${{MODEL_ARGS[@]}}"'],
+                       capture_output=True, text=True, check=True)
+    return r.stdout.split("\0")[:-1]
+
+
+def test_model_args_match_the_registry_config():
+    from slime.plan import ModelShape
+    from slime.plan.model_args import mismatches, to_hf_config
+
+    args = _model_args()
+    config = json.loads((ROOT / "scripts/models/configs/glm5.3-flash-300B.json").read_text())
+    assert mismatches(args, config) == []
+    derived = to_hf_config(args)
+    assert derived["model_type"] == "glm_moe_dsa" and derived["first_k_dense_replace"] == 3
+    # the architecture MODEL_ARGS describe has exactly the registry config's parameter count
+    full = {**config, **derived}
+    assert ModelShape.from_config(full).total_param_count() == ModelShape.from_config(config).total_param_count()
+    assert "NO PUBLIC CONFIG" in MODEL_SH.read_text() and "ASSUMED" in MODEL_SH.read_text()
+
+
+def test_model_args_mismatch_and_bad_flags():
+    from slime.plan.model_args import main, parse_model_args, to_hf_config
+
+    args = _model_args()
+    bad = list(args)
+    bad[bad.index("--num-layers") + 1] = "61"
+    assert main(["glm5.3-flash-300B", "--", *bad]) == 2  # 61 layers contradict --moe-layer-freq
+    bad[bad.index("--moe-layer-freq") + 1] = "[0]*3+[1]*58"
+    assert main(["glm5.3-flash-300B", "--", *bad]) == 1
+    with pytest.raises(ValueError, match="unknown flag '--num-layerz'"):
+        parse_model_args(["--num-layerz", "3"])
+    with pytest.raises(ValueError, match="need --multi-latent-attention"):
+        to_hf_config(["--num-layers", "2"])
+
+
+def test_model_args_cli_reports_mismatch(capsys):
+    from slime.plan.model_args import main
+
+    assert main(["glm5-744B", "--", *_model_args()]) == 1
+    err = capsys.readouterr().err
+    assert "num_hidden_layers: MODEL_ARGS 60 != config 78" in err and len(err.strip().splitlines()) == 1
+
+
+# --- Dockerfiles ------------------------------------------------------------------------------------
+DOCKER_INSTRUCTIONS = {"FROM", "ARG", "ENV", "RUN", "COPY", "ADD", "WORKDIR", "SHELL", "CMD", "ENTRYPOINT",
+                       "LABEL", "EXPOSE", "USER", "VOLUME", "HEALTHCHECK", "STOPSIGNAL", "ONBUILD"}
+# torch_npu <-> CANN pairs from the Ascend PyTorch compatibility table (docs: torch-npu contracts notes).
+TORCH_NPU_CANN = {"2.7.1": "8.3.RC1", "2.8.0": "8.3.RC1", "2.9.0": "8.5.0", "2.9.0.post2": "9.0.0",
+                  "2.10.0.post4": "9.1.0", "2.11.0": "9.1.0", "2.12.0": "9.1.0"}
+
+
+def parse_dockerfile(path: Path) -> dict:
+    """Logical instructions, ARG defaults (global = before the first FROM) and resolved FROM images."""
+    text = path.read_text()
+    logical, buf = [], ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not buf and (not line or line.startswith("#")):
+            continue
+        if line.endswith("\\"):
+            buf += line[:-1] + " "
+            continue
+        logical.append(buf + line)
+        buf = ""
+    assert not buf, f"{path.name}: dangling line continuation"
+    global_args, stage_args, froms, env_names = {}, {}, [], set()
+    for inst in logical:
+        word, _, rest = inst.partition(" ")
+        assert word.upper() in DOCKER_INSTRUCTIONS, f"{path.name}: unknown instruction {word!r}"
+        if word == "ARG":
+            name, eq, default = rest.strip().partition("=")
+            assert eq and default, f"{path.name}: ARG {name} has no pinned default"
+            (stage_args if froms else global_args)[name] = default
+        elif word == "FROM":
+            image = re.sub(r"\$\{(\w+)\}", lambda m: global_args[m.group(1)], rest.split()[0])
+            froms.append(image)
+        elif word == "ENV":
+            env_names.update(re.findall(r"(\w+)=", rest))
+        elif froms and word == "RUN":
+            for var in re.findall(r"\$\{(\w+)\}", rest):  # a build stage sees only ARGs declared after FROM
+                assert var in stage_args or var in env_names, f"{path.name}: ${{{var}}} is not declared in the stage"
+    return {"args": {**global_args, **stage_args}, "froms": froms, "instructions": logical}
+
+
+def docs_versions_table() -> dict[str, tuple[str, str]]:
+    """ARG -> (Dockerfile.npu cell, Dockerfile cell) from docs/ascend.md's pinned-versions table."""
+    rows = {}
+    for line in (ROOT / "docs/ascend.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and re.fullmatch(r"`[A-Z_]+`", cells[1]):
+            rows[cells[1].strip("`")] = (cells[2], cells[3])
+    return rows
+
+
+def _cell_version(cell: str) -> str | None:
+    return None if cell.startswith("—") else cell.split()[0]
+
+
+@pytest.mark.parametrize("name,column", [("Dockerfile.npu", 0), ("Dockerfile", 1)])
+def test_dockerfile_pins_match_the_guide(name, column):
+    parsed = parse_dockerfile(ROOT / "docker" / name)
+    table = docs_versions_table()
+    assert table, "docs/ascend.md has no pinned-versions table"
+    for arg, value in parsed["args"].items():
+        assert arg in table, f"{name}: ARG {arg} is not in docs/ascend.md's versions table"
+        assert _cell_version(table[arg][column]) == value, f"{name}: {arg}={value} but the guide says {table[arg][column]!r}"
+    for arg, cells in table.items():
+        if _cell_version(cells[column]) is not None:
+            assert arg in parsed["args"], f"the guide pins {arg} for {name}, which does not declare it"
+    for image in parsed["froms"]:
+        assert ":" in image and not image.endswith(":latest"), image
+
+
+def test_npu_image_pairs_and_base_image():
+    args = parse_dockerfile(ROOT / "docker/Dockerfile.npu")["args"]
+    assert args["TORCH_NPU_VERSION"].split(".post")[0] == args["TORCH_VERSION"]  # torch_npu X.Y needs torch X.Y
+    assert TORCH_NPU_CANN[args["TORCH_NPU_VERSION"]] == args["CANN_VERSION"]
+    (image,) = parse_dockerfile(ROOT / "docker/Dockerfile.npu")["froms"]
+    assert re.fullmatch(r"quay\.io/ascend/cann:[\w.]+-\w+-ubuntu22\.04-py3\.11", image), image
+    assert f"`{image}`" in (ROOT / "docs/ascend.md").read_text()
+
+
+def test_image_pins_within_project_ranges():
+    from packaging.specifiers import SpecifierSet
+
+    text = (ROOT / "pyproject.toml").read_text()
+    ranges = dict(re.findall(r'"([a-z][a-z0-9-]*)([<>=!~][^"]*)"', text))
+    dist_of = {"MEGATRON_CORE_VERSION": "megatron-core", "RAY_VERSION": "ray", "TORCH_NPU_VERSION": "torch-npu",
+               "SGLANG_VERSION": "sglang", "TORCH_VERSION": "torch"}
+    for name in ("Dockerfile", "Dockerfile.npu"):
+        args = parse_dockerfile(ROOT / "docker" / name)["args"]
+        for arg, dist in dist_of.items():
+            if arg in args:
+                assert args[arg] in SpecifierSet(ranges[dist]), f"{name}: {dist} {args[arg]} outside pyproject {ranges[dist]}"
+
+
+def test_guide_states_validation_status():
+    text = (ROOT / "docs/ascend.md").read_text()
+    assert "Nothing in this project has run on an Ascend device" in text
+    assert "tests/npu_sim" in text and "never been built" in text
+    for section in ("## Container set-up", "## Multi-node set-up", "## Launch", "## Troubleshooting",
+                    "## Ascend deviations", "scripts/check-device.sh"):
+        assert section in text, section
+
+
+# --- docker/npu_patch -------------------------------------------------------------------------------
+def npu_patch_problems(patch_dir: Path) -> list[str]:
+    """Patch files without a README section, sections without a file, sections missing a required field."""
+    readme = (patch_dir / "README.md").read_text()
+    patches_part = readme.split("## Patches", 1)[1] if "## Patches" in readme else ""
+    sections = dict(re.findall(r"^### `?([^`\n]+?)`?\s*\n(.*?)(?=^### |\Z)", patches_part, re.M | re.S))
+    files = {p.name for p in patch_dir.iterdir() if p.is_file() and p.name != "README.md"}
+    problems = [f"{f}: no README entry" for f in sorted(files - set(sections))]
+    problems += [f"{s}: README entry without a file" for s in sorted(set(sections) - files)]
+    for name, body in sections.items():
+        for field in ("Purpose", "Target versions", "Upstream status", "Remove when"):
+            if f"**{field}**" not in body:
+                problems.append(f"{name}: missing **{field}**")
+    return problems
+
+
+def test_npu_patch_readme_matches_files():
+    assert npu_patch_problems(ROOT / "docker/npu_patch") == []
+    assert "no source patches" in (ROOT / "docker/npu_patch/README.md").read_text().lower()
+
+
+def test_npu_patch_checker_catches_mismatches(tmp_path):
+    (tmp_path / "README.md").write_text(
+        "# x\n## Patches\n### `sglang__a.patch`\n- **Purpose**: p\n- **Target versions**: 0.5.23\n"
+        "- **Upstream status**: not reported\n- **Remove when**: never\n### `ray__gone.patch`\n- **Purpose**: p\n")
+    (tmp_path / "sglang__a.patch").write_text("--- a/x\n+++ b/x\n")
+    (tmp_path / "megatron-core__b.patch").write_text("--- a/y\n+++ b/y\n")
+    problems = npu_patch_problems(tmp_path)
+    assert "megatron-core__b.patch: no README entry" in problems
+    assert "ray__gone.patch: README entry without a file" in problems
+    assert "ray__gone.patch: missing **Remove when**" in problems
+    assert not any(p.startswith("sglang__a.patch") for p in problems)
+
+
+# --- accelerator CLI used by the scripts --------------------------------------------------------------
+def test_accelerator_cli_name_and_env():
+    from conftest import use_accelerator
+
+    from slime.accelerator.__main__ import job_env
+
+    with use_accelerator("npu-sim") as acc:
+        env = job_env(acc)
+    assert acc.visible_devices_env not in env and acc.ray_noset_env not in env  # pinning stays per worker
+    assert env["HCCL_CONNECT_TIMEOUT"] == "1800" and env["TASK_QUEUE_ENABLE"] == "2"
+    r = _run([sys.executable, "-m", "slime.accelerator", "--name", "--env"])
+    assert r.returncode == 0 and r.stdout.splitlines()[0] == "cpu"
+    assert all("=" in ln for ln in r.stdout.splitlines()[1:])
