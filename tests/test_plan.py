@@ -4,6 +4,7 @@ and memory measured on the tiny model (CPU)."""
 from __future__ import annotations
 
 import gc
+import json
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -201,6 +202,10 @@ def test_cli(capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "glm5.3-flash-300B" in err  # names the known models
     assert plan_main(["--device", "nope"]) == 2 and "950dt" in capsys.readouterr().err
+    by_dp = args[:4] + args[6:] + ["--dp", "32", "--format", "json"]  # 32 * tp 4 = 128 devices = 16 nodes of 8
+    assert plan_main(by_dp) == 0
+    assert json.loads(capsys.readouterr().out)["layout"]["nodes"] == 16
+    assert plan_main(args[:4] + ["--tp", "4", "--dp", "3"]) == 2 and "whole number" in capsys.readouterr().err
     assert plan_main(["--model", "glm5-tiny", "--device", "h100", "--search", "--nodes", "1", "--top", "3"]) == 0
     assert "fitting layout" in capsys.readouterr().out
 

@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default="950dt", help=f"device profile: {', '.join(DEVICES)}")
     g = ap.add_argument_group("layout (train.py flag names)")
     g.add_argument("--nodes", "--actor-num-nodes", dest="nodes", type=int, default=1)
+    g.add_argument("--dp", type=int, help="data-parallel size: sets the node count to dp*tp*pp*cp / devices-per-node")
     g.add_argument("--devices-per-node", "--actor-num-gpus-per-node", dest="devices_per_node", type=int,
                    help="default: the device profile's")
     g.add_argument("--tp", "--tensor-model-parallel-size", dest="tp", type=int, default=1)
@@ -114,6 +115,12 @@ def main(argv: list[str] | None = None) -> int:
         device = get_device(a.device)
         ts, rs = settings(a)
         dpn = a.devices_per_node or device.devices_per_node
+        if a.dp:
+            world = a.dp * a.tp * a.pp * a.cp
+            if world % dpn:
+                raise ValueError(f"--dp {a.dp}: dp*tp*pp*cp = {world} devices is not a whole number of "
+                                 f"{dpn}-device nodes; change --dp or --devices-per-node")
+            a.nodes = world // dpn
         if a.search:
             etp_modes = ("1", "tp") if a.search_etp == "both" else (a.search_etp,)
             recompute = (a.recompute,) if a.recompute else ("none", "full")

@@ -45,7 +45,7 @@ DEVICES: dict[str, DeviceProfile] = {
     for p in (
         DeviceProfile("950dt", "Ascend 950DT", 144, 4.0, 500, 2000, 8,
                       f"{_HC2025}: 144 GB HiZQ 2.0 at 4 TB/s, 1 PFLOPS FP8, 2 TB/s interconnect, Q4 2026; "
-                      "torch_npu IPC notes: no IPC on 950DT",
+                      "Ascend PyTorch IPC notes: no IPC on 950DT",
                       ipc=False, assumed=("bf16_tflops", "devices_per_node")),
         DeviceProfile("950pr", "Ascend 950PR", 128, 1.6, 500, 2000, 8,
                       f"{_HC2025}: 128 GB HiBL 1.0 at 1.6 TB/s, 1 PFLOPS FP8, 2 TB/s interconnect, Q1 2026",
@@ -62,10 +62,6 @@ DEVICES: dict[str, DeviceProfile] = {
 }
 ASSUMPTION_NOTE = ("* = assumption: Ascend 950 BF16 taken as half the published FP8 rate, 8 devices per node, "
                    "2 TB/s interconnect used as one-direction figure; A3 per-die link bandwidth not published")
-
-# Which planner profile a detected accelerator uses by default (the run-script profiles override this).
-DEFAULT_DEVICE_FOR_ACCELERATOR = {"npu": "950dt", "cuda": "h200", "cpu": "h200"}
-
 
 def get_device(key: str) -> DeviceProfile:
     k = key.strip().lower()
