@@ -16,6 +16,7 @@ __all__ = ["HFCheckpointError", "load_hf_model"]
 
 
 def _expected_full_shape(kind: str, local: tuple[int, ...], tp: int) -> tuple[int, ...] | None:
+    """Shape every HF tensor of a map must have, from this rank's shard shape."""
     from slime_plugins.models.glm5 import weights as W
 
     if kind == W.TP_ROWS:
@@ -26,6 +27,10 @@ def _expected_full_shape(kind: str, local: tuple[int, ...], tp: int) -> tuple[in
         return (local[0] * tp // 2, *local[1:])
     if kind == W.REPLICATED:
         return local
+    if kind == W.EXPERT_W1:  # per expert gate / up [I, H] from [E_local, H, 2I]
+        return (local[2] // 2, local[1])
+    if kind == W.EXPERT_W2:  # per expert down [H, I] from [E_local, I, H]
+        return (local[2], local[1])
     return None
 
 

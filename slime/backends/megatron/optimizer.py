@@ -15,10 +15,12 @@ from slime.backends.megatron.parallel import apply_megatron_patches
 
 
 def _param_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The model's training dtype: bf16 when any parameter is bf16 (float32 ones, e.g. the MoE router,
+    then get float32 optimizer groups), else float32."""
     dtypes = {p.dtype for p in model.parameters()}
-    if len(dtypes) != 1:
-        raise ValueError(f"model parameters have mixed dtypes {sorted(map(str, dtypes))}; cast the model to one dtype first")
-    return dtypes.pop()
+    if not dtypes <= {torch.float32, torch.bfloat16}:
+        raise ValueError(f"megatron optimizer supports float32/bfloat16 parameters, got {sorted(map(str, dtypes))}")
+    return torch.bfloat16 if torch.bfloat16 in dtypes else torch.float32
 
 
 def build_optimizer(model: torch.nn.Module, lr: float, *, weight_decay: float = 0.0, adam_beta1: float = 0.9,

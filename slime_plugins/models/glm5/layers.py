@@ -17,7 +17,7 @@ class KeepsFloat32:
     float32_names: tuple[str, ...] = ()
 
     def _apply(self, fn, recurse=True):
-        saved = {n: self._tensor(n) for n in self.float32_names}
+        saved = {n: self._tensor(n).data for n in self.float32_names}  # the tensors, not the Parameter objects
         super()._apply(fn, recurse)
         for name, old in saved.items():
             new = self._tensor(name)

@@ -1,0 +1,201 @@
+"""GLM-5 family on megatron-core vs transformers (GlmMoeDsaForCausalLM, Glm4MoeLiteForCausalLM), float32:
+logits and gradients on tiny random checkpoints, several seeds and lengths (longer than index_topk=8 so
+DSA drops tokens), packed sequences, HF round trip, bad checkpoints, optimizer steps.
+
+Tolerances (float32, |logits| ~ 1-10): logits atol 2e-4 + rtol 1e-4; grads atol 1e-4 + rtol 1e-3 of
+each tensor's max |grad| (op order differs: grouped experts, fused norms)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from glm5_helpers import hf_grads_by_checkpoint_name, hf_model, megatron_grads_by_hf_name, random_batch, write_checkpoint
+from safetensors.torch import load_file, save_file
+
+from slime.backends.megatron import HFCheckpointError, export_hf, load_hf_model, save_hf
+
+MODEL_TYPES = ["glm_moe_dsa", "glm4_moe_lite"]
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("glm5")
+    return {t: write_checkpoint(root / t, t, seed=1) for t in MODEL_TYPES}
+
+
+def _assert_close_grads(ours: dict, ref: dict, rtol=1e-3, atol=1e-4):
+    assert ours.keys() >= set(ref) and len(ref) > 20, sorted(set(ref) - ours.keys())[:5]
+    for name, g in ref.items():
+        scale = float(g.abs().max()) or 1.0
+        torch.testing.assert_close(ours[name], g, rtol=0, atol=atol + rtol * scale, msg=name)
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_logits_and_grads_match_transformers(accel, ckpts, model_type):
+    model = load_hf_model(ckpts[model_type])
+    ref = hf_model(ckpts[model_type])
+    for seed, (batch, seq) in enumerate([(2, 5), (1, 19), (2, 13)]):
+        ids, pos = random_batch(batch, seq, 512, seed)
+        weight = torch.randn(batch, seq, 512, generator=torch.Generator().manual_seed(seed))
+        model.zero_grad(set_to_none=True)
+        ref.zero_grad(set_to_none=True)
+        logits = model(ids.to(accel.device()), pos.to(accel.device()))
+        ref_logits = ref(ids, position_ids=pos).logits
+        torch.testing.assert_close(logits.cpu(), ref_logits, rtol=1e-4, atol=2e-4)
+        (logits.cpu() * weight).sum().backward()
+        (ref_logits * weight).sum().backward()
+        _assert_close_grads(megatron_grads_by_hf_name(model), hf_grads_by_checkpoint_name(ref))
+
+
+def test_dsa_drops_tokens_beyond_index_topk(ckpts):
+    """The DSA test sequences are long enough that top-k selection changes the output."""
+    ref = hf_model(ckpts["glm_moe_dsa"]).eval()
+    ids, pos = random_batch(1, 19, 512, 0)
+    sparse = ref(ids, position_ids=pos).logits
+    for m in ref.modules():
+        if hasattr(m, "index_topk"):
+            m.index_topk = 64
+    dense = ref(ids, position_ids=pos).logits
+    assert torch.allclose(sparse[:, :8], dense[:, :8], atol=1e-5)  # first 8 queries see <= 8 keys either way
+    assert (sparse[:, 8:] - dense[:, 8:]).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_packed_sequences_match_separate_sequences(accel, ckpts, model_type):
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    model = load_hf_model(ckpts[model_type])
+    lengths = [11, 1, 6]
+    seqs = [random_batch(1, n, 512, 10 + i)[0][0] for i, n in enumerate(lengths)]
+    cu = torch.tensor([0, 11, 12, 18], dtype=torch.int32, device=accel.device())
+    packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=11, max_seqlen_kv=11)
+    ids = torch.cat(seqs)[None].to(accel.device())
+    pos = torch.cat([torch.arange(n) for n in lengths])[None].to(accel.device())
+    with torch.no_grad():
+        out = model(ids, pos, packed_seq_params=packed)[0].cpu()
+        for s, start in zip(seqs, [0, 11, 12]):
+            alone = model(s[None].to(accel.device()), torch.arange(len(s))[None].to(accel.device()))[0].cpu()
+            torch.testing.assert_close(out[start:start + len(s)], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_export_round_trip_is_exact_and_save_hf_loads_in_transformers(ckpts, tmp_path):
+    src = ckpts["glm_moe_dsa"]
+    model = load_hf_model(src)
+    original = load_file(os.path.join(src, "model.safetensors"))
+    buckets = list(export_hf(model, bucket_bytes=64 << 10))
+    assert len(buckets) > 1 and all(isinstance(n, str) for b in buckets for n, _ in b)
+    exported = {n: t for b in buckets for n, t in b}
+    assert exported.keys() == original.keys()
+    assert all(torch.equal(exported[n].cpu(), original[n]) for n in original)
+    out = tmp_path / "saved"
+    save_hf(model, str(out))
+    assert not os.path.exists(str(out) + ".tmp-save")
+    saved = load_file(out / "model.safetensors")
+    assert all(torch.equal(saved[n], original[n]) for n in original)
+    assert json.load(open(out / "config.json"))["model_type"] == "glm_moe_dsa"
+    ids, pos = random_batch(1, 9, 512, 3)
+    torch.testing.assert_close(hf_model(out)(ids, position_ids=pos).logits, hf_model(src)(ids, position_ids=pos).logits,
+                               rtol=0, atol=0)
+
+
+def test_fused_expert_and_sharded_checkpoints_load(ckpts, tmp_path):
+    """transformers 5.x fused `gate_up_proj [E, 2I, H]` / `down_proj [E, H, I]` tensors, split over two
+    shard files with an index, load to the same model as the per-expert checkpoint."""
+    src = ckpts["glm4_moe_lite"]
+    tensors = load_file(os.path.join(src, "model.safetensors"))
+    fused, n_exp = {}, 8
+    for layer in (1, 2):
+        p = f"model.layers.{layer}.mlp.experts"
+        gate_up = [torch.cat([tensors.pop(f"{p}.{e}.gate_proj.weight"), tensors.pop(f"{p}.{e}.up_proj.weight")]) for e in range(n_exp)]
+        fused[f"{p}.gate_up_proj"] = torch.stack(gate_up)
+        fused[f"{p}.down_proj"] = torch.stack([tensors.pop(f"{p}.{e}.down_proj.weight") for e in range(n_exp)])
+    dst = tmp_path / "fused"
+    os.makedirs(dst)
+    for fn in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        with open(os.path.join(src, fn)) as a, open(dst / fn, "w") as b:
+            b.write(a.read())
+    save_file(tensors, dst / "part-1.safetensors")
+    save_file(fused, dst / "part-2.safetensors")
+    index = {"weight_map": {n: "part-1.safetensors" for n in tensors} | {n: "part-2.safetensors" for n in fused}}
+    json.dump(index, open(dst / "model.safetensors.index.json", "w"))
+    a, b = load_hf_model(src), load_hf_model(str(dst))
+    ids, pos = random_batch(2, 7, 512, 4)
+    torch.testing.assert_close(a(ids, pos), b(ids, pos), rtol=0, atol=0)
+    exported = {n: t for bucket in export_hf(b) for n, t in bucket}  # per-expert names on the way out
+    original = load_file(os.path.join(src, "model.safetensors"))
+    assert exported.keys() == original.keys() and all(torch.equal(exported[n], original[n]) for n in original)
+
+
+def _broken_copy(src, dst, edit_tensors=None, edit_config=None):
+    os.makedirs(dst)
+    tensors = load_file(os.path.join(src, "model.safetensors"))
+    config = json.load(open(os.path.join(src, "config.json")))
+    if edit_tensors:
+        edit_tensors(tensors)
+    if edit_config:
+        edit_config(config)
+    save_file(tensors, os.path.join(dst, "model.safetensors"))
+    json.dump(config, open(os.path.join(dst, "config.json"), "w"))
+    return str(dst)
+
+
+def test_bad_checkpoints_fail_with_one_error_naming_the_problem(ckpts, tmp_path):
+    src = ckpts["glm_moe_dsa"]
+    with pytest.raises(HFCheckpointError, match="does not exist"):
+        load_hf_model(str(tmp_path / "nowhere"))
+    os.makedirs(tmp_path / "empty")
+    json.dump({"model_type": "glm_moe_dsa"}, open(tmp_path / "empty" / "config.json", "w"))
+    with pytest.raises(HFCheckpointError, match="no safetensors weights"):
+        load_hf_model(str(tmp_path / "empty"))
+    bad = _broken_copy(src, tmp_path / "llama", edit_config=lambda c: c.update(model_type="llama"))
+    with pytest.raises(HFCheckpointError, match="model_type 'llama' is not supported.*glm_moe_dsa, glm4_moe_lite"):
+        load_hf_model(bad)
+
+    def rename(t):
+        t["model.layers.1.mlp.gate.weightX"] = t.pop("model.layers.1.mlp.gate.weight")
+        del t["lm_head.weight"]
+
+    bad = _broken_copy(src, tmp_path / "renamed", edit_tensors=rename)
+    with pytest.raises(HFCheckpointError) as err:
+        load_hf_model(bad)
+    msg = str(err.value)
+    assert "missing tensors: lm_head.weight, model.layers.1.mlp.gate.weight" in msg
+    assert "unused tensors" in msg and "model.layers.1.mlp.gate.weightX" in msg and "\n" not in msg
+
+    def reshape(t):
+        t["model.layers.0.self_attn.kv_b_proj.weight"] = t["model.layers.0.self_attn.kv_b_proj.weight"][:, :8].clone()
+        t["model.layers.2.mlp.experts.3.down_proj.weight"] = torch.zeros(64, 31)
+
+    bad = _broken_copy(src, tmp_path / "reshaped", edit_tensors=reshape)
+    with pytest.raises(HFCheckpointError, match="shape mismatches: model.layers.0.self_attn.kv_b_proj.weight "
+                                                r"\(128, 8\) \(model expects \(128, 16\)\).*experts.3.down_proj"):
+        load_hf_model(bad)
+
+
+def test_bf16_keeps_router_float32_and_optimizer_steps_reduce_loss(ckpts):
+    from slime.backends.megatron import build_optimizer
+
+    model = load_hf_model(ckpts["glm4_moe_lite"], dtype=torch.bfloat16)
+    moe = model.decoder.layers[1].mlp
+    assert model.embedding.weight.dtype == torch.bfloat16
+    assert moe.router_weight.dtype == torch.float32 and moe.expert_bias.dtype == torch.float32
+    model.to(torch.bfloat16)  # what a trainer may do after loading: the router stays float32
+    assert moe.router_weight.dtype == torch.float32
+    ddp, opt = build_optimizer(model, lr=3e-3, clip_grad=1.0)
+    ids, pos = random_batch(2, 12, 512, 5)
+    losses = []
+    for _ in range(3):
+        ddp.zero_grad_buffer()
+        opt.zero_grad()
+        logits = ddp(ids, pos).float()
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 512), ids[:, 1:].reshape(-1))
+        loss.backward()
+        ddp.finish_grad_sync()
+        ok, grad_norm, _ = opt.step()
+        assert ok and grad_norm > 0
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 0.1, losses
+    assert moe.router_weight.dtype == torch.float32
