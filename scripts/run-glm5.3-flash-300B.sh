@@ -146,7 +146,7 @@ PLAN_ARGS=(--model "$PLAN_MODEL" --device "$PLAN_DEVICE" --nodes "$NUM_NODES" --
            --rollout-batch-size 64 --n-samples-per-prompt 8 --rollout-max-response-len 8192 --global-batch-size 512
            --rollout-num-gpus-per-engine "$ROLLOUT_GPUS_PER_ENGINE" --rollout-num-gpus "$ROLLOUT_GPUS"
            --sglang-mem-fraction-static "$SGLANG_MEM_FRACTION_STATIC"
-           --update-weight-buffer-size "$UPDATE_WEIGHT_BUFFER_SIZE")
+           --update-weight-buffer-size "$UPDATE_WEIGHT_BUFFER_SIZE" --no-mtp)  # MTP is not trained (no --mtp-num-layers)
 [ -n "$ETP" ] && PLAN_ARGS+=(--etp "$ETP")
 [ "$COLOCATE" = 1 ] || PLAN_ARGS+=(--no-colocate --no-offload)
 
