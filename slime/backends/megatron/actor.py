@@ -68,13 +68,10 @@ class MegatronTrainRayActor:
             addr, port = self.master
             dist.init_process_group(backend=acc.process_group_backend(), init_method=f"tcp://{addr}:{port}",
                                     world_size=self.world_size, rank=self.rank)
-        acc.apply_patches("megatron")
-        if not mpu.model_parallel_is_initialized():
-            mpu.initialize_model_parallel(
-                tensor_model_parallel_size=args.tensor_model_parallel_size,
-                pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-                expert_model_parallel_size=args.expert_model_parallel_size,
-            )
+        from slime.backends.megatron import init_parallel
+
+        init_parallel(args.tensor_model_parallel_size, args.expert_model_parallel_size,
+                      args.pipeline_model_parallel_size, seed=args.seed)  # patches + model-parallel groups
         self.tp_size = mpu.get_tensor_model_parallel_world_size()
         self.tp_rank = mpu.get_tensor_model_parallel_rank()
         self.dp_size = mpu.get_data_parallel_world_size()
@@ -113,7 +110,7 @@ class MegatronTrainRayActor:
     def _logits(self, mb: D.PackedMicroBatch) -> torch.Tensor:
         from slime.backends.megatron import model_setup
 
-        return model_setup.forward_logits(self.model, mb, self.device, self.tp_size)
+        return model_setup.forward_logits(self.model, mb, self.device)
 
     def _pad_multiple(self) -> int:
         return self.tp_size if self.args.sequence_parallel else 1

@@ -14,39 +14,26 @@ from slime.backends.megatron import data as D
 
 
 def load_model(args, hf_dir: str) -> torch.nn.Module:
-    """The GLM-5-family Megatron model for this rank's TP/EP shard, weights from `hf_dir`."""
+    """The GLM-5-family Megatron model for this rank's TP/EP shard, weights from `hf_dir`; returns
+    full-vocab logits on every TP rank."""
     from slime.backends.megatron import load_hf_model
 
-    model = load_hf_model(hf_dir, args.tensor_model_parallel_size, args.expert_model_parallel_size,
-                          args.pipeline_model_parallel_size)
-    if args.bf16:
-        model = model.to(torch.bfloat16)
-    return model
+    overrides = {"sequence_parallel": True} if args.sequence_parallel else {}
+    return load_hf_model(hf_dir, args.tensor_model_parallel_size, args.expert_model_parallel_size,
+                         args.pipeline_model_parallel_size, dtype=torch.bfloat16 if args.bf16 else None,
+                         gather_logits=True, seed=args.seed, **overrides)
 
 
 def wrap_and_build_optimizer(args, model: torch.nn.Module):
-    """Megatron DDP (grads reduced in fp32, no overlap: steps are few and small) + Megatron Adam with
-    gradient clipping at --clip-grad."""
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    """Megatron DDP (grads reduced in fp32) + Megatron Adam with gradient clipping at --clip-grad."""
+    from slime.backends.megatron import build_optimizer
 
-    config = model.config
-    ddp = DistributedDataParallel(
-        config=config,
-        ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                                 use_distributed_optimizer=False),
-        module=model,
-    )
-    opt_config = OptimizerConfig(
-        optimizer="adam", lr=args.lr, min_lr=args.lr, weight_decay=args.weight_decay, adam_beta1=args.adam_beta1,
-        adam_beta2=args.adam_beta2, adam_eps=args.adam_eps, clip_grad=args.clip_grad, bf16=args.bf16, fp16=False,
-        params_dtype=torch.bfloat16 if args.bf16 else torch.float32, use_distributed_optimizer=False,
-    )
-    return ddp, get_megatron_optimizer(opt_config, [ddp])
+    return build_optimizer(model, args.lr, weight_decay=args.weight_decay, adam_beta1=args.adam_beta1,
+                           adam_beta2=args.adam_beta2, adam_eps=args.adam_eps, clip_grad=args.clip_grad)
 
 
-def forward_logits(model: torch.nn.Module, mb: D.PackedMicroBatch, device: torch.device, tp_size: int) -> torch.Tensor:
-    """[T, V] logits of a packed micro-batch (THD: cu_seqlens keep samples apart), full vocab."""
+def forward_logits(model: torch.nn.Module, mb: D.PackedMicroBatch, device: torch.device) -> torch.Tensor:
+    """[T, V] full-vocab logits of a packed micro-batch (THD: cu_seqlens keep samples apart)."""
     from megatron.core.packed_seq_params import PackedSeqParams
 
     cu = mb.cu_seqlens.to(device)
@@ -54,10 +41,6 @@ def forward_logits(model: torch.nn.Module, mb: D.PackedMicroBatch, device: torch
                              max_seqlen_kv=mb.max_seqlen)
     logits = model(input_ids=mb.tokens.to(device), position_ids=mb.position_ids.to(device), attention_mask=None,
                    packed_seq_params=packed)
-    if tp_size > 1:  # the output layer is vocab-parallel; log-softmax needs every vocab shard
-        from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
-
-        logits = gather_from_tensor_model_parallel_region(logits)
     return logits.reshape(-1, logits.shape[-1])
 
 
@@ -103,10 +86,10 @@ def export_hf(model: torch.nn.Module, bucket_bytes: int):
     """Buckets (lists of (HF name, full tensor)) of the current weights; collective over trainer ranks."""
     from slime.backends.megatron import export_hf as _export
 
-    return _export(_unwrap(model), bucket_bytes)
+    return _export(model, bucket_bytes)
 
 
 def save_hf(model: torch.nn.Module, out_dir: str, args) -> None:
     from slime.backends.megatron import save_hf as _save
 
-    _save(_unwrap(model), out_dir)
+    _save(model, out_dir)
