@@ -93,17 +93,44 @@ def test_dry_run_npu_profile_from_detected_accelerator():
 
 def test_dry_run_cuda_and_a3_profiles():
     out, args = _dry_run(SLIME_PROFILE="cuda")
-    assert "colocated on the trainer's devices" in out and "NVIDIA H200" in out
+    assert "colocated on the trainer's devices" in out and "NVIDIA H200" in out and "-> fits" in out
     assert {"--colocate", "--offload-train", "--offload-rollout", "--sequence-parallel", "--use-dynamic-batch-size"} <= set(args)
     assert (_opt(args, "--tensor-model-parallel-size"), _opt(args, "--expert-model-parallel-size"),
             _opt(args, "--max-tokens-per-gpu")) == ("8", "16", "4096")
-    out, args = _dry_run(SLIME_PROFILE="npu", PLAN_DEVICE="a3")
+    # the A3 branch of the npu profile, plus an override from the environment reaching command and plan
+    out, args = _dry_run(SLIME_PROFILE="npu", PLAN_DEVICE="a3", MAX_TOKENS_PER_GPU="65536")
     assert (_opt(args, "--actor-num-nodes"), _opt(args, "--actor-num-gpus-per-node"),
             _opt(args, "--tensor-model-parallel-size"), _opt(args, "--rollout-num-gpus-per-engine")) == ("32", "16", "16", "32")
-    assert "Atlas A3" in out and "-> fits" in out
-    # an override from the environment reaches both the command and the plan
-    out, args = _dry_run(SLIME_PROFILE="cuda", MAX_TOKENS_PER_GPU="65536")
-    assert _opt(args, "--max-tokens-per-gpu") == "65536" and "DOES NOT FIT" in out
+    assert _opt(args, "--max-tokens-per-gpu") == "65536" and "Atlas A3" in out and "DOES NOT FIT" in out
+
+
+def _profile(name: str, **env: str) -> dict[str, str]:
+    """The variables a profile sets (sourced in bash, no python)."""
+    keys = sorted(SCRIPT_VARS - {"HF_CHECKPOINT", "MASTER_ADDR", "PYTHONPATH"})
+    script = f'source scripts/profiles/{name}.sh; ' + "; ".join(f'echo "{k}=${{{k}}}"' for k in keys)
+    out = subprocess.run(["bash", "-c", script], cwd=ROOT, env=_env(**env), capture_output=True, text=True, check=True)
+    return dict(line.split("=", 1) for line in out.stdout.splitlines())
+
+
+@pytest.mark.parametrize("name,plan_device", [("cuda", ""), ("npu", ""), ("npu", "950pr"), ("npu", "a3")])
+def test_every_profile_fits_by_the_planner(name, plan_device):
+    """Each profile's defaults, planned as the run script plans them (no recompute, no MTP), fit."""
+    from slime.plan import Layout, ModelShape, RolloutSettings, TrainSettings, get_device, plan
+
+    v = _profile(name, **({"PLAN_DEVICE": plan_device} if plan_device else {}))
+    world = int(v["NUM_NODES"]) * int(v["GPUS_PER_NODE"])
+    colocate = v["COLOCATE"] == "1"
+    layout = Layout(int(v["NUM_NODES"]), int(v["GPUS_PER_NODE"]), tp=int(v["TP"]), pp=int(v["PP"]), ep=int(v["EP"]),
+                    cp=int(v["CP"]), etp=int(v["ETP"]) if v["ETP"] else None)
+    rs = RolloutSettings(devices_per_engine=int(v["ROLLOUT_GPUS_PER_ENGINE"]), colocate=colocate, offload=colocate,
+                         rollout_devices=world if colocate else int(v["ROLLOUT_NUM_NODES"]) * int(v["GPUS_PER_NODE"]),
+                         mem_fraction_static=float(v["SGLANG_MEM_FRACTION_STATIC"]), global_batch_size=512,
+                         update_weight_buffer_bytes=int(v["UPDATE_WEIGHT_BUFFER_SIZE"]))
+    ts = TrainSettings(max_tokens_per_gpu=int(v["MAX_TOKENS_PER_GPU"]), recompute="none", with_mtp=False)
+    device = get_device(v["PLAN_DEVICE"])
+    p = plan(ModelShape.from_config("glm5.3-flash-300B"), layout, device, ts, rs)
+    assert p.fits, (v, p.phases, p.usable, p.problems)
+    assert colocate == device.ipc  # split placement exactly where the device has no IPC (950DT)
 
 
 def test_dry_run_command_parses_with_train_py_flags():
@@ -330,15 +357,16 @@ def test_npu_patch_checker_catches_mismatches(tmp_path):
 
 
 # --- accelerator CLI used by the scripts --------------------------------------------------------------
-def test_accelerator_cli_name_and_env():
+def test_accelerator_cli_name_and_env(capsys):
     from conftest import use_accelerator
 
-    from slime.accelerator.__main__ import job_env
+    from slime.accelerator.__main__ import job_env, main
 
     with use_accelerator("npu-sim") as acc:
         env = job_env(acc)
+        assert main(["--name", "--env"]) == 0
+        lines = capsys.readouterr().out.splitlines()
     assert acc.visible_devices_env not in env and acc.ray_noset_env not in env  # pinning stays per worker
     assert env["HCCL_CONNECT_TIMEOUT"] == "1800" and env["TASK_QUEUE_ENABLE"] == "2"
-    r = _run([sys.executable, "-m", "slime.accelerator", "--name", "--env"])
-    assert r.returncode == 0 and r.stdout.splitlines()[0] == "cpu"
-    assert all("=" in ln for ln in r.stdout.splitlines()[1:])
+    assert lines[0] == "npu" and "TASK_QUEUE_ENABLE=2" in lines[1:]
+    assert not any(ln.startswith(acc.visible_devices_env + "=") for ln in lines)
