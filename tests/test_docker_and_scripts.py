@@ -137,7 +137,11 @@ def test_dry_run_command_parses_with_train_py_flags():
     """Every flag the script passes is one train.py defines (rollout/SGLang flags once their module exists)."""
     from slime.utils.arguments import build_parser, validate_args
 
-    _, args = _dry_run(SLIME_PROFILE="cuda")
+    for env in ({"SLIME_PROFILE": "cuda"}, NPU_SIM_ENV):  # colocated and split placements
+        _check_train_py_flags(_dry_run(**env)[1], build_parser, validate_args)
+
+
+def _check_train_py_flags(args, build_parser, validate_args):
     parsed, unknown = build_parser().parse_known_args(args)
     try:
         import slime.rollout.arguments  # noqa: F401
