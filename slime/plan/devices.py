@@ -46,10 +46,10 @@ DEVICES: dict[str, DeviceProfile] = {
         DeviceProfile("950dt", "Ascend 950DT", 144, 4.0, 500, 2000, 8,
                       f"{_HC2025}: 144 GB HiZQ 2.0 at 4 TB/s, 1 PFLOPS FP8, 2 TB/s interconnect, Q4 2026; "
                       "Ascend PyTorch IPC notes: no IPC on 950DT",
-                      ipc=False, assumed=("bf16_tflops", "devices_per_node")),
+                      ipc=False, assumed=("bf16_tflops", "link_gb_s", "devices_per_node")),
         DeviceProfile("950pr", "Ascend 950PR", 128, 1.6, 500, 2000, 8,
                       f"{_HC2025}: 128 GB HiBL 1.0 at 1.6 TB/s, 1 PFLOPS FP8, 2 TB/s interconnect, Q1 2026",
-                      assumed=("bf16_tflops", "devices_per_node")),
+                      assumed=("bf16_tflops", "link_gb_s", "devices_per_node")),
         DeviceProfile("a3", "Atlas A3 (Ascend 910C, one die = one device)", 64, 1.6, 390, 200, 16,
                       "910C package ~128 GB, ~3.2 TB/s, ~780 TFLOPS BF16 (public reporting) halved per die; "
                       "MindCluster docs: 16 processors per Atlas 800T A3 server, two per HiAM module",
