@@ -53,10 +53,10 @@ def test_every_patch_targets_installed_megatron_and_is_documented(accel_name):
 
 
 def test_apply_is_once_and_revert_restores_originals():
-    from slime.backends.megatron.parallel import apply_megatron_patches
+    from slime.backends.megatron.parallel import apply_megatron_patches, revert_megatron_patches
 
     acc = get_accelerator()
-    acc.revert_patches("megatron")
+    revert_megatron_patches()
     targets = [(p.name, *_owner_and_attr(t)) for p in patches.patch_set(acc.name, "megatron") for t in p.targets]
     before = {(name, id(owner), attr): _current(owner, attr) for name, owner, attr in targets}
     names = apply_megatron_patches()

@@ -24,7 +24,15 @@ def common_patches() -> list[Patch]:
 
 
 def register_set(accelerator: str, patches: list[Patch]) -> None:
+    """Register `patches`, after importing every target module: a module imported in the middle of
+    applying (e.g. one doing `from .clip_grads import get_grad_norm_fp32`) would otherwise bind an
+    already-patched function and record it as its original, so revert would not restore it."""
+    import importlib
+
     from slime.accelerator.patches import register_patch
 
+    for p in patches:
+        for target in p.targets:
+            importlib.import_module(target.split(":", 1)[0])
     for p in patches:
         register_patch(accelerator, "megatron", p)

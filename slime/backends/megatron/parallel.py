@@ -11,14 +11,20 @@ import torch.distributed as dist
 from slime.accelerator import get_accelerator
 
 
+def revert_megatron_patches(keep: str | None = None) -> None:
+    """Revert the megatron-core patch set of every accelerator (but `keep`) applied in this process."""
+    from slime.accelerator import accelerator_names, patches
+
+    for name in accelerator_names():
+        if name != keep and patches.is_applied(name, "megatron"):
+            patches.revert_patch_set(name, "megatron")
+
+
 def apply_megatron_patches() -> list[str]:
     """Apply the current accelerator's megatron-core patch set (once per process). A set applied for a
     different accelerator earlier in this process (tests switching accelerators) is reverted first."""
-    from slime.accelerator import patches
-
     acc = get_accelerator()
-    for name in {key[0] for key in list(patches._APPLIED) if key[1] == "megatron"} - {acc.name}:
-        patches.revert_patch_set(name, "megatron")
+    revert_megatron_patches(keep=acc.name)
     return acc.apply_patches("megatron")
 
 

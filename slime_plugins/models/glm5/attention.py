@@ -113,6 +113,9 @@ class MLASelfAttention(MegatronModule):
         kv, _ = self.kv_b_proj(self.kv_a_layernorm(latent))
         kv = kv.view(-1, self.heads, glm.qk_nope_head_dim + glm.v_head_dim)
         k_nope, v = kv.split([glm.qk_nope_head_dim, glm.v_head_dim], dim=-1)
+        if self.config.tensor_model_parallel_size > 1:
+            # The shared rope key meets only this rank's heads: its grad is partial, summed over TP.
+            k_rope = tensor_parallel.copy_to_tensor_model_parallel_region(k_rope)
         q_rope = ops.apply_rotary(q_rope, ctx.cos, ctx.sin, interleaved=glm.rope_interleave)
         k_rope = ops.apply_rotary(k_rope[:, None, :], ctx.cos, ctx.sin, interleaved=glm.rope_interleave)
         q = torch.cat([q_nope, q_rope], dim=-1)

@@ -174,6 +174,9 @@ class GlmConfig:
             pipeline_model_parallel_size=pp,
             expert_model_parallel_size=ep,
             expert_tensor_parallel_size=1,
+            num_moe_experts=self.n_routed_experts,  # megatron checks it for expert parallel; our MoE layer reads GlmConfig
+            moe_router_topk=self.num_experts_per_tok,
+            moe_ffn_hidden_size=self.moe_intermediate_size,
             sequence_parallel=tp > 1,
             params_dtype=dtype,
             bf16=dtype == torch.bfloat16,

@@ -1,0 +1,82 @@
+"""Worker of tests/test_glm5_parallel.py (2 processes over gloo). Imported by torch.multiprocessing spawn."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+_ACTIVE = []  # keeps the simulator's context manager alive for the whole worker
+
+
+def _use_accelerator(name: str) -> None:
+    if name == "npu-sim":
+        import npu_sim
+
+        from slime.accelerator import set_accelerator
+
+        _ACTIVE.append(npu_sim.activate())
+        set_accelerator(_ACTIVE[-1].__enter__())
+
+
+def _gather(t, group):
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, t.contiguous(), group=group)
+    return out
+
+
+def run(rank: int, port: int, accel: str, ckpt: str, ref_path: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
+    torch.set_num_threads(1)
+    _use_accelerator(accel)
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import finalize_model_grads
+
+    from glm5_helpers import megatron_grads_by_hf_name
+    from safetensors.torch import load_file
+    from slime.backends.megatron import build_optimizer, export_hf, load_hf_model
+    from slime_plugins.models.glm5 import weights as W
+
+    ref = torch.load(ref_path)
+    ids, pos, weight = ref["ids"], ref["pos"], ref["weight"]
+    original = load_file(os.path.join(ckpt, "model.safetensors"))
+    base = None
+    for tp, ep in [(1, 1), (2, 1), (1, 2)]:
+        model = load_hf_model(ckpt, tp=tp, ep=ep)
+        assert ps.get_tensor_model_parallel_world_size() == tp and ps.get_expert_model_parallel_world_size() == ep
+        ddp, opt = build_optimizer(model, lr=1e-3, clip_grad=0.0)
+        ddp.zero_grad_buffer()
+        logits = ddp(ids, pos)
+        (logits * weight).sum().backward()
+        finalize_model_grads([ddp])
+        if base is None:
+            base = logits.detach()
+        # Logits: TP / EP sharding must not change them (vs tp = ep = 1), and all match transformers.
+        torch.testing.assert_close(logits.detach(), base, rtol=1e-5, atol=1e-5, msg=f"tp={tp} ep={ep} vs tp=1")
+        torch.testing.assert_close(logits.detach(), ref["logits"], rtol=1e-4, atol=2e-4)
+        # Grads after megatron's reduction (sequence-parallel norms/router over TP, experts over EDP).
+        for p in ddp.module.parameters():
+            if p.requires_grad:
+                p.grad = p.main_grad
+        groups = {W.EXPERT_W1: ps.get_expert_model_parallel_group(), W.EXPERT_W2: ps.get_expert_model_parallel_group()}
+        grads = megatron_grads_by_hf_name(
+            ddp.module, gather=lambda g, kind: [g] if kind == W.REPLICATED else _gather(g, groups.get(kind, ps.get_tensor_model_parallel_group())))
+        if os.environ.get("GLM5_DEBUG"):
+            for name, g in ref["grads"].items():
+                d = (grads[name] - g).abs().max().item()
+                if d > 1e-4 + 1e-3 * float(g.abs().max()):
+                    print(rank, tp, ep, name, d, g.abs().max().item(), (grads[name].abs().max()).item(), flush=True)
+        for name, g in ref["grads"].items():
+            tol = 1e-4 + 1e-3 * float(g.abs().max())
+            torch.testing.assert_close(grads[name], g, rtol=0, atol=tol, msg=f"tp={tp} ep={ep} grad {name}")
+        # Export gathers the shards back into the exact checkpoint tensors, on every rank.
+        exported = {n: t for bucket in export_hf(ddp, bucket_bytes=1 << 16) for n, t in bucket}
+        assert exported.keys() == original.keys()
+        bad = [n for n in original if not torch.equal(exported[n].cpu(), original[n])]
+        assert not bad, f"tp={tp} ep={ep}: export differs for {bad[:3]}"
+        ok, grad_norm, _ = opt.step()
+        assert ok and grad_norm > 0
+    dist.barrier()
+    dist.destroy_process_group()
