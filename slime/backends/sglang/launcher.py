@@ -1,0 +1,83 @@
+"""The `python -m sglang.launch_server` command line and environment for an engine on the current
+accelerator. Device flags come from the accelerator (its optional `sglang_server_args()` hook, else
+the table below keyed by device type); visible devices and collective settings from
+`Accelerator.worker_env`. User flags (--sglang-*) come last and win over defaults.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from slime.accelerator import get_accelerator
+
+HOST = "127.0.0.1"
+# What SGLang needs to run on each device type, beyond the common flags.
+DEVICE_FLAGS: dict[str, list[str]] = {
+    "cuda": [],
+    "npu": ["--device", "npu", "--attention-backend", "ascend"],
+    "cpu": ["--device", "cpu"],
+}
+
+
+@dataclass
+class SGLangLaunchSpec:
+    model_path: str
+    port: int
+    tp_size: int = 1
+    device_ids: list[int] = field(default_factory=list)
+    token: str | None = None  # served as --api-key: every endpoint then needs "Authorization: Bearer <token>"
+    extra_args: list[str] = field(default_factory=list)  # from --sglang-* flags
+    memory_saver: bool = False  # release/resume_memory_occupation (colocated training)
+
+
+def sglang_available() -> bool:
+    return importlib.util.find_spec("sglang") is not None
+
+
+def device_flags(acc: Any) -> list[str]:
+    hook = getattr(acc, "sglang_server_args", None)
+    if callable(hook):
+        return list(hook())
+    if acc.device_type not in DEVICE_FLAGS:
+        raise ValueError(f"no SGLang device flags for accelerator {acc.name!r}; give it a sglang_server_args() hook")
+    return list(DEVICE_FLAGS[acc.device_type])
+
+
+def _drop_overridden(defaults: list[str], user: list[str]) -> list[str]:
+    """Remove `--flag value` pairs from defaults when the user passes the same flag."""
+    given = {a.split("=", 1)[0] for a in user if a.startswith("--")}
+    out, i = [], 0
+    while i < len(defaults):
+        flag = defaults[i]
+        has_value = i + 1 < len(defaults) and not defaults[i + 1].startswith("--")
+        if flag not in given:
+            out += defaults[i:i + 1 + has_value]
+        i += 1 + has_value
+    return out
+
+
+def sglang_command(spec: SGLangLaunchSpec, acc: Any = None, python: str = sys.executable) -> list[str]:
+    acc = acc or get_accelerator()
+    if spec.tp_size < 1:
+        raise ValueError(f"tp_size must be >= 1, got {spec.tp_size}")
+    defaults = ["--model-path", spec.model_path, "--host", HOST, "--port", str(spec.port),
+                "--tp-size", str(spec.tp_size)] + device_flags(acc)
+    if spec.token:
+        defaults += ["--api-key", spec.token]
+    if spec.memory_saver:
+        defaults.append("--enable-memory-saver")
+    return [python, "-m", "sglang.launch_server"] + _drop_overridden(defaults, spec.extra_args) + list(spec.extra_args)
+
+
+def sglang_env(spec: SGLangLaunchSpec, acc: Any = None, base: dict[str, str] | None = None) -> dict[str, str]:
+    acc = acc or get_accelerator()
+    env = dict(os.environ if base is None else base)
+    if spec.device_ids:
+        if len(spec.device_ids) != spec.tp_size:
+            raise ValueError(f"engine has tp_size {spec.tp_size} but {len(spec.device_ids)} device ids {spec.device_ids}")
+        env.update({k: str(v) for k, v in acc.worker_env(spec.device_ids).items()})
+    return env

@@ -1,0 +1,334 @@
+"""`RolloutManager`: a Ray actor that owns the rollout engines, routes requests across them, reads
+prompts, runs `generate_rollout` and restarts engines that die.
+
+What the trainer uses: `engines()` ({"url", "tp_size", "token"} per engine, for weight sync),
+`engine_urls()`, `token()`, `generate(rollout_id)` -> {"samples", "metrics"}, `pause()`/`resume()`,
+`flush_cache()`, `offload()`/`onload()` (engine memory), `state()`/`load_state()` (data source, saved
+with checkpoints), `shutdown()`.
+
+Engine death: a request that cannot reach its engine makes the manager look at the engine's
+process; it logs (and keeps in `failures()`) which engine died, its exit code and log tail,
+restarts it (at most `--rollout-engine-max-restarts` times) and the lost requests are re-issued.
+A restarted engine serves the checkpoint's initial weights; if other engines already hold newer
+weights it is kept out of routing until the trainer syncs it (its `weight_version` matches again).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import tempfile
+import threading
+import time
+from typing import Any
+
+from slime.accelerator import get_accelerator
+from slime.rollout.generate import RolloutError, _Counters, generate_rollout
+from slime.rollout.router import Router
+from slime.utils.http_client import EngineClient, EngineError
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_engine_kind(args: Any) -> str:
+    from slime.backends.sglang.launcher import sglang_available
+
+    kind = getattr(args, "rollout_engine", "auto") or "auto"
+    if kind == "auto":
+        return "sglang" if sglang_available() and get_accelerator().device_type != "cpu" else "embedded"
+    if kind == "sglang" and not sglang_available():
+        raise RolloutError("--rollout-engine sglang but sglang is not installed; install it or use --rollout-engine embedded")
+    return kind
+
+
+class RolloutManager:
+    def __init__(self, args: Any, slots: Any = None) -> None:
+        from transformers import AutoTokenizer
+
+        from slime.rollout.rewards import get_reward_fn
+
+        self.args = args
+        if not getattr(args, "hf_checkpoint", None):
+            raise RolloutError("--hf-checkpoint is required: the engines load it and its tokenizer encodes prompts")
+        self._token = secrets.token_hex(16)
+        self.tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
+        self.reward_fn = get_reward_fn(args) if (args.rm_type or args.custom_rm_path) else None
+        self.data_source = self._make_data_source()
+        self.kind = resolve_engine_kind(args)
+        self.tp = int(getattr(args, "rollout_num_gpus_per_engine", 1) or 1)
+        total = int(getattr(args, "rollout_num_gpus", None) or self.tp)
+        if total % self.tp:
+            raise RolloutError(f"--rollout-num-gpus {total} is not a multiple of --rollout-num-gpus-per-engine {self.tp}")
+        self.n = total // self.tp
+        self.log_dir = os.path.join(getattr(args, "output_dir", None) or tempfile.mkdtemp(prefix="slime-"), "engine_logs")
+        self._pg = None
+        self.actors = [self._create_actor(i, slots) for i in range(self.n)]
+        self.urls = self._ray().get([a.start.remote() for a in self.actors])
+        self.clients = [EngineClient(u, self._token) for u in self.urls]
+        self.router = Router(self.n)
+        self._generation = [0] * self.n
+        self._restarts = [0] * self.n
+        self._versions: list[str | None] = [None] * self.n
+        self._stale: set[int] = set()
+        self._engine_locks = [threading.Lock() for _ in range(self.n)]
+        self._failures: list[dict[str, Any]] = []
+        self._unpaused = threading.Event()
+        self._unpaused.set()
+        self._progress: _Counters | None = None
+        self._rollout_id: int | None = None
+        logger.info("%d %s rollout engine(s) up: %s (logs in %s)", self.n, self.kind, self.urls, self.log_dir)
+
+    # ------------------------------------------------------------------ set-up
+    @staticmethod
+    def _ray():
+        import ray
+
+        return ray
+
+    def _make_data_source(self):
+        from slime.rollout.data_source import JsonlDataSource
+
+        a = self.args
+        if not a.prompt_data:
+            return None
+        return JsonlDataSource(a.prompt_data, self.tokenizer, a.input_key, a.label_key, getattr(a, "metadata_key", None),
+                               a.apply_chat_template, a.rollout_shuffle, a.rollout_seed, a.rollout_max_prompt_len)
+
+    def _create_actor(self, i: int, slots: Any):
+        from slime.ray.engine_actor import EngineSpec, RolloutEngineActor
+        from slime.rollout.arguments import sglang_passthrough
+
+        ray, a, acc = self._ray(), self.args, get_accelerator()
+        device_ids: list[int] = []
+        if slots is not None:
+            first = i * self.tp
+            options = slots.actor_options(first)
+            device_ids = list(slots.device_ids[first:first + self.tp]) if acc.ray_resource else []
+        else:
+            options = self._own_placement(i)
+        spec = EngineSpec(
+            index=i, kind=self.kind, model_path=a.hf_checkpoint, token=self._token, log_dir=self.log_dir,
+            tp_size=self.tp, device_ids=device_ids, startup_timeout=float(a.rollout_engine_startup_timeout),
+            max_running_requests=a.sglang_max_running_requests, context_length=a.sglang_context_length,
+            dtype=a.sglang_dtype, random_seed=(a.rollout_seed + i) if self.kind == "embedded" else None,
+            sglang_args=sglang_passthrough(a),
+            memory_saver=bool(getattr(a, "offload_rollout", False) or getattr(a, "colocate", False)))
+        return ray.remote(RolloutEngineActor).options(**options).remote(spec)
+
+    def _own_placement(self, i: int) -> dict[str, Any]:
+        """Without the trainer's slots: one placement group, a bundle per engine (CPU bundles on CPU)."""
+        ray = self._ray()
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        resource = get_accelerator().ray_resource
+        if self._pg is None:
+            bundle = {"CPU": 1} if resource is None else {resource: self.tp, "CPU": 1}
+            self._pg = placement_group([dict(bundle) for _ in range(self.n)], strategy="PACK")
+            ready, _ = ray.wait([self._pg.ready()], timeout=120)
+            if not ready:
+                raise RolloutError(f"cannot place {self.n} rollout engines with {bundle} each (cluster: "
+                                   f"{ray.cluster_resources()}); lower --rollout-num-gpus")
+        opts: dict[str, Any] = {"num_cpus": 1, "scheduling_strategy": PlacementGroupSchedulingStrategy(
+            placement_group=self._pg, placement_group_bundle_index=i)}
+        if resource == "GPU":
+            opts["num_gpus"] = self.tp
+        elif resource is not None:
+            opts["resources"] = {resource: self.tp}
+        return opts
+
+    # ------------------------------------------------------------------ trainer API
+    def ready(self) -> bool:
+        return True
+
+    def token(self) -> str:
+        return self._token
+
+    def engine_urls(self) -> list[str]:
+        return list(self.urls)
+
+    def engines(self) -> list[dict[str, Any]]:
+        return [{"url": u, "tp_size": self.tp, "token": self._token} for u in self.urls]
+
+    def generate(self, rollout_id: int) -> dict[str, Any]:
+        samples, metrics = self._generate(rollout_id)
+        return {"samples": samples, "metrics": metrics, "rollout_id": rollout_id}
+
+    def generate_rollout(self, rollout_id: int) -> list:
+        return self._generate(rollout_id)[0]
+
+    def _generate(self, rollout_id: int):
+        if self.data_source is None:
+            raise RolloutError("no prompts: pass --prompt-data")
+        self._refresh_versions()
+        self._rollout_id = rollout_id
+        self._progress = _Counters()
+        restarts_before = sum(self._restarts)
+        samples, metrics = generate_rollout(self.args, self, self.data_source, self.tokenizer, self.reward_fn,
+                                            self._progress)
+        metrics["rollout/engine_restarts"] = float(sum(self._restarts) - restarts_before)
+        if self.reward_fn is not None:
+            rewards = [s.reward for s in samples]
+            metrics["rollout/raw_reward_mean"] = sum(rewards) / len(rewards)
+        return samples, metrics
+
+    def progress(self) -> dict[str, Any]:
+        p = self._progress
+        return {"rollout_id": self._rollout_id, "done": p.done if p else 0, "reissued": p.reissued if p else 0}
+
+    def pause(self, mode: str = "abort") -> None:
+        """Stop sending; engines abort (re-issued after resume) or freeze their requests."""
+        self._unpaused.clear()
+        for c in self.clients:
+            c.pause_generation(mode)
+
+    def resume(self) -> None:
+        for c in self.clients:
+            c.continue_generation()
+        self._unpaused.set()
+
+    def flush_cache(self) -> None:
+        for c in self.clients:
+            c.flush_cache()
+
+    def offload(self) -> None:
+        for c in self.clients:
+            c.release_memory_occupation()
+
+    def onload(self) -> None:
+        for c in self.clients:
+            c.resume_memory_occupation()
+
+    def state(self) -> dict[str, Any] | None:
+        return None if self.data_source is None else self.data_source.state_dict()
+
+    def load_state(self, state: dict[str, Any] | None) -> None:
+        if state is not None and self.data_source is not None:
+            self.data_source.load_state_dict(state)
+
+    get_data_source_state = state
+    load_data_source_state = load_state
+
+    def failures(self) -> list[dict[str, Any]]:
+        return list(self._failures)
+
+    def engine_actors(self) -> list:
+        return list(self.actors)
+
+    def shutdown(self) -> None:
+        ray = self._ray()
+        try:
+            ray.get([a.stop.remote() for a in self.actors], timeout=60)
+        finally:
+            for a in self.actors:
+                ray.kill(a)
+            if self._pg is not None:
+                from ray.util.placement_group import remove_placement_group
+
+                remove_placement_group(self._pg)
+                self._pg = None
+
+    # ------------------------------------------------------------------ fleet (used by generate_rollout)
+    def acquire(self) -> int:
+        return self.router.acquire(timeout=float(self.args.rollout_engine_startup_timeout))
+
+    def release(self, idx: int, served: bool) -> None:
+        self.router.release(idx, served)
+
+    def client(self, idx: int) -> EngineClient:
+        return self.clients[idx]
+
+    def generation(self, idx: int) -> int:
+        return self._generation[idx]
+
+    def wait_unpaused(self) -> None:
+        self._unpaused.wait()
+
+    def note_version(self, idx: int, version: str | None) -> None:
+        if version is not None:
+            self._versions[idx] = version
+
+    def report_failure(self, idx: int, generation: int, error: BaseException) -> None:
+        """A request could not reach engine `idx`. Restart it once per failure (other threads that saw the
+        same failure wait here, then retry); raise RolloutError when restarts are used up and no engine is left."""
+        ray = self._ray()
+        with self._engine_locks[idx]:
+            if self._generation[idx] != generation:
+                return  # already handled by another request's report
+            self.router.set_usable(idx, False)
+            actor = self.actors[idx]
+            status = ray.get(actor.status.remote())
+            if status["running"] and self.clients[idx].health(timeout=10):
+                self.router.set_usable(idx, True)  # a transient connection error; the engine is fine
+                return
+            if status["running"]:
+                ray.get(actor.stop.remote())  # alive but not answering: treat as dead
+            report = ray.get(actor.describe_exit.remote())
+            record = {"engine": idx, "url": self.urls[idx], "exit_code": ray.get(actor.status.remote())["exit_code"],
+                      "rollout_id": self._rollout_id, "error": str(error), "report": report, "time": time.time()}
+            self._failures.append(record)
+            logger.error("rollout engine %d failed during rollout %s: %s", idx, self._rollout_id, report)
+            if self._restarts[idx] >= int(self.args.rollout_engine_max_restarts):
+                self._generation[idx] += 1
+                if not self.router.any_usable():
+                    raise RolloutError(f"rollout engine {idx} died and its {self._restarts[idx]} restarts are used up; "
+                                       f"no engine left. {report}")
+                logger.error("rollout engine %d stays down (restarts used up); continuing on the others", idx)
+                return
+            self._restarts[idx] += 1
+            try:
+                url = ray.get(actor.restart.remote())
+            except Exception as e:
+                self._generation[idx] += 1
+                if not self.router.any_usable():
+                    raise RolloutError(f"rollout engine {idx} could not be restarted: {e}") from e
+                logger.error("rollout engine %d could not be restarted: %s", idx, e)
+                return
+            self.urls[idx] = url
+            self.clients[idx] = EngineClient(url, self._token)
+            self._generation[idx] += 1
+            self._admit_restarted(idx)
+
+    def _admit_restarted(self, idx: int) -> None:
+        before = self._versions[idx]
+        now = self._health_version(idx)
+        if before is not None and now != before:
+            # Initial weights again while the run is at `before`: off-policy until the trainer syncs it.
+            self._stale.add(idx)
+            logger.error("rollout engine %d restarted with weight version %s (run is at %s): kept out of routing "
+                         "until its weights are synced", idx, now, before)
+            if not self.router.any_usable():
+                raise RolloutError(f"rollout engine {idx} restarted with its initial weights (version {now}) while "
+                                   f"the run is at version {before}, and no other engine is up; sync weights and retry")
+            return
+        self._versions[idx] = now
+        self.router.set_usable(idx, True)
+
+    def _health_version(self, idx: int) -> str | None:
+        try:
+            reply = self.clients[idx].get("/health", timeout=10)
+        except EngineError:
+            return None
+        return reply.get("weight_version") if isinstance(reply, dict) else None
+
+    def _refresh_versions(self) -> None:
+        """Before a rollout: re-admit restarted engines whose weights the trainer has synced since."""
+        if not self._stale:
+            return
+        current = {self._health_version(i) for i in range(self.n) if i not in self._stale}
+        for idx in sorted(self._stale):
+            v = self._health_version(idx)
+            if v is not None and (v in current or not current):
+                self._stale.discard(idx)
+                self._versions[idx] = v
+                self.router.set_usable(idx, True)
+
+
+def create_rollout_manager(args: Any, slots: Any = None):
+    """Start the RolloutManager actor (and its engines); returns the actor handle once everything is up."""
+    import ray
+
+    manager = ray.remote(RolloutManager).options(num_cpus=0, max_concurrency=16).remote(args, slots)
+    ray.get(manager.ready.remote())
+    return manager

@@ -1,0 +1,95 @@
+"""A verifiable task a tiny random-init model learns by RL in minutes: copy (or reverse) a short
+string over a 5-letter alphabet.
+
+    python -m slime.rollout.synthetic --out data.jsonl            # {"prompt": "copy : c a d =", "label": "c a d"}
+    train.py ... --prompt-data data.jsonl --apply-chat-template --rm-type synthetic --rollout-max-response-len 8
+
+Why the reward is shaped: the tiny model (vocab 512) starts with almost uniform next-token
+probabilities, so a given letter appears with probability ~1/512 and an exact copy of 3-5
+letters essentially never. A 0/1 reward would be zero for every sample of every GRPO group, and
+zero within-group variance means zero advantage: nothing to learn from. The reward therefore gives
+credit at three levels, each reachable from the previous one:
+
+  1. alphabet (weight 0.2): fraction of the first L response symbols that are alphabet letters.
+     At init ~1% of tokens are (5/512), so among n_samples x L tokens of a group some hit: the
+     groups get variance and the policy learns to emit letters at all (a unigram shift of the
+     output layer, the fastest thing to learn).
+  2. position (weight 0.7): fraction of positions i < L where the symbol equals the target's.
+     Once letters dominate, chance alone gives ~1/5 per position, so this term varies within
+     every group and drives learning to attend to the prompt (copy) or to its end (reverse).
+  3. stop (weight 0.1): 1 when the response is exactly L symbols (EOS right after them).
+
+The maximum, 1.0, is an exact answer followed by EOS; a random model scores ~0.002. Keep
+responses short (--rollout-max-response-len 8): more tokens add noise, not signal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from typing import Any
+
+ALPHABET = ("a", "b", "c", "d", "e")
+TASKS = ("copy", "reverse")
+W_ALPHABET, W_POSITION, W_STOP = 0.2, 0.7, 0.1
+
+
+def make_example(rng: random.Random, task: str, min_len: int = 3, max_len: int = 5) -> dict[str, Any]:
+    if task not in TASKS:
+        raise ValueError(f"unknown synthetic task {task!r}; choose one of {TASKS}")
+    symbols = [rng.choice(ALPHABET) for _ in range(rng.randint(min_len, max_len))]
+    target = symbols if task == "copy" else symbols[::-1]
+    return {"prompt": f"{task} : {' '.join(symbols)} =", "label": " ".join(target), "metadata": {"task": task}}
+
+
+def make_dataset(n: int, seed: int = 0, tasks: tuple[str, ...] = ("copy",), min_len: int = 3,
+                 max_len: int = 5) -> list[dict[str, Any]]:
+    if not 1 <= min_len <= max_len:
+        raise ValueError(f"need 1 <= min_len <= max_len, got {min_len}, {max_len}")
+    rng = random.Random(seed)
+    return [make_example(rng, tasks[i % len(tasks)], min_len, max_len) for i in range(n)]
+
+
+def score(response: str, label: str) -> float:
+    """Shaped reward in [0, 1] of a decoded response against the label (see module doc)."""
+    target = str(label).split()
+    if not target:
+        return 0.0
+    got = response.split()
+    n = len(target)
+    head = got[:n] + [None] * (n - len(got[:n]))
+    alphabet = sum(s in ALPHABET for s in head) / n
+    position = sum(a == b for a, b in zip(head, target)) / n
+    stop = 1.0 if len(got) == n else 0.0
+    return W_ALPHABET * alphabet + W_POSITION * position + W_STOP * stop
+
+
+def synthetic_reward(args: Any, sample: Any) -> float:
+    """`--rm-type synthetic`. A response that hit the length limit did not stop, so it gets no stop credit."""
+    from slime.rollout.sample import SampleStatus
+
+    r = score(sample.response, sample.label)
+    if sample.status == SampleStatus.TRUNCATED and len(sample.response.split()) == len(str(sample.label).split()):
+        r -= W_STOP
+    return r
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m slime.rollout.synthetic", description="Write the synthetic task JSONL.")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--num", type=int, default=4096)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tasks", default="copy", help="comma-separated: copy,reverse")
+    ap.add_argument("--min-len", type=int, default=3)
+    ap.add_argument("--max-len", type=int, default=5)
+    a = ap.parse_args(argv)
+    rows = make_dataset(a.num, a.seed, tuple(t.strip() for t in a.tasks.split(",") if t.strip()), a.min_len, a.max_len)
+    with open(a.out, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    print(f"wrote {len(rows)} examples to {a.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,288 @@
+"""Rollout pieces without Ray: synthetic task, rewards, data source, router, generate_rollout with failures."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from slime.rollout.arguments import rollout_defaults, sglang_passthrough
+from slime.rollout.data_source import DataSourceError, JsonlDataSource
+from slime.rollout.generate import RolloutError, generate_rollout, sample_seed, sampling_params
+from slime.rollout.rewards import RewardError, get_reward_fn, load_custom, math_answers_match
+from slime.rollout.router import NoEngineAvailable, Router
+from slime.rollout.sample import Sample, SampleStatus
+from slime.rollout.synthetic import ALPHABET, W_ALPHABET, W_POSITION, W_STOP, make_dataset, score, synthetic_reward
+from slime.utils.http_client import EngineUnreachable
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from slime.utils.tiny_tokenizer import build_tokenizer
+
+    return build_tokenizer(512)
+
+
+# ------------------------------------------------------------------ synthetic task
+def test_synthetic_dataset_cli_and_labels(tmp_path, tokenizer):
+    from slime.rollout.synthetic import main
+
+    out = tmp_path / "d.jsonl"
+    main(["--out", str(out), "--num", "50", "--seed", "3", "--tasks", "copy,reverse", "--min-len", "2", "--max-len", "4"])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 50 and rows == make_dataset(50, 3, ("copy", "reverse"), 2, 4)
+    for r in rows:
+        task, _, rest = r["prompt"].partition(" : ")
+        symbols = rest.removesuffix(" =").split()
+        assert 2 <= len(symbols) <= 4 and set(symbols) <= set(ALPHABET)
+        assert r["label"].split() == (symbols if task == "copy" else symbols[::-1])
+        # one token per symbol: the reward can be checked exactly
+        ids = tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]
+        assert len(ids) == len(symbols) + 3 and tokenizer.unk_token_id not in ids
+
+
+@pytest.mark.parametrize("response, label, expected", [
+    ("c a d", "c a d", 1.0),
+    ("c a d e", "c a d", W_ALPHABET + W_POSITION),  # right symbols, did not stop
+    ("d a c", "c a d", W_ALPHABET + W_POSITION / 3 + W_STOP),
+    ("e e e", "c a d", W_ALPHABET + W_STOP),
+    ("<extra_5> a <extra_9> b", "c a d", W_ALPHABET / 3 + W_POSITION / 3),
+    ("", "c a d", 0.0),
+    ("<extra_1> <extra_2> <extra_3> <extra_4>", "c a d", 0.0),
+])
+def test_synthetic_score_partial_credit(response, label, expected):
+    assert score(response, label) == pytest.approx(expected, abs=1e-12)
+
+
+def test_synthetic_reward_has_variance_at_random_init():
+    """The shaped reward is what lets GRPO start: random 512-way tokens must hit the alphabet sometimes."""
+    import random
+
+    rng = random.Random(0)
+    vocab = list(ALPHABET) + [f"<extra_{i}>" for i in range(512 - len(ALPHABET))]
+    rewards = [score(" ".join(rng.choice(vocab) for _ in range(8)), "c a d b") for _ in range(4000)]
+    nonzero = sum(r > 0 for r in rewards) / len(rewards)
+    assert 0.02 < nonzero < 0.1  # ~4 positions x 5/512: some groups of 8 get signal
+    s = Sample(0, 0, "p", label="c a d", response="c a d", status=SampleStatus.TRUNCATED)
+    assert synthetic_reward(None, s) == pytest.approx(1.0 - W_STOP)
+
+
+# ------------------------------------------------------------------ rewards hub
+@pytest.mark.parametrize("response, label, ok", [
+    ("so the answer is \\boxed{42}.", "42", True),
+    ("\\boxed{\\frac{1}{2}}", "0.5", True),
+    ("\\boxed{\\dfrac{3}{4}}", "3/4", True),
+    ("The answer is: 1,234.", "1234", True),
+    ("we get 3 then 7", "7", True),
+    ("we get 3 then 7", "3", False),
+    ("\\boxed{x+1}", "x + 1", True),
+    ("$\\boxed{-5}$", "-5", True),
+    ("no number here", "5", False),
+    ("\\boxed{12}", "13", False),
+])
+def test_math_exact_match(response, label, ok):
+    assert math_answers_match(response, label) is ok
+
+
+def test_reward_selection_and_custom_path():
+    args = rollout_defaults(rm_type="math")
+    s = Sample(0, 0, "p", label="4", response="2+2 = \\boxed{4}")
+    assert get_reward_fn(args)(args, s) == 1.0
+    args = rollout_defaults(rm_type="math", custom_rm_path="slime.rollout.synthetic:synthetic_reward")
+    assert get_reward_fn(args).__name__ == "synthetic_reward"
+    assert load_custom("slime.rollout.rewards.math_reward").__name__ == "math_reward"
+    for bad, needle in (("nodots", "package.module.function"), ("no_such_mod.fn", "cannot import"),
+                        ("slime.rollout.rewards.nope", "no function")):
+        with pytest.raises(RewardError, match=needle):
+            load_custom(bad)
+    with pytest.raises(RewardError, match="choose one of"):
+        get_reward_fn(rollout_defaults(rm_type="bleu"))
+
+
+# ------------------------------------------------------------------ data source
+def _write_jsonl(path, rows):
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return str(path)
+
+
+def test_data_source_keys_chat_template_and_filter(tmp_path, tokenizer):
+    rows = [{"q": f"copy : a {'b ' * i}=", "ans": f"a{i}", "metadata": {"i": i}} for i in range(6)]
+    path = _write_jsonl(tmp_path / "p.jsonl", rows)
+    ds = JsonlDataSource(path, tokenizer, input_key="q", label_key="ans", apply_chat_template=True, max_prompt_len=9)
+    assert len(ds) == 4 and ds.dropped == 2  # chat template adds <|user|> and <|assistant|>
+    item = ds.next_batch(1)[0]
+    assert item.prompt == rows[0]["q"] and item.label == "a0" and item.metadata == {"i": 0}
+    assert tokenizer.decode(item.prompt_ids) == "<|user|> copy : a = <|assistant|>"
+    plain = JsonlDataSource(path, tokenizer, input_key="q", label_key="ans")
+    assert tokenizer.decode(plain.next_batch(1)[0].prompt_ids) == "copy : a ="
+
+
+def test_data_source_epochs_shuffle_and_resume(tmp_path, tokenizer):
+    path = _write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"copy : {c} =", "label": c} for c in "abcde"])
+    ds = JsonlDataSource(path, tokenizer, shuffle=True, seed=7)
+    first = [i.label for i in ds.next_batch(5)]
+    second = [i.label for i in ds.next_batch(5)]
+    assert sorted(first) == sorted(second) == list("abcde") and first != second  # each epoch reshuffled
+    assert ds.epoch == 1 and [i.group_index for i in ds.next_batch(2)] == [10, 11]
+    state = ds.state_dict()
+    expected = [i.label for i in ds.next_batch(6)]
+    resumed = JsonlDataSource(path, tokenizer, shuffle=True, seed=7)
+    resumed.load_state_dict(json.loads(json.dumps(state)))  # survives a JSON round trip (checkpoint)
+    assert [i.label for i in resumed.next_batch(6)] == expected
+    assert JsonlDataSource(path, tokenizer, shuffle=True, seed=7).next_batch(5)[0].label == first[0]  # seeded
+    with pytest.raises(DataSourceError, match="another --rollout-seed"):
+        JsonlDataSource(path, tokenizer, shuffle=True, seed=8).load_state_dict(state)
+    small = _write_jsonl(tmp_path / "s.jsonl", [{"prompt": "copy : a =", "label": "a"}])
+    with pytest.raises(DataSourceError, match="same --prompt-data"):
+        JsonlDataSource(small, tokenizer, shuffle=True, seed=7).load_state_dict(state)
+
+
+def test_data_source_bad_input_errors(tmp_path, tokenizer):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "copy : a ="}\n{not json}\n')
+    with pytest.raises(DataSourceError, match=r"bad.jsonl:2 is not valid JSON"):
+        JsonlDataSource(str(bad), tokenizer)
+    with pytest.raises(DataSourceError, match="no key 'question'"):
+        JsonlDataSource(_write_jsonl(tmp_path / "k.jsonl", [{"prompt": "x"}]), tokenizer, input_key="question")
+    with pytest.raises(DataSourceError, match="cannot be read"):
+        JsonlDataSource(str(tmp_path / "missing.jsonl"), tokenizer)
+    chat = _write_jsonl(tmp_path / "c.jsonl", [{"prompt": [{"role": "user", "content": "copy : a ="}]}])
+    with pytest.raises(DataSourceError, match="--apply-chat-template"):
+        JsonlDataSource(chat, tokenizer)
+    assert JsonlDataSource(chat, tokenizer, apply_chat_template=True).next_batch(1)[0].prompt_ids
+
+
+# ------------------------------------------------------------------ router
+def test_router_least_outstanding_and_outages():
+    r = Router(3)
+    assert [r.acquire() for _ in range(4)] == [0, 1, 2, 0]
+    r.release(1)
+    assert r.acquire() == 1
+    r.set_usable(0, False)
+    r.set_usable(1, False)
+    assert r.acquire() == 2 and r.outstanding == [2, 1, 2]
+    r.set_usable(2, False)
+    with pytest.raises(NoEngineAvailable):
+        r.acquire(timeout=0.05)
+    threading.Timer(0.05, r.set_usable, args=(1, True)).start()
+    assert r.acquire(timeout=5) == 1  # waits for an engine to come back
+
+
+def test_sampling_params_follow_flags():
+    args = rollout_defaults(rollout_max_response_len=7, rollout_temperature=0.8, rollout_top_p=0.9, rollout_top_k=20,
+                            rollout_stop_token_ids=[2, 5], rollout_seed=3)
+    p = sampling_params(args, sample_seed(args, 11))
+    assert (p["max_new_tokens"], p["temperature"], p["top_p"], p["top_k"], p["stop_token_ids"]) == (7, 0.8, 0.9, 20, [2, 5])
+    assert p["sampling_seed"] == sample_seed(args, 11) != sample_seed(args, 12)
+    args = rollout_defaults(sglang_mem_fraction_static=0.7, sglang_disable_cuda_graph=True,
+                            sglang_server_args="--foo 1 --bar")
+    assert sglang_passthrough(args) == ["--mem-fraction-static", "0.7", "--disable-cuda-graph", "--foo", "1", "--bar"]
+
+
+# ------------------------------------------------------------------ generate_rollout with in-process engines
+class _Fleet:
+    """Two in-process embedded engines; engine 1 'dies' (connection refused) on its first `fail` requests."""
+
+    def __init__(self, clients, fail: int = 0, restarts_allowed: int = 5):
+        self.clients, self.router = clients, Router(len(clients))
+        self.gen = [0] * len(clients)
+        self.fail, self.failures, self.restarts_allowed = fail, [], restarts_allowed
+        self.lock = threading.Lock()
+        self.sent: list[int] = []
+
+    def acquire(self):
+        return self.router.acquire(timeout=10)
+
+    def release(self, idx, served):
+        self.router.release(idx, served)
+
+    def client(self, idx):
+        fleet = self
+
+        class Flaky:
+            def generate(self, ids, params, return_logprob):
+                with fleet.lock:
+                    fleet.sent.append(params["sampling_seed"])
+                    if idx == 1 and fleet.fail > 0:
+                        fleet.fail -= 1
+                        raise EngineUnreachable("http://x", "/generate", ConnectionRefusedError("refused"))
+                return fleet.clients[idx].generate(ids, params, return_logprob)
+
+        return Flaky()
+
+    def generation(self, idx):
+        return self.gen[idx]
+
+    def report_failure(self, idx, generation, error):
+        with self.lock:
+            if self.gen[idx] != generation:
+                return
+            self.failures.append(idx)
+            if len(self.failures) > self.restarts_allowed:
+                raise RolloutError(f"engine {idx} restarts used up")
+            self.gen[idx] += 1
+
+    def wait_unpaused(self):
+        pass
+
+    def note_version(self, idx, version):
+        pass
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    from slime.backends.embedded import EmbeddedEngine, EngineConfig, EngineHTTPServer
+    from slime.utils.http_client import EngineClient
+    from slime_plugins.models.glm5.tiny import write_tiny_checkpoint
+
+    path = write_tiny_checkpoint(str(tmp_path_factory.mktemp("ck") / "m"), "glm4_moe_lite")
+    engine = EmbeddedEngine(EngineConfig(model_path=path))
+    servers = [EngineHTTPServer(engine, "t", 0), EngineHTTPServer(engine, "t", 0)]  # one model, two endpoints
+    for s in servers:
+        s.start_in_thread()
+    yield path, [EngineClient(s.url, "t") for s in servers]
+    for s in servers:
+        s.shutdown()
+        s.server_close()
+    engine.shutdown()
+
+
+def _rollout_args(tmp_path, **kw):
+    from slime.rollout.synthetic import main
+
+    data = tmp_path / "data.jsonl"
+    main(["--out", str(data), "--num", "12"])
+    return rollout_defaults(prompt_data=str(data), apply_chat_template=True, rollout_batch_size=5,
+                            n_samples_per_prompt=3, rollout_max_response_len=6, rm_type="synthetic", max_concurrency=4, **kw)
+
+
+def test_generate_rollout_every_sample_once_despite_failures(engines, tmp_path, tokenizer):
+    path, clients = engines
+    args = _rollout_args(tmp_path)
+    ds = JsonlDataSource(args.prompt_data, tokenizer, apply_chat_template=True)
+    fleet = _Fleet(clients, fail=3)
+    samples, metrics = generate_rollout(args, fleet, ds, tokenizer, get_reward_fn(args))
+    assert [s.index for s in samples] == list(range(15))
+    assert [s.group_index for s in samples] == [g for g in range(5) for _ in range(3)]
+    assert len(fleet.failures) >= 1 and metrics["rollout/reissued_requests"] == 3
+    assert len(fleet.sent) == 15 + 3  # each lost request re-sent once, nothing else
+    for s in samples:
+        assert s.status in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED) and s.reward is not None
+        assert s.tokens[: s.prompt_length] == ds.items[s.group_index][1]
+        assert s.response_length == len(s.tokens) - s.prompt_length == len(s.loss_mask) == len(s.rollout_log_probs)
+        assert 1 <= s.response_length <= 6 and s.reward == pytest.approx(score(s.response, s.label))
+    # The next rollout continues the data and the sample numbering.
+    more, _ = generate_rollout(args, _Fleet(clients), ds, tokenizer, get_reward_fn(args))
+    assert [s.index for s in more] == list(range(15, 30)) and more[0].group_index == 5
+
+
+def test_generate_rollout_gives_up_loudly(engines, tmp_path, tokenizer):
+    _, clients = engines
+    args = _rollout_args(tmp_path)
+    ds = JsonlDataSource(args.prompt_data, tokenizer, apply_chat_template=True)
+    with pytest.raises(RolloutError, match="restarts used up"):
+        generate_rollout(args, _Fleet(clients, fail=100, restarts_allowed=2), ds, tokenizer, get_reward_fn(args))
+    bad = _rollout_args(tmp_path, rollout_top_p=0.0)
+    with pytest.raises(RolloutError, match="rejected sample .*top_p"):
+        generate_rollout(bad, _Fleet(clients), ds, tokenizer, None)
