@@ -199,3 +199,21 @@ def test_bf16_keeps_router_float32_and_optimizer_steps_reduce_loss(ckpts):
         losses.append(loss.item())
     assert losses[-1] < losses[0] - 0.1, losses
     assert moe.router_weight.dtype == torch.float32
+
+
+@pytest.mark.parametrize("script,config", [("glm5", "glm5-744B"), ("glm4.7-flash", "glm4.7-flash-30B"),
+                                           ("glm5-tiny", "tiny")])
+def test_model_scripts_match_their_configs(script, config, ckpts):
+    """scripts/models/*.sh MODEL_ARGS agree with the configs they describe (the tiny one with the writer's)."""
+    import shlex
+    import subprocess
+
+    from slime.plan.model import load_config
+    from slime.plan.model_args import mismatches
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run(["bash", "-c", f'source {shlex.quote(root)}/scripts/models/{script}.sh; printf "%s\\n" "${{MODEL_ARGS[@]}}"'],
+                         check=True, capture_output=True, text=True).stdout
+    argv = out.splitlines()
+    cfg = json.load(open(os.path.join(ckpts["glm_moe_dsa"], "config.json"))) if config == "tiny" else load_config(config)[1]
+    assert len(argv) > 20 and mismatches(argv, cfg) == []
