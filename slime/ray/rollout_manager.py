@@ -178,15 +178,23 @@ class RolloutManager:
         return {"rollout_id": self._rollout_id, "done": p.done if p else 0, "reissued": p.reissued if p else 0}
 
     def pause(self, mode: str = "abort") -> None:
-        """Stop sending; engines abort (re-issued after resume) or freeze their requests."""
+        """Stop sending; engines abort (re-issued after resume) or freeze ("in_place") their requests.
+        An engine that cannot be reached is skipped: it is down, and comes back unpaused."""
         self._unpaused.clear()
-        for c in self.clients:
-            c.pause_generation(mode)
+        self._each_reachable(lambda c: c.pause_generation(mode))
 
     def resume(self) -> None:
-        for c in self.clients:
-            c.continue_generation()
+        self._each_reachable(lambda c: c.continue_generation())
         self._unpaused.set()
+
+    def _each_reachable(self, call) -> None:
+        from slime.utils.http_client import EngineUnreachable
+
+        for i, c in enumerate(self.clients):
+            try:
+                call(c)
+            except EngineUnreachable as e:
+                logger.warning("rollout engine %d unreachable (%s); skipped", i, e.message)
 
     def flush_cache(self) -> None:
         for c in self.clients:

@@ -398,6 +398,10 @@ class EmbeddedEngine:
         with self._cond:
             return not self._queue and not self._running
 
+    def load(self) -> dict[str, int]:
+        with self._cond:
+            return {"num_queued_reqs": len(self._queue), "num_running_reqs": len(self._running)}
+
     def release_memory(self, tags: list[str] | None = None) -> None:
         tags = _check_tags(tags)
         if "weights" not in tags:

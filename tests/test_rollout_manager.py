@@ -1,0 +1,107 @@
+"""RolloutManager on Ray with two embedded engines (child processes) on CPU bundles."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from slime.utils.http_client import EngineClient
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def manager(tmp_path_factory):
+    from slime.ray.rollout_manager import create_rollout_manager
+    from slime.rollout.arguments import rollout_defaults
+    from slime.rollout.synthetic import main as write_dataset
+    from slime_plugins.models.glm5.tiny import write_tiny_checkpoint
+
+    base = tmp_path_factory.mktemp("mgr")
+    ckpt = write_tiny_checkpoint(str(base / "ckpt"), "glm_moe_dsa")
+    data = base / "data.jsonl"
+    write_dataset(["--out", str(data), "--num", "40"])
+    args = rollout_defaults(hf_checkpoint=ckpt, prompt_data=str(data), apply_chat_template=True, rollout_shuffle=True,
+                            rollout_batch_size=6, n_samples_per_prompt=4, rollout_max_response_len=6,
+                            rm_type="synthetic", rollout_num_gpus=2, max_concurrency=8, output_dir=str(base / "out"),
+                            rollout_engine_max_restarts=1)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    handle = create_rollout_manager(args)
+    yield handle, args
+    ray.get(handle.shutdown.remote(), timeout=60)
+    ray.kill(handle)
+    if started:
+        ray.shutdown()
+
+
+def _check_rollout(result, args, first_index):
+    from slime.rollout.sample import SampleStatus
+
+    samples = result["samples"]
+    n = args.rollout_batch_size * args.n_samples_per_prompt
+    assert sorted(s.index for s in samples) == list(range(first_index, first_index + n))  # each exactly once
+    groups = {}
+    for s in samples:
+        groups.setdefault(s.group_index, []).append(s)
+        assert s.status in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED)
+        assert isinstance(s.reward, float) and 0.0 <= s.reward <= 1.0
+        assert len(s.rollout_log_probs) == len(s.loss_mask) == s.response_length == len(s.tokens) - s.prompt_length
+        assert all(lp <= 0.0 for lp in s.rollout_log_probs)
+    assert len(groups) == args.rollout_batch_size and all(len(g) == args.n_samples_per_prompt for g in groups.values())
+
+
+def test_rollout_over_two_engines(manager):
+    handle, args = manager
+    engines = ray.get(handle.engines.remote())
+    assert len(engines) == 2 and len({e["url"] for e in engines}) == 2
+    assert all(e["token"] == ray.get(handle.token.remote()) and e["tp_size"] == 1 for e in engines)
+    state = ray.get(handle.state.remote())
+    result = ray.get(handle.generate.remote(0), timeout=120)
+    _check_rollout(result, args, 0)
+    assert {s.engine_index for s in result["samples"]} == {0, 1}  # the router used both engines
+    assert result["metrics"]["rollout/engine_restarts"] == 0
+    # Data-source state: restoring it replays the same prompts.
+    ray.get(handle.load_state.remote(state))
+    again = ray.get(handle.generate.remote(0), timeout=120)
+    assert [s.prompt for s in again["samples"]] == [s.prompt for s in result["samples"]]
+    # Same seeds, same weights: the same draws (engines are deterministic per request).
+    assert [s.tokens for s in again["samples"]] == [s.tokens for s in result["samples"]]
+
+
+def test_engine_death_mid_rollout_is_recovered(manager):
+    handle, args = manager
+    start = ray.get(handle.state.remote())["next_sample_index"]
+    actors = ray.get(handle.engine_actors.remote())
+    pid_before = ray.get(actors[1].status.remote())["pid"]
+    # Freeze both engines (in place) so requests are provably in flight on engine 1 when it dies.
+    urls, token = ray.get(handle.engine_urls.remote()), ray.get(handle.token.remote())
+    clients = [EngineClient(u, token) for u in urls]
+    for c in clients:
+        c.pause_generation("in_place")
+    future = handle.generate.remote(1)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        load = clients[1].get("/health")
+        if load["num_queued_reqs"] + load["num_running_reqs"] > 0:
+            break
+        time.sleep(0.01)
+    assert ray.get(actors[1].kill.remote()) == -9
+    clients[0].continue_generation()
+    result = ray.get(future, timeout=120)
+    _check_rollout(result, args, start)
+    failures = ray.get(handle.failures.remote())
+    assert len(failures) == 1 and failures[0]["engine"] == 1 and failures[0]["exit_code"] == -9
+    assert "rollout engine 1" in failures[0]["report"] and "killed by signal 9" in failures[0]["report"]
+    assert "embedded engine serving" in failures[0]["report"]  # the log tail came along
+    status = ray.get(actors[1].status.remote())
+    assert status["running"] and status["starts"] == 2 and status["pid"] != pid_before
+    assert result["metrics"]["rollout/engine_restarts"] == 1 and result["metrics"]["rollout/reissued_requests"] >= 1
+    # The restarted engine serves again (same URL: the trainer's endpoint list stays valid).
+    assert ray.get(handle.engine_urls.remote())[1] == status["url"]
+    result = ray.get(handle.generate.remote(2), timeout=120)
+    _check_rollout(result, args, start + 24)

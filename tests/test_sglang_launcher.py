@@ -1,0 +1,118 @@
+"""SGLang launcher: command line and environment per accelerator (real accelerator classes used as
+stand-ins: nothing here touches a device), and the child-process wrapper. SGLang is never imported."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+
+import pytest
+
+from slime.accelerator import AscendAccelerator, CpuAccelerator, CudaAccelerator
+from slime.backends.embedded.launcher import embedded_command, embedded_env
+from slime.backends.sglang.launcher import SGLangLaunchSpec, sglang_command, sglang_env
+from slime.backends.sglang.process import EngineStartError, ServerProcess, free_port
+
+
+def _flag(cmd: list[str], name: str) -> str | None:
+    return cmd[cmd.index(name) + 1] if name in cmd else None
+
+
+@pytest.mark.parametrize("acc_cls, device_flags", [
+    (CudaAccelerator, []),
+    (AscendAccelerator, ["--device", "npu", "--attention-backend", "ascend"]),
+    (CpuAccelerator, ["--device", "cpu"]),
+])
+def test_command_per_accelerator(acc_cls, device_flags):
+    acc = acc_cls()
+    spec = SGLangLaunchSpec(model_path="/m", port=31000, tp_size=2, device_ids=[2, 3], token="tok")
+    cmd = sglang_command(spec, acc, python="/py")
+    assert cmd[:3] == ["/py", "-m", "sglang.launch_server"]
+    assert (_flag(cmd, "--model-path"), _flag(cmd, "--host"), _flag(cmd, "--port"), _flag(cmd, "--tp-size")) == \
+        ("/m", "127.0.0.1", "31000", "2")
+    assert _flag(cmd, "--api-key") == "tok"
+    for flag, value in zip(device_flags[::2], device_flags[1::2]):
+        assert _flag(cmd, flag) == value
+    if not device_flags:
+        assert "--device" not in cmd and "--attention-backend" not in cmd
+    assert "--enable-memory-saver" not in cmd
+    assert "sglang" not in sys.modules
+
+
+def test_user_flags_override_defaults_and_memory_saver():
+    spec = SGLangLaunchSpec(model_path="/m", port=1, extra_args=["--attention-backend", "torch_native",
+                                                                 "--mem-fraction-static", "0.5"], memory_saver=True)
+    cmd = sglang_command(spec, AscendAccelerator(), python="py")
+    assert cmd.count("--attention-backend") == 1 and _flag(cmd, "--attention-backend") == "torch_native"
+    assert _flag(cmd, "--device") == "npu" and _flag(cmd, "--mem-fraction-static") == "0.5"
+    assert "--enable-memory-saver" in cmd
+
+
+def test_accelerator_hook_wins():
+    class Plugin(CpuAccelerator):
+        name = "xpu-sim"
+
+        def sglang_server_args(self):
+            return ["--device", "xpu"]
+
+    assert _flag(sglang_command(SGLangLaunchSpec("/m", 1), Plugin(), python="py"), "--device") == "xpu"
+
+
+@pytest.mark.parametrize("acc_cls, visible", [(CudaAccelerator, "CUDA_VISIBLE_DEVICES"),
+                                              (AscendAccelerator, "ASCEND_RT_VISIBLE_DEVICES")])
+def test_env_pins_devices(acc_cls, visible):
+    acc = acc_cls()
+    spec = SGLangLaunchSpec(model_path="/m", port=1, tp_size=2, device_ids=[3, 1])
+    env = sglang_env(spec, acc, base={"PATH": "/bin", visible: "0,1,2,3,4,5,6,7"})
+    assert env[visible] == "1,3" and env["PATH"] == "/bin"
+    assert {k: env[k] for k in acc.worker_env([1, 3])} == acc.worker_env([1, 3])  # collective settings too
+    with pytest.raises(ValueError, match="tp_size 2 but 1 device ids"):
+        sglang_env(SGLangLaunchSpec("/m", 1, tp_size=2, device_ids=[0]), acc, base={})
+
+
+def test_cpu_env_and_embedded_command_keep_token_off_argv():
+    env = sglang_env(SGLangLaunchSpec("/m", 1), CpuAccelerator(), base={"A": "1"})
+    assert env == {"A": "1"}
+    cmd = embedded_command("/m", 4242, max_running_requests=8, random_seed=3, python="py")
+    assert cmd == ["py", "-m", "slime.backends.embedded", "--model-path", "/m", "--port", "4242",
+                   "--max-running-requests", "8", "--random-seed", "3"]
+    env = embedded_env("secret", CpuAccelerator(), base={})
+    assert env["SLIME_ENGINE_TOKEN"] == "secret" and "secret" not in cmd
+
+
+_FAKE_SERVER = textwrap.dedent("""
+    import sys, http.server
+    print("fake engine starting", flush=True)
+    if sys.argv[2] == "crash":
+        print("fatal: out of memory", flush=True)
+        sys.exit(3)
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers(); self.wfile.write(b"{}")
+        def log_message(self, *a):
+            pass
+    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+""")
+
+
+def test_server_process_health_log_and_clean_stop(tmp_path):
+    port = free_port()
+    server = ServerProcess("engine 7", [sys.executable, "-c", _FAKE_SERVER, str(port), "ok"], dict(os.environ),
+                           str(tmp_path / "logs" / "e.log"), f"http://127.0.0.1:{port}")
+    server.start()
+    server.wait_healthy(timeout=30)
+    assert server.running() and "fake engine starting" in server.log_tail()
+    code = server.stop(grace=5)
+    assert code == -15 and not server.running()  # SIGTERM to its process group
+
+
+def test_server_process_that_dies_reports_code_and_log_tail(tmp_path):
+    port = free_port()
+    server = ServerProcess("engine 3", [sys.executable, "-c", _FAKE_SERVER, str(port), "crash"], dict(os.environ),
+                           str(tmp_path / "e.log"), f"http://127.0.0.1:{port}")
+    server.start()
+    with pytest.raises(EngineStartError) as e:
+        server.wait_healthy(timeout=30)
+    msg = str(e.value)
+    assert "engine 3" in msg and "exited with code 3" in msg and "fatal: out of memory" in msg
