@@ -61,3 +61,77 @@ def random_batch(batch: int, seq: int, vocab: int, seed: int):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(VOCAB_LOW, vocab, (batch, seq), generator=g)
     return ids, torch.arange(seq).expand(batch, seq).contiguous()
+
+
+def add_mtp_layer(path, seed: int = 0) -> str:
+    """Give a tiny checkpoint one MTP layer (model.layers.N.*): the last decoder layer's tensors
+    perturbed, random enorm / hnorm / eh_proj / shared_head.norm, and the tied embed / head copies."""
+    import json
+    import os
+
+    from safetensors.torch import load_file, save_file
+
+    path = str(path)
+    tensors = load_file(os.path.join(path, "model.safetensors"))
+    config = json.load(open(os.path.join(path, "config.json")))
+    n, h = config["num_hidden_layers"], config["hidden_size"]
+    g = torch.Generator().manual_seed(seed)
+    src = f"model.layers.{n - 1}."
+    for name in [k for k in tensors if k.startswith(src)]:
+        t = tensors[name]
+        tensors[f"model.layers.{n}." + name[len(src):]] = t + 0.05 * torch.randn(t.shape, generator=g) * t.std().clamp(min=1e-3)
+    mtp = f"model.layers.{n}."
+    tensors[mtp + "enorm.weight"] = 1 + 0.1 * torch.randn(h, generator=g)
+    tensors[mtp + "hnorm.weight"] = 1 + 0.1 * torch.randn(h, generator=g)
+    tensors[mtp + "eh_proj.weight"] = 0.2 * torch.randn(h, 2 * h, generator=g)
+    tensors[mtp + "shared_head.norm.weight"] = 1 + 0.1 * torch.randn(h, generator=g)
+    tensors[mtp + "embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
+    tensors[mtp + "shared_head.head.weight"] = tensors["lm_head.weight"].clone()
+    save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    config["num_nextn_predict_layers"] = 1
+    json.dump(config, open(os.path.join(path, "config.json"), "w"), indent=2)
+    return path
+
+
+def hf_mtp_reference(path, ids, pos):
+    """MTP depth-1 logits built from transformers modules: the checkpoint's extra layer as a transformers
+    decoder layer, fed eh_proj(cat(enorm(embed(ids shifted by 1)), hnorm(final hidden)))."""
+    import copy
+    import os
+
+    from safetensors.torch import load_file
+
+    model = hf_model(path).eval()
+    cfg = copy.deepcopy(model.config)
+    n = cfg.num_hidden_layers
+    if getattr(cfg, "indexer_types", None):
+        cfg.indexer_types = list(cfg.indexer_types) + ["full"]
+    cfg.mlp_layer_types = list(cfg.mlp_layer_types) + ["sparse"]
+    layer = type(model.model.layers[-1])(cfg, n).eval()
+    tensors = load_file(os.path.join(str(path), "model.safetensors"))
+    pre = f"model.layers.{n}."
+    own = {k[len(pre):]: v for k, v in tensors.items() if k.startswith(pre)}
+    experts = cfg.n_routed_experts
+    state = {k: v for k, v in own.items() if ".experts." not in k}
+    state["mlp.experts.gate_up_proj"] = torch.stack(
+        [torch.cat([own[f"mlp.experts.{e}.gate_proj.weight"], own[f"mlp.experts.{e}.up_proj.weight"]]) for e in range(experts)])
+    state["mlp.experts.down_proj"] = torch.stack([own[f"mlp.experts.{e}.down_proj.weight"] for e in range(experts)])
+    for k in ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight", "embed_tokens.weight",
+              "shared_head.head.weight"):
+        state.pop(k)
+    missing, unexpected = layer.load_state_dict(state, strict=False)
+    assert not unexpected and all("e_score" not in m for m in missing), (missing, unexpected)
+
+    def rms(x, w, eps=cfg.rms_norm_eps):
+        return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+    with torch.no_grad():
+        hidden = model.model(ids, position_ids=pos).last_hidden_state
+        shifted = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)
+        emb = model.model.embed_tokens(shifted)
+        x = torch.nn.functional.linear(torch.cat([rms(emb, own["enorm.weight"]), rms(hidden, own["hnorm.weight"])], -1),
+                                       own["eh_proj.weight"])
+        seq = ids.shape[1]
+        mask = torch.full((seq, seq), torch.finfo(x.dtype).min).triu(1)[None, None].expand(ids.shape[0], 1, seq, seq)
+        x = layer(x, attention_mask=mask, position_ids=pos, position_embeddings=model.model.rotary_emb(x, pos))[0]
+        return model.lm_head(rms(x, own["shared_head.norm.weight"]))

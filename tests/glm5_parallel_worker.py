@@ -44,15 +44,16 @@ def run(rank: int, port: int, accel: str, ckpt: str, ref_path: str) -> None:
     original = load_file(os.path.join(ckpt, "model.safetensors"))
     base = None
     for tp, ep in [(1, 1), (2, 1), (1, 2)]:
-        model = load_hf_model(ckpt, tp=tp, ep=ep)
+        model = load_hf_model(ckpt, tp=tp, ep=ep, load_mtp=True)
         assert ps.get_tensor_model_parallel_world_size() == tp and ps.get_expert_model_parallel_world_size() == ep
         ddp, opt = build_optimizer(model, lr=1e-3, clip_grad=0.0)
         ddp.zero_grad_buffer()
-        logits = ddp(ids, pos)
+        logits, (mtp,) = ddp(ids, pos, mtp_logits=True)
         (logits * weight).sum().backward()
         finalize_model_grads([ddp])
         if base is None:
-            base = logits.detach()
+            base, base_mtp = logits.detach(), mtp.detach()
+        torch.testing.assert_close(mtp.detach(), base_mtp, rtol=1e-5, atol=1e-5, msg=f"tp={tp} ep={ep} MTP logits")
         # Logits: TP / EP sharding must not change them (vs tp = ep = 1), and all match transformers.
         torch.testing.assert_close(logits.detach(), base, rtol=1e-5, atol=1e-5, msg=f"tp={tp} ep={ep} vs tp=1")
         torch.testing.assert_close(logits.detach(), ref["logits"], rtol=1e-4, atol=2e-4)

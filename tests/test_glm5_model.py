@@ -217,3 +217,26 @@ def test_model_scripts_match_their_configs(script, config, ckpts):
     argv = out.splitlines()
     cfg = json.load(open(os.path.join(ckpts["glm_moe_dsa"], "config.json"))) if config == "tiny" else load_config(config)[1]
     assert len(argv) > 20 and mismatches(argv, cfg) == []
+
+
+def test_mtp_layer_loads_matches_reference_trains_and_round_trips(tmp_path):
+    from glm5_helpers import add_mtp_layer, hf_mtp_reference
+
+    ckpt = add_mtp_layer(write_checkpoint(tmp_path / "mtp", "glm_moe_dsa", seed=3), seed=3)
+    original = load_file(os.path.join(ckpt, "model.safetensors"))
+    # Without load_mtp the MTP tensors pass through unchanged.
+    plain = load_hf_model(ckpt)
+    assert plain.mtp is None
+    passed = {n: t for b in export_hf(plain) for n, t in b}
+    assert passed.keys() == original.keys() and all(torch.equal(passed[n].cpu(), original[n]) for n in original)
+
+    model = load_hf_model(ckpt, load_mtp=True)
+    ids, pos = random_batch(2, 11, 512, 9)
+    logits, (mtp1,) = model(ids, pos, mtp_logits=True)
+    torch.testing.assert_close(logits, hf_model(ckpt)(ids, position_ids=pos).logits, rtol=1e-4, atol=2e-4)
+    torch.testing.assert_close(mtp1, hf_mtp_reference(ckpt, ids, pos), rtol=1e-4, atol=2e-4)
+    (mtp1[:, :-2].sum()).backward()  # rows whose target (t + 2) exists
+    layer = model.mtp.layers[0]
+    assert layer.eh_proj.weight.grad.abs().sum() > 0 and layer.layer.mlp.experts.weight1.grad.abs().sum() > 0
+    exported = {n: t for b in export_hf(model) for n, t in b}
+    assert exported.keys() == original.keys() and all(torch.equal(exported[n].cpu(), original[n]) for n in original)

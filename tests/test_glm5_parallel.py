@@ -1,7 +1,7 @@
 """Tensor and expert parallelism of the GLM-5 model, 2 processes over gloo: for (tp, ep) in (1,1), (2,1)
 [sequence parallel], (1,2): logits equal tp=ep=1 (1e-5) and transformers (as in test_glm5_model),
 grads after megatron DDP's reduction equal transformers' grads, export_hf reproduces the checkpoint
-exactly, and an optimizer step runs. One spawn per accelerator runs all three layouts."""
+exactly (MTP layer included), MTP logits do not change with the layout, and an optimizer step runs. One spawn per accelerator runs all three layouts."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import socket
 import pytest
 import torch
 import torch.multiprocessing as mp
-from glm5_helpers import hf_grads_by_checkpoint_name, hf_model, random_batch, write_checkpoint
+from glm5_helpers import add_mtp_layer, hf_grads_by_checkpoint_name, hf_model, random_batch, write_checkpoint
 
 
 def _port() -> int:
@@ -24,7 +24,7 @@ def _port() -> int:
 def test_tp2_and_ep2_match_single_rank_and_transformers(tmp_path, accel_name):
     if accel_name == "npu-sim":
         pytest.importorskip("npu_sim")
-    ckpt = write_checkpoint(tmp_path / "ckpt", "glm_moe_dsa", seed=2)
+    ckpt = add_mtp_layer(write_checkpoint(tmp_path / "ckpt", "glm_moe_dsa", seed=2), seed=2)
     ids, pos = random_batch(2, 12, 512, 7)  # 12 > index_topk: DSA drops tokens; 12 % tp == 0 for SP
     weight = torch.randn(2, 12, 512, generator=torch.Generator().manual_seed(7))
     ref = hf_model(ckpt)

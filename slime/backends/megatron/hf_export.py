@@ -50,24 +50,40 @@ def export_hf(model, bucket_bytes: int = 1 << 28, dtype: torch.dtype | None = No
     model = unwrap(model)
     tp_group, ep_group = ps.get_tensor_model_parallel_group(), ps.get_expert_model_parallel_group()
     state = model.state_dict(keep_vars=True)
+    aliases = {}
+    if getattr(model, "mtp", None) is not None:
+        from slime_plugins.models.glm5.mtp import mtp_alias_names
+
+        aliases = mtp_alias_names(model.glm)  # MTP copies of the (tied) main embedding / lm_head
+    wanted = set(aliases.values())
+    kept: dict[str, torch.Tensor] = {}
     bucket, size = [], 0
-    for m in W.maps_for_model(model):
-        local = state[m.param].detach()
-        if m.kind in (W.TP_ROWS, W.TP_COLS, W.TP_GATE_UP):
-            shards = _gather(local, tp_group)
-        elif m.kind in (W.EXPERT_W1, W.EXPERT_W2):
-            shards = _gather(local, ep_group)
-        else:
-            shards = [local]
-        tensors = m.to_hf(shards)
-        for name, t in zip(m.hf_names_after_gather(model.glm.n_routed_experts), tensors):
-            if dtype is not None:
-                t = t.to(dtype)
-            bucket.append((name, t))
-            size += t.numel() * t.element_size()
-            if size >= bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
+
+    def entries():
+        for m in W.maps_for_model(model):
+            local = state[m.param].detach()
+            if m.kind in (W.TP_ROWS, W.TP_COLS, W.TP_GATE_UP):
+                shards = _gather(local, tp_group)
+            elif m.kind in (W.EXPERT_W1, W.EXPERT_W2):
+                shards = _gather(local, ep_group)
+            else:
+                shards = [local]
+            for name, t in zip(m.hf_names_after_gather(model.glm.n_routed_experts), m.to_hf(shards)):
+                if name in wanted:
+                    kept[name] = t
+                yield name, t
+        for name, main in aliases.items():
+            yield name, kept[main]
+        yield from model.passthrough_hf.items()
+
+    for name, t in entries():
+        if dtype is not None:
+            t = t.to(dtype)
+        bucket.append((name, t))
+        size += t.numel() * t.element_size()
+        if size >= bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
     if bucket:
         yield bucket
 

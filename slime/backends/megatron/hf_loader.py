@@ -43,9 +43,9 @@ def _check_names(ckpt: HFCheckpoint, glm, load_mtp: bool) -> None:
     missing = expected - available
     unused = available - expected - mtp
     if load_mtp:
-        from slime_plugins.models.glm5.mtp import mtp_hf_names
+        from slime_plugins.models.glm5.mtp import mtp_alias_names, mtp_hf_names
 
-        wanted_mtp = set(mtp_hf_names(glm))
+        wanted_mtp = set(mtp_hf_names(glm)) | set(mtp_alias_names(glm))
         missing |= wanted_mtp - available
         unused |= mtp - wanted_mtp
     problems = []
@@ -55,6 +55,21 @@ def _check_names(ckpt: HFCheckpoint, glm, load_mtp: bool) -> None:
         problems.append(f"unused tensors (not part of a {glm.model_type} model): {name_list(unused)}")
     if problems:
         raise HFCheckpointError(f"{ckpt.dir}: " + "; ".join(problems))
+
+
+def _is_mtp(glm, name: str) -> bool:
+    from slime_plugins.models.glm5.weights import is_mtp_name
+
+    return is_mtp_name(glm, name)
+
+
+def _check_mtp_aliases(ckpt: HFCheckpoint, glm) -> None:
+    from slime_plugins.models.glm5.mtp import mtp_alias_names
+
+    differ = [n for n, main in mtp_alias_names(glm).items() if not torch.equal(ckpt.get(n), ckpt.get(main))]
+    if differ:
+        raise HFCheckpointError(f"{ckpt.dir}: MTP tensors {name_list(differ)} differ from the main embedding / lm_head; "
+                                "slime ties them (load with load_mtp=False to keep them unchanged instead)")
 
 
 def _stage(model, ckpt: HFCheckpoint, maps, tp_rank: int, tp: int) -> dict[str, torch.Tensor]:
@@ -121,6 +136,10 @@ def load_hf_model(hf_dir: str, tp: int = 1, ep: int = 1, pp: int = 1, *, dtype: 
     dtype = dtype or ckpt.dtype() or torch.float32
     model = build_model(glm, tp, ep, pp, dtype=dtype, gather_logits=gather_logits, mtp=load_mtp, **config_overrides)
     staged = _stage(model, ckpt, maps_for_model(model), ps.get_tensor_model_parallel_rank(), tp)
+    if load_mtp:
+        _check_mtp_aliases(ckpt, glm)
+    elif model.post_process:  # MTP tensors not trained here are written back unchanged by export_hf / save_hf
+        model.passthrough_hf = {n: ckpt.get(n) for n in sorted(ckpt.names()) if _is_mtp(glm, n)}
     targets = model.state_dict(keep_vars=True)
     with torch.no_grad():
         for name, value in staged.items():

@@ -83,13 +83,12 @@ class MLASelfAttention(MegatronModule):
         self.o_proj = row_parallel(config, glm.num_attention_heads * glm.v_head_dim, glm.hidden_size, bias=bias)
         self.indexer = None
         self.topk_source = None  # DSA: index of the layer whose top-k this layer uses
-        if glm.use_dsa:
-            kinds = glm.indexer_types
-            if kinds[self.layer_index] == "full":
-                self.indexer = DsaIndexer(glm, dtype)
-                self.topk_source = self.layer_index
-            else:
-                self.topk_source = max(i for i in range(self.layer_index) if kinds[i] == "full")
+        kind = glm.indexer_type(self.layer_index)
+        if kind == "full":
+            self.indexer = DsaIndexer(glm, dtype)
+            self.topk_source = self.layer_index
+        elif kind == "shared":
+            self.topk_source = max(i for i in range(self.layer_index) if glm.indexer_type(i) == "full")
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, rotary_pos_emb: ForwardContext | None = None,
                 packed_seq_params=None, **_: object):

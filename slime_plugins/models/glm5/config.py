@@ -58,6 +58,16 @@ class GlmConfig:
     def use_dsa(self) -> bool:
         return bool(self.indexer_types)
 
+    def mlp_type(self, layer: int) -> str:
+        """"dense" | "sparse" of decoder layer `layer`; MTP layers (index >= num_hidden_layers) are MoE."""
+        return self.mlp_layer_types[layer] if layer < self.num_hidden_layers else "sparse"
+
+    def indexer_type(self, layer: int) -> str | None:
+        """DSA "full" | "shared" of layer `layer` (None without DSA); MTP layers run their own indexer."""
+        if not self.use_dsa:
+            return None
+        return self.indexer_types[layer] if layer < self.num_hidden_layers else "full"
+
     @property
     def rope_type(self) -> str:
         return self.rope_parameters.get("rope_type", "default")

@@ -36,7 +36,7 @@ class GlmModel(MegatronModule):
     sequence (rows of a batch, or the cu_seqlens segments of a packed [1, T] batch)."""
 
     def __init__(self, glm: GlmConfig, config, pre_process: bool | None = None, post_process: bool | None = None,
-                 gather_logits: bool = True, vp_stage: int | None = None) -> None:
+                 gather_logits: bool = True, vp_stage: int | None = None, mtp: bool = False) -> None:
         super().__init__(config=config)
         self.glm = glm
         self.gather_logits = gather_logits
@@ -52,6 +52,14 @@ class GlmModel(MegatronModule):
             self.output_layer = tensor_parallel.ColumnParallelLinear(
                 glm.hidden_size, glm.vocab_size, config=config, init_method=config.init_method, bias=False,
                 gather_output=False, skip_bias_add=False)
+        self.mtp = None
+        if mtp:
+            if not (self.pre_process and self.post_process):
+                raise ValueError("MTP layers need the embedding and output layer on the same stage: use pp=1 with MTP")
+            from slime_plugins.models.glm5.mtp import MtpBlock
+
+            self.mtp = MtpBlock(config, glm)
+        self.passthrough_hf: dict[str, torch.Tensor] = {}  # checkpoint tensors kept unchanged for export
 
     def set_input_tensor(self, input_tensor) -> None:
         """Pipeline schedules hand the previous stage's output here."""
@@ -60,7 +68,9 @@ class GlmModel(MegatronModule):
         self.decoder.set_input_tensor(input_tensor)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                packed_seq_params: PackedSeqParams | None = None, **_: object) -> torch.Tensor:
+                packed_seq_params: PackedSeqParams | None = None, mtp_logits: bool = False, **_: object):
+        """mtp_logits=True (model built with MTP): returns (logits, [logits of MTP depth k = 1..]), where
+        depth k's row t predicts token t + k + 1 of the same sequence."""
         if attention_mask is not None:
             raise ValueError("attention_mask is not supported: pass packed_seq_params (cu_seqlens) to separate samples")
         if input_ids.dim() != 2 or position_ids.shape != input_ids.shape:
@@ -83,6 +93,14 @@ class GlmModel(MegatronModule):
         if not self.post_process:
             return hidden
         logits, _ = self.output_layer(hidden)  # [S, B, V / tp]
+        if not mtp_logits:
+            return self._finish_logits(logits)
+        if self.mtp is None:
+            raise ValueError("mtp_logits=True needs a model built with MTP (load_hf_model(..., load_mtp=True))")
+        extra = self.mtp(self, input_ids, hidden, ctx, packed_seq_params)
+        return self._finish_logits(logits), [self._finish_logits(x) for x in extra]
+
+    def _finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
         if self.gather_logits:
             logits = tensor_parallel.gather_from_tensor_model_parallel_region(logits)
         return logits.transpose(0, 1).contiguous()
@@ -95,7 +113,5 @@ def build_model(glm: GlmConfig, tp: int = 1, ep: int = 1, pp: int = 1, dtype: to
     glm.check_parallel(tp, ep)
     config = glm.transformer_config(tp, ep, pp, dtype=dtype, perform_initialization=perform_initialization,
                                     **config_overrides)
-    if mtp:
-        raise NotImplementedError("MTP layers are not built yet")
-    model = GlmModel(glm, config, gather_logits=gather_logits)
+    model = GlmModel(glm, config, gather_logits=gather_logits, mtp=mtp)
     return model.to(get_accelerator().device())

@@ -16,7 +16,7 @@ from slime_plugins.models.glm5.moe import GlmMoE
 
 def layer_spec(glm: GlmConfig, layer_index: int) -> ModuleSpec:
     # Plain classes, not ModuleSpecs: megatron's TransformerLayer then passes only `config` to them.
-    mlp = GlmMoE.bound_to(glm) if glm.mlp_layer_types[layer_index] == "sparse" else SwiGLUMLP
+    mlp = GlmMoE.bound_to(glm) if glm.mlp_type(layer_index) == "sparse" else SwiGLUMLP
     return ModuleSpec(
         module=TransformerLayer,
         submodules=TransformerLayerSubmodules(

@@ -106,11 +106,11 @@ def layer_maps(glm: GlmConfig, layer: int, prefix: str, hf_prefix: str, ep_rank:
             maps.append(WeightMap(f"{a}.q_a_proj.bias", (f"{h}.q_a_proj.bias",), REPLICATED))
         maps += [WeightMap(f"{a}.kv_a_proj_with_mqa.bias", (f"{h}.kv_a_proj_with_mqa.bias",), REPLICATED),
                  WeightMap(f"{a}.o_proj.bias", (f"{h}.o_proj.bias",), REPLICATED)]
-    if glm.use_dsa and glm.indexer_types[layer] == "full":
+    if glm.indexer_type(layer) == "full":
         for name in ("wq_b.weight", "wk.weight", "k_norm.weight", "k_norm.bias", "weights_proj.weight"):
             maps.append(WeightMap(f"{a}.indexer.{name}", (f"{h}.indexer.{name}",), REPLICATED))
     m, hm = f"{prefix}.mlp", f"{hf_prefix}.mlp"
-    if glm.mlp_layer_types[layer] == "dense":
+    if glm.mlp_type(layer) == "dense":
         maps += [WeightMap(f"{m}.linear_fc1.weight", (f"{hm}.gate_proj.weight", f"{hm}.up_proj.weight"), TP_GATE_UP),
                  WeightMap(f"{m}.linear_fc2.weight", (f"{hm}.down_proj.weight",), TP_COLS)]
         return maps
@@ -167,5 +167,10 @@ def maps_for_model(model) -> list[WeightMap]:
 
     layers = model.decoder.layers
     offset = layers[0].layer_number - 1 if len(layers) else 0
-    return model_maps(model.glm, offset, len(layers), model.pre_process, model.post_process,
-                      ps.get_expert_model_parallel_rank(), model.config.expert_model_parallel_size)
+    ep_rank, ep = ps.get_expert_model_parallel_rank(), model.config.expert_model_parallel_size
+    maps = model_maps(model.glm, offset, len(layers), model.pre_process, model.post_process, ep_rank, ep)
+    if getattr(model, "mtp", None) is not None:
+        from slime_plugins.models.glm5.mtp import mtp_maps
+
+        maps += mtp_maps(model.glm, ep_rank, ep)
+    return maps

@@ -1,0 +1,103 @@
+"""Multi-token prediction (MTP) layers, DeepSeek-V3 / GLM style, stored in HF checkpoints as extra
+decoder layers `model.layers.{N + k}` (N = num_hidden_layers) with enorm, hnorm, eh_proj, shared_head.
+
+Depth k (1-based) predicts token t + k + 1 at position t:
+    h_k = Layer_k(eh_proj(cat(enorm(embed(token[t + k])), hnorm(h_{k-1}[t]))))
+    logits_k = output_layer(shared_head.norm(h_k))
+with h_0 the main decoder's output (after its final norm). The embedding and output layer are the main
+model's (the checkpoint's per-layer `embed_tokens` / `shared_head.head` copies must equal them; export
+writes the main ones back under those names). Needs the whole model on one pipeline stage (pp = 1).
+"""
+
+from __future__ import annotations
+
+import torch
+from megatron.core import tensor_parallel
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.spec_utils import build_module
+
+from slime_plugins.models.glm5.config import GlmConfig
+from slime_plugins.models.glm5.layers import ReplicatedLinear, RMSNorm
+from slime_plugins.models.glm5.spec import layer_spec
+
+
+def shift_within_sequences(input_ids: torch.Tensor, k: int, cu_seqlens: torch.Tensor, pad_id: int = 0) -> torch.Tensor:
+    """[B, S] ids -> ids k positions ahead inside each sequence (THD segments / rows), pad_id past the end."""
+    batch, seq = input_ids.shape
+    flat = input_ids.reshape(-1)
+    t = torch.arange(flat.numel(), device=flat.device)
+    seg = torch.searchsorted(cu_seqlens.to(t.device).long(), t, right=True) - 1
+    end = cu_seqlens.to(t.device).long()[seg + 1]
+    ahead = t + k
+    valid = ahead < end
+    return torch.where(valid, flat[ahead.clamp(max=flat.numel() - 1)], pad_id).view(batch, seq)
+
+
+class MtpLayer(MegatronModule):
+    def __init__(self, config, glm: GlmConfig, depth: int) -> None:
+        super().__init__(config=config)
+        self.depth = depth
+        h = glm.hidden_size
+        self.enorm = RMSNorm(config, h, eps=glm.rms_norm_eps)
+        self.hnorm = RMSNorm(config, h, eps=glm.rms_norm_eps)
+        self.eh_proj = ReplicatedLinear(2 * h, h, dtype=config.params_dtype)
+        # Sequence parallel: each TP rank projects its own tokens, so the weight's grad is summed over TP.
+        setattr(self.eh_proj.weight, "sequence_parallel", config.sequence_parallel)
+        self.layer = build_module(layer_spec(glm, glm.num_hidden_layers + depth - 1), config=config,
+                                  layer_number=glm.num_hidden_layers + depth)
+        self.final_layernorm = RMSNorm(config, h, eps=glm.rms_norm_eps)
+
+    def forward(self, hidden: torch.Tensor, embedded: torch.Tensor, ctx, packed_seq_params=None) -> torch.Tensor:
+        x = self.eh_proj(torch.cat([self.enorm(embedded), self.hnorm(hidden)], dim=-1))
+        x, _ = self.layer(hidden_states=x, attention_mask=None, rotary_pos_emb=ctx, packed_seq_params=packed_seq_params)
+        return x
+
+
+class MtpBlock(MegatronModule):
+    def __init__(self, config, glm: GlmConfig) -> None:
+        super().__init__(config=config)
+        self.layers = torch.nn.ModuleList(MtpLayer(config, glm, d + 1) for d in range(glm.mtp_num_layers))
+
+    def forward(self, model, input_ids, hidden, ctx, packed_seq_params=None) -> list[torch.Tensor]:
+        """Logits [S(/tp), B, V/tp] of each depth (before the TP gather), from the main hidden states."""
+        outputs = []
+        for layer in self.layers:
+            ids = shift_within_sequences(input_ids, layer.depth, ctx.cu_seqlens)
+            embedded = model.embedding(ids).transpose(0, 1).contiguous()
+            if self.config.sequence_parallel:
+                embedded = tensor_parallel.scatter_to_sequence_parallel_region(embedded)
+            hidden = layer(hidden, embedded, ctx, packed_seq_params)
+            logits, _ = model.output_layer(layer.final_layernorm(hidden))
+            outputs.append(logits)
+        return outputs
+
+
+def mtp_hf_names(glm: GlmConfig) -> list[str]:
+    return [n for m in mtp_maps(glm, 0, 1) for n in m.hf]
+
+
+def mtp_maps(glm: GlmConfig, ep_rank: int, ep: int):
+    """Weight maps of the MTP block (the per-layer embed_tokens / shared_head.head copies are handled
+    by the loader/exporter as aliases of the main embedding / output layer)."""
+    from slime_plugins.models.glm5 import weights as W
+
+    maps = []
+    for d in range(glm.mtp_num_layers):
+        layer = glm.num_hidden_layers + d
+        p, hp = f"mtp.layers.{d}", f"model.layers.{layer}"
+        maps += [W.WeightMap(f"{p}.enorm.weight", (f"{hp}.enorm.weight",), W.REPLICATED),
+                 W.WeightMap(f"{p}.hnorm.weight", (f"{hp}.hnorm.weight",), W.REPLICATED),
+                 W.WeightMap(f"{p}.eh_proj.weight", (f"{hp}.eh_proj.weight",), W.REPLICATED),
+                 W.WeightMap(f"{p}.final_layernorm.weight", (f"{hp}.shared_head.norm.weight",), W.REPLICATED)]
+        maps += W.layer_maps(glm, layer, f"{p}.layer", hp, ep_rank, ep)
+    return maps
+
+
+def mtp_alias_names(glm: GlmConfig) -> dict[str, str]:
+    """HF MTP tensors that are copies of main-model tensors: name -> main HF name."""
+    out = {}
+    for d in range(glm.mtp_num_layers):
+        hp = f"model.layers.{glm.num_hidden_layers + d}"
+        out[f"{hp}.embed_tokens.weight"] = "model.embed_tokens.weight"
+        out[f"{hp}.shared_head.head.weight"] = "lm_head.weight"
+    return out
