@@ -148,18 +148,18 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, seen: list[int
 
 
 def truncate_top_k_top_p(logprobs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Log-probabilities with tokens outside the top-k / top-p nucleus set to -inf (one row)."""
+    """Log-probabilities [R, V] with tokens outside the top-k / top-p nucleus set to -inf (row-wise)."""
     out = logprobs
-    if top_k > 0 and top_k < out.numel():
-        kth = torch.topk(out, top_k).values[-1]
+    if 0 < top_k < out.shape[-1]:
+        kth = torch.topk(out, top_k, dim=-1).values[:, -1:]
         out = out.masked_fill(out < kth, float("-inf"))
     if top_p < 1.0:
-        sorted_lp, order = torch.sort(out, descending=True)
+        sorted_lp, order = torch.sort(out, dim=-1, descending=True)
         probs = sorted_lp.exp()
         # Keep the smallest prefix whose mass reaches top_p (the first token is always kept).
-        drop = (probs.cumsum(0) - probs) >= top_p
+        drop = (probs.cumsum(-1) - probs) >= top_p
         sorted_lp = sorted_lp.masked_fill(drop, float("-inf"))
-        out = torch.full_like(out, float("-inf")).scatter(0, order, sorted_lp)
+        out = torch.full_like(out, float("-inf")).scatter(-1, order, sorted_lp)
     return out
 
 
@@ -170,22 +170,36 @@ def choose_tokens(
     default_generator: torch.Generator,
     original_logprobs: bool = False,
 ) -> tuple[list[int], list[float]]:
-    """Pick one token per row of `logits` [B, V] (already penalized/masked) and return (tokens, logprobs)."""
+    """Pick one token per row of `logits` [B, V] (already penalized/masked) and return (tokens, logprobs).
+
+    Rows with the same (temperature, top_k, top_p) are processed together; each seeded row draws from
+    its own generator, so its tokens do not depend on the rest of the batch.
+    """
     logits = logits.float()
     raw_lp = torch.log_softmax(logits, dim=-1)
-    tokens: list[int] = []
-    lps: list[float] = []
+    tokens = torch.empty(len(params), dtype=torch.long, device=logits.device)
+    lps = torch.empty(len(params), dtype=torch.float32, device=logits.device)
+    groups: dict[tuple[float, int, float], list[int]] = {}
     for i, p in enumerate(params):
-        if p.greedy:
-            tok = int(torch.argmax(logits[i]))
-            lp_row = raw_lp[i]
+        groups.setdefault((0.0, -1, 1.0) if p.greedy else (p.temperature, p.top_k, p.top_p), []).append(i)
+    for (temperature, top_k, top_p), rows in groups.items():
+        idx = torch.tensor(rows, dtype=torch.long, device=logits.device)
+        if temperature == 0.0:
+            tok = logits.index_select(0, idx).argmax(-1)
+            lp = raw_lp.index_select(0, idx)
         else:
-            lp_row = raw_lp[i] if p.temperature == 1.0 else torch.log_softmax(logits[i] / p.temperature, dim=-1)
-            sampling_lp = truncate_top_k_top_p(lp_row, p.top_k, p.top_p)
-            probs = torch.softmax(sampling_lp, dim=-1)
+            lp = raw_lp.index_select(0, idx) if temperature == 1.0 else \
+                torch.log_softmax(logits.index_select(0, idx) / temperature, dim=-1)
             # Generators live on the host so a seed gives the same tokens on every device.
-            gen = generators[i] if generators[i] is not None else default_generator
-            tok = int(torch.multinomial(probs.cpu(), 1, generator=gen))
-        tokens.append(tok)
-        lps.append(float(raw_lp[i, tok] if original_logprobs else lp_row[tok]))
-    return tokens, lps
+            probs = torch.softmax(truncate_top_k_top_p(lp, top_k, top_p), dim=-1).cpu()
+            seeded = [generators[r] for r in rows]
+            if all(g is None for g in seeded):
+                tok = torch.multinomial(probs, 1, generator=default_generator)[:, 0]
+            else:
+                tok = torch.stack([torch.multinomial(probs[j], 1, generator=g if g is not None else default_generator)[0]
+                                   for j, g in enumerate(seeded)])
+            tok = tok.to(logits.device)
+        chosen = (raw_lp.index_select(0, idx) if original_logprobs else lp).gather(-1, tok[:, None])[:, 0]
+        tokens[idx] = tok
+        lps[idx] = chosen
+    return tokens.tolist(), lps.tolist()
