@@ -404,3 +404,20 @@ def test_weights_checksum_and_model_info(ckpts, served):
     assert mismatches(named_checksums([(expert, other[expert])]), {expert: reply["checksums"][expert]}) == [expert]
     info = client.get_model_info()
     assert info["dtype"] == "float32" and info["max_context_length"] == 512 and info["vocab_size"] == 512
+
+
+def test_ipc_update_through_each_accelerator(accel, ckpts):
+    """Handles made by the accelerator's own reduce_tensor, opened with its own allow-list (cpu, simulated
+    Ascend, and real devices when present)."""
+    from slime.accelerator.ipc import serialize_named_tensors
+
+    server, client = _serve(ckpts["lite0"])
+    try:
+        assert server.engine.device == accel.device()
+        named = [(n, t.to(accel.device())) for n, t in _checkpoint_tensors(ckpts["lite1"])]
+        payload = base64.b64encode(serialize_named_tensors(accel, named)).decode()
+        client.post("/update_weights_from_tensor", {"serialized_named_tensors": [payload], "weight_version": "x"})
+        ref = {n: p.detach().to(accel.device()) for n, p in _hf(ckpts["lite1"]).named_parameters()}
+        _assert_params_equal(server.engine, ref)
+    finally:
+        server.stop()

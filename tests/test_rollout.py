@@ -201,13 +201,13 @@ class _Fleet:
         fleet = self
 
         class Flaky:
-            def generate(self, ids, params, return_logprob):
+            def generate(self, ids, params, return_logprob, timeout=None):
                 with fleet.lock:
                     fleet.sent.append(params["sampling_seed"])
                     if idx == 1 and fleet.fail > 0:
                         fleet.fail -= 1
                         raise EngineUnreachable("http://x", "/generate", ConnectionRefusedError("refused"))
-                return fleet.clients[idx].generate(ids, params, return_logprob)
+                return fleet.clients[idx].generate(ids, params, return_logprob, timeout=timeout)
 
         return Flaky()
 

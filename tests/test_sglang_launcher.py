@@ -116,3 +116,10 @@ def test_server_process_that_dies_reports_code_and_log_tail(tmp_path):
         server.wait_healthy(timeout=30)
     msg = str(e.value)
     assert "engine 3" in msg and "exited with code 3" in msg and "fatal: out of memory" in msg
+
+
+def test_command_follows_the_process_accelerator(accel):
+    cmd = sglang_command(SGLangLaunchSpec("/m", 1), python="py")  # get_accelerator(): cpu, simulated npu, ...
+    assert _flag(cmd, "--device") == {"cpu": "cpu", "npu": "npu"}.get(accel.name)
+    if accel.name == "npu":
+        assert _flag(cmd, "--attention-backend") == "ascend"

@@ -301,7 +301,9 @@ class RolloutManager:
     def _admit_restarted(self, idx: int) -> None:
         before = self._versions[idx]
         now = self._health_version(idx)
-        if before is not None and now != before:
+        if now is None:
+            logger.warning("rollout engine %d: weight version unknown after restart; admitted as is", idx)
+        elif before is not None and now != before:
             # Initial weights again while the run is at `before`: off-policy until the trainer syncs it.
             self._stale.add(idx)
             logger.error("rollout engine %d restarted with weight version %s (run is at %s): kept out of routing "
@@ -314,11 +316,15 @@ class RolloutManager:
         self.router.set_usable(idx, True)
 
     def _health_version(self, idx: int) -> str | None:
-        try:
-            reply = self.clients[idx].get("/health", timeout=10)
-        except EngineError:
-            return None
-        return reply.get("weight_version") if isinstance(reply, dict) else None
+        """The engine's weight version: in the embedded engine's /health reply, or SGLang's /get_weight_version."""
+        for path in ("/health", "/get_weight_version"):
+            try:
+                reply = self.clients[idx].get(path, timeout=10)
+            except EngineError:
+                continue
+            if isinstance(reply, dict) and reply.get("weight_version") is not None:
+                return str(reply["weight_version"])
+        return None
 
     def _refresh_versions(self) -> None:
         """Before a rollout: re-admit restarted engines whose weights the trainer has synced since."""

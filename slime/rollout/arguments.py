@@ -52,6 +52,8 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     _add(g, parser, "--rollout-top-k", type=int, default=-1, help="-1 = off")
     _add(g, parser, "--rollout-stop-token-ids", type=int, nargs="*", default=None, help="extra stop token ids")
     _add(g, parser, "--max-concurrency", type=int, default=64, help="max in-flight generate requests per rollout")
+    _add(g, parser, "--rollout-request-timeout", type=float, default=3600.0,
+         help="seconds one generate request may take before its engine is treated as hung (checked, restarted)")
 
     g = parser.add_argument_group("rewards")
     _add(g, parser, "--rm-type", type=str, default=None, help="built-in reward: math (exact match) or synthetic")

@@ -103,6 +103,7 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
     """Generate (and score) every sample in place. Raises RolloutError on the first unrecoverable failure."""
     counters = progress or _Counters()
     stop = threading.Event()
+    timeout = float(getattr(args, "rollout_request_timeout", 3600.0) or 3600.0)
 
     def one(sample: Sample) -> None:
         failures, aborts = 0, 0
@@ -120,7 +121,7 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
             sample.attempts += 1
             try:
                 out = fleet.client(idx).generate(sample.prompt_tokens, sampling_params(args, sample_seed(args, sample.index)),
-                                                 return_logprob=True)
+                                                 return_logprob=True, timeout=timeout)
             except EngineUnreachable as e:
                 fleet.release(idx, served=False)
                 failures += 1
