@@ -1,7 +1,8 @@
 """Tensor and expert parallelism of the GLM-5 model, 2 processes over gloo: for (tp, ep) in (1,1), (2,1)
 [sequence parallel], (1,2): logits equal tp=ep=1 (1e-5) and transformers (as in test_glm5_model),
 grads after megatron DDP's reduction equal transformers' grads, export_hf reproduces the checkpoint
-exactly (MTP layer included), MTP logits do not change with the layout, and an optimizer step runs. One spawn per accelerator runs all three layouts."""
+exactly (MTP layer included), MTP logits do not change with the layout, and an optimizer step runs.
+Then pp=2 through megatron's pipeline schedule: logits, per-stage grads, export, save_hf of both stages. One spawn per accelerator runs all three layouts."""
 
 from __future__ import annotations
 

@@ -18,9 +18,9 @@ MEGATRON_VERSIONS = ">=0.16,<0.17"
 
 def common_patches() -> list[Patch]:
     """Patches every accelerator without CUDA needs (CPU, Ascend). Imports megatron.core lazily."""
-    from slime.accelerator.megatron_patches import comm, memory, moe, optim, rng
+    from slime.accelerator.megatron_patches import comm, memory, moe, optim, pipeline, rng
 
-    return [*rng.PATCHES, *memory.PATCHES, *comm.PATCHES, *moe.PATCHES, *optim.PATCHES]
+    return [*rng.PATCHES, *memory.PATCHES, *comm.PATCHES, *moe.PATCHES, *optim.PATCHES, *pipeline.PATCHES]
 
 
 def register_set(accelerator: str, patches: list[Patch]) -> None:

@@ -112,16 +112,25 @@ def _replace_consts(code: types.CodeType, mapping: dict[str, str]) -> types.Code
     return code.replace(co_consts=tuple(sub(c) for c in code.co_consts))
 
 
-def with_accelerator_torch(func: Callable, tensor_type_names: bool = False) -> Callable:
+def with_accelerator_torch(func: Callable, tensor_type_names: bool = False, device_literal: bool = False) -> Callable:
     """A copy of `func` (same code, defaults, closure) whose global `torch` is a `TorchProxy`.
 
     tensor_type_names: also rewrite the exact string constants "torch.cuda.FloatTensor" / "HalfTensor" /
     "BFloat16Tensor" (megatron's optimizers compare `param.type()` against them) to this accelerator's
-    type names, resolved when the patch is applied."""
+    type names, resolved when the patch is applied.
+    device_literal: also rewrite the exact string constant "cuda" (e.g. `device="cuda"`) to this
+    accelerator's device type; only for functions whose every "cuda" constant is a device name."""
     raw = func.__func__ if isinstance(func, (staticmethod, classmethod)) else func
     owner = f"{raw.__module__}.{raw.__qualname__}"
     glb = _LiveGlobals(raw.__globals__, {"torch": TorchProxy(owner)})
-    code = _replace_consts(raw.__code__, accelerator_tensor_type_names()) if tensor_type_names else raw.__code__
+    mapping: dict[str, str] = {}
+    if tensor_type_names:
+        mapping.update(accelerator_tensor_type_names())
+    if device_literal:
+        from slime.accelerator import get_accelerator
+
+        mapping["cuda"] = get_accelerator().device_type
+    code = _replace_consts(raw.__code__, mapping) if mapping else raw.__code__
     new = types.FunctionType(code, glb, raw.__name__, raw.__defaults__, raw.__closure__)
     new.__kwdefaults__ = raw.__kwdefaults__
     new.__qualname__, new.__module__, new.__doc__ = raw.__qualname__, raw.__module__, raw.__doc__

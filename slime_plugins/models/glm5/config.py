@@ -189,6 +189,7 @@ class GlmConfig:
             moe_ffn_hidden_size=self.moe_intermediate_size,
             sequence_parallel=tp > 1,
             params_dtype=dtype,
+            pipeline_dtype=dtype,
             bf16=dtype == torch.bfloat16,
             fp16=dtype == torch.float16,
             layernorm_epsilon=self.rms_norm_eps,
@@ -204,5 +205,11 @@ class GlmConfig:
             masked_softmax_fusion=False,
             gradient_accumulation_fusion=False,
         )
+        n = self.num_hidden_layers
+        if pp > 1 and n % pp:  # uneven split: the last stage takes the remainder
+            base = n // pp
+            if base == 0:
+                raise ValueError(f"pp={pp} exceeds the {n} decoder layers")
+            kwargs.update(num_layers_in_first_pipeline_stage=base, num_layers_in_last_pipeline_stage=n - base * (pp - 1))
         kwargs.update(overrides)
         return TransformerConfig(**kwargs)

@@ -38,6 +38,10 @@ class GlmModel(MegatronModule):
     def __init__(self, glm: GlmConfig, config, pre_process: bool | None = None, post_process: bool | None = None,
                  gather_logits: bool = True, vp_stage: int | None = None, mtp: bool = False) -> None:
         super().__init__(config=config)
+        from megatron.core.enums import ModelType
+
+        self.model_type = ModelType.encoder_or_decoder  # read by megatron's pipeline schedules
+        self.share_embeddings_and_output_weights = False  # read by finalize_model_grads (GLM is untied)
         self.glm = glm
         self.gather_logits = gather_logits
         self.pre_process = ps.is_pipeline_first_stage() if pre_process is None else pre_process
@@ -52,8 +56,7 @@ class GlmModel(MegatronModule):
             self.output_layer = tensor_parallel.ColumnParallelLinear(
                 glm.hidden_size, glm.vocab_size, config=config, init_method=config.init_method, bias=False,
                 gather_output=False, skip_bias_add=False)
-        self.mtp = None
-        if mtp:
+        if mtp:  # set only when built: megatron's schedules walk `model.mtp.layers[i].transformer_layer`
             if not (self.pre_process and self.post_process):
                 raise ValueError("MTP layers need the embedding and output layer on the same stage: use pp=1 with MTP")
             from slime_plugins.models.glm5.mtp import MtpBlock
@@ -95,7 +98,7 @@ class GlmModel(MegatronModule):
         logits, _ = self.output_layer(hidden)  # [S, B, V / tp]
         if not mtp_logits:
             return self._finish_logits(logits)
-        if self.mtp is None:
+        if getattr(self, "mtp", None) is None:
             raise ValueError("mtp_logits=True needs a model built with MTP (load_hf_model(..., load_mtp=True))")
         extra = self.mtp(self, input_ids, hidden, ctx, packed_seq_params)
         return self._finish_logits(logits), [self._finish_logits(x) for x in extra]

@@ -43,13 +43,13 @@ class MtpLayer(MegatronModule):
         self.eh_proj = ReplicatedLinear(2 * h, h, dtype=config.params_dtype)
         # Sequence parallel: each TP rank projects its own tokens, so the weight's grad is summed over TP.
         setattr(self.eh_proj.weight, "sequence_parallel", config.sequence_parallel)
-        self.layer = build_module(layer_spec(glm, glm.num_hidden_layers + depth - 1), config=config,
+        self.transformer_layer = build_module(layer_spec(glm, glm.num_hidden_layers + depth - 1), config=config,
                                   layer_number=glm.num_hidden_layers + depth)
         self.final_layernorm = RMSNorm(config, h, eps=glm.rms_norm_eps)
 
     def forward(self, hidden: torch.Tensor, embedded: torch.Tensor, ctx, packed_seq_params=None) -> torch.Tensor:
         x = self.eh_proj(torch.cat([self.enorm(embedded), self.hnorm(hidden)], dim=-1))
-        x, _ = self.layer(hidden_states=x, attention_mask=None, rotary_pos_emb=ctx, packed_seq_params=packed_seq_params)
+        x, _ = self.transformer_layer(hidden_states=x, attention_mask=None, rotary_pos_emb=ctx, packed_seq_params=packed_seq_params)
         return x
 
 
@@ -89,7 +89,7 @@ def mtp_maps(glm: GlmConfig, ep_rank: int, ep: int):
                  W.WeightMap(f"{p}.hnorm.weight", (f"{hp}.hnorm.weight",), W.REPLICATED),
                  W.WeightMap(f"{p}.eh_proj.weight", (f"{hp}.eh_proj.weight",), W.REPLICATED),
                  W.WeightMap(f"{p}.final_layernorm.weight", (f"{hp}.shared_head.norm.weight",), W.REPLICATED)]
-        maps += W.layer_maps(glm, layer, f"{p}.layer", hp, ep_rank, ep)
+        maps += W.layer_maps(glm, layer, f"{p}.transformer_layer", hp, ep_rank, ep)
     return maps
 
 
