@@ -2,7 +2,8 @@
 [sequence parallel], (1,2): logits equal tp=ep=1 (1e-5) and transformers (as in test_glm5_model),
 grads after megatron DDP's reduction equal transformers' grads, export_hf reproduces the checkpoint
 exactly (MTP layer included), MTP logits do not change with the layout, and an optimizer step runs.
-Then pp=2 through megatron's pipeline schedule: logits, per-stage grads, export, save_hf of both stages. One spawn per accelerator runs all three layouts."""
+Then pp=2 through megatron's pipeline schedule: logits, per-stage grads, export, save_hf of both stages;
+and megatron's own GPTModel with its alltoall MoE dispatcher at ep=2 (patched dispatcher path). One spawn per accelerator runs all three layouts."""
 
 from __future__ import annotations
 

@@ -171,7 +171,8 @@ class GlmConfig:
     def transformer_config(self, tp: int = 1, ep: int = 1, pp: int = 1, dtype: torch.dtype = torch.float32,
                            perform_initialization: bool = False, **overrides: Any):
         """megatron TransformerConfig for this model. Sequence parallel is on whenever tp > 1 (the MoE
-        layers see each TP rank's own tokens, as megatron requires for MoE with TP)."""
+        layers see each TP rank's own tokens, as megatron requires for MoE with TP), so every forward's
+        sequence length (packed T) must be a multiple of tp."""
         from megatron.core.transformer import TransformerConfig
 
         kwargs = dict(
@@ -211,5 +212,8 @@ class GlmConfig:
             if base == 0:
                 raise ValueError(f"pp={pp} exceeds the {n} decoder layers")
             kwargs.update(num_layers_in_first_pipeline_stage=base, num_layers_in_last_pipeline_stage=n - base * (pp - 1))
+        if tp > 1 and overrides.get("sequence_parallel", True) is False:
+            raise ValueError("tp > 1 needs sequence parallel with the GLM MoE layers (expert grads are summed over "
+                             "TP ranks); drop sequence_parallel=False and pad sequences to a multiple of tp")
         kwargs.update(overrides)
         return TransformerConfig(**kwargs)
