@@ -286,3 +286,22 @@ def test_generate_rollout_gives_up_loudly(engines, tmp_path, tokenizer):
     bad = _rollout_args(tmp_path, rollout_top_p=0.0)
     with pytest.raises(RolloutError, match="rejected sample .*top_p"):
         generate_rollout(bad, _Fleet(clients), ds, tokenizer, None)
+
+
+def test_engine_side_errors_are_reported_not_retried(engines, tmp_path, tokenizer):
+    _, clients = engines
+    args = _rollout_args(tmp_path)
+    ds = JsonlDataSource(args.prompt_data, tokenizer, apply_chat_template=True)
+    fleet = _Fleet(clients)
+    calls = []
+
+    class Broken:
+        def generate(self, ids, params, return_logprob, timeout=None):
+            calls.append(1)
+            return {"output_ids": [], "meta_info": {"finish_reason": {
+                "type": "abort", "message": "engine error: RuntimeError: out of memory"}}}
+
+    fleet.client = lambda idx: Broken()
+    with pytest.raises(RolloutError, match="out of memory"):
+        generate_rollout(args, fleet, ds, tokenizer, None)
+    assert len(calls) <= args.max_concurrency  # no retry loop

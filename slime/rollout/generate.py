@@ -133,7 +133,11 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
                 fleet.release(idx, served=False)
                 raise RolloutError(f"engine {idx} rejected sample {sample.index}: {e.message}") from e
             fleet.release(idx, served=True)
-            if out["meta_info"]["finish_reason"]["type"] == "abort":
+            finish = out["meta_info"]["finish_reason"]
+            if finish["type"] == "abort":
+                if str(finish.get("message", "")).startswith("engine error"):
+                    # A failing forward pass fails again on retry: report it instead of looping.
+                    raise RolloutError(f"engine {idx} failed on sample {sample.index}: {finish['message']}")
                 aborts += 1
                 counters.add(aborted=1)
                 continue
@@ -144,9 +148,16 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
             counters.add(done=1)
             return
 
+    def guarded(sample: Sample) -> None:
+        try:
+            one(sample)
+        except BaseException:
+            stop.set()  # the first failure stops new requests at once
+            raise
+
     workers = max(1, min(int(getattr(args, "max_concurrency", 64)), len(samples)))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rollout") as pool:
-        futures = [pool.submit(one, s) for s in samples]
+        futures = [pool.submit(guarded, s) for s in samples]
         finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
         errors = [f.exception() for f in finished if f.exception() is not None]
         if errors:
