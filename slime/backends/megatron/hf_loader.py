@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 
-from slime.accelerator import get_accelerator
 from slime.backends.megatron.hf_io import HFCheckpoint, HFCheckpointError, name_list
 
 __all__ = ["HFCheckpointError", "load_hf_model"]
