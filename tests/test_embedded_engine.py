@@ -421,3 +421,32 @@ def test_ipc_update_through_each_accelerator(accel, ckpts):
         _assert_params_equal(server.engine, ref)
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_any_hf_causal_lm(arch, tmp_path):
+    """Not only GLM: a Llama (untied) and a GPT-2 (tied embeddings, learned positions) checkpoint."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
+
+    cfg = (LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, max_position_embeddings=128, bos_token_id=1, eos_token_id=2)
+           if arch == "llama" else GPT2Config(vocab_size=300, n_embd=32, n_layer=2, n_head=4, n_positions=128,
+                                              bos_token_id=1, eos_token_id=2))
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
+    engine = EmbeddedEngine(EngineConfig(model_path=str(tmp_path)))
+    try:
+        prompts = _prompts(9, lengths=(2, 9, 5))
+        prompts = [[t % 300 for t in p] for p in prompts]
+        reqs = [engine.submit(engine.make_request(p, {"max_new_tokens": 8, "temperature": 0}, True)) for p in prompts]
+        ref_model = _hf(str(tmp_path))
+        for p, r in zip(prompts, reqs):
+            r.done.wait()
+            assert r.output_ids == _hf_greedy(ref_model, p, 8)
+            torch.testing.assert_close(torch.tensor(r.logprobs, dtype=torch.float64),
+                                       _teacher_forced_logprobs(ref_model, p, r.output_ids), atol=1e-4, rtol=0)
+        names = set(load_file(str(tmp_path / "model.safetensors")))
+        assert names == set(engine.name_map.checkpoint_names())  # tied lm_head is not expected from a checkpoint
+    finally:
+        engine.shutdown()
