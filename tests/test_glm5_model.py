@@ -12,12 +12,18 @@ import os
 
 import pytest
 import torch
-from glm5_helpers import hf_grads_by_checkpoint_name, hf_model, megatron_grads_by_hf_name, random_batch, write_checkpoint
+from glm5_helpers import (hf_grads_by_checkpoint_name, hf_model, megatron_grads_by_hf_name, megatron_state_cleanup,
+                          random_batch, write_checkpoint)
 from safetensors.torch import load_file, save_file
 
 from slime.backends.megatron import HFCheckpointError, export_hf, load_hf_model, save_hf
 
 MODEL_TYPES = ["glm_moe_dsa", "glm4_moe_lite"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _clean_megatron_state():
+    yield from megatron_state_cleanup()
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,19 @@ import torch
 from packaging.specifiers import SpecifierSet
 from importlib import metadata
 
+from glm5_helpers import megatron_state_cleanup
+
 from slime.accelerator import get_accelerator, patches
 from slime.accelerator.megatron_patches import common_patches
 from slime.accelerator.megatron_patches.device_shim import with_accelerator_torch
 
 MEGATRON_VERSION = metadata.version("megatron-core")
 # Patches whose target is a module global that megatron only binds when TransformerEngine imports.
+@pytest.fixture(scope="module", autouse=True)
+def _clean_megatron_state():
+    yield from megatron_state_cleanup()
+
+
 ADDS_MISSING_GLOBAL = {"moe_te_general_gemm_missing": ("megatron.core.transformer.moe.moe_utils", "RouterGatingLinearFunction")}
 
 
