@@ -123,3 +123,44 @@ def test_command_follows_the_process_accelerator(accel):
     assert _flag(cmd, "--device") == {"cpu": "cpu", "npu": "npu"}.get(accel.name)
     if accel.name == "npu":
         assert _flag(cmd, "--attention-backend") == "ascend"
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(line.split()[1] for line in f if line.startswith("State:"))
+    except (FileNotFoundError, ProcessLookupError, StopIteration):
+        return "gone"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_server_dies_with_its_starter(tmp_path):
+    """A starter killed with SIGKILL (as Ray kills actors) must not leave its engine server running."""
+    import signal
+    import subprocess
+    import time
+
+    port = free_port()
+    starter = textwrap.dedent(f"""
+        import os, sys, time
+        from slime.backends.sglang.process import ServerProcess
+        s = ServerProcess("engine 0", [sys.executable, "-c", {_FAKE_SERVER!r}, "{port}", "ok"], dict(os.environ),
+                          {str(tmp_path / "e.log")!r}, "http://127.0.0.1:{port}")
+        s.start(); s.wait_healthy(30)
+        print(s.pid, flush=True)
+        time.sleep(120)
+    """)
+    out = tmp_path / "out"
+    with open(out, "w") as fo:
+        proc = subprocess.Popen([sys.executable, "-c", starter], stdout=fo, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while not out.read_text().strip() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    server_pid = int(out.read_text().split()[0])
+    assert _state(server_pid) in ("R", "S")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while _state(server_pid) in ("R", "S", "D") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _state(server_pid) in ("Z", "X", "gone")

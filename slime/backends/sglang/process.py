@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -26,6 +27,7 @@ class ServerProcess:
     env: dict[str, str]  # full environment of the child
     log_path: str
     url: str
+    die_with_parent: bool = True  # SIGTERM the server when this process dies (see guard.py)
     proc: subprocess.Popen | None = field(default=None, init=False)
     starts: int = field(default=0, init=False)
 
@@ -35,8 +37,11 @@ class ServerProcess:
         os.makedirs(os.path.dirname(os.path.abspath(self.log_path)) or ".", exist_ok=True)
         log = open(self.log_path, "ab", buffering=0)
         log.write(f"\n===== {self.name} start {self.starts + 1}: {' '.join(self.cmd)}\n".encode())
+        cmd = list(self.cmd)
+        if self.die_with_parent:
+            cmd = [sys.executable, "-m", "slime.backends.sglang.guard", str(os.getpid()), "--"] + cmd
         try:
-            self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            self.proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
         finally:
             log.close()  # the child holds its own descriptor
