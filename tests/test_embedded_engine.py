@@ -322,24 +322,36 @@ def test_update_from_disk_release_and_resume(ckpts, served, restore):
     assert client.generate(prompt, params)["output_ids"] == base
 
 
+def _wait_for_requests(client, n: int = 1) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        load = client.get("/health")
+        if load["num_queued_reqs"] + load["num_running_reqs"] >= n:
+            return
+        time.sleep(0.01)
+    raise AssertionError("request never reached the engine")
+
+
 def test_pause_in_place_and_abort(served):
     _, client = served
     client.pause_generation(mode="in_place")
-    box = {}
-    t = threading.Thread(target=lambda: box.update(out=client.generate([5, 6, 7], {"max_new_tokens": 3})))
+    held = {}
+    t = threading.Thread(target=lambda: held.update(out=client.generate([5, 6, 7], {"max_new_tokens": 3})))
     t.start()
-    time.sleep(0.3)
-    assert "out" not in box  # held while paused
+    _wait_for_requests(client)
+    time.sleep(0.2)
+    assert "out" not in held  # queued while paused
     client.continue_generation()
     t.join(timeout=30)
-    assert box["out"]["meta_info"]["finish_reason"]["type"] == "length"
+    assert held["out"]["meta_info"]["finish_reason"]["type"] == "length"
     client.pause_generation(mode="in_place")
-    t = threading.Thread(target=lambda: box.update(out=client.generate([5, 6, 7], {"max_new_tokens": 3})))
+    aborted = {}
+    t = threading.Thread(target=lambda: aborted.update(out=client.generate([5, 6, 7], {"max_new_tokens": 3})))
     t.start()
-    time.sleep(0.2)
+    _wait_for_requests(client)
     client.pause_generation(mode="abort")  # queued/running requests return now, marked abort
     t.join(timeout=30)
-    assert box["out"]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert aborted["out"]["meta_info"]["finish_reason"]["type"] == "abort"
     client.continue_generation()
     assert client.generate([5, 6, 7], {"max_new_tokens": 3})["meta_info"]["finish_reason"]["type"] == "length"
 

@@ -27,7 +27,9 @@ class ServerProcess:
     env: dict[str, str]  # full environment of the child
     log_path: str
     url: str
-    die_with_parent: bool = True  # SIGTERM the server when this process dies (see guard.py)
+    # SIGTERM the server when its starter dies (guard.py). Linux ties this to the starting *thread*:
+    # call start() from a long-lived thread (a Ray actor's, the main thread).
+    die_with_parent: bool = True
     proc: subprocess.Popen | None = field(default=None, init=False)
     starts: int = field(default=0, init=False)
 
