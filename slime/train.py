@@ -94,20 +94,47 @@ def _should_save(args, rollout_id: int) -> bool:
 
 def train(args) -> list[dict[str, Any]]:
     """Run the loop; returns the per-iteration metric records (also in OUTPUT_DIR/metrics.jsonl)."""
-    import ray
-
     from slime.ray.actor_group import RayTrainGroup
     from slime.ray.placement_group import create_placement_groups, init_ray
-    from slime.ray.rollout import create_rollout_manager
-    from slime.utils.metrics import MetricsLogger, console_line
 
     _cpu_threads_default(args)
     init_ray(args.num_cpus)
     slots = create_placement_groups(args)
-    actor = RayTrainGroup(args, slots["actor"])
+    handles: dict[str, Any] = {}  # filled as they start, so a failure still stops what is running
+    try:
+        handles["actor"] = RayTrainGroup(args, slots["actor"])
+        return _run(args, handles, slots)
+    finally:
+        _cleanup(handles.get("actor"), handles.get("rollout"), slots)
+
+
+def _cleanup(actor, rollout, slots) -> None:
+    """Stop engines and trainer actors and free the placement group (the Ray session may go on)."""
+    import ray
+    from ray.util.placement_group import remove_placement_group
+
+    if actor is not None:
+        actor.shutdown()
+    if rollout is not None:
+        try:
+            ray.get(rollout.shutdown.remote(), timeout=60)
+        except Exception as e:
+            logger.warning("rollout shutdown: %s", e)
+        ray.kill(rollout)
+    remove_placement_group(slots["actor"].pg)
+
+
+def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
+    import ray
+
+    from slime.ray.rollout import create_rollout_manager
+    from slime.utils.metrics import MetricsLogger, console_line
+
+    actor = handles["actor"]
     # Trainer first: in colocated mode the engines then start on devices the trainer already holds.
     start_rollout_id = actor.init("actor", with_ref=args.use_ref_model)
-    rollout = create_rollout_manager(args, slots["rollout"])
+    rollout = handles["rollout"] = create_rollout_manager(args, slots["rollout"])
+    records: list[dict[str, Any]] = []
     if start_rollout_id > 0:
         extra = actor.load_extra_state() or {}
         if extra.get("data_source") is not None:
@@ -118,7 +145,6 @@ def train(args) -> list[dict[str, Any]]:
         actor.update_weights(version=start_rollout_id)  # engines started from --hf-checkpoint
 
     log = MetricsLogger(args.output_dir, resume_from=start_rollout_id if args.load else None)
-    records = []
     for rollout_id in range(start_rollout_id, args.num_rollout):
         t_iter = time.perf_counter()
         t0 = time.perf_counter()
@@ -154,12 +180,6 @@ def train(args) -> list[dict[str, Any]]:
         log.log(metrics)
         records.append(metrics)
         print(console_line(metrics, args.num_rollout), flush=True)
-
-    actor.shutdown()
-    try:
-        ray.get(rollout.shutdown.remote(), timeout=60)
-    except Exception:
-        pass
     return records
 
 
@@ -170,8 +190,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     records = train(args)
     if records:
-        first, last = records[0]["rollout/reward_mean"], records[-1]["rollout/reward_mean"]
-        print(f"reward: first {first:.3f} -> last {last:.3f} over {len(records)} iterations; "
+        rewards = [r["rollout/reward_mean"] for r in records]
+        k = max(1, min(5, len(rewards) // 4))
+        print(f"reward: first {rewards[0]:.3f} -> last {rewards[-1]:.3f} (mean of first {k}: "
+              f"{sum(rewards[:k]) / k:.3f}, last {k}: {sum(rewards[-k:]) / k:.3f}) over {len(records)} iterations; "
               f"metrics in {os.path.join(args.output_dir, 'metrics.jsonl')}", flush=True)
     return 0
 

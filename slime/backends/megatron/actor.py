@@ -57,6 +57,10 @@ class MegatronTrainRayActor:
         import torch.distributed as dist
         from megatron.core import parallel_state as mpu
 
+        import warnings
+
+        # megatron-core warns at import about optional fused kernels it falls back from; not actionable here.
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
         self.args = args
         acc = get_accelerator()
         threads = os.environ.get("OMP_NUM_THREADS")
