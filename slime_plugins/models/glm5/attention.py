@@ -58,7 +58,7 @@ class DsaIndexer(KeepsFloat32, torch.nn.Module):
 
 
 class MLASelfAttention(MegatronModule):
-    """Megatron self-attention submodule: forward(hidden [S(/tp), B, H], ..., rotary_pos_emb=ForwardContext)
+    """Megatron self-attention submodule: forward(hidden [S(/tp), B, H], ..., packed_seq_params=ForwardContext)
     -> (output [S(/tp), B, H], None)."""
 
     def __init__(self, config, layer_number: int, glm: GlmConfig, **_: object) -> None:
@@ -90,11 +90,11 @@ class MLASelfAttention(MegatronModule):
         elif kind == "shared":
             self.topk_source = max(i for i in range(self.layer_index) if glm.indexer_type(i) == "full")
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask=None, rotary_pos_emb: ForwardContext | None = None,
-                packed_seq_params=None, **_: object):
-        ctx = rotary_pos_emb
+    def forward(self, hidden_states: torch.Tensor, attention_mask=None, packed_seq_params: ForwardContext | None = None,
+                **_: object):
+        ctx = packed_seq_params
         if not isinstance(ctx, ForwardContext):
-            raise TypeError("MLASelfAttention needs the model's ForwardContext as rotary_pos_emb (use GlmModel)")
+            raise TypeError("MLASelfAttention needs the model's ForwardContext as packed_seq_params (use GlmModel)")
         glm, ops = self.glm, get_accelerator().ops
         x = hidden_states
         if self.config.sequence_parallel:

@@ -85,14 +85,15 @@ class GlmModel(MegatronModule):
             raise ValueError(f"sequence length {seq_len} must be a multiple of tp={tp} (sequence parallel); pad the batch")
         device = input_ids.device
         cos, sin = self.rotary(position_ids, self.config.params_dtype)
-        ctx = ForwardContext(cos, sin, cu_seqlens_for(batch, seq_len, packed_seq_params, device), batch, seq_len)
+        cu = cu_seqlens_for(batch, seq_len, packed_seq_params, device)
+        ctx = ForwardContext(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cos=cos, sin=sin, cu_seqlens=cu,
+                             batch=batch, seq_len=seq_len)
         hidden = None
         if self.pre_process:
             hidden = self.embedding(input_ids).transpose(0, 1).contiguous()  # [S, B, H]
             if self.config.sequence_parallel:
                 hidden = tensor_parallel.scatter_to_sequence_parallel_region(hidden)
-        hidden = self.decoder(hidden_states=hidden, attention_mask=None, rotary_pos_emb=ctx,
-                              packed_seq_params=packed_seq_params)
+        hidden = self.decoder(hidden_states=hidden, attention_mask=None, packed_seq_params=ctx)
         if not self.post_process:
             return hidden
         logits, _ = self.output_layer(hidden)  # [S, B, V / tp]
@@ -100,7 +101,7 @@ class GlmModel(MegatronModule):
             return self._finish_logits(logits)
         if getattr(self, "mtp", None) is None:
             raise ValueError("mtp_logits=True needs a model built with MTP (load_hf_model(..., load_mtp=True))")
-        extra = self.mtp(self, input_ids, hidden, ctx, packed_seq_params)
+        extra = self.mtp(self, input_ids, hidden, ctx)
         return self._finish_logits(logits), [self._finish_logits(x) for x in extra]
 
     def _finish_logits(self, logits: torch.Tensor) -> torch.Tensor:

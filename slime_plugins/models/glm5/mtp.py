@@ -47,9 +47,9 @@ class MtpLayer(MegatronModule):
                                   layer_number=glm.num_hidden_layers + depth)
         self.final_layernorm = RMSNorm(config, h, eps=glm.rms_norm_eps)
 
-    def forward(self, hidden: torch.Tensor, embedded: torch.Tensor, ctx, packed_seq_params=None) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, embedded: torch.Tensor, ctx) -> torch.Tensor:
         x = self.eh_proj(torch.cat([self.enorm(embedded), self.hnorm(hidden)], dim=-1))
-        x, _ = self.transformer_layer(hidden_states=x, attention_mask=None, rotary_pos_emb=ctx, packed_seq_params=packed_seq_params)
+        x, _ = self.transformer_layer(hidden_states=x, attention_mask=None, packed_seq_params=ctx)
         return x
 
 
@@ -58,7 +58,7 @@ class MtpBlock(MegatronModule):
         super().__init__(config=config)
         self.layers = torch.nn.ModuleList(MtpLayer(config, glm, d + 1) for d in range(glm.mtp_num_layers))
 
-    def forward(self, model, input_ids, hidden, ctx, packed_seq_params=None) -> list[torch.Tensor]:
+    def forward(self, model, input_ids, hidden, ctx) -> list[torch.Tensor]:
         """Logits [S(/tp), B, V/tp] of each depth (before the TP gather), from the main hidden states."""
         outputs = []
         for layer in self.layers:
@@ -66,7 +66,7 @@ class MtpBlock(MegatronModule):
             embedded = model.embedding(ids).transpose(0, 1).contiguous()
             if self.config.sequence_parallel:
                 embedded = tensor_parallel.scatter_to_sequence_parallel_region(embedded)
-            hidden = layer(hidden, embedded, ctx, packed_seq_params)
+            hidden = layer(hidden, embedded, ctx)
             logits, _ = model.output_layer(layer.final_layernorm(hidden))
             outputs.append(logits)
         return outputs

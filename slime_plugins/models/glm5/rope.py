@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from megatron.core.packed_seq_params import PackedSeqParams
 
 from slime_plugins.models.glm5.config import GlmConfig
 
@@ -28,16 +29,18 @@ def inv_freq_and_scaling(cfg: GlmConfig) -> tuple[torch.Tensor, float]:
 
 
 @dataclass
-class ForwardContext:
-    """What every attention layer of one forward shares (passed through megatron's TransformerBlock as
-    `rotary_pos_emb`): rotary cos/sin per token (THD order, [T, rope_dim // 2]), the packed sequence
-    boundaries, and the DSA top-k of each "full" indexer layer (read by later "shared" layers)."""
+class ForwardContext(PackedSeqParams):
+    """What every attention layer of one forward shares: rotary cos/sin per token (THD order,
+    [T, rope_dim // 2]), the sequence boundaries, and the DSA top-k of each "full" indexer layer (read by
+    later "shared" layers). It travels through megatron's TransformerBlock as `packed_seq_params`, which
+    the block hands to every layer without inspecting it, also under activation recompute (a closure,
+    where `rotary_pos_emb` would have to be a tensor)."""
 
-    cos: torch.Tensor
-    sin: torch.Tensor
-    cu_seqlens: torch.Tensor  # int32 [n + 1], leading 0
-    batch: int
-    seq_len: int
+    cos: torch.Tensor | None = None
+    sin: torch.Tensor | None = None
+    cu_seqlens: torch.Tensor | None = None  # int32 [n + 1], leading 0
+    batch: int = 0
+    seq_len: int = 0
     topk: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
