@@ -3,7 +3,8 @@
 grads after megatron DDP's reduction equal transformers' grads, export_hf reproduces the checkpoint
 exactly (MTP layer included), MTP logits do not change with the layout, and an optimizer step runs.
 Then pp=2 through megatron's pipeline schedule: logits, per-stage grads, export, save_hf of both stages;
-and megatron's own GPTModel with its alltoall MoE dispatcher at ep=2 (patched dispatcher path). One spawn per accelerator runs all three layouts."""
+megatron's own GPTModel with its alltoall MoE dispatcher at ep=2 (patched dispatcher path); and at dp=2 the
+distributed optimizer's step equals the plain optimizer's. One spawn per accelerator runs all three layouts."""
 
 from __future__ import annotations
 
