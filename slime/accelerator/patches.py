@@ -109,8 +109,12 @@ def apply_patch_set(accelerator: str, library: str) -> list[str]:
         if key in _APPLIED:
             return [a.patch.name for a in _APPLIED[key]]
         applied: list[_Applied] = []
+        patches = patch_set(accelerator, library)
+        # Resolve (import) every target first: a module imported part-way through applying would
+        # bind an already-patched function and record it as the "original".
+        resolved = {t: _resolve(t) for patch in patches for t in patch.targets}
         try:
-            for patch in patch_set(accelerator, library):
+            for patch in patches:
                 if not _version_ok(patch, library):
                     logger.warning(
                         "patch %s targets %s %s; installed version differs, applying anyway (check it still applies)",
@@ -119,7 +123,7 @@ def apply_patch_set(accelerator: str, library: str) -> list[str]:
                 record = _Applied(patch)
                 applied.append(record)
                 for target in patch.targets:
-                    owner, attr = _resolve(target)
+                    owner, attr = resolved[target]
                     original = owner.__dict__.get(attr, _MISSING) if isinstance(owner, type) else getattr(owner, attr, _MISSING)
                     new = patch.replacement(None if original is _MISSING else original)
                     record.originals.append((owner, attr, original))
