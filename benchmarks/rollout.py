@@ -103,6 +103,7 @@ def main() -> None:
     print(f"embedded engine (HTTP, concurrent clients): {eng:10.1f} tokens/s")
     print(f"transformers generate (one padded batch):   {hf:10.1f} tokens/s")
     print(f"ratio engine / transformers: {eng / hf:.2f}")
+    print(f"engine waves: {engine.stats['waves']} for {a.repeats + 1} rounds of {a.num_prompts} requests")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
 """The embedded rollout engine: a transformers causal LM with batched, KV-cached generation.
 
-Scheduling is wave batching: requests that are waiting when the scheduler is free (plus those
-arriving within `batch_wait_s`) form one wave of up to `max_running_requests` rows. A wave is
-left-padded (padding masked, position ids counted from each row's first real token), prefilled
-once, then decoded one token per step for all rows; finished rows are dropped from the batch and
-its KV cache. Requests arriving during a wave start with the next one.
+Scheduling: requests that are waiting when the scheduler is free (plus those arriving in the same
+burst: until `batch_wait_s` passes without a new one, at most `max_batch_wait_s`) form a wave of
+up to `max_running_requests` rows. A wave is left-padded (padding masked, position ids counted
+from each row's first real token), prefilled, then decoded one token per step for all rows;
+finished rows are dropped from the batch and its KV cache. Requests arriving during a wave join it
+at a step boundary once at least half as many wait as run: the running rows' tokens so far and the
+newcomers' prompts are prefilled together into a fresh cache (continuous batching by recompute:
+no surgery on model-specific cache layouts, and the re-prefill is paid a few times per wave).
 
 Exactness: with float32 weights, greedy tokens equal `model.generate` on each prompt alone and the
 returned logprobs equal a teacher-forced forward pass within float32 rounding (tests: 1e-4). One
@@ -54,7 +57,8 @@ class EngineConfig:
     context_length: int | None = None  # default: the model's max_position_embeddings
     random_seed: int = 0
     original_logprobs: bool = False  # True: logprobs of the raw (temperature 1) distribution
-    batch_wait_s: float = 0.003
+    batch_wait_s: float = 0.01  # a wave starts after this long without a new arrival ...
+    max_batch_wait_s: float = 0.1  # ... or this long after the first one
     tokenizer_path: str | None = None
     attn_implementation: str | None = None
 
@@ -105,7 +109,7 @@ class EmbeddedEngine:
         self._wave_idle = threading.Event()
         self._wave_idle.set()
         self._groups: dict[str, Any] = {}
-        self.stats = {"waves": 0, "forward_steps": 0, "generated_tokens": 0}
+        self.stats = {"waves": 0, "joins": 0, "forward_steps": 0, "generated_tokens": 0}
         self._thread = threading.Thread(target=self._loop, name="embedded-engine-scheduler", daemon=True)
         self._thread.start()
 
@@ -226,9 +230,15 @@ class EmbeddedEngine:
                     self._cond.wait()
                 if self._stopped:
                     return
-                # A short gather window lets concurrently sent requests share the wave.
-                if len(self._queue) < self.cfg.max_running_requests and self.cfg.batch_wait_s > 0:
+                # Gather: keep waiting while requests keep arriving (a burst of concurrent clients
+                # lands over a few ms), so they share one wave instead of splitting into several.
+                deadline = time.perf_counter() + self.cfg.max_batch_wait_s
+                while (len(self._queue) < self.cfg.max_running_requests and self.cfg.batch_wait_s > 0
+                       and time.perf_counter() < deadline):
+                    before = len(self._queue)
                     self._cond.wait(self.cfg.batch_wait_s)
+                    if len(self._queue) == before:
+                        break
                 if self._paused or self._released_weights is not None or not self._queue:
                     continue
                 wave = [self._queue.popleft() for _ in range(min(len(self._queue), self.cfg.max_running_requests))]
@@ -238,7 +248,7 @@ class EmbeddedEngine:
                 self._run_wave(wave)
             except Exception as e:  # a bug or device error must not hang clients
                 logger.exception("generation wave failed")
-                for r in wave:
+                for r in self._running:
                     self._finish(r, {"type": "abort", "message": f"engine error: {type(e).__name__}: {e}"})
             finally:
                 with self._cond:
@@ -273,22 +283,40 @@ class EmbeddedEngine:
                 return True
         return False
 
+    def _prefill(self, rows: list[Request]) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
+        """Left-padded forward over each row's prompt + tokens so far. Returns (next-token logits, cache,
+        attention mask, position of each row's last token)."""
+        seqs = [r.input_ids + r.output_ids for r in rows]
+        width = max(map(len, seqs))
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for i, seq in enumerate(seqs):
+            ids[i, width - len(seq):] = torch.tensor(seq)
+            mask[i, width - len(seq):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = self._new_cache()
+        logits = self._forward(ids, mask, pos, cache)
+        return logits, cache, mask, pos[:, -1]
+
+    def _take_joiners(self, running: int) -> list[Request]:
+        """Queued requests that join the running wave at this step boundary: when at least half as many wait
+        as run (so the re-prefill this costs is paid at most a few times per wave) and there is room."""
+        with self._cond:
+            if (self._paused or self._abort_pending or self._stopped or self._released_weights is not None
+                    or not self._queue or 2 * len(self._queue) < running):
+                return []
+            room = self.cfg.max_running_requests - running
+            joiners = [self._queue.popleft() for _ in range(min(room, len(self._queue)))]
+            self._running = self._running + joiners
+            return joiners
+
     @torch.inference_mode()
     def _run_wave(self, wave: list[Request]) -> None:
         self.stats["waves"] += 1
         dev = self.device
-        width = max(len(r.input_ids) for r in wave)
-        ids = torch.zeros(len(wave), width, dtype=torch.long)
-        mask = torch.zeros(len(wave), width, dtype=torch.long)
-        for i, r in enumerate(wave):
-            ids[i, width - len(r.input_ids):] = torch.tensor(r.input_ids)
-            mask[i, width - len(r.input_ids):] = 1
-        ids, mask = ids.to(dev), mask.to(dev)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = self._new_cache()
         rows = list(wave)
-        logits = self._forward(ids, mask, pos, cache)
-        last_pos = pos[:, -1]
+        logits, cache, mask, last_pos = self._prefill(rows)
         while rows:
             if self._check_interrupts():
                 for r in rows:
@@ -307,6 +335,14 @@ class EmbeddedEngine:
                     keep.append(i)
                 else:
                     self._finish(r, reason)
+            joiners = self._take_joiners(len(keep))
+            if joiners:
+                # Continuous batching by recompute: one prefill over the running rows' tokens so far and
+                # the newcomers' prompts gives every row its next-token logits, with no cache surgery.
+                rows = [rows[i] for i in keep] + joiners
+                self.stats["joins"] += 1
+                logits, cache, mask, last_pos = self._prefill(rows)
+                continue
             if not keep:
                 return
             next_ids = torch.tensor([tokens[i] for i in keep], dtype=torch.long, device=dev)[:, None]
