@@ -109,6 +109,43 @@ def test_greedy_batch_equals_transformers_generate(ckpts, served, kind):
             server.stop()
 
 
+def test_requests_joining_a_running_wave_stay_exact(ckpts, served):
+    """Late requests join the running wave (re-prefill): tokens and logprobs are unchanged by it."""
+    server, client = served
+    prompts = _prompts(11, lengths=(3, 8, 5, 11))
+    joins = server.engine.stats["joins"]
+    box = {}
+    first = threading.Thread(target=lambda: box.update(
+        first=client.generate(prompts[0], {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}, True)))
+    first.start()
+    _wait_for_running(client)
+    late = client.generate(prompts[1:], {"max_new_tokens": 12, "temperature": 0}, return_logprob=True)
+    first.join(timeout=60)
+    assert server.engine.stats["joins"] > joins
+    model = _hf(ckpts["lite0"])
+    for p, o in zip(prompts, [box["first"]] + late):
+        n = o["meta_info"]["completion_tokens"]
+        ref = _greedy_without_cache(model, p, n) if n == 40 else _hf_greedy(model, p, 12)
+        assert o["output_ids"] == ref
+        lp = torch.tensor([x[0] for x in o["meta_info"]["output_token_logprobs"]], dtype=torch.float64)
+        torch.testing.assert_close(lp, _teacher_forced_logprobs(model, p, ref), atol=1e-4, rtol=0)
+
+
+def _greedy_without_cache(model, prompt: list[int], n: int) -> list[int]:
+    seq = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):  # EOS ignored, as the request asked
+            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq[len(prompt):]
+
+
+def _wait_for_running(client) -> None:
+    deadline = time.monotonic() + 30
+    while client.get("/health")["num_running_reqs"] == 0:
+        assert time.monotonic() < deadline, "request never started"
+        time.sleep(0.002)
+
+
 def test_sampled_logprobs_equal_teacher_forced_pass(ckpts, served):
     _, client = served
     model32, model64 = _hf(ckpts["lite0"]), _hf(ckpts["lite0"], torch.float64)
