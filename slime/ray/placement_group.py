@@ -133,5 +133,11 @@ def init_ray(num_cpus: int | None = None) -> None:
         return
     if os.environ.get("RAY_ADDRESS"):
         ray.init(include_dashboard=False, log_to_driver=True)
-    else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+        return
+    acc = get_accelerator()
+    resources = None
+    if acc.ray_resource is not None and acc.ray_resource not in _RAY_BUILTIN_OPTION:
+        # A local cluster declares this node's devices under the accelerator's resource name (Ray
+        # detects GPUs itself; other devices, e.g. NPUs, are declared explicitly).
+        resources = {acc.ray_resource: float(acc.device_count())}
+    ray.init(num_cpus=num_cpus, resources=resources, include_dashboard=False, log_to_driver=True)
