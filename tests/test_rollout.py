@@ -305,3 +305,19 @@ def test_engine_side_errors_are_reported_not_retried(engines, tmp_path, tokenize
     with pytest.raises(RolloutError, match="out of memory"):
         generate_rollout(args, fleet, ds, tokenizer, None)
     assert len(calls) <= args.max_concurrency  # no retry loop
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    ({"prompt_data": "x.jsonl", "rm_type": "math"}, "--rollout-batch-size is required"),
+    ({"prompt_data": "x.jsonl", "rollout_batch_size": 4}, "no reward"),
+    ({"rollout_top_p": 0.0}, "--rollout-top-p"),
+    ({"rollout_top_k": 0}, "--rollout-top-k"),
+    ({"n_samples_per_prompt": 0}, "--n-samples-per-prompt"),
+    ({"rollout_max_response_len": 0}, "--rollout-max-response-len"),
+])
+def test_rollout_flag_validation(overrides, needle):
+    from slime.rollout.arguments import RolloutArgumentError, validate_rollout_args
+
+    with pytest.raises(RolloutArgumentError, match=needle):
+        validate_rollout_args(rollout_defaults(**overrides))
+    assert validate_rollout_args(rollout_defaults(prompt_data="x", rollout_batch_size=2, rm_type="math"))

@@ -46,9 +46,10 @@ class RolloutManager:
     def __init__(self, args: Any, slots: Any = None) -> None:
         from transformers import AutoTokenizer
 
+        from slime.rollout.arguments import validate_rollout_args
         from slime.rollout.rewards import get_reward_fn
 
-        self.args = args
+        self.args = validate_rollout_args(args)
         if not getattr(args, "hf_checkpoint", None):
             raise RolloutError("--hf-checkpoint is required: the engines load it and its tokenizer encodes prompts")
         self._token = secrets.token_hex(16)

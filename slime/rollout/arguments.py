@@ -100,3 +100,29 @@ def sglang_passthrough(args: argparse.Namespace) -> list[str]:
             out.append(f"--{name}")
     out += shlex.split(getattr(args, "sglang_server_args", "") or "")
     return out
+
+
+class RolloutArgumentError(ValueError):
+    """A bad rollout flag. One line: the problem and the fix."""
+
+
+def validate_rollout_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Check the rollout flags before any engine starts (raises RolloutArgumentError)."""
+    def need(cond: bool, msg: str) -> None:
+        if not cond:
+            raise RolloutArgumentError(msg)
+
+    if getattr(args, "prompt_data", None):
+        need(args.rollout_batch_size is not None and args.rollout_batch_size >= 1,
+             "--rollout-batch-size is required (prompts per rollout, >= 1)")
+        need(bool(args.rm_type or args.custom_rm_path),
+             "no reward: pass --rm-type (math, synthetic) or --custom-rm-path module.fn")
+    need(args.n_samples_per_prompt >= 1, f"--n-samples-per-prompt must be >= 1, got {args.n_samples_per_prompt}")
+    need(args.rollout_max_response_len >= 1,
+         f"--rollout-max-response-len must be >= 1, got {args.rollout_max_response_len}")
+    need(args.rollout_temperature >= 0, f"--rollout-temperature must be >= 0, got {args.rollout_temperature}")
+    need(0 < args.rollout_top_p <= 1, f"--rollout-top-p must be in (0, 1], got {args.rollout_top_p}")
+    need(args.rollout_top_k == -1 or args.rollout_top_k >= 1, f"--rollout-top-k must be -1 or >= 1, got {args.rollout_top_k}")
+    need(args.max_concurrency >= 1, f"--max-concurrency must be >= 1, got {args.max_concurrency}")
+    need(args.rollout_engine_max_restarts >= 0, "--rollout-engine-max-restarts must be >= 0")
+    return args
