@@ -36,15 +36,8 @@ import torch
 from slime.accelerator import get_accelerator
 from slime.backends.embedded.errors import BadRequest
 from slime.backends.embedded.sampling import SamplingParams, apply_penalties, choose_tokens
-from slime.backends.embedded.weights import (
-    PlannedCopy,
-    WeightNameMap,
-    apply_plan,
-    dtype_name,
-    parse_dtype,
-    plan_disk_update,
-    plan_update,
-)
+from slime.backends.embedded.engine_weights import WeightControl
+from slime.backends.embedded.weights import WeightNameMap, parse_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +73,7 @@ class Request:
     generator: torch.Generator | None = None
 
 
-class EmbeddedEngine:
+class EmbeddedEngine(WeightControl):
     def __init__(self, cfg: EngineConfig, model: torch.nn.Module | None = None, tokenizer: Any = None) -> None:
         self.cfg = cfg
         self.acc = get_accelerator()
@@ -438,35 +431,6 @@ class EmbeddedEngine:
         with self._cond:
             return {"num_queued_reqs": len(self._queue), "num_running_reqs": len(self._running)}
 
-    def release_memory(self, tags: list[str] | None = None) -> None:
-        tags = _check_tags(tags)
-        if "weights" not in tags:
-            return  # the KV cache lives only for a wave; nothing is held between waves
-        with self._cond:
-            if self._released_weights is not None:
-                return
-            self._released_weights = {}
-        self.abort_all("aborted by release_memory_occupation")
-        with self._model_lock:
-            for name, p in self.model.named_parameters():
-                self._released_weights[name] = (p.shape, p.dtype)
-                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
-        self.acc.empty_cache()
-
-    def resume_memory(self, tags: list[str] | None = None) -> None:
-        tags = _check_tags(tags)
-        if "weights" not in tags or self._released_weights is None:
-            return
-        with self._model_lock:
-            for name, p in self.model.named_parameters():
-                shape, dtype = self._released_weights[name]
-                # Contents are undefined until the next weight update; NaN makes a missed update visible.
-                fill = float("nan") if dtype.is_floating_point else 0
-                p.data = torch.full(shape, fill, dtype=dtype, device=self.device)
-        with self._cond:
-            self._released_weights = None
-            self._cond.notify_all()
-
     def shutdown(self) -> None:
         with self._cond:
             self._stopped = True
@@ -475,137 +439,3 @@ class EmbeddedEngine:
         self._thread.join(timeout=10)
         for name in list(self._groups):
             self.destroy_weights_update_group(name)
-
-    # ------------------------------------------------------------------ weights
-    def _require_weights(self) -> None:
-        if self._released_weights is not None:
-            raise BadRequest("weights are released; call /resume_memory_occupation with tags [\"weights\"] first")
-
-    def _commit(self, plan: list[PlannedCopy], weight_version: Any) -> None:
-        with self._model_lock:
-            apply_plan(plan)
-            if weight_version is not None:
-                self.weight_version = str(weight_version)
-
-    def update_from_named_tensors(self, named: list[tuple[str, torch.Tensor]], weight_version: Any = None) -> int:
-        self._require_weights()
-        plan = plan_update(self.name_map, [(n, t.shape, t.dtype) for n, t in named])
-        for p, (_, t) in zip(plan, named):
-            p.source = t
-        self._commit(plan, weight_version)
-        return len(plan)
-
-    def update_from_disk(self, model_path: str, weight_version: Any = None) -> int:
-        self._require_weights()
-        plan = plan_disk_update(self.name_map, model_path)
-        self._commit(plan, weight_version)
-        return len(plan)
-
-    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
-                                  group_name: str, backend: str | None = None) -> None:
-        from slime.utils.distributed import init_custom_process_group
-
-        if not isinstance(group_name, str) or not group_name:
-            raise BadRequest("group_name must be a non-empty string")
-        if group_name in self._groups:
-            raise BadRequest(f"weights update group {group_name!r} already exists; destroy it first")
-        for k, v in (("master_port", master_port), ("rank_offset", rank_offset), ("world_size", world_size)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise BadRequest(f"{k} must be a non-negative int, got {v!r}")
-        if not 1 <= rank_offset < world_size:
-            raise BadRequest(f"rank_offset {rank_offset} must be in [1, world_size={world_size}) (rank 0 is the trainer)")
-        self._groups[group_name] = init_custom_process_group(
-            master_address=str(master_address), master_port=master_port, world_size=world_size,
-            rank=rank_offset, group_name=group_name, backend=backend)
-
-    def update_from_distributed(self, names: Any, dtypes: Any, shapes: Any, group_name: str,
-                                weight_version: Any = None) -> int:
-        """Receive every tensor (broadcast from group rank 0, in `names` order), then apply all or nothing.
-        Tensors are received even when the update will be rejected, so the sender never hangs."""
-        from slime.utils.distributed import broadcast
-
-        if group_name not in self._groups:
-            raise BadRequest(f"no weights update group {group_name!r}; call /init_weights_update_group first")
-        if not (isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)
-                and len(names) == len(dtypes) == len(shapes) and names):
-            raise BadRequest("names, dtypes and shapes must be non-empty lists of equal length")
-        try:
-            bufs = [torch.empty([int(s) for s in shape], dtype=parse_dtype(dt), device=self.device)
-                    for shape, dt in zip(shapes, dtypes)]
-        except (TypeError, ValueError) as e:
-            raise BadRequest(f"bad shapes/dtypes in update_weights_from_distributed: {e}") from e
-        error: BadRequest | None = None
-        plan: list[PlannedCopy] = []
-        try:
-            self._require_weights()
-            plan = plan_update(self.name_map, [(n, b.shape, b.dtype) for n, b in zip(names, bufs)])
-        except BadRequest as e:
-            error = e
-        group = self._groups[group_name]
-        for b in bufs:
-            broadcast(b, src=0, group=group)
-        if error is not None:
-            raise error
-        for p, b in zip(plan, bufs):
-            p.source = b
-        self._commit(plan, weight_version)
-        return len(plan)
-
-    def destroy_weights_update_group(self, group_name: str) -> None:
-        from slime.utils.distributed import destroy_custom_process_group
-
-        group = self._groups.pop(group_name, None)
-        if group is None:
-            raise BadRequest(f"no weights update group {group_name!r}")
-        destroy_custom_process_group(group)
-
-    def weights_checksum(self, names: Any) -> dict[str, list[float]]:
-        """slime.utils.weight_checksum of each named weight (HF or runtime names), to verify a sync."""
-        from slime.utils.weight_checksum import tensor_checksum
-
-        self._require_weights()
-        if names is None:
-            names = self.name_map.checkpoint_names()
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            raise BadRequest("names must be a list of weight names (or omitted for all)")
-        unknown = [n for n in names if n not in self.name_map]
-        if unknown:
-            raise BadRequest(f"unknown weights {unknown[:3]}{' ...' if len(unknown) > 3 else ''}")
-        with self._model_lock:
-            return {n: tensor_checksum(self.name_map.resolve(n)) for n in names}
-
-    def model_info(self) -> dict[str, Any]:
-        main = self._main_dtype()
-        return {
-            "model_path": self.cfg.model_path,
-            "tokenizer_path": self.cfg.tokenizer_path or self.cfg.model_path,
-            "is_generation": True,
-            "engine": "embedded",
-            "device": str(self.device),
-            "dtype": dtype_name(main),
-            "weight_dtypes": self.name_map.dtype_overrides(main) if self._released_weights is None else {},
-            "weight_version": self.weight_version,
-            "max_context_length": self.context_length,
-            "vocab_size": self.vocab_size,
-            "max_running_requests": self.cfg.max_running_requests,
-            "eos_token_ids": sorted(self.eos_ids),
-        }
-
-    def _main_dtype(self) -> torch.dtype:
-        counts: dict[torch.dtype, int] = {}
-        for p in self.model.parameters():
-            counts[p.dtype] = counts.get(p.dtype, 0) + p.numel()
-        return max(counts, key=counts.get) if counts else torch.float32
-
-
-def _check_tags(tags: Any) -> list[str]:
-    valid = ["weights", "kv_cache", "cuda_graph"]
-    if tags is None:
-        return valid
-    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
-        raise BadRequest("tags must be a list of strings")
-    bad = sorted(set(tags) - set(valid))
-    if bad:
-        raise BadRequest(f"unknown memory tags {bad}; use {valid}")
-    return tags
-
