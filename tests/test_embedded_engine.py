@@ -499,3 +499,39 @@ def test_any_hf_causal_lm(arch, tmp_path):
         assert names == set(engine.name_map.checkpoint_names())  # tied lm_head is not expected from a checkpoint
     finally:
         engine.shutdown()
+
+
+def test_weight_sync_group_leaves_the_default_group_alone(tmp_path):
+    """Rank 0 already has a default world (as a Megatron trainer does); the custom group must not touch it."""
+    from slime.backends.sglang.process import free_port
+
+    port = free_port()
+    script = textwrap.dedent("""
+        import sys, torch, torch.distributed as dist
+        from slime.utils.distributed import init_custom_process_group, broadcast, destroy_custom_process_group
+        rank, port, store = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+        if rank == 0:
+            dist.init_process_group("gloo", init_method=f"file://{store}", world_size=1, rank=0)
+        pg = init_custom_process_group("127.0.0.1", port, 2, rank, "sync", backend="gloo")
+        t = torch.arange(5.0) if rank == 0 else torch.full((5,), float("nan"))
+        broadcast(t, 0, pg)
+        assert t.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0], t
+        destroy_custom_process_group(pg)
+        if rank == 0:
+            x = torch.ones(3)
+            dist.all_reduce(x)  # the default world still works, and is still size 1
+            assert dist.get_world_size() == 1 and x.tolist() == [1.0, 1.0, 1.0]
+            dist.destroy_process_group()
+        else:
+            assert not dist.is_initialized()
+        print("ok", rank)
+    """)
+    procs = []
+    for rank in (0, 1):
+        out = open(tmp_path / f"out{rank}", "w")
+        procs.append((subprocess.Popen([sys.executable, "-c", script, str(rank), str(port), str(tmp_path / "store")],
+                                       stdout=out, stderr=subprocess.STDOUT, cwd=ROOT), out))
+    for rank, (p, out) in enumerate(procs):
+        assert p.wait(timeout=120) == 0, (tmp_path / f"out{rank}").read_text()[-2000:]
+        out.close()
+        assert f"ok {rank}" in (tmp_path / f"out{rank}").read_text()
