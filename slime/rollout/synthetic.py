@@ -21,6 +21,11 @@ credit at three levels, each reachable from the previous one:
 
 The maximum, 1.0, is an exact answer followed by EOS; a random model scores ~0.002. Keep
 responses short (--rollout-max-response-len 8): more tokens add noise, not signal.
+
+Measured on 2 CPU cores with the tiny GLM-5 checkpoint (16 prompts x 8 samples per step, plain
+group-normalized policy gradient, Adam lr 3e-3): mean reward 0.005 -> 0.10 after 20 steps -> 0.35
+after 40 (about 20 s); levels 1 and 2 are then learned, copying proper is slower (0.4-0.45 after 120
+steps at lr 1e-2).
 """
 
 from __future__ import annotations
