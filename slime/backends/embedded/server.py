@@ -83,14 +83,22 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: int, obj: Any) -> None:
         body = json.dumps(obj).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client gave up (timeout); nothing to answer
 
     def _body(self) -> dict[str, Any]:
-        n = int(self.headers.get("Content-Length") or 0)
+        try:
+            n = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            raise BadRequest("Content-Length is not a number") from None
+        if n < 0:
+            raise BadRequest("Content-Length is negative")
         if n > MAX_BODY_BYTES:
             raise BadRequest(f"request body of {n} bytes exceeds {MAX_BODY_BYTES}")
         raw = self.rfile.read(n) if n else b""
