@@ -1,0 +1,251 @@
+"""Weight-sync bandwidth: trainer -> a real embedded engine server process, vs the device's copy bandwidth.
+
+    python benchmarks/weight_sync.py [--max-mb 1024] [--sizes 8,64,256,1024] [--modes ipc,ipc-flat,distributed]
+
+Weights: a synthetic GLM-5-shaped set (benchmarks/synthetic_glm.py: bfloat16 + float32, per-expert HF names,
+~2 MB median tensor); a set of size S is the first S MiB of the checkpoint-ordered names. The engine
+(slime.backends.embedded, its own process) serves a model with exactly these names and dtypes.
+
+Each sync goes through the trainer's own sender, `slime.backends.megatron.weight_sync.WeightSync`, fed by
+an export that, like the GLM export, yields a fresh copy of every tensor in buckets of
+--update-weight-buffer-size bytes (--export view yields the stored tensors themselves, as the export does
+for weights it passes through unchanged). Modes:
+  ipc          WeightSync's colocated path: per-tensor shared-memory handles -> /update_weights_from_tensor
+  ipc-flat     the same, but each bucket flattened per dtype (load_format "flattened_bucket")
+  distributed  /init_weights_update_group once, then per bucket /update_weights_from_distributed + broadcast
+               over get_accelerator().process_group_backend()
+Reference: `dst.copy_(src)` of the same number of bytes on the same device (best of 3), measured in this run.
+After every timed sync a sample of the synced tensors is checksummed on both sides (not timed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import math
+import os
+import secrets
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Iterator
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+MODES = ("ipc", "ipc-flat", "distributed")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--max-mb", type=float, default=1024, help="largest weight set (MiB); sizes above it are dropped")
+    ap.add_argument("--sizes", default="8,64,256,1024", help="comma-separated weight-set sizes in MiB")
+    ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {MODES}")
+    ap.add_argument("--update-weight-buffer-size", type=int, default=64 * 1024**2,
+                    help="bytes per exported bucket (the quick start's value)")
+    ap.add_argument("--export", choices=("copy", "view"), default="copy",
+                    help="copy: every sync exports fresh tensors (GLM export of transposed/gathered weights); "
+                         "view: the stored tensors themselves")
+    ap.add_argument("--repeats", type=int, default=2, help="timed syncs per size and mode (best is reported)")
+    a = ap.parse_args(argv)
+    a.modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    bad = [m for m in a.modes if m not in MODES]
+    if bad:
+        ap.error(f"unknown --modes {bad}; choose from {','.join(MODES)}")
+    try:
+        a.sizes = sorted({float(s) for s in a.sizes.split(",") if s.strip()})
+    except ValueError:
+        ap.error(f"--sizes must be comma-separated numbers of MiB, got {a.sizes!r}")
+    a.sizes = [s for s in a.sizes if 0 < s <= a.max_mb]
+    if not a.sizes:
+        ap.error("no --sizes left at or below --max-mb")
+    if a.repeats < 1:
+        ap.error("--repeats must be >= 1")
+    return a
+
+
+# ---------------------------------------------------------------- the engine process
+class EngineProcess:
+    def __init__(self, spec: dict[str, Any]) -> None:
+        import json
+
+        from slime.backends.embedded.__main__ import TOKEN_ENV
+
+        self.token = secrets.token_hex(16)
+        env = dict(os.environ, **{TOKEN_ENV: self.token})
+        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "synthetic_glm.py"), "--spec",
+                                      json.dumps(spec)], stdout=subprocess.PIPE, env=env, text=True)
+        line = self.proc.stdout.readline()
+        if not line.startswith("URL "):
+            self.proc.kill()
+            raise RuntimeError(f"engine process did not start (exit code {self.proc.poll()}); see its stderr above")
+        self.url = line.split()[1]
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+# ---------------------------------------------------------------- sender side
+def make_weights(specs: list[tuple[str, tuple[int, ...], torch.dtype]], device: torch.device
+                 ) -> list[tuple[str, torch.Tensor]]:
+    gen = torch.Generator(device=device).manual_seed(0)
+    return [(n, torch.empty(s, dtype=d, device=device).uniform_(-1, 1, generator=gen)) for n, s, d in specs]
+
+
+def prefix_of(weights: list[tuple[str, torch.Tensor]], mib: float) -> list[tuple[str, torch.Tensor]]:
+    """Checkpoint-ordered tensors up to `mib` MiB (tensors that would overshoot are skipped)."""
+    out, total, limit = [], 0, mib * 2**20
+    for name, t in weights:
+        nbytes = t.numel() * t.element_size()
+        if total + nbytes <= limit:
+            out.append((name, t))
+            total += nbytes
+    return out
+
+
+def exporter(named: list[tuple[str, torch.Tensor]], bucket_bytes: int, copy: bool
+             ) -> Callable[[], Iterator[list[tuple[str, torch.Tensor]]]]:
+    """Buckets of about `bucket_bytes`, closed once they reach it (as hf_export.export_hf does)."""
+    def export():
+        bucket, size = [], 0
+        for name, t in named:
+            t = t.clone() if copy else t
+            bucket.append((name, t))
+            size += t.numel() * t.element_size()
+            if size >= bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+        if bucket:
+            yield bucket
+    return export
+
+
+def flattened_sender(ws) -> Callable[[list[tuple[str, torch.Tensor]], int], None]:
+    """A `_send_ipc` replacement posting each bucket as per-dtype flat tensors (load_format flattened_bucket)."""
+    from slime.accelerator import get_accelerator
+    from slime.accelerator.ipc import serialize_named_tensors
+    from slime.backends.embedded.flattened_bucket import flatten_named_tensors
+    from slime.backends.megatron.weight_sync import _check_reply
+
+    def send(bucket: list[tuple[str, torch.Tensor]], version: int) -> None:
+        flats, meta = flatten_named_tensors(bucket)
+        payload = base64.b64encode(serialize_named_tensors(get_accelerator(), flats)).decode()
+        for engine in ws.engines:
+            _check_reply(ws.post(engine, "/update_weights_from_tensor", {
+                "serialized_named_tensors": [payload], "load_format": "flattened_bucket",
+                "flattened_bucket_meta": meta, "flush_cache": False, "weight_version": str(version)}),
+                "update_weights_from_tensor")
+    return send
+
+
+def sample_checksums(named: list[tuple[str, torch.Tensor]], k: int = 12, max_bytes: int = 16 * 2**20
+                     ) -> dict[str, list[float]]:
+    """Checksums of about `k` tensors spread over the set (each <= max_bytes: checksums are slow)."""
+    from slime.utils import weight_checksum
+
+    small = [(n, t) for n, t in named if t.numel() * t.element_size() <= max_bytes] or named[:1]
+    picked = small[:: max(1, len(small) // k)] + [small[-1]]
+    return weight_checksum.named_checksums(picked)
+
+
+# ---------------------------------------------------------------- measurements
+def copy_seconds(nbytes: int, device: torch.device, sync: Callable[[], None], min_total_s: float = 0.2) -> float:
+    """Best time of `dst.copy_(src)` over at least 3 copies and `min_total_s` seconds."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device).fill_(1)
+    dst = torch.empty_like(src).fill_(0)  # touched: measure copying, not first-touch page faults
+    best, spent, n = math.inf, 0.0, 0
+    while n < 3 or spent < min_total_s:
+        sync()
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        sync()
+        dt = time.perf_counter() - t0
+        best, spent, n = min(best, dt), spent + dt, n + 1
+    return best
+
+
+def time_sync(ws, named: list[tuple[str, torch.Tensor]], bucket_bytes: int, copy: bool, repeats: int,
+              version: list[int]) -> float:
+    ws.export = exporter(named, bucket_bytes, copy)
+    best = math.inf
+    for _ in range(repeats):
+        version[0] += 1
+        t0 = time.perf_counter()
+        ws.sync(version[0])
+        best = min(best, time.perf_counter() - t0)
+        ws.verify(sample_checksums(named))
+    return best
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse_args(argv)
+    from slime.accelerator import get_accelerator
+    from slime.backends.megatron.weight_sync import EngineEndpoint, WeightSync
+    from synthetic_glm import build_model, model_spec, named_specs
+
+    acc = get_accelerator()
+    device = acc.device()
+    t_start = time.perf_counter()
+    spec = model_spec(max(a.sizes))
+    specs = named_specs(build_model(spec))
+    engine = EngineProcess(spec)
+    try:
+        weights = make_weights(specs, device)
+        endpoint = EngineEndpoint(url=engine.url, token=engine.token)
+        syncs = {m: WeightSync("distributed" if m == "distributed" else "ipc", lambda: iter(()), [endpoint], rank=0,
+                               check=False) for m in a.modes}
+        if "ipc-flat" in syncs:
+            syncs["ipc-flat"]._send_ipc = flattened_sender(syncs["ipc-flat"])
+        if "distributed" in syncs:
+            t0 = time.perf_counter()
+            syncs["distributed"].connect()
+            print(f"distributed group ({acc.process_group_backend()}) formed in {time.perf_counter() - t0:.2f}s")
+        print(f"device={acc.name} engine={engine.url} model: {spec['num_hidden_layers']} layers, {len(specs)} tensors, "
+              f"{sum(t.numel() * t.element_size() for _, t in weights) / 2**20:.0f} MiB; bucket "
+              f"{a.update_weight_buffer_size / 2**20:.0f} MiB; export={a.export}; best of {a.repeats}; "
+              f"torch threads={torch.get_num_threads()}")
+        rows, version = [], [0]
+        for mib in a.sizes:
+            named = prefix_of(weights, mib)
+            nbytes = sum(t.numel() * t.element_size() for _, t in named)
+            row = {"MiB": nbytes / 2**20, "tensors": len(named),
+                   "copy": nbytes / copy_seconds(nbytes, device, acc.synchronize)}
+            for m, ws in syncs.items():
+                row[m] = nbytes / time_sync(ws, named, a.update_weight_buffer_size, a.export == "copy", a.repeats,
+                                            version)
+            rows.append(row)
+            print(_row_text(row, a.modes), flush=True)
+        for ws in syncs.values():
+            ws.close()
+    finally:
+        engine.close()
+    print()
+    print(_table(rows, a.modes))
+    print(f"goal: colocated (ipc) sync >= 0.5x copy bandwidth at >= 256 MiB; total {time.perf_counter() - t_start:.0f}s")
+
+
+def _row_text(row: dict[str, float], modes: list[str]) -> str:
+    parts = [f"{row['MiB']:8.1f} MiB {row['tensors']:5d} tensors  copy {row['copy'] / 1e9:6.2f} GB/s"]
+    parts += [f"{m} {row[m] / 1e9:6.3f} GB/s ({row[m] / row['copy']:.3f}x)" for m in modes]
+    return "  ".join(parts)
+
+
+def _table(rows: list[dict[str, float]], modes: list[str]) -> str:
+    head = "| MiB | tensors | copy GB/s | " + " | ".join(f"{m} GB/s (x copy)" for m in modes) + " |"
+    lines = [head, "|" + "---|" * (3 + len(modes))]
+    for r in rows:
+        cells = [f"{r['MiB']:.1f}", str(r["tensors"]), f"{r['copy'] / 1e9:.2f}"]
+        cells += [f"{r[m] / 1e9:.3f} ({r[m] / r['copy']:.3f}x)" for m in modes]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
