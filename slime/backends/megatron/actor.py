@@ -117,7 +117,8 @@ class MegatronTrainRayActor:
         return model_setup.forward_logits(self.model, mb, self.device)
 
     def _pad_multiple(self) -> int:
-        return self.tp_size if self.args.sequence_parallel else 1
+        # Sequence parallel (on whenever TP > 1 for the GLM model) splits the packed row over TP ranks.
+        return self.tp_size
 
     def _my_samples(self, n: int) -> list[int]:
         """Samples this rank trains on this rollout (its data-parallel shard of every step)."""
