@@ -85,6 +85,30 @@ def rollout_metrics(batch, elapsed: float) -> dict[str, float]:
     }
 
 
+def _wait_with_progress(ref, rollout, total: int, after_s: float = 2.0):
+    """ray.get(ref), drawing a one-line progress bar on an interactive terminal when it takes a while."""
+    import ray
+
+    if not sys.stderr.isatty() or not total:
+        return ray.get(ref)
+    start, drawn = time.perf_counter(), False
+    while not ray.wait([ref], timeout=0.5)[0]:
+        if time.perf_counter() - start < after_s:
+            continue
+        try:
+            done = int(ray.get(rollout.progress.remote(), timeout=1.0).get("done", 0))
+        except Exception:
+            break
+        filled = int(30 * min(done, total) / total)
+        sys.stderr.write(f"\r  rollout [{'#' * filled}{'.' * (30 - filled)}] {done}/{total} samples "
+                         f"{time.perf_counter() - start:.0f}s")
+        sys.stderr.flush()
+        drawn = True
+    if drawn:
+        sys.stderr.write("\r" + " " * 72 + "\r")
+    return ray.get(ref)
+
+
 def _should_save(args, rollout_id: int) -> bool:
     if not args.save:
         return False
@@ -148,7 +172,8 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
     for rollout_id in range(start_rollout_id, args.num_rollout):
         t_iter = time.perf_counter()
         t0 = time.perf_counter()
-        result = ray.get(rollout.generate.remote(rollout_id))
+        result = _wait_with_progress(rollout.generate.remote(rollout_id), rollout,
+                                     getattr(args, "rollout_batch_size", 0) * getattr(args, "n_samples_per_prompt", 1))
         batch = rollout_batch_from(result)
         metrics: dict[str, Any] = {"rollout_id": rollout_id, **rollout_metrics(batch, time.perf_counter() - t0)}
         metrics.update({k: v for k, v in result.get("metrics", {}).items() if isinstance(v, (int, float))})
