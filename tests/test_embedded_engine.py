@@ -503,16 +503,23 @@ def test_any_hf_causal_lm(arch, tmp_path):
 
 def test_weight_sync_group_leaves_the_default_group_alone(tmp_path):
     """Rank 0 already has a default world (as a Megatron trainer does); the custom group must not touch it."""
-    from slime.backends.sglang.process import free_port
-
-    port = free_port()
     script = textwrap.dedent("""
-        import sys, torch, torch.distributed as dist
+        import os, socket, sys, time, torch, torch.distributed as dist
         from slime.utils.distributed import init_custom_process_group, broadcast, destroy_custom_process_group
-        rank, port, store = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+        rank, tmp = int(sys.argv[1]), sys.argv[2]
+        port_file = os.path.join(tmp, "port")
         if rank == 0:
-            dist.init_process_group("gloo", init_method=f"file://{store}", world_size=1, rank=0)
-        pg = init_custom_process_group("127.0.0.1", port, 2, rank, "sync", backend="gloo")
+            dist.init_process_group("gloo", init_method=f"file://{tmp}/store", world_size=1, rank=0)
+            with socket.socket() as s:  # pick the port here: no window for another process to take it
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            open(port_file + ".tmp", "w").write(str(port))
+            os.replace(port_file + ".tmp", port_file)
+        else:
+            while not os.path.exists(port_file):
+                time.sleep(0.01)
+            port = int(open(port_file).read())
+        pg = init_custom_process_group("127.0.0.1", port, 2, rank, "sync", backend="gloo", timeout_s=60)
         t = torch.arange(5.0) if rank == 0 else torch.full((5,), float("nan"))
         broadcast(t, 0, pg)
         assert t.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0], t
@@ -529,7 +536,7 @@ def test_weight_sync_group_leaves_the_default_group_alone(tmp_path):
     procs = []
     for rank in (0, 1):
         out = open(tmp_path / f"out{rank}", "w")
-        procs.append((subprocess.Popen([sys.executable, "-c", script, str(rank), str(port), str(tmp_path / "store")],
+        procs.append((subprocess.Popen([sys.executable, "-c", script, str(rank), str(tmp_path)],
                                        stdout=out, stderr=subprocess.STDOUT, cwd=ROOT), out))
     for rank, (p, out) in enumerate(procs):
         assert p.wait(timeout=120) == 0, (tmp_path / f"out{rank}").read_text()[-2000:]

@@ -164,3 +164,31 @@ def test_server_dies_with_its_starter(tmp_path):
     while _state(server_pid) in ("R", "S", "D") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _state(server_pid) in ("Z", "X", "gone")
+
+
+def test_engine_actor_moves_to_another_port_when_its_port_is_taken(tmp_path):
+    """The port was free when picked, but another process bound it first: the actor retries elsewhere."""
+    import socket
+
+    from slime.ray.engine_actor import EngineSpec, RolloutEngineActor
+
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen(1)
+    taken = blocker.getsockname()[1]
+
+    class FakeEngineActor(RolloutEngineActor):
+        def _build(self, port):  # the stand-in server fails with EADDRINUSE like any server would
+            return ServerProcess(f"rollout engine {self.spec.index}", [sys.executable, "-c", _FAKE_SERVER, str(port), "ok"],
+                                 dict(os.environ), str(tmp_path / "engine-0.log"), f"http://127.0.0.1:{port}")
+
+    actor = FakeEngineActor(EngineSpec(index=0, kind="embedded", model_path="/m", token="t", log_dir=str(tmp_path),
+                                       startup_timeout=30))
+    actor.port, actor.server = taken, actor._build(taken)
+    try:
+        url = actor.start()
+        assert actor.port != taken and url.endswith(f":{actor.port}") and actor.status()["running"]
+        assert actor.status()["starts"] == 2 and "Address already in use" in open(tmp_path / "engine-0.log").read()
+    finally:
+        actor.stop()
+        blocker.close()

@@ -59,10 +59,24 @@ class RolloutEngineActor:
             raise ValueError(f"unknown rollout engine kind {s.kind!r}; use embedded or sglang")
         return ServerProcess(name=f"rollout engine {s.index}", cmd=cmd, env=env, log_path=log, url=url)
 
-    def start(self) -> str:
-        self.server.start()
-        self.server.wait_healthy(self.spec.startup_timeout, self.spec.token)
-        return self.server.url
+    def start(self, attempts: int = 3) -> str:
+        """Start and wait for /health. The port was free when picked but another process may take it
+        before the server binds: then pick another port and try again."""
+        from slime.backends.sglang.process import EngineStartError, free_port
+
+        for attempt in range(attempts):
+            self.server.start()
+            try:
+                self.server.wait_healthy(self.spec.startup_timeout, self.spec.token)
+                return self.server.url
+            except EngineStartError as e:
+                if "Address already in use" not in str(e) or attempt == attempts - 1:
+                    raise
+                starts = self.server.starts
+                self.port = free_port()
+                self.server = self._build(self.port)
+                self.server.starts = starts
+        raise AssertionError("unreachable")
 
     def url(self) -> str:
         return self.server.url

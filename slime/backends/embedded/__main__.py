@@ -42,17 +42,18 @@ def main(argv: list[str] | None = None) -> None:
     if not token:
         token = secrets.token_hex(16)
         print(f"engine token (send as 'Authorization: Bearer <token>'): {token}", flush=True)
-    engine = EmbeddedEngine(EngineConfig(
+    # Bind first: a taken port fails in a second, not after loading the model; /health is 503 meanwhile.
+    server = EngineHTTPServer(None, token, args.port)
+    server.start_in_thread()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server.engine = EmbeddedEngine(EngineConfig(
         model_path=args.model_path, tokenizer_path=args.tokenizer_path, dtype=args.dtype,
         max_running_requests=args.max_running_requests, context_length=args.context_length,
         random_seed=args.random_seed, original_logprobs=args.return_original_logprob,
         attn_implementation=args.attn_implementation))
-    server = EngineHTTPServer(engine, token, args.port)
     print(f"embedded engine serving {args.model_path} at {server.url}", flush=True)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    server.start_in_thread()
     stop.wait()
     server.stop()
     sys.exit(0)

@@ -41,7 +41,9 @@ class EngineHTTPServer(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 1024  # socketserver's default backlog of 5 resets bursts of concurrent clients
 
-    def __init__(self, engine: EmbeddedEngine, token: str, port: int = 0) -> None:
+    def __init__(self, engine: EmbeddedEngine | None, token: str, port: int = 0) -> None:
+        """`engine` may be attached later (bind the port first, then load the model): until then every
+        endpoint answers 503, so /health pollers keep waiting."""
         if not token:
             raise ValueError("the engine server needs a non-empty token")
         self.engine = engine
@@ -64,7 +66,8 @@ class EngineHTTPServer(ThreadingHTTPServer):
     def stop(self) -> None:
         self.shutdown()
         self.server_close()
-        self.engine.shutdown()
+        if self.engine is not None:
+            self.engine.shutdown()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -126,6 +129,9 @@ class _Handler(BaseHTTPRequestHandler):
             body = self._body() if self.command == "POST" else {}
             if route is None:
                 raise NotFound(f"no endpoint {path}")
+            if self.server.engine is None:
+                self._send(503, {"success": False, "message": "the engine is still loading the model"})
+                return
             if path in PROTECTED and not self._authorized():
                 raise Unauthorized(f"{path} needs the run's token: send header 'Authorization: Bearer <token>'")
             status, result = route(self.server.engine, body)
