@@ -58,6 +58,9 @@ class RolloutManager:
         self.data_source = self._make_data_source()
         self.kind = resolve_engine_kind(args)
         self.tp = int(getattr(args, "rollout_num_gpus_per_engine", 1) or 1)
+        if self.kind == "embedded" and self.tp != 1:
+            raise RolloutError(f"the embedded engine runs on one device; --rollout-num-gpus-per-engine {self.tp} needs "
+                               "--rollout-engine sglang (or set it to 1)")
         total = int(getattr(args, "rollout_num_gpus", None) or self.tp)
         if total % self.tp:
             raise RolloutError(f"--rollout-num-gpus {total} is not a multiple of --rollout-num-gpus-per-engine {self.tp}")
