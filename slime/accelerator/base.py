@@ -196,6 +196,11 @@ class Accelerator(ABC):
     def ipc_rebuild_allowlist(self) -> frozenset[tuple[str, str]]:
         """(module, name) globals a tensor handle of this device may reference."""
 
+    # --- rollout engine -------------------------------------------------------------------
+    def sglang_server_args(self) -> list[str]:
+        """Device flags `sglang.launch_server` needs on this accelerator (beyond model/port/tp)."""
+        return []
+
     # --- patches and ops ------------------------------------------------------------------
     def apply_patches(self, library: str) -> list[str]:
         """Apply this device's documented patch set for `library` (once per process). Returns patch names."""

@@ -118,5 +118,8 @@ class CpuAccelerator(Accelerator):
             t.share_memory_()
         return reductions.reduce_tensor(t)
 
+    def sglang_server_args(self) -> list[str]:
+        return ["--device", "cpu"]
+
     def ipc_rebuild_allowlist(self) -> frozenset[tuple[str, str]]:
         return COMMON_ALLOWLIST

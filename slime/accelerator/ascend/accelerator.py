@@ -88,6 +88,10 @@ class AscendAccelerator(DeviceModuleAccelerator):
             "PYTORCH_NPU_ALLOC_CONF": os.environ.get("PYTORCH_NPU_ALLOC_CONF", "expandable_segments:True"),
         }
 
+    def sglang_server_args(self) -> list[str]:
+        # SGLang's NPU build selects the device explicitly and serves attention through its Ascend backend.
+        return ["--device", "npu", "--attention-backend", "ascend"]
+
     def ipc_rebuild_allowlist(self) -> frozenset[tuple[str, str]]:
         allowed = set(super().ipc_rebuild_allowlist())
         allowed.add(("torch_npu.multiprocessing.reductions", "rebuild_npu_tensor"))

@@ -1,6 +1,5 @@
 """The `python -m sglang.launch_server` command line and environment for an engine on the current
-accelerator. Device flags come from the accelerator (its optional `sglang_server_args()` hook, else
-the table below keyed by accelerator name); visible devices and collective settings from
+accelerator. Device flags come from the accelerator (`sglang_server_args()`); visible devices and collective settings from
 `Accelerator.worker_env`. User flags (--sglang-*) come last and win over defaults.
 """
 
@@ -15,12 +14,6 @@ from typing import Any
 from slime.accelerator import get_accelerator
 
 HOST = "127.0.0.1"
-# What SGLang needs to run on each accelerator (by name), beyond the common flags.
-DEVICE_FLAGS: dict[str, list[str]] = {
-    "cuda": [],
-    "npu": ["--device", "npu", "--attention-backend", "ascend"],
-    "cpu": ["--device", "cpu"],
-}
 
 
 @dataclass
@@ -39,12 +32,7 @@ def sglang_available() -> bool:
 
 
 def device_flags(acc: Any) -> list[str]:
-    hook = getattr(acc, "sglang_server_args", None)
-    if callable(hook):
-        return list(hook())
-    if acc.name not in DEVICE_FLAGS:
-        raise ValueError(f"no SGLang device flags for accelerator {acc.name!r}; give it a sglang_server_args() hook")
-    return list(DEVICE_FLAGS[acc.name])
+    return list(acc.sglang_server_args())
 
 
 def _drop_overridden(defaults: list[str], user: list[str]) -> list[str]:
