@@ -1,0 +1,215 @@
+"""Where an RL iteration's time goes: the quick start (scripts/run-glm5-tiny-cpu.sh) for a few iterations.
+
+    python benchmarks/rl_iteration.py [--num-rollout 6] [--run-dir /tmp/slime-bench-rl] [-- extra train.py flags]
+
+Runs the quick-start script itself (same flags, same model and task; checkpoint and data are written once
+into --run-dir and reused), then reads the metrics.jsonl that train.py writes and prints, per phase, the
+mean seconds over the steady iterations (all but the first, which pays one-time costs) and the share of
+the iteration:
+
+  compute   engine generate      rollout/generate_time: the rollout manager's wall time to generate (and
+                                 reward) the batch; engine forward time alone is not logged
+            trainer log-probs    time/log_probs: the old-policy forward (no grad)
+            trainer train        time/train: forward + backward + optimizer steps
+  overhead  rollout hand-off     time/rollout - rollout/generate_time: samples back to the driver over Ray
+            weight sync          time/weight_sync (export, IPC, engine copy, checksum verification)
+            save                 time/save
+            driver + Ray calls   time/iteration - all of the above (Ray round trips, ray.put of the batch,
+                                 advantages on the driver)
+
+overhead = iteration - (engine generate + trainer log-probs + trainer train). Goal: <= 10% of the iteration.
+--profile PREFIX records py-spy profiles (raw) of the driver, trainer actor, rollout manager and engine
+processes into PREFIX.<role>.txt (benchmarks/profile_summary.py summarizes them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from statistics import mean
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "scripts", "run-glm5-tiny-cpu.sh")
+COMPUTE = (("engine generate", "generate"), ("trainer log-probs", "time/log_probs"), ("trainer train", "time/train"))
+OVERHEAD = (("rollout hand-off", "handoff"), ("weight sync", "time/weight_sync"), ("save", "time/save"),
+            ("driver + Ray calls", "driver"))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--num-rollout", type=int, default=6, help="iterations to run (the first is reported apart)")
+    ap.add_argument("--run-dir", default="/tmp/slime-bench-rl",
+                    help="tiny checkpoint and data (written once, reused); each run goes to RUN_DIR/bench-<time>")
+    ap.add_argument("--profile", default=None, metavar="PREFIX",
+                    help="record py-spy profiles (raw) into PREFIX.<role>.txt")
+    ap.add_argument("--py-spy", default=shutil.which("py-spy") or "/tmp/pyspy-venv/bin/py-spy",
+                    help="py-spy executable for --profile")
+    ap.add_argument("extra", nargs="*", help="after --: extra train.py flags")
+    a = ap.parse_args(argv)
+    if a.num_rollout < 2:
+        ap.error("--num-rollout must be >= 2 (the first iteration is a warm-up)")
+    if a.profile and not os.access(a.py_spy, os.X_OK):
+        ap.error(f"--profile needs py-spy; {a.py_spy} is not executable (install it, e.g. into a separate venv, "
+                 "and pass --py-spy PATH)")
+    return a
+
+
+def phases(record: dict[str, float]) -> dict[str, float]:
+    """Seconds per phase of one metrics.jsonl record (keys of COMPUTE/OVERHEAD, plus iteration)."""
+    def get(key: str) -> float:
+        v = record.get(key, 0.0)
+        return float(v) if isinstance(v, (int, float)) else 0.0
+
+    out = {"iteration": get("time/iteration"), "generate": get("rollout/generate_time") or get("time/rollout"),
+           "time/log_probs": get("time/log_probs"), "time/train": get("time/train"),
+           "time/weight_sync": get("time/weight_sync"), "time/save": get("time/save")}
+    out["handoff"] = max(0.0, get("time/rollout") - out["generate"])
+    out["driver"] = out["iteration"] - sum(out[k] for _, k in COMPUTE + OVERHEAD if k != "driver")
+    return out
+
+
+def report(records: list[dict[str, float]]) -> str:
+    steady = [phases(r) for r in records[1:]]
+    first = phases(records[0])
+    avg = {k: mean(p[k] for p in steady) for k in steady[0]}
+    lines = [f"| phase | first iteration s | steady s (mean of {len(steady)}) | steady share |", "|---|---|---|---|"]
+
+    def row(label: str, key: str) -> None:
+        lines.append(f"| {label} | {first[key]:.3f} | {avg[key]:.3f} | {100 * avg[key] / avg['iteration']:.1f}% |")
+
+    for label, key in COMPUTE:
+        row(label, key)
+    compute = {"first": sum(first[k] for _, k in COMPUTE), "avg": sum(avg[k] for _, k in COMPUTE)}
+    for label, key in OVERHEAD:
+        row(label, key)
+    row("**iteration**", "iteration")
+    overhead = avg["iteration"] - compute["avg"]
+    lines += ["", f"compute (generate + log-probs + train): {compute['avg']:.3f} s; "
+              f"overhead = iteration - compute: {overhead:.3f} s = {100 * overhead / avg['iteration']:.1f}% of the "
+              f"iteration (goal <= 10%); first iteration: {100 * (first['iteration'] - compute['first']) / first['iteration']:.1f}%",
+              f"counting log-prob recomputation as overhead too: "
+              f"{100 * (overhead + avg['time/log_probs']) / avg['iteration']:.1f}%"]
+    tok = [r.get("rollout/response_tokens", 0.0) for r in records[1:]]
+    train_tok = [r.get("train/tokens", 0.0) for r in records[1:]]
+    lines.append(f"per steady iteration: {mean(tok):.0f} generated tokens ({mean(tok) / avg['generate']:.0f} tokens/s "
+                 f"in generate), {mean(train_tok):.0f} trained tokens ({mean(train_tok) / max(avg['time/train'], 1e-9):.0f} "
+                 f"tokens/s in train), {mean(r.get('weight_sync/bytes', 0.0) for r in records[1:]) / 2**20:.1f} MiB synced")
+    return "\n".join(lines)
+
+
+CACHED = ("model", "data.jsonl")  # what the quick start writes once and reuses when present
+
+
+def run_quick_start(a: argparse.Namespace, out_dir: str) -> float:
+    """The quick-start script with RUN_DIR=out_dir; the tiny checkpoint and data come from (and are kept in)
+    --run-dir. Returns the wall time of the whole script."""
+    for name in CACHED:
+        if os.path.exists(os.path.join(a.run_dir, name)):
+            os.symlink(os.path.join(a.run_dir, name), os.path.join(out_dir, name))
+    env = dict(os.environ, RUN_DIR=out_dir, NUM_ROLLOUT=str(a.num_rollout), RAY_AUTH_MODE="disabled",
+               RAY_USAGE_STATS_ENABLED="0")
+    cmd = ["bash", SCRIPT, *a.extra]
+    log_path = os.path.join(out_dir, "quick_start.log")
+    print(f"running: RUN_DIR={out_dir} NUM_ROLLOUT={a.num_rollout} {' '.join(cmd)}\n  (log: {log_path})", flush=True)
+    t0 = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        wait_profilers = _attach_profiler(a, proc.pid) if a.profile else None
+        for line in proc.stdout:
+            log.write(line)
+            if line.startswith("[rollout") or "Error" in line or "error:" in line:
+                print("  " + line.rstrip()[:160], flush=True)
+        rc = proc.wait()
+        if wait_profilers is not None:
+            wait_profilers()
+    if rc != 0:
+        sys.exit(f"the quick start failed (exit code {rc}); see {log_path}")
+    for name in CACHED:
+        made = os.path.join(out_dir, name)
+        if os.path.exists(made) and not os.path.islink(made) and not os.path.exists(os.path.join(a.run_dir, name)):
+            shutil.move(made, os.path.join(a.run_dir, name))
+    return time.perf_counter() - t0
+
+
+PROFILED = {"driver": "train.py", "trainer": "ray::MegatronTrainRayActor", "rollout-manager": "ray::RolloutManager",
+            "engine": "slime.backends.embedded"}
+
+
+def _attach_profiler(a: argparse.Namespace, script_pid: int):
+    """One `py-spy record --nonblocking` per process of the run (driver, trainer actor, rollout manager,
+    engine), attached as each appears among the script's descendants; writes PROFILE.<role>.txt.
+    (py-spy's --subprocesses does not follow through the bash script and raylet.)"""
+    import threading
+
+    import psutil
+
+    spies: list[subprocess.Popen] = []
+    done = threading.Event()
+
+    def role_of(proc: psutil.Process) -> str | None:
+        cmd = " ".join(proc.cmdline())
+        for role, key in PROFILED.items():
+            if key in cmd and (role != "driver" or cmd.split(" ")[1:2] == ["train.py"]):
+                return role
+        return None
+
+    def attach() -> None:
+        seen: set[str] = set()
+        while not done.is_set() and len(seen) < len(PROFILED):
+            try:
+                kids = psutil.Process(script_pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                return
+            for k in kids:
+                try:  # py-spy cannot read an interpreter that is still starting: wait a moment
+                    role = role_of(k) if time.time() - k.create_time() > 2.0 else None
+                except psutil.Error:
+                    continue
+                if role and role not in seen:
+                    seen.add(role)
+                    with open(f"{a.profile}.{role}.log", "w") as log:
+                        spies.append(subprocess.Popen(
+                            [a.py_spy, "record", "--nonblocking", "--format", "raw", "--rate", "25",
+                             "--output", f"{a.profile}.{role}.txt", "--pid", str(k.pid)],
+                            stdout=log, stderr=subprocess.STDOUT))
+            time.sleep(0.05)
+
+    t = threading.Thread(target=attach, daemon=True)
+    t.start()
+
+    def wait() -> None:
+        done.set()
+        t.join(10)
+        for spy in spies:
+            try:
+                spy.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                spy.terminate()
+    return wait
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse_args(argv)
+    os.makedirs(a.run_dir, exist_ok=True)
+    out_dir = os.path.join(a.run_dir, time.strftime("bench-%Y%m%d-%H%M%S"))
+    os.makedirs(out_dir)
+    wall = run_quick_start(a, out_dir)
+    with open(os.path.join(out_dir, "run", "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    if len(records) < 2:
+        sys.exit(f"only {len(records)} iterations in {out_dir}/run/metrics.jsonl; need >= 2")
+    print()
+    print(report(records))
+    print(f"whole run (start-up, {len(records)} iterations, report): {wall:.0f} s; metrics: {out_dir}/run/metrics.jsonl")
+    if a.profile:
+        print(f"py-spy profiles (raw): {a.profile}.<{'|'.join(PROFILED)}>.txt; summarize with "
+              f"python benchmarks/profile_summary.py FILE")
+
+
+if __name__ == "__main__":
+    main()
