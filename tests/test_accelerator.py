@@ -343,14 +343,11 @@ def fake_cuda(monkeypatch):
 @pytest.fixture
 def fake_npu(monkeypatch):
     mod = FakeDeviceModule(n=8, name="Ascend950PR")
-    torch.utils.rename_privateuse1_backend("npu")  # what importing torch_npu does; idempotent for the same name
     monkeypatch.setattr(AscendAccelerator, "_module", lambda self: mod)
     return mod
 
 
-@pytest.mark.parametrize("cls,fixture", [(CudaAccelerator, "fake_cuda"), (AscendAccelerator, "fake_npu")])
-def test_device_module_backends_on_stand_ins(cls, fixture, request):
-    mod = request.getfixturevalue(fixture)
+def check_device_module_backend(cls, mod) -> None:
     acc = cls()
     acc.set_device(3)
     assert acc.current_device() == torch.device(cls.device_type, 3)
@@ -374,6 +371,35 @@ def test_device_module_backends_on_stand_ins(cls, fixture, request):
     assert isinstance(acc.capabilities, Capabilities)
     with pytest.raises(ValueError):
         acc.worker_env([-1])
+
+
+def test_cuda_backend_on_stand_in(fake_cuda):
+    check_device_module_backend(CudaAccelerator, fake_cuda)
+
+
+def _ascend_stand_in_child(q) -> None:
+    # torch.device("npu") needs the PrivateUse1 backend renamed, as importing torch_npu does. The
+    # rename is process-wide and permanent, so it happens in a child process, not in the test session.
+    import traceback
+
+    try:
+        torch.utils.rename_privateuse1_backend("npu")
+        mod = FakeDeviceModule(n=8, name="Ascend950PR")
+        AscendAccelerator._module = lambda self: mod
+        check_device_module_backend(AscendAccelerator, mod)
+        q.put("ok")
+    except BaseException:
+        q.put(traceback.format_exc())
+
+
+def test_ascend_backend_on_stand_in():
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_ascend_stand_in_child, args=(q,))
+    p.start()
+    result = q.get(timeout=120)
+    p.join(60)
+    assert result == "ok", result
 
 
 def test_cuda_env_and_capabilities(fake_cuda):
