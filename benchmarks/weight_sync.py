@@ -15,7 +15,13 @@ for weights it passes through unchanged). Modes:
   distributed  /init_weights_update_group once, then per bucket /update_weights_from_distributed + broadcast
                over get_accelerator().process_group_backend()
 Reference: `dst.copy_(src)` of the same number of bytes on the same device (best of 3), measured in this run.
-After every timed sync a sample of the synced tensors is checksummed on both sides (not timed).
+After every timed sync a sample of the synced tensors is checksummed on both sides (not timed), unless
+--check 1, which times the trainer's own verification (every synced tensor, both sides) as part of the sync.
+Then, for the largest set, the time of each mode is split by component (export, handles, HTTP calls,
+broadcast, checksums).
+
+--checkpoint DIR replaces the synthetic set by a real HF checkpoint (e.g. the quick start's tiny GLM-5,
+outputs/glm5-tiny/model) served by the engine's own CLI (`python -m slime.backends.embedded`), in one set.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import os
 import secrets
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, Callable, Iterator
 
@@ -50,6 +57,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="copy: every sync exports fresh tensors (GLM export of transposed/gathered weights); "
                          "view: the stored tensors themselves")
     ap.add_argument("--repeats", type=int, default=2, help="timed syncs per size and mode (best is reported)")
+    ap.add_argument("--check", type=int, choices=(0, 1), default=0,
+                    help="1: include the trainer's checksum verification (--check-weight-sync 1) in the timed sync")
+    ap.add_argument("--checkpoint", default=None, help="HF checkpoint dir to sync instead of the synthetic set")
     a = ap.parse_args(argv)
     a.modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     bad = [m for m in a.modes if m not in MODES]
@@ -60,6 +70,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     except ValueError:
         ap.error(f"--sizes must be comma-separated numbers of MiB, got {a.sizes!r}")
     a.sizes = [s for s in a.sizes if 0 < s <= a.max_mb]
+    if a.checkpoint:
+        if not os.path.isfile(os.path.join(a.checkpoint, "config.json")):
+            ap.error(f"--checkpoint {a.checkpoint}: no config.json there; pass an HF checkpoint directory")
+        a.sizes = [math.inf]
     if not a.sizes:
         ap.error("no --sizes left at or below --max-mb")
     if a.repeats < 1:
@@ -69,20 +83,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 # ---------------------------------------------------------------- the engine process
 class EngineProcess:
-    def __init__(self, spec: dict[str, Any]) -> None:
+    """The engine in its own process: the synthetic model (synthetic_glm.py) or, with `checkpoint`, the
+    engine's CLI on that checkpoint. Token through the environment, as the launcher passes it."""
+
+    def __init__(self, spec: dict[str, Any] | None, checkpoint: str | None = None) -> None:
         import json
 
         from slime.backends.embedded.__main__ import TOKEN_ENV
 
         self.token = secrets.token_hex(16)
         env = dict(os.environ, **{TOKEN_ENV: self.token})
-        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "synthetic_glm.py"), "--spec",
-                                      json.dumps(spec)], stdout=subprocess.PIPE, env=env, text=True)
-        line = self.proc.stdout.readline()
-        if not line.startswith("URL "):
+        if checkpoint:
+            cmd = [sys.executable, "-m", "slime.backends.embedded", "--model-path", checkpoint, "--port", "0"]
+        else:
+            cmd = [sys.executable, os.path.join(HERE, "synthetic_glm.py"), "--spec", json.dumps(spec)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True)
+        self.url = ""
+        for line in self.proc.stdout:
+            if line.startswith("URL ") or line.startswith("embedded engine serving"):
+                self.url = line.split()[-1]
+                break
+        if not self.url:
             self.proc.kill()
             raise RuntimeError(f"engine process did not start (exit code {self.proc.poll()}); see its stderr above")
-        self.url = line.split()[1]
 
     def close(self) -> None:
         self.proc.terminate()
@@ -90,6 +113,18 @@ class EngineProcess:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+
+
+def checkpoint_weights(path: str) -> list[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors in file order, in float32 where floating (the engine's dtype on CPU)."""
+    from safetensors.torch import load_file
+
+    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    out = []
+    for f in files:
+        for name, t in load_file(os.path.join(path, f)).items():
+            out.append((name, t.float() if t.is_floating_point() else t))
+    return out
 
 
 # ---------------------------------------------------------------- sender side
@@ -110,13 +145,17 @@ def prefix_of(weights: list[tuple[str, torch.Tensor]], mib: float) -> list[tuple
     return out
 
 
-def exporter(named: list[tuple[str, torch.Tensor]], bucket_bytes: int, copy: bool
-             ) -> Callable[[], Iterator[list[tuple[str, torch.Tensor]]]]:
+def exporter(named: list[tuple[str, torch.Tensor]], bucket_bytes: int, copy: bool,
+             components: "Components | None" = None) -> Callable[[], Iterator[list[tuple[str, torch.Tensor]]]]:
     """Buckets of about `bucket_bytes`, closed once they reach it (as hf_export.export_hf does)."""
     def export():
         bucket, size = [], 0
         for name, t in named:
-            t = t.clone() if copy else t
+            if copy:
+                t0 = time.perf_counter()
+                t = t.clone()
+                if components is not None:
+                    components.add("export (copy out of the model)", time.perf_counter() - t0)
             bucket.append((name, t))
             size += t.numel() * t.element_size()
             if size >= bucket_bytes:
@@ -129,14 +168,13 @@ def exporter(named: list[tuple[str, torch.Tensor]], bucket_bytes: int, copy: boo
 
 def flattened_sender(ws) -> Callable[[list[tuple[str, torch.Tensor]], int], None]:
     """A `_send_ipc` replacement posting each bucket as per-dtype flat tensors (load_format flattened_bucket)."""
-    from slime.accelerator import get_accelerator
-    from slime.accelerator.ipc import serialize_named_tensors
-    from slime.backends.embedded.flattened_bucket import flatten_named_tensors
+    from slime.accelerator import get_accelerator, ipc
+    from slime.backends.embedded import flattened_bucket
     from slime.backends.megatron.weight_sync import _check_reply
 
     def send(bucket: list[tuple[str, torch.Tensor]], version: int) -> None:
-        flats, meta = flatten_named_tensors(bucket)
-        payload = base64.b64encode(serialize_named_tensors(get_accelerator(), flats)).decode()
+        flats, meta = flattened_bucket.flatten_named_tensors(bucket)
+        payload = base64.b64encode(ipc.serialize_named_tensors(get_accelerator(), flats)).decode()
         for engine in ws.engines:
             _check_reply(ws.post(engine, "/update_weights_from_tensor", {
                 "serialized_named_tensors": [payload], "load_format": "flattened_bucket",
@@ -153,6 +191,50 @@ def sample_checksums(named: list[tuple[str, torch.Tensor]], k: int = 12, max_byt
     small = [(n, t) for n, t in named if t.numel() * t.element_size() <= max_bytes] or named[:1]
     picked = small[:: max(1, len(small) // k)] + [small[-1]]
     return weight_checksum.named_checksums(picked)
+
+
+# ---------------------------------------------------------------- component timers
+OVERLAPS = " (in a thread, overlaps the others)"
+
+
+class Components:
+    """Wall time per component of a sync, by wrapping the functions WeightSync calls (no change to them)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._undo: list[Callable[[], None]] = []
+
+    def add(self, key: str, dt: float) -> None:
+        self.seconds[key] = self.seconds.get(key, 0.0) + dt
+
+    def wrap(self, owner: Any, attr: str, key: Callable[..., str] | str) -> None:
+        original = getattr(owner, attr)
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.add(key(*args, **kwargs) if callable(key) else key, time.perf_counter() - t0)
+
+        setattr(owner, attr, timed)
+        self._undo.append(lambda: setattr(owner, attr, original))
+
+    def install(self, ws) -> None:
+        from slime.accelerator import ipc
+        from slime.backends.embedded import flattened_bucket
+        from slime.utils import distributed, weight_checksum
+
+        self.wrap(ws, "post", lambda engine, path, *a, **k: "HTTP " + path + (
+            "" if threading.current_thread() is threading.main_thread() else OVERLAPS))
+        self.wrap(ipc, "serialize_named_tensors", "handles (share memory + pickle)")
+        self.wrap(flattened_bucket, "flatten_named_tensors", "flatten (torch.cat per dtype)")
+        self.wrap(distributed, "broadcast", "broadcast (sender side)")
+        self.wrap(weight_checksum, "named_checksums", "checksums (trainer side)")
+
+    def uninstall(self) -> None:
+        while self._undo:
+            self._undo.pop()()
 
 
 # ---------------------------------------------------------------- measurements
@@ -172,15 +254,27 @@ def copy_seconds(nbytes: int, device: torch.device, sync: Callable[[], None], mi
 
 
 def time_sync(ws, named: list[tuple[str, torch.Tensor]], bucket_bytes: int, copy: bool, repeats: int,
-              version: list[int]) -> float:
-    ws.export = exporter(named, bucket_bytes, copy)
+              version: list[int], components: Components | None = None) -> float:
+    """Best wall time of `repeats` syncs of `named`; `components` (if given) collects the last sync's split."""
     best = math.inf
-    for _ in range(repeats):
+    for i in range(repeats):
+        last = components is not None and i == repeats - 1
+        ws.export = exporter(named, bucket_bytes, copy, components if last else None)
+        if last:
+            components.install(ws)
         version[0] += 1
         t0 = time.perf_counter()
-        ws.sync(version[0])
-        best = min(best, time.perf_counter() - t0)
-        ws.verify(sample_checksums(named))
+        try:
+            ws.sync(version[0])
+        finally:
+            if last:
+                components.uninstall()
+        dt = time.perf_counter() - t0
+        best = min(best, dt)
+        if last:
+            components.add("total", dt)
+        if not ws.check:
+            ws.verify(sample_checksums(named))
     return best
 
 
@@ -193,33 +287,38 @@ def main(argv: list[str] | None = None) -> None:
     acc = get_accelerator()
     device = acc.device()
     t_start = time.perf_counter()
-    spec = model_spec(max(a.sizes))
-    specs = named_specs(build_model(spec))
-    engine = EngineProcess(spec)
+    spec = None if a.checkpoint else model_spec(max(a.sizes))
+    engine = EngineProcess(spec, a.checkpoint)
     try:
-        weights = make_weights(specs, device)
+        if a.checkpoint:
+            weights = [(n, t.to(device)) for n, t in checkpoint_weights(a.checkpoint)]
+        else:
+            weights = make_weights(named_specs(build_model(spec)), device)
         endpoint = EngineEndpoint(url=engine.url, token=engine.token)
         syncs = {m: WeightSync("distributed" if m == "distributed" else "ipc", lambda: iter(()), [endpoint], rank=0,
-                               check=False) for m in a.modes}
+                               check=bool(a.check)) for m in a.modes}
         if "ipc-flat" in syncs:
             syncs["ipc-flat"]._send_ipc = flattened_sender(syncs["ipc-flat"])
         if "distributed" in syncs:
             t0 = time.perf_counter()
             syncs["distributed"].connect()
             print(f"distributed group ({acc.process_group_backend()}) formed in {time.perf_counter() - t0:.2f}s")
-        print(f"device={acc.name} engine={engine.url} model: {spec['num_hidden_layers']} layers, {len(specs)} tensors, "
+        model = a.checkpoint or f"synthetic GLM-5 shapes, {spec['num_hidden_layers']} layers"
+        print(f"device={acc.name} engine={engine.url} model: {model}, {len(weights)} tensors, "
               f"{sum(t.numel() * t.element_size() for _, t in weights) / 2**20:.0f} MiB; bucket "
-              f"{a.update_weight_buffer_size / 2**20:.0f} MiB; export={a.export}; best of {a.repeats}; "
+              f"{a.update_weight_buffer_size / 2**20:.0f} MiB; export={a.export}; check={a.check}; best of {a.repeats}; "
               f"torch threads={torch.get_num_threads()}")
         rows, version = [], [0]
+        split = {m: Components() for m in a.modes}
         for mib in a.sizes:
+            largest = mib == a.sizes[-1]
             named = prefix_of(weights, mib)
             nbytes = sum(t.numel() * t.element_size() for _, t in named)
             row = {"MiB": nbytes / 2**20, "tensors": len(named),
                    "copy": nbytes / copy_seconds(nbytes, device, acc.synchronize)}
             for m, ws in syncs.items():
                 row[m] = nbytes / time_sync(ws, named, a.update_weight_buffer_size, a.export == "copy", a.repeats,
-                                            version)
+                                            version, split[m] if largest else None)
             rows.append(row)
             print(_row_text(row, a.modes), flush=True)
         for ws in syncs.values():
@@ -228,6 +327,9 @@ def main(argv: list[str] | None = None) -> None:
         engine.close()
     print()
     print(_table(rows, a.modes))
+    print()
+    print(f"where the time of one sync of the largest set goes ({rows[-1]['MiB']:.1f} MiB), seconds (share):")
+    print(_split_table(split, a.modes))
     print(f"goal: colocated (ipc) sync >= 0.5x copy bandwidth at >= 256 MiB; total {time.perf_counter() - t_start:.0f}s")
 
 
@@ -244,6 +346,22 @@ def _table(rows: list[dict[str, float]], modes: list[str]) -> str:
         cells = [f"{r['MiB']:.1f}", str(r["tensors"]), f"{r['copy'] / 1e9:.2f}"]
         cells += [f"{r[m] / 1e9:.3f} ({r[m] / r['copy']:.3f}x)" for m in modes]
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _split_table(split: dict[str, Components], modes: list[str]) -> str:
+    keys = sorted({k for m in modes for k in split[m].seconds if k != "total"},
+                  key=lambda k: -max(split[m].seconds.get(k, 0.0) for m in modes))
+    lines = ["| component | " + " | ".join(modes) + " |", "|---|" + "---|" * len(modes)]
+    for k in keys + ["other (bucketing, Python, waits)", "total"]:
+        cells = []
+        for m in modes:
+            sec = split[m].seconds
+            total = sec.get("total", 0.0)
+            v = (total - sum(v for kk, v in sec.items() if kk != "total" and not kk.endswith(OVERLAPS))
+                 if k.startswith("other") else sec.get(k, 0.0))
+            cells.append(f"{v:.3f} ({100 * v / total:.0f}%)" if total else "-")
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
