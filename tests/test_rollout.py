@@ -257,10 +257,15 @@ def _rollout_args(tmp_path, **kw):
                             n_samples_per_prompt=3, rollout_max_response_len=6, rm_type="synthetic", max_concurrency=4, **kw)
 
 
+def _rollout_setup(tmp_path, tokenizer):
+    """(args, data source) of a 5 prompts x 3 samples synthetic rollout."""
+    args = _rollout_args(tmp_path)
+    return args, JsonlDataSource(args.prompt_data, tokenizer, apply_chat_template=True)
+
+
 def test_generate_rollout_every_sample_once_despite_failures(engines, tmp_path, tokenizer):
     path, clients = engines
-    args = _rollout_args(tmp_path)
-    ds = JsonlDataSource(args.prompt_data, tokenizer, apply_chat_template=True)
+    args, ds = _rollout_setup(tmp_path, tokenizer)
     fleet = _Fleet(clients, fail=3)
     samples, metrics = generate_rollout(args, fleet, ds, tokenizer, get_reward_fn(args))
     assert [s.index for s in samples] == list(range(15))
@@ -279,8 +284,7 @@ def test_generate_rollout_every_sample_once_despite_failures(engines, tmp_path, 
 
 def test_generate_rollout_gives_up_loudly(engines, tmp_path, tokenizer):
     _, clients = engines
-    args = _rollout_args(tmp_path)
-    ds = JsonlDataSource(args.prompt_data, tokenizer, apply_chat_template=True)
+    args, ds = _rollout_setup(tmp_path, tokenizer)
     with pytest.raises(RolloutError, match="restarts used up"):
         generate_rollout(args, _Fleet(clients, fail=100, restarts_allowed=2), ds, tokenizer, get_reward_fn(args))
     bad = _rollout_args(tmp_path, rollout_top_p=0.0)
@@ -290,8 +294,7 @@ def test_generate_rollout_gives_up_loudly(engines, tmp_path, tokenizer):
 
 def test_engine_side_errors_are_reported_not_retried(engines, tmp_path, tokenizer):
     _, clients = engines
-    args = _rollout_args(tmp_path)
-    ds = JsonlDataSource(args.prompt_data, tokenizer, apply_chat_template=True)
+    args, ds = _rollout_setup(tmp_path, tokenizer)
     fleet = _Fleet(clients)
     calls = []
 

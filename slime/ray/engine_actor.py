@@ -62,7 +62,7 @@ class RolloutEngineActor:
     def start(self, attempts: int = 3) -> str:
         """Start and wait for /health. The port was free when picked but another process may take it
         before the server binds: then pick another port and try again."""
-        from slime.backends.sglang.process import EngineStartError, free_port
+        from slime.backends.sglang.process import EngineStartError
 
         for attempt in range(attempts):
             self.server.start()
@@ -72,11 +72,17 @@ class RolloutEngineActor:
             except EngineStartError as e:
                 if "Address already in use" not in str(e) or attempt == attempts - 1:
                     raise
-                starts = self.server.starts
-                self.port = free_port()
-                self.server = self._build(self.port)
-                self.server.starts = starts
+                self._move_to_free_port()
         raise AssertionError("unreachable")
+
+    def _move_to_free_port(self) -> None:
+        """Rebuild the (stopped) server on a fresh port, keeping its start count for reports."""
+        from slime.backends.sglang.process import free_port
+
+        starts = self.server.starts
+        self.port = free_port()
+        self.server = self._build(self.port)
+        self.server.starts = starts
 
     def url(self) -> str:
         return self.server.url
@@ -90,14 +96,11 @@ class RolloutEngineActor:
 
     def restart(self) -> str:
         """Stop whatever is left, start again on the same port when it is free (else a new one)."""
-        from slime.backends.sglang.process import free_port, wait_port_free
+        from slime.backends.sglang.process import wait_port_free
 
         self.server.stop()
         if not wait_port_free(self.port):
-            self.port = free_port()
-            starts = self.server.starts
-            self.server = self._build(self.port)
-            self.server.starts = starts
+            self._move_to_free_port()
         return self.start()
 
     def kill(self) -> int | None:

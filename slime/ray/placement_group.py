@@ -23,6 +23,15 @@ ROLLOUT_SHARE_COLOCATED = 0.2
 _RAY_BUILTIN_OPTION = {"CPU": "num_cpus", "GPU": "num_gpus"}
 
 
+def device_request(amount: float) -> dict[str, Any]:
+    """Ray `.options(...)` asking for `amount` of the accelerator's device resource ({} when it has none)."""
+    resource = get_accelerator().ray_resource
+    if resource is None:
+        return {}
+    key = _RAY_BUILTIN_OPTION.get(resource)
+    return {key: amount} if key else {"resources": {resource: amount}}
+
+
 @dataclass
 class DeviceSlots:
     """Bundles of one placement group given to one role (trainer or rollout)."""
@@ -45,21 +54,14 @@ class DeviceSlots:
         acc = get_accelerator()
         env = {k: str(v) for k, v in acc.worker_env([self.device_ids[i]]).items()}
         env.update(extra_env or {})
-        options: dict[str, Any] = {
+        return {
             "num_cpus": self.cpus_per_bundle * self.share,
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
                 placement_group=self.pg, placement_group_bundle_index=self.bundle_indices[i],
                 placement_group_capture_child_tasks=True),
             "runtime_env": {"env_vars": env},
+            **device_request(self.share),
         }
-        resource = acc.ray_resource
-        if resource is not None:
-            key = _RAY_BUILTIN_OPTION.get(resource)
-            if key:
-                options[key] = self.share
-            else:
-                options["resources"] = {resource: self.share}
-        return options
 
 
 def _bundle(cpus: float) -> dict[str, float]:
@@ -83,10 +85,7 @@ def _probe_bundles(pg, count: int) -> list[tuple[str, int]]:
     refs = []
     for i in range(count):
         opts: dict[str, Any] = {"scheduling_strategy": PlacementGroupSchedulingStrategy(
-            placement_group=pg, placement_group_bundle_index=i)}
-        if resource is not None:
-            key = _RAY_BUILTIN_OPTION.get(resource)
-            opts.update({key: 0.01} if key else {"resources": {resource: 0.01}})
+            placement_group=pg, placement_group_bundle_index=i), **device_request(0.01)}
         refs.append(where.options(**opts).remote())
     return ray.get(refs)
 

@@ -126,6 +126,8 @@ class RolloutManager:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+        from slime.ray.placement_group import device_request
+
         resource = get_accelerator().ray_resource
         if self._pg is None:
             bundle = {"CPU": 1} if resource is None else {resource: self.tp, "CPU": 1}
@@ -134,13 +136,8 @@ class RolloutManager:
             if not ready:
                 raise RolloutError(f"cannot place {self.n} rollout engines with {bundle} each (cluster: "
                                    f"{ray.cluster_resources()}); lower --rollout-num-gpus")
-        opts: dict[str, Any] = {"num_cpus": 1, "scheduling_strategy": PlacementGroupSchedulingStrategy(
-            placement_group=self._pg, placement_group_bundle_index=i)}
-        if resource == "GPU":
-            opts["num_gpus"] = self.tp
-        elif resource is not None:
-            opts["resources"] = {resource: self.tp}
-        return opts
+        return {"num_cpus": 1, "scheduling_strategy": PlacementGroupSchedulingStrategy(
+            placement_group=self._pg, placement_group_bundle_index=i), **device_request(self.tp)}
 
     # ------------------------------------------------------------------ trainer API
     def ready(self) -> bool:

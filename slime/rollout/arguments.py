@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from slime.utils.arguments import add_argument_once
+
 ROLLOUT_ENGINES = ("auto", "embedded", "sglang")
 # --sglang-<name>: (type, help). Values are forwarded as --<name> to sglang.launch_server.
 SGLANG_PASSTHROUGH: dict[str, tuple[Any, str]] = {
@@ -26,10 +28,7 @@ SGLANG_PASSTHROUGH: dict[str, tuple[Any, str]] = {
 SGLANG_FLAGS = ("disable-cuda-graph", "enable-memory-saver", "disable-radix-cache")
 
 
-def _add(group, parser: argparse.ArgumentParser, flag: str, **kwargs: Any) -> None:
-    # train.py's parser may define a shared flag (e.g. --rollout-num-gpus) first; keep one definition.
-    if flag not in parser._option_string_actions:
-        group.add_argument(flag, **kwargs)
+_add = add_argument_once  # train.py's parser may define a shared flag (e.g. --rollout-num-gpus) first
 
 
 def add_rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

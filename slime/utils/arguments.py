@@ -19,14 +19,14 @@ class ArgumentError(ValueError):
     """A bad combination of flags. The message is one line: the problem and the fix."""
 
 
-def _has_flag(parser: argparse.ArgumentParser, flag: str) -> bool:
-    return flag in parser._option_string_actions
-
-
-def _add(group, parser: argparse.ArgumentParser, flag: str, **kwargs) -> None:
-    # The rollout group may already define a flag slime also lists elsewhere; keep its definition.
-    if not _has_flag(parser, flag):
+def add_argument_once(group, parser: argparse.ArgumentParser, flag: str, **kwargs) -> None:
+    """`group.add_argument(flag, ...)` unless `parser` already has `flag`: the cluster and rollout groups
+    both list a few shared flags (e.g. --rollout-num-gpus), and the first definition wins."""
+    if flag not in parser._option_string_actions:
         group.add_argument(flag, **kwargs)
+
+
+_add = add_argument_once
 
 
 def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:

@@ -140,16 +140,11 @@ class EngineClient:
                                    weight_version: str | None = None, flush_cache: bool = False) -> dict:
         """Send weights by IPC handle (tensors must stay alive until this returns).
         `load_format="flattened_bucket"` packs them per dtype (embedded engine's layout; see flattened_bucket.py)."""
-        body: dict[str, Any] = {"load_format": load_format, "flush_cache": flush_cache}
-        if weight_version is not None:
-            body["weight_version"] = str(weight_version)
+        body: dict[str, Any] = {"load_format": load_format, "flush_cache": flush_cache, **_version(weight_version)}
         if load_format == "flattened_bucket":
             from slime.backends.embedded.flattened_bucket import flatten_named_tensors
 
-            flats, meta = flatten_named_tensors(list(named))
-            body["serialized_named_tensors"] = [encode_named_tensors(flats)]
-            body["flattened_bucket_meta"] = meta
-            return self.post("/update_weights_from_tensor", body)  # `flats` stays alive until the reply
+            named, body["flattened_bucket_meta"] = flatten_named_tensors(list(named))  # alive until the reply
         body["serialized_named_tensors"] = [encode_named_tensors(named)]
         return self.post("/update_weights_from_tensor", body)
 
@@ -164,20 +159,20 @@ class EngineClient:
     def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
                                         group_name: str, weight_version: str | None = None,
                                         flush_cache: bool = False, timeout: float | None = None) -> dict:
-        body: dict[str, Any] = {"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name,
-                                "flush_cache": flush_cache}
-        if weight_version is not None:
-            body["weight_version"] = str(weight_version)
+        body = {"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name,
+                "flush_cache": flush_cache, **_version(weight_version)}
         return self.post("/update_weights_from_distributed", body, timeout)
 
     def destroy_weights_update_group(self, group_name: str) -> dict:
         return self.post("/destroy_weights_update_group", {"group_name": group_name})
 
     def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> dict:
-        body: dict[str, Any] = {"model_path": model_path}
-        if weight_version is not None:
-            body["weight_version"] = str(weight_version)
-        return self.post("/update_weights_from_disk", body)
+        return self.post("/update_weights_from_disk", {"model_path": model_path, **_version(weight_version)})
+
+
+def _version(weight_version: Any) -> dict[str, str]:
+    """The optional `weight_version` field of a weight-update body (engines report it back)."""
+    return {} if weight_version is None else {"weight_version": str(weight_version)}
 
 
 def _message(obj: Any) -> str:
