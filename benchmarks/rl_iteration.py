@@ -42,11 +42,12 @@ OVERHEAD = (("rollout hand-off", "handoff"), ("weight sync", "time/weight_sync")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--num-rollout", type=int, default=6, help="iterations to run (the first is reported apart)")
+    ap.add_argument("--num-rollout", type=int, default=8, help="iterations to run (the first is reported apart)")
     ap.add_argument("--run-dir", default="/tmp/slime-bench-rl",
                     help="tiny checkpoint and data (written once, reused); each run goes to RUN_DIR/bench-<time>")
     ap.add_argument("--profile", default=None, metavar="PREFIX",
                     help="record py-spy profiles (raw) into PREFIX.<role>.txt")
+    ap.add_argument("--profile-rate", type=int, default=25, help="py-spy samples per second")
     ap.add_argument("--py-spy", default=shutil.which("py-spy") or "/tmp/pyspy-venv/bin/py-spy",
                     help="py-spy executable for --profile")
     ap.add_argument("extra", nargs="*", help="after --: extra train.py flags")
@@ -74,31 +75,39 @@ def phases(record: dict[str, float]) -> dict[str, float]:
 
 
 def report(records: list[dict[str, float]]) -> str:
+    """Per-phase table: first iteration, mean of the steady ones, and the fastest steady iteration (the one
+    least disturbed by other load on the machine: its split is the closest to the intrinsic costs)."""
     steady = [phases(r) for r in records[1:]]
     first = phases(records[0])
     avg = {k: mean(p[k] for p in steady) for k in steady[0]}
-    lines = [f"| phase | first iteration s | steady s (mean of {len(steady)}) | steady share |", "|---|---|---|---|"]
+    fastest = min(steady, key=lambda p: p["iteration"])
+    lines = [f"| phase | first iteration s | steady mean s ({len(steady)} iterations) | share | fastest iteration s "
+             "| share |", "|---|---|---|---|---|---|"]
 
     def row(label: str, key: str) -> None:
-        lines.append(f"| {label} | {first[key]:.3f} | {avg[key]:.3f} | {100 * avg[key] / avg['iteration']:.1f}% |")
+        lines.append(f"| {label} | {first[key]:.3f} | {avg[key]:.3f} | {100 * avg[key] / avg['iteration']:.1f}% "
+                     f"| {fastest[key]:.3f} | {100 * fastest[key] / fastest['iteration']:.1f}% |")
 
-    for label, key in COMPUTE:
-        row(label, key)
-    compute = {"first": sum(first[k] for _, k in COMPUTE), "avg": sum(avg[k] for _, k in COMPUTE)}
-    for label, key in OVERHEAD:
+    for label, key in COMPUTE + OVERHEAD:
         row(label, key)
     row("**iteration**", "iteration")
-    overhead = avg["iteration"] - compute["avg"]
-    lines += ["", f"compute (generate + log-probs + train): {compute['avg']:.3f} s; "
-              f"overhead = iteration - compute: {overhead:.3f} s = {100 * overhead / avg['iteration']:.1f}% of the "
-              f"iteration (goal <= 10%); first iteration: {100 * (first['iteration'] - compute['first']) / first['iteration']:.1f}%",
-              f"counting log-prob recomputation as overhead too: "
-              f"{100 * (overhead + avg['time/log_probs']) / avg['iteration']:.1f}%"]
-    tok = [r.get("rollout/response_tokens", 0.0) for r in records[1:]]
-    train_tok = [r.get("train/tokens", 0.0) for r in records[1:]]
-    lines.append(f"per steady iteration: {mean(tok):.0f} generated tokens ({mean(tok) / avg['generate']:.0f} tokens/s "
-                 f"in generate), {mean(train_tok):.0f} trained tokens ({mean(train_tok) / max(avg['time/train'], 1e-9):.0f} "
-                 f"tokens/s in train), {mean(r.get('weight_sync/bytes', 0.0) for r in records[1:]) / 2**20:.1f} MiB synced")
+
+    def overhead(p: dict[str, float]) -> float:
+        return p["iteration"] - sum(p[k] for _, k in COMPUTE)
+
+    lines += ["", "overhead = iteration - (engine generate + trainer log-probs + trainer train): "
+              f"steady mean {overhead(avg):.3f} s = {100 * overhead(avg) / avg['iteration']:.1f}%, fastest iteration "
+              f"{overhead(fastest):.3f} s = {100 * overhead(fastest) / fastest['iteration']:.1f}%, first iteration "
+              f"{100 * overhead(first) / first['iteration']:.1f}% (goal <= 10%)",
+              "with log-prob recomputation counted as overhead too: steady mean "
+              f"{100 * (overhead(avg) + avg['time/log_probs']) / avg['iteration']:.1f}%, fastest "
+              f"{100 * (overhead(fastest) + fastest['time/log_probs']) / fastest['iteration']:.1f}%"]
+    tok = mean(r.get("rollout/response_tokens", 0.0) for r in records[1:])
+    train_tok = mean(r.get("train/tokens", 0.0) for r in records[1:])
+    synced = mean(r.get("weight_sync/bytes", 0.0) for r in records[1:]) / 2**20
+    lines.append(f"per steady iteration: {tok:.0f} generated tokens ({tok / avg['generate']:.0f} tokens/s in generate), "
+                 f"{train_tok:.0f} trained tokens ({train_tok / max(avg['time/train'], 1e-9):.0f} tokens/s in train), "
+                 f"{synced:.1f} MiB synced")
     return "\n".join(lines)
 
 
@@ -174,7 +183,7 @@ def _attach_profiler(a: argparse.Namespace, script_pid: int):
                     seen.add(role)
                     with open(f"{a.profile}.{role}.log", "w") as log:
                         spies.append(subprocess.Popen(
-                            [a.py_spy, "record", "--nonblocking", "--format", "raw", "--rate", "25",
+                            [a.py_spy, "record", "--nonblocking", "--format", "raw", "--rate", str(a.profile_rate),
                              "--output", f"{a.profile}.{role}.txt", "--pid", str(k.pid)],
                             stdout=log, stderr=subprocess.STDOUT))
             time.sleep(0.05)
