@@ -83,7 +83,7 @@ class TrainSettings:
     adam_bytes: int = 8  # exp_avg + exp_avg_sq in fp32
     act_bytes: int = 2  # bf16 activations
     logits_bytes: int = 6  # per logit: bf16 output + fp32 working copy for the log-softmax
-    with_mtp: bool = True  # MTP layers trained (--mtp-num-layers)
+    with_mtp: bool = True  # MTP layers trained (load_hf_model(load_mtp=True); train.py does not yet: --no-mtp)
     moe_imbalance: float = 1.0  # routed tokens per rank relative to the balanced mean
 
     def __post_init__(self) -> None:

@@ -97,7 +97,7 @@ class ModelShape:
     index_head_dim: int = 0
     index_topk: int = 0
     indexer_layers: int = 0
-    mtp_layers: int = 0  # num_nextn_predict_layers (not built by transformers; trained with --mtp-num-layers)
+    mtp_layers: int = 0  # num_nextn_predict_layers (not built by transformers; MODEL_ARGS --mtp-num-layers)
     tie_word_embeddings: bool = False
     attention_bias: bool = False
 
