@@ -80,6 +80,7 @@ def run(rank: int, port: int, accel: str, ckpt: str, ref_path: str) -> None:
         ok, grad_norm, _ = opt.step()
         assert ok and grad_norm > 0
     _pipeline_parallel(rank, ckpt, ref, original, base)
+    expert_parallel_rank_without_tokens(rank, ckpt, ref)
     gpt_moe_expert_parallel(rank)
     distributed_optimizer_matches_plain(ckpt, ref)
     dist.barrier()
@@ -145,6 +146,37 @@ def _pipeline_parallel(rank, ckpt, ref, original, base) -> None:
         shutil.rmtree(out)
     ok, grad_norm, _ = opt.step()
     assert ok and grad_norm > 0
+
+
+def expert_parallel_rank_without_tokens(rank: int, ckpt: str, ref) -> None:
+    """ep=2 with the expert bias steering every token to experts 0..E/2-1 (EP rank 0): EP rank 1 receives
+    no rows in forward or backward. Logits and the non-expert grads equal ep=1; rank 1's expert grads are
+    0 and rank 0's are twice ep=1's (both ranks run the same batch through rank 0's experts)."""
+    from slime.backends.megatron import load_hf_model
+    from slime_plugins.models.glm5.moe import GlmMoE
+
+    ids, pos, weight = ref["ids"], ref["pos"], ref["weight"]
+    runs = []
+    for ep in (1, 2):
+        model = load_hf_model(ckpt, ep=ep)
+        for m in model.modules():
+            if isinstance(m, GlmMoE):
+                m.expert_bias[: m.glm.n_routed_experts // 2] += 10.0
+        logits = model(ids, pos)
+        (logits * weight).sum().backward()
+        runs.append((logits.detach(), {n: p.grad for n, p in model.named_parameters() if p.requires_grad}))
+    (logits_1, grads_1), (logits_2, grads_2) = runs
+    torch.testing.assert_close(logits_2, logits_1, rtol=1e-5, atol=1e-5, msg="ep=2 with an idle rank: logits")
+    assert grads_2.keys() == grads_1.keys()
+    for name, g in grads_2.items():
+        assert g is not None and torch.isfinite(g).all(), f"ep=2 with an idle rank: grad {name}"
+        if ".experts." not in name:
+            torch.testing.assert_close(g, grads_1[name], rtol=1e-5, atol=1e-6, msg=f"ep=2 idle rank: {name}")
+        elif rank == 1:
+            assert (g == 0).all(), f"EP rank 1 received no tokens, yet {name} has a gradient"
+        else:
+            half = g.shape[0]
+            torch.testing.assert_close(g, 2 * grads_1[name][:half], rtol=1e-5, atol=1e-6, msg=f"ep=2 rank 0: {name}")
 
 
 def gpt_moe_expert_parallel(rank: int) -> None:

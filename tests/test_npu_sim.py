@@ -166,6 +166,11 @@ def test_permute_contract(npu):
         npu.npu_moe_token_unpermute(permuted, sorted_indices, probs=torch.ones(3, 2, dtype=torch.float64))
     with pytest.raises(RuntimeError, match="int32"):
         npu.npu_moe_token_unpermute(permuted, sorted_indices.long(), probs=torch.ones(3, 2))
+    # No tokens (an expert-parallel rank that received none): empty outputs of the right width.
+    empty, empty_map = npu.npu_moe_token_permute(torch.zeros(0, 4), torch.zeros(0, 2, dtype=torch.int64))
+    assert empty.shape == (0, 4) and empty_map.shape == (0,)
+    assert npu.npu_moe_token_unpermute(empty, empty_map, probs=torch.zeros(0, 2)).shape == (0, 4)
+    assert npu.npu_moe_token_unpermute(empty, empty_map).shape == (0, 4)
 
 
 def test_dsa_kernel_contracts(npu):

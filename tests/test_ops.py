@@ -419,6 +419,38 @@ def test_grouped_matmul(accel, kernel_calls, dtype):
     assert_kernel(kernel_calls, "npu_grouped_matmul")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_moe_ops_take_zero_tokens(accel, dtype):
+    """A rank that routes or receives no tokens (expert parallel): every MoE op takes T = 0 forward and
+    backward, keeps the shapes, and gives zero (not undefined) expert weight grads."""
+    dev = accel.device()
+    g = torch.Generator().manual_seed(13)
+    hidden, experts, top_k, ffn = 12, 8, 2, 8
+    logits = leaf(torch.zeros(0, experts), torch.float32, dev)
+    tokens = leaf(torch.zeros(0, hidden), dtype, dev)
+    w1 = leaf(torch.randn(experts, hidden, 2 * ffn, generator=g), dtype, dev)
+    w2 = leaf(torch.randn(experts, ffn, hidden, generator=g), dtype, dev)
+    weights, indices = accel.ops.moe_route(logits, torch.zeros(experts, device=dev), top_k, 2, 1, 2.5, True)
+    assert weights.shape == indices.shape == (0, top_k)
+    permuted, sort_map = accel.ops.moe_permute(tokens, indices)
+    assert permuted.shape == (0, hidden) and sort_map.shape == (0,) and sort_map.dtype == torch.int32
+    counts = torch.bincount(indices.reshape(-1), minlength=experts)
+    h = accel.ops.swiglu(accel.ops.grouped_matmul(permuted, w1, counts))
+    assert h.shape == (0, ffn)
+    out = accel.ops.moe_unpermute(accel.ops.grouped_matmul(h, w2, counts), sort_map, weights)
+    assert out.shape == (0, hidden) and out.dtype == dtype
+    d_logits, d_tokens, d_w1, d_w2 = torch.autograd.grad(out.sum(), (logits, tokens, w1, w2), allow_unused=True)
+    assert d_logits is None or d_logits.shape == (0, experts)
+    assert d_tokens is None or d_tokens.shape == (0, hidden)
+    for name, d in (("w1", d_w1), ("w2", d_w2)):
+        assert d is None or (d.shape == (w1 if name == "w1" else w2).shape and (d == 0).all()), f"d{name} must be 0"
+    # The expert-parallel regroup: received rows with one copy each and weight 1 (moe.py), none received.
+    none = torch.zeros(0, hidden, device=dev, dtype=dtype)
+    back = accel.ops.moe_unpermute(none, torch.zeros(0, dtype=torch.int32, device=dev),
+                                   torch.ones(0, 1, device=dev))
+    assert back.shape == (0, hidden)
+
+
 # --- log-probs ------------------------------------------------------------------------------
 
 

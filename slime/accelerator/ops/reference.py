@@ -367,7 +367,8 @@ def moe_unpermute(permuted: torch.Tensor, sort_map: torch.Tensor, weights: torch
             f"{tuple(weights.shape)} disagree (need permuted [T*K, H], sort_map [T*K], weights [T, K])"
         )
     ct = compute_dtype(permuted.dtype)
-    copies = permuted.index_select(0, sort_map.reshape(-1).long()).view(t, kk, -1).to(ct)
+    # Explicit hidden size: with t == 0 (a rank that received no tokens) a -1 dim would be ambiguous.
+    copies = permuted.index_select(0, sort_map.reshape(-1).long()).view(t, kk, permuted.shape[1]).to(ct)
     return (copies * weights.to(ct).unsqueeze(-1)).sum(dim=1).to(permuted.dtype)
 
 

@@ -90,7 +90,7 @@ def npu_moe_token_unpermute(permuted_tokens, sorted_indices, probs=None, padded_
         t = sorted_indices.numel()
     check(bool((sorted_indices < permuted_tokens.shape[0]).all()) and bool((sorted_indices >= 0).all()), op,
           "sorted_indices out of range for permuted_tokens")
-    copies = f64(permuted_tokens).index_select(0, sorted_indices.long()).view(t, topk, -1)
+    copies = f64(permuted_tokens).index_select(0, sorted_indices.long()).view(t, topk, permuted_tokens.shape[1])
     w = f64(probs).unsqueeze(-1) if probs is not None else 1.0
     out = (copies * w).sum(dim=1).to(permuted_tokens.dtype)
     if not at_least("7.2.0"):
