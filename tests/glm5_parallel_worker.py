@@ -42,7 +42,7 @@ def run(rank: int, port: int, accel: str, ckpt: str, ref_path: str) -> None:
     ref = torch.load(ref_path)
     ids, pos, weight = ref["ids"], ref["pos"], ref["weight"]
     original = load_file(os.path.join(ckpt, "model.safetensors"))
-    base = None
+    base = base_norm = None
     for tp, ep in [(1, 1), (2, 1), (1, 2)]:
         model = load_hf_model(ckpt, tp=tp, ep=ep, load_mtp=True)
         assert ps.get_tensor_model_parallel_world_size() == tp and ps.get_expert_model_parallel_world_size() == ep
@@ -77,14 +77,44 @@ def run(rank: int, port: int, accel: str, ckpt: str, ref_path: str) -> None:
         assert exported.keys() == original.keys()
         bad = [n for n in original if not torch.equal(exported[n].cpu(), original[n])]
         assert not bad, f"tp={tp} ep={ep}: export differs for {bad[:3]}"
+        check_tensor_parallel_attributes(ddp.module, tp, ep)
+        # Megatron's own grad norm (optimizer step, float32): every layout and every rank must report the
+        # single-rank value (TP shards counted on every TP rank, replicated params once).
         ok, grad_norm, _ = opt.step()
         assert ok and grad_norm > 0
+        norms = _gather(torch.tensor([float(grad_norm)], dtype=torch.float64), None)
+        assert norms[0] == norms[1], f"tp={tp} ep={ep}: the ranks report different grad norms {norms}"
+        if base_norm is None:
+            base_norm = float(grad_norm)
+        assert abs(float(grad_norm) - base_norm) <= 1e-5 * base_norm, f"tp={tp} ep={ep}: grad norm {grad_norm} != {base_norm}"
     _pipeline_parallel(rank, ckpt, ref, original, base)
     expert_parallel_rank_without_tokens(rank, ckpt, ref)
     gpt_moe_expert_parallel(rank)
     distributed_optimizer_matches_plain(ckpt, ref)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def check_tensor_parallel_attributes(model, tp: int, ep: int) -> None:
+    """Every TP shard (by its weight map) carries megatron's tensor-parallel attributes with the split
+    dim; replicated parameters carry none; expert weights are marked (expert-TP shards, as megatron's)."""
+    from slime_plugins.models.glm5 import weights as W
+
+    split = {W.TP_ROWS: (0, 1), W.TP_GATE_UP: (0, 2), W.TP_COLS: (1, 1), W.EXPERT_W1: (2, 2), W.EXPERT_W2: (1, 1)}
+    params = dict(model.named_parameters())
+    checked = 0
+    for m in W.maps_for_model(model):
+        p = params.get(m.param)
+        if p is None:  # a buffer (expert bias)
+            continue
+        checked += 1
+        if m.kind in split:
+            got = (getattr(p, "tensor_model_parallel", None), getattr(p, "partition_dim", None),
+                   getattr(p, "partition_stride", None))
+            assert got == (True, *split[m.kind]), f"tp={tp} ep={ep}: {m.param} ({m.kind}) has {got}"
+        else:
+            assert not getattr(p, "tensor_model_parallel", False), f"tp={tp} ep={ep}: replicated {m.param} is marked"
+    assert checked == len(params), "every parameter has a weight map"
 
 
 def _pipeline_parallel(rank, ckpt, ref, original, base) -> None:

@@ -1,7 +1,9 @@
 """Tensor and expert parallelism of the GLM-5 model, 2 processes over gloo: for (tp, ep) in (1,1), (2,1)
 [sequence parallel], (1,2): logits equal tp=ep=1 (1e-5) and transformers (as in test_glm5_model),
 grads after megatron DDP's reduction equal transformers' grads, export_hf reproduces the checkpoint
-exactly (MTP layer included), MTP logits do not change with the layout, and an optimizer step runs.
+exactly (MTP layer included), MTP logits do not change with the layout, every TP shard carries megatron's
+tensor-parallel attributes, and the optimizer's grad norm equals the tp=ep=1 value on every rank (1e-5).
+At ep=2 a rank whose experts receive no tokens (expert bias steering all tokens away) matches ep=1.
 Then pp=2 through megatron's pipeline schedule: logits, per-stage grads, export, save_hf of both stages;
 megatron's own GPTModel with its alltoall MoE dispatcher at ep=2 (patched dispatcher path); and at dp=2 the
 distributed optimizer's step equals the plain optimizer's. One spawn per accelerator runs all three layouts."""

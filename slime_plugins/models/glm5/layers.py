@@ -68,11 +68,13 @@ class ReplicatedLinear(torch.nn.Module):
 
 
 def column_parallel(config, in_features: int, out_features: int, *, bias: bool = False, gather_output: bool = False,
-                    sequence_parallel: bool | None = None, tp_comm_buffer_name: str | None = None) -> ColumnParallelLinear:
+                    sequence_parallel: bool | None = None, tp_comm_buffer_name: str | None = None,
+                    stride: int = 1) -> ColumnParallelLinear:
     """megatron ColumnParallelLinear; sequence_parallel=False for inputs that are already full on every
-    TP rank (then the input grad is all-reduced instead of reduce-scattered)."""
+    TP rank (then the input grad is all-reduced instead of reduce-scattered). stride=2: the output rows
+    are two halves ([gate; up]) each split over TP."""
     layer = ColumnParallelLinear(in_features, out_features, config=config, init_method=config.init_method, bias=bias,
-                                 gather_output=gather_output, skip_bias_add=False)
+                                 gather_output=gather_output, skip_bias_add=False, stride=stride)
     if sequence_parallel is False and layer.sequence_parallel:
         layer.sequence_parallel = False
         layer.allreduce_dgrad = layer.tp_group.size() > 1
@@ -92,7 +94,7 @@ class SwiGLUMLP(MegatronModule):
         super().__init__(config=config)
         ffn = config.ffn_hidden_size if ffn_hidden_size is None else ffn_hidden_size
         self.ffn_hidden_size = ffn
-        self.linear_fc1 = column_parallel(config, config.hidden_size, 2 * ffn)
+        self.linear_fc1 = column_parallel(config, config.hidden_size, 2 * ffn, stride=2)  # [gate; up] per rank
         self.linear_fc2 = row_parallel(config, ffn, config.hidden_size)
 
     def forward(self, x: torch.Tensor, padding_mask=None):

@@ -14,6 +14,7 @@ from slime.accelerator import get_accelerator
 from slime_plugins.models.glm5.config import GlmConfig
 from slime_plugins.models.glm5.rope import ForwardContext, RotaryTable
 from slime_plugins.models.glm5.spec import block_spec
+from slime_plugins.models.glm5.tensor_parallel_attributes import mark_tensor_parallel_params
 
 
 def cu_seqlens_for(batch: int, seq_len: int, packed_seq_params: PackedSeqParams | None, device) -> torch.Tensor:
@@ -118,4 +119,5 @@ def build_model(glm: GlmConfig, tp: int = 1, ep: int = 1, pp: int = 1, dtype: to
     config = glm.transformer_config(tp, ep, pp, dtype=dtype, perform_initialization=perform_initialization,
                                     **config_overrides)
     model = GlmModel(glm, config, gather_logits=gather_logits, mtp=mtp)
+    mark_tensor_parallel_params(model)  # megatron sets them only when it initialises weights itself
     return model.to(get_accelerator().device())

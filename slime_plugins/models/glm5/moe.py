@@ -32,6 +32,11 @@ class GroupedExperts(torch.nn.Module):
         for w in (self.weight1, self.weight2):
             torch.nn.init.normal_(w, std=0.02)
             w.allreduce = False  # megatron DDP: expert parameter, reduced over the expert-data-parallel group
+        # Shards of the expert-tensor-parallel group (size 1), marked as megatron marks its own expert
+        # weights: the expert optimizer then counts them on every TP rank and reduces the grad norm over
+        # the expert tensor-model-pipeline group (TP ranks excluded). Unmarked, only TP rank 0 would count them.
+        tensor_parallel.set_tensor_model_parallel_attributes(self.weight1, is_parallel=True, dim=2, stride=2)
+        tensor_parallel.set_tensor_model_parallel_attributes(self.weight2, is_parallel=True, dim=1, stride=1)
 
     def forward(self, x: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
         ops = get_accelerator().ops
