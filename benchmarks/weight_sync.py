@@ -1,6 +1,6 @@
 """Weight-sync bandwidth: trainer -> a real embedded engine server process, vs the device's copy bandwidth.
 
-    python benchmarks/weight_sync.py [--max-mb 1024] [--sizes 8,64,256,1024] [--modes ipc,ipc-flat,distributed]
+    python benchmarks/weight_sync.py [--max-mb 1024] [--sizes 8,64,256,1024] [--modes ipc,ipc-flat,ipc-reuse,distributed]
 
 Weights: a synthetic GLM-5-shaped set (benchmarks/synthetic_glm.py: bfloat16 + float32, per-expert HF names,
 ~2 MB median tensor); a set of size S is the first S MiB of the checkpoint-ordered names. The engine
@@ -12,6 +12,9 @@ an export that, like the GLM export, yields a fresh copy of every tensor in buck
 for weights it passes through unchanged). Modes:
   ipc          WeightSync's colocated path: per-tensor shared-memory handles -> /update_weights_from_tensor
   ipc-flat     the same, but each bucket flattened per dtype (load_format "flattened_bucket")
+  ipc-reuse    prototype of a faster sender (not the trainer's code yet): per-dtype flat buffers shared once and
+               reused by every bucket; the export writes each tensor straight into its slot (one copy), posted
+               as flattened_bucket
   distributed  /init_weights_update_group once, then per bucket /update_weights_from_distributed + broadcast
                over get_accelerator().process_group_backend()
 Reference: `dst.copy_(src)` of the same number of bytes on the same device (best of 3), measured in this run.
@@ -43,14 +46,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-MODES = ("ipc", "ipc-flat", "distributed")
+MODES = ("ipc", "ipc-flat", "ipc-reuse", "distributed")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-mb", type=float, default=1024, help="largest weight set (MiB); sizes above it are dropped")
     ap.add_argument("--sizes", default="8,64,256,1024", help="comma-separated weight-set sizes in MiB")
-    ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {MODES}")
+    ap.add_argument("--modes", default="ipc,ipc-reuse,distributed", help=f"comma-separated subset of {MODES}")
     ap.add_argument("--update-weight-buffer-size", type=int, default=64 * 1024**2,
                     help="bytes per exported bucket (the quick start's value)")
     ap.add_argument("--export", choices=("copy", "view"), default="copy",
@@ -183,6 +186,55 @@ def flattened_sender(ws) -> Callable[[list[tuple[str, torch.Tensor]], int], None
     return send
 
 
+class ReusedBuffers:
+    """The ipc-reuse sender: one flat buffer per dtype, in shared memory from the start and reused, so a sync
+    pays one copy per byte on each side and no per-bucket shared-memory segments."""
+
+    def __init__(self, ws, capacity_bytes: int) -> None:
+        self.ws, self.capacity = ws, capacity_bytes
+        self.flats: dict[torch.dtype, tuple[str, torch.Tensor]] = {}
+
+    def _flat(self, dtype: torch.dtype, device: torch.device) -> tuple[str, torch.Tensor]:
+        if dtype not in self.flats:
+            from slime.accelerator import get_accelerator
+
+            flat = torch.zeros(self.capacity // dtype.itemsize, dtype=dtype, device=device)
+            get_accelerator().reduce_tensor(flat)  # shares it now (on CPU: moves it into shared memory once)
+            self.flats[dtype] = (f"reuse_{str(dtype).removeprefix('torch.')}", flat)
+        return self.flats[dtype]
+
+    def fill(self, flat: torch.Tensor, items: list[tuple[str, torch.Tensor]]) -> list[int]:
+        offsets, off = [], 0
+        for _, t in items:
+            if off + t.numel() > flat.numel():
+                raise ValueError(f"bucket overflows the {self.capacity}-byte shared buffer; raise its capacity")
+            flat[off:off + t.numel()].view(t.shape).copy_(t)
+            offsets.append(off)
+            off += t.numel()
+        return offsets
+
+    def send(self, bucket: list[tuple[str, torch.Tensor]], version: int) -> None:
+        from slime.accelerator import get_accelerator, ipc
+        from slime.backends.megatron.weight_sync import _check_reply
+
+        groups: dict[torch.dtype, list[tuple[str, torch.Tensor]]] = {}
+        for name, t in bucket:
+            groups.setdefault(t.dtype, []).append((name, t))
+        flats, meta = [], []
+        for dtype, items in groups.items():
+            key, flat = self._flat(dtype, items[0][1].device)
+            offsets = self.fill(flat, items)
+            flats.append((key, flat))
+            meta.append({"bucket": key, "dtype": str(dtype).removeprefix("torch."), "names": [n for n, _ in items],
+                         "shapes": [list(t.shape) for _, t in items], "offsets": offsets})
+        payload = base64.b64encode(ipc.serialize_named_tensors(get_accelerator(), flats)).decode()
+        for engine in self.ws.engines:
+            _check_reply(self.ws.post(engine, "/update_weights_from_tensor", {
+                "serialized_named_tensors": [payload], "load_format": "flattened_bucket",
+                "flattened_bucket_meta": meta, "flush_cache": False, "weight_version": str(version)}),
+                "update_weights_from_tensor")
+
+
 def sample_checksums(named: list[tuple[str, torch.Tensor]], k: int = 12, max_bytes: int = 16 * 2**20
                      ) -> dict[str, list[float]]:
     """Checksums of about `k` tensors spread over the set (each <= max_bytes: checksums are slow)."""
@@ -225,6 +277,8 @@ class Components:
         from slime.backends.embedded import flattened_bucket
         from slime.utils import distributed, weight_checksum
 
+        if getattr(ws, "reuse", None) is not None:
+            self.wrap(ws.reuse, "fill", "export (copy into the shared buffer)")
         self.wrap(ws, "post", lambda engine, path, *a, **k: "HTTP " + path + (
             "" if threading.current_thread() is threading.main_thread() else OVERLAPS))
         self.wrap(ipc, "serialize_named_tensors", "handles (share memory + pickle)")
@@ -238,12 +292,12 @@ class Components:
 
 
 # ---------------------------------------------------------------- measurements
-def copy_seconds(nbytes: int, device: torch.device, sync: Callable[[], None], min_total_s: float = 0.2) -> float:
-    """Best time of `dst.copy_(src)` over at least 3 copies and `min_total_s` seconds."""
+def copy_seconds(nbytes: int, device: torch.device, sync: Callable[[], None], min_total_s: float = 0.5) -> float:
+    """Best time of `dst.copy_(src)` over at least 5 copies and `min_total_s` seconds."""
     src = torch.empty(nbytes, dtype=torch.uint8, device=device).fill_(1)
     dst = torch.empty_like(src).fill_(0)  # touched: measure copying, not first-touch page faults
     best, spent, n = math.inf, 0.0, 0
-    while n < 3 or spent < min_total_s:
+    while n < 5 or spent < min_total_s:
         sync()
         t0 = time.perf_counter()
         dst.copy_(src)
@@ -299,6 +353,10 @@ def main(argv: list[str] | None = None) -> None:
                                check=bool(a.check)) for m in a.modes}
         if "ipc-flat" in syncs:
             syncs["ipc-flat"]._send_ipc = flattened_sender(syncs["ipc-flat"])
+        if "ipc-reuse" in syncs:
+            biggest = max(t.numel() * t.element_size() for _, t in weights)
+            reuse = syncs["ipc-reuse"].reuse = ReusedBuffers(syncs["ipc-reuse"], a.update_weight_buffer_size + biggest)
+            syncs["ipc-reuse"]._send_ipc = reuse.send
         if "distributed" in syncs:
             t0 = time.perf_counter()
             syncs["distributed"].connect()
@@ -317,7 +375,8 @@ def main(argv: list[str] | None = None) -> None:
             row = {"MiB": nbytes / 2**20, "tensors": len(named),
                    "copy": nbytes / copy_seconds(nbytes, device, acc.synchronize)}
             for m, ws in syncs.items():
-                row[m] = nbytes / time_sync(ws, named, a.update_weight_buffer_size, a.export == "copy", a.repeats,
+                copy = a.export == "copy" and m != "ipc-reuse"  # ipc-reuse's copy is the write into its buffer
+                row[m] = nbytes / time_sync(ws, named, a.update_weight_buffer_size, copy, a.repeats,
                                             version, split[m] if largest else None)
             rows.append(row)
             print(_row_text(row, a.modes), flush=True)
