@@ -18,9 +18,11 @@ from slime.utils import weight_checksum
 class FakeEngine:
     """Holds named weights; applies /update_weights_from_tensor; reports checksums; logs calls."""
 
-    def __init__(self, weights):
+    def __init__(self, weights, checksums=True):
         self.weights = {k: v.clone() for k, v in weights.items()}
+        self.checksums = checksums  # False: an engine without slime's /get_weights_checksum (SGLang)
         self.calls = []
+        self.gets = []
         self.corrupt = None  # name to perturb after updates (simulates a broken load)
         self.refuse = False
         engine = self
@@ -29,9 +31,26 @@ class FakeEngine:
             def log_message(self, *a):
                 pass
 
+            def _reply(self, code, out):
+                data = json.dumps(out).encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                engine.gets.append(self.path)
+                if self.path == "/get_model_info":
+                    info = {"model_path": "/m", "weight_version": "default"}
+                    self._reply(200, {**info, "weights_checksum": True} if engine.checksums else info)
+                else:
+                    self._reply(404, {"detail": "Not Found"})
+
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
                 engine.calls.append(self.path)
+                if self.path == "/get_weights_checksum" and not engine.checksums:
+                    return self._reply(404, {"detail": "Not Found"})
                 out = engine.handle(self.path, body)
                 data = json.dumps(out).encode()
                 self.send_response(200)
@@ -87,6 +106,25 @@ def test_ipc_sync_updates_engine_and_verifies(trainer_weights):
         assert e.calls[-3:] == ["/flush_cache", "/continue_generation", "/get_weights_checksum"]
     assert metrics["weight_sync/checked_tensors"] == 3
     assert metrics["weight_sync/bytes"] == sum(v.numel() * 4 for v in trainer_weights.values())
+
+
+def test_engine_without_checksum_endpoint_is_synced_unchecked(trainer_weights, caplog):
+    """SGLang has no /get_weights_checksum: the sync goes through, the check is skipped with one line
+    per engine (not per sync), and an engine that serves it is still checked."""
+    sglang_like = FakeEngine({k: torch.full_like(v, float("nan")) for k, v in trainer_weights.items()}, checksums=False)
+    checked = FakeEngine(trainer_weights)
+    ws = _sync([sglang_like, checked], trainer_weights, [list(trainer_weights)])
+    with caplog.at_level(logging.WARNING, logger="slime.backends.megatron.weight_sync"):
+        assert ws.sync(version=1)["weight_sync/checked_tensors"] == 3
+        ws.sync(version=2)
+    skipped = [r.getMessage() for r in caplog.records if "check skipped" in r.getMessage()]
+    assert len(skipped) == 1 and sglang_like.url in skipped[0] and "weights_checksum" in skipped[0]
+    assert "/get_weights_checksum" not in sglang_like.calls and sglang_like.gets == ["/get_model_info"]
+    assert checked.calls.count("/get_weights_checksum") == 2
+    for k, v in trainer_weights.items():
+        assert torch.equal(sglang_like.weights[k], v)
+    alone = _sync([sglang_like], trainer_weights, [list(trainer_weights)])
+    assert alone.sync(version=3)["weight_sync/checked_tensors"] == 0
 
 
 def test_checksum_mismatch_stops(trainer_weights):

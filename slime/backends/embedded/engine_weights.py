@@ -166,6 +166,7 @@ class WeightControl:
             "vocab_size": self.vocab_size,
             "max_running_requests": self.cfg.max_running_requests,
             "eos_token_ids": sorted(self.eos_ids),
+            "weights_checksum": True,  # serves /get_weights_checksum (the trainer's post-sync check)
         }
 
     def _main_dtype(self) -> torch.dtype:

@@ -11,7 +11,9 @@ backend (`/init_weights_update_group`); per bucket, names/dtypes/shapes go over 
 
 auto: ipc when colocated and the device supports IPC, else distributed (logged once).
 After every sync the engine's weight checksums (`/get_weights_checksum`) must equal the trainer's
-exported weights; a mismatch raises `WeightSyncError`.
+exported weights; a mismatch raises `WeightSyncError`. That endpoint is slime's extension: an engine
+serves it when its `/get_model_info` says `"weights_checksum": true` (the embedded engine); for any
+other engine (SGLang) the check is skipped with one log line per engine.
 """
 
 from __future__ import annotations
@@ -69,6 +71,22 @@ def default_post(endpoint: EngineEndpoint, path: str, payload: dict[str, Any] | 
     return json.loads(body) if body else {}
 
 
+def default_get(endpoint: EngineEndpoint, path: str, timeout: float = 60.0) -> dict[str, Any]:
+    """GET JSON from an engine; returns the decoded body, raises WeightSyncError on a non-2xx reply."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    headers = {"Authorization": f"Bearer {endpoint.token}"} if endpoint.token else {}
+    req = urllib.request.Request(endpoint.url + path, headers=headers, method="GET")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            body = resp.read()
+    except urllib.error.HTTPError as e:
+        raise WeightSyncError(f"{endpoint.url}{path} answered HTTP {e.code}") from None
+    return json.loads(body) if body else {}
+
+
 def resolve_mode(requested: str, colocate: bool, ipc_capable: bool) -> str:
     if requested == "ipc":
         if not ipc_capable:
@@ -94,11 +112,13 @@ class WeightSync:
 
     def __init__(self, mode: str, export: Callable[[], Iterable[list[tuple[str, torch.Tensor]]]],
                  engines: list[EngineEndpoint], rank: int, check: bool = True,
-                 post: Callable[..., dict[str, Any]] = default_post) -> None:
+                 post: Callable[..., dict[str, Any]] = default_post,
+                 get: Callable[..., dict[str, Any]] = default_get) -> None:
         self.mode, self.export, self.engines, self.rank = mode, export, engines, rank
-        self.check, self.post = check, post
+        self.check, self.post, self.get = check, post, get
         self.group = None
         self.syncs = 0
+        self._checksum_support: dict[str, bool] = {}  # per engine url: serves /get_weights_checksum
 
     # --- set-up ---------------------------------------------------------------------------
     def connect(self) -> None:
@@ -218,10 +238,31 @@ class WeightSync:
         if errors:
             raise errors[0]
 
+    def serves_checksums(self, engine: EngineEndpoint) -> bool:
+        """Whether the engine advertises `/get_weights_checksum` (`"weights_checksum": true` in
+        `/get_model_info`); asked once per engine, and a missing answer counts as no (logged once)."""
+        known = self._checksum_support.get(engine.url)
+        if known is not None:
+            return known
+        try:
+            info = self.get(engine, "/get_model_info")
+            supported, why = isinstance(info, dict) and info.get("weights_checksum") is True, \
+                "its /get_model_info does not advertise weights_checksum (SGLang has no /get_weights_checksum)"
+        except Exception as e:
+            supported, why = False, f"/get_model_info failed ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+        if not supported:
+            logger.warning("weight sync check skipped for engine %s: %s; the sync itself is unchecked", engine.url, why)
+        self._checksum_support[engine.url] = supported
+        return supported
+
     def verify(self, expected: dict[str, list[float]]) -> int:
-        """Compare the engines' checksums of the synced names with the trainer's; raise on a mismatch."""
+        """Compare the checksums of the synced names on every engine that serves them with the trainer's;
+        raise on a mismatch. Returns the number of tensors checked (0 when no engine could be checked)."""
         names = sorted(expected)
+        checked = 0
         for engine in self.engines:
+            if not self.serves_checksums(engine):
+                continue
             reply = self.post(engine, "/get_weights_checksum", {"names": names})
             actual = reply.get("checksums", {}) if isinstance(reply, dict) else {}
             bad = weight_checksum.mismatches(expected, {n: actual[n] for n in names if n in actual})
@@ -230,7 +271,8 @@ class WeightSync:
                     f"weight sync {self.syncs}: engine {engine.url} differs from the trainer in {len(bad)} tensors "
                     f"(first: {bad[:3]}); stopping (the engine would sample from the wrong policy)")
             logger.info("weight sync %d: %d tensors verified on %s", self.syncs, len(names), engine.url)
-        return len(names)
+            checked = len(names)
+        return checked
 
 
 def create_weight_sync(args, model, engines: list[dict[str, Any]], rank: int) -> WeightSync:
