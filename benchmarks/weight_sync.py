@@ -356,6 +356,8 @@ def main(argv: list[str] | None = None) -> None:
         if "ipc-reuse" in syncs:
             biggest = max(t.numel() * t.element_size() for _, t in weights)
             reuse = syncs["ipc-reuse"].reuse = ReusedBuffers(syncs["ipc-reuse"], a.update_weight_buffer_size + biggest)
+            for dtype in {t.dtype for _, t in weights}:  # allocated and shared once, at connect time
+                reuse._flat(dtype, device)
             syncs["ipc-reuse"]._send_ipc = reuse.send
         if "distributed" in syncs:
             t0 = time.perf_counter()
