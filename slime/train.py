@@ -166,7 +166,7 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
     mode = actor.connect_rollout_engines(ray.get(rollout.engines.remote()))
     logger.info("weight sync mode: %s", mode)
     if start_rollout_id > 0:
-        actor.update_weights(version=start_rollout_id)  # engines started from --hf-checkpoint
+        actor.update_weights(start_rollout_id, ray.get(rollout.engines.remote()))  # engines start from --hf-checkpoint
 
     log = MetricsLogger(args.output_dir, resume_from=start_rollout_id if args.load else None)
     for rollout_id in range(start_rollout_id, args.num_rollout):
@@ -193,7 +193,8 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
         metrics.update(actor.train(rollout_id, ray.put(batch)))
         if args.offload_rollout:
             ray.get(rollout.onload.remote())
-        metrics.update(actor.update_weights(version=rollout_id + 1))
+        # The engine list is asked for each time: an engine restarted during the rollout may have a new port.
+        metrics.update(actor.update_weights(rollout_id + 1, ray.get(rollout.engines.remote())))
         if args.offload_train:
             actor.offload()
 

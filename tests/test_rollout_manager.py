@@ -60,6 +60,7 @@ def test_rollout_over_two_engines(manager):
     engines = ray.get(handle.engines.remote())
     assert len(engines) == 2 and len({e["url"] for e in engines}) == 2
     assert all(e["token"] == ray.get(handle.token.remote()) and e["tp_size"] == 1 for e in engines)
+    assert [e["instance"] for e in engines] == [0, 0]
     state = ray.get(handle.state.remote())
     result = ray.get(handle.generate.remote(0), timeout=120)
     _check_rollout(result, args, 0)
@@ -101,7 +102,10 @@ def test_engine_death_mid_rollout_is_recovered(manager):
     status = ray.get(actors[1].status.remote())
     assert status["running"] and status["starts"] == 2 and status["pid"] != pid_before
     assert result["metrics"]["rollout/engine_restarts"] == 1 and result["metrics"]["rollout/reissued_requests"] >= 1
-    # The restarted engine serves again (same URL: the trainer's endpoint list stays valid).
+    # The restarted engine serves again; the trainer's next engines() call sees its url and a new instance
+    # (a new process: the weight sync re-forms a distributed group for it).
     assert ray.get(handle.engine_urls.remote())[1] == status["url"]
+    engines = ray.get(handle.engines.remote())
+    assert [e["url"] for e in engines] == ray.get(handle.engine_urls.remote()) and [e["instance"] for e in engines] == [0, 1]
     result = ray.get(handle.generate.remote(2), timeout=120)
     _check_rollout(result, args, start + 24)

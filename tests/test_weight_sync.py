@@ -127,6 +127,41 @@ def test_engine_without_checksum_endpoint_is_synced_unchecked(trainer_weights, c
     assert alone.sync(version=3)["weight_sync/checked_tensors"] == 0
 
 
+def test_restarted_engine_on_a_new_port_is_synced(trainer_weights):
+    """The manager's list, passed to every sync, replaces the old one: a restarted engine on a new port
+    gets the weights; the old address is not called again."""
+    nan = {k: torch.full_like(v, float("nan")) for k, v in trainer_weights.items()}
+    first, restarted = FakeEngine(nan), FakeEngine(nan)
+    ws = _sync([first], trainer_weights, [list(trainer_weights)])
+    ws.sync(version=1)
+    calls_before = len(first.calls)
+    ws.sync(version=2, engines=[EngineEndpoint(restarted.url, instance=1)])
+    assert len(first.calls) == calls_before and restarted.calls.count("/get_weights_checksum") == 1
+    for k, v in trainer_weights.items():
+        assert torch.equal(restarted.weights[k], v)
+    assert not ws.set_engines([EngineEndpoint(restarted.url, instance=1)])  # unchanged list: nothing to do
+    with pytest.raises(WeightSyncError, match="no running engine"):
+        ws.set_engines([])
+
+
+def test_distributed_group_is_formed_again_for_a_restarted_engine(trainer_weights, monkeypatch):
+    """Same url, new process (instance 1): the old group is destroyed on the engines that had it and on
+    the trainer, then formed again with the current engines."""
+    import slime.utils.distributed as dist_utils
+
+    a, b = FakeEngine(trainer_weights), FakeEngine(trainer_weights)
+    ws = WeightSync("distributed", lambda: iter(()), [EngineEndpoint(a.url), EngineEndpoint(b.url)], rank=0)
+    old_group, destroyed, formed = object(), [], []
+    ws.group = old_group
+    monkeypatch.setattr(dist_utils, "destroy_custom_process_group", destroyed.append)
+    monkeypatch.setattr(ws, "connect", lambda: formed.append([(e.url, e.instance) for e in ws.engines]))
+    assert not ws.set_engines([EngineEndpoint(a.url), EngineEndpoint(b.url)])
+    assert destroyed == [] and formed == []
+    assert ws.set_engines([EngineEndpoint(a.url), EngineEndpoint(b.url, instance=1)])
+    assert destroyed == [old_group] and formed == [[(a.url, 0), (b.url, 1)]]
+    assert a.calls == b.calls == ["/destroy_weights_update_group"]
+
+
 def test_checksum_mismatch_stops(trainer_weights):
     engine = FakeEngine(trainer_weights)
     engine.corrupt = "b.bias"

@@ -55,8 +55,8 @@ class RayTrainGroup:
     def connect_rollout_engines(self, engines: list[dict[str, Any]]) -> str:
         return self._all("connect_rollout_engines", engines)[0]
 
-    def update_weights(self, version: int) -> dict[str, float]:
-        return self._all("update_weights", version)[0]
+    def update_weights(self, version: int, engines: list[dict[str, Any]] | None = None) -> dict[str, float]:
+        return self._all("update_weights", version, engines)[0]
 
     def save(self, rollout_id: int, extra_state: dict[str, Any]) -> dict[str, float]:
         return self._all("save", rollout_id, extra_state)[0]

@@ -1,7 +1,8 @@
 """`RolloutManager`: a Ray actor that owns the rollout engines, routes requests across them, reads
 prompts, runs `generate_rollout` and restarts engines that die.
 
-What the trainer uses: `engines()` ({"url", "tp_size", "token"} per engine, for weight sync),
+What the trainer uses: `engines()` ({"url", "tp_size", "token", "instance"} per running engine, asked
+before every weight sync so a restarted engine (new process, maybe a new port) is picked up),
 `engine_urls()`, `token()`, `generate(rollout_id)` -> {"samples", "metrics"}, `pause()`/`resume()`,
 `flush_cache()`, `offload()`/`onload()` (engine memory), `state()`/`load_state()` (data source, saved
 with checkpoints), `shutdown()`.
@@ -73,6 +74,7 @@ class RolloutManager:
         self.router = Router(self.n)
         self._generation = [0] * self.n
         self._restarts = [0] * self.n
+        self._down: set[int] = set()  # restarts used up or failed: left out of engines()
         self._versions: list[str | None] = [None] * self.n
         self._stale: set[int] = set()
         self._engine_locks = [threading.Lock() for _ in range(self.n)]
@@ -150,7 +152,9 @@ class RolloutManager:
         return list(self.urls)
 
     def engines(self) -> list[dict[str, Any]]:
-        return [{"url": u, "tp_size": self.tp, "token": self._token} for u in self.urls]
+        """Running engines for weight sync; `instance` changes whenever the engine process was restarted."""
+        return [{"url": u, "tp_size": self.tp, "token": self._token, "instance": self._restarts[i]}
+                for i, u in enumerate(self.urls) if i not in self._down]
 
     def generate(self, rollout_id: int) -> dict[str, Any]:
         samples, metrics = self._generate(rollout_id)
@@ -280,6 +284,7 @@ class RolloutManager:
             logger.error("rollout engine %d failed during rollout %s: %s", idx, self._rollout_id, report)
             if self._restarts[idx] >= int(self.args.rollout_engine_max_restarts):
                 self._generation[idx] += 1
+                self._down.add(idx)
                 if not self.router.any_usable():
                     raise RolloutError(f"rollout engine {idx} died and its {self._restarts[idx]} restarts are used up; "
                                        f"no engine left. {report}")
@@ -290,6 +295,7 @@ class RolloutManager:
                 url = ray.get(actor.restart.remote())
             except Exception as e:
                 self._generation[idx] += 1
+                self._down.add(idx)
                 if not self.router.any_usable():
                     raise RolloutError(f"rollout engine {idx} could not be restarted: {e}") from e
                 logger.error("rollout engine %d could not be restarted: %s", idx, e)

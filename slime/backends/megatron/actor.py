@@ -239,10 +239,15 @@ class MegatronTrainRayActor:
         self.weight_sync.connect()
         return self.weight_sync.mode
 
-    def update_weights(self, version: int) -> dict[str, float]:
+    def update_weights(self, version: int, engines: list[dict[str, Any]] | None = None) -> dict[str, float]:
+        """Sync weights to the engines; `engines` is the rollout manager's current list (restarted engines
+        may have new ports or need to rejoin the distributed group)."""
+        from slime.backends.megatron.weight_sync import EngineEndpoint
+
         if self.weight_sync is None:
             raise RuntimeError("update_weights called before connect_rollout_engines")
-        return self.weight_sync.sync(version)
+        endpoints = None if engines is None else [EngineEndpoint.from_dict(e) for e in engines]
+        return self.weight_sync.sync(version, endpoints)
 
     # --- checkpoints ----------------------------------------------------------------------
     def save(self, rollout_id: int, extra_state: dict[str, Any]) -> dict[str, float]:

@@ -44,10 +44,12 @@ class EngineEndpoint:
     url: str  # http://127.0.0.1:PORT
     tp_size: int = 1  # devices of this engine (= ranks it adds to a distributed group)
     token: str | None = None  # bearer token of the engine's control endpoints, when it requires one
+    instance: int = 0  # bumped by the rollout manager at each restart: a new process, even on the same url
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "EngineEndpoint":
-        return cls(url=str(d["url"]).rstrip("/"), tp_size=int(d.get("tp_size", 1)), token=d.get("token"))
+        return cls(url=str(d["url"]).rstrip("/"), tp_size=int(d.get("tp_size", 1)), token=d.get("token"),
+                   instance=int(d.get("instance", 0)))
 
 
 def default_post(endpoint: EngineEndpoint, path: str, payload: dict[str, Any] | None,
@@ -153,6 +155,29 @@ class WeightSync:
         if errors:
             raise errors[0]
 
+    def set_engines(self, engines: list[EngineEndpoint]) -> bool:
+        """Take the rollout manager's current engine list (asked before every sync): an engine restarted
+        (new instance, maybe a new port) or gone since the last sync. ipc: the new list is used as is;
+        distributed: the weight-update group is destroyed and formed again with the current engines (a
+        restarted engine process is not in the old group). Returns whether anything changed."""
+        if engines == self.engines:
+            return False
+        if not engines:
+            raise WeightSyncError("the rollout manager reports no running engine; nothing to sync weights to")
+        old = {(e.url, e.instance) for e in self.engines}
+        logger.info("rollout engines changed since the last weight sync (now: %s)",
+                    ", ".join(f"{e.url}#{e.instance}" + ("" if (e.url, e.instance) in old else " new") for e in engines))
+        regroup = self.mode == "distributed" and self.rank == 0 and self.group is not None
+        if regroup:
+            self.close()
+        self.engines = list(engines)
+        for e in engines:
+            if (e.url, e.instance) not in old:
+                self._checksum_support.pop(e.url, None)
+        if regroup:
+            self.connect()
+        return True
+
     def close(self) -> None:
         if self.group is not None and self.rank == 0:
             for engine in self.engines:
@@ -170,10 +195,13 @@ class WeightSync:
         for engine in self.engines:
             _check_reply(self.post(engine, path, payload), path)
 
-    def sync(self, version: int) -> dict[str, float]:
-        """Push the current weights to every engine; returns timing/size metrics."""
+    def sync(self, version: int, engines: list[EngineEndpoint] | None = None) -> dict[str, float]:
+        """Push the current weights to every engine (`engines`: the manager's current list, see
+        `set_engines`); returns timing/size metrics."""
         t0 = time.perf_counter()
         leader = self.rank == 0
+        if engines is not None:
+            self.set_engines(engines)
         sent_bytes, expected = 0, {}
         if leader:
             self._all_engines("/pause_generation", {})
