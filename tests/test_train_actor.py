@@ -104,3 +104,55 @@ def test_checkpoint_restores_model_optimizer_rng(actor_and_args):
     torch.testing.assert_close(torch.rand(3), rng_after_save, atol=0, rtol=0)  # RNG continues as after save
     with pytest.raises(ValueError, match="same trainer world size"):
         ckpt.load(args.save, actor.model, actor.optimizer, 0, {**actor._layout(), "tp": 2})
+
+
+def test_log_probs_at_rollout_temperature_equal_the_engines(actor_and_args, tiny_ckpt, monkeypatch):
+    """At --rollout-temperature 0.7 the trainer's old, reference and actor log-probs are those of the
+    engine's sampling distribution (log_softmax(logits / T)), as the engine reports them."""
+    from slime.backends.embedded import EmbeddedEngine, EngineConfig
+    from slime.backends.megatron import model_setup
+
+    actor, args = actor_and_args
+    temperature = 0.7
+    # Short sequences (<= index_topk = 8 tokens): DSA keeps every key, so both sides see the same keys.
+    prompts = [[5, 17, 42], [7, 3], [250, 11, 9, 4, 300], [8], [60, 61, 62, 63], [101, 7, 7]]  # 6: the global batch
+
+    def engine_samples(engine, seed):
+        reqs = [engine.submit(engine.make_request(p, {"max_new_tokens": 8 - len(p), "temperature": temperature,
+                                                      "sampling_seed": seed + i, "ignore_eos": True}, True))
+                for i, p in enumerate(prompts)]
+        outs = []
+        for r in reqs:
+            assert r.done.wait(60)
+            outs.append(engine.response(r))
+        batch = RolloutBatch(tokens=[p + o["output_ids"] for p, o in zip(prompts, outs)],
+                             response_lengths=[len(o["output_ids"]) for o in outs], rewards=[float(i % 2) for i in range(6)],
+                             loss_masks=[[1] * len(o["output_ids"]) for o in outs])
+        expect = [torch.tensor([x[0] for x in o["meta_info"]["output_token_logprobs"]], dtype=torch.float64) for o in outs]
+        return batch, expect
+
+    engine = EmbeddedEngine(EngineConfig(model_path=tiny_ckpt))  # float32, the checkpoint = the reference policy
+    try:
+        assert engine.model_info()["weights_checksum"] is True  # advertises the trainer's post-sync check
+        ref_batch, ref_expect = engine_samples(engine, seed=11)
+        for bucket in model_setup.export_hf(actor.model, 1 << 30):  # the actor's weights (trained by earlier tests)
+            engine.update_from_named_tensors(bucket, "actor")
+        batch, expect = engine_samples(engine, seed=21)
+    finally:
+        engine.shutdown()
+
+    untempered = actor.compute_log_probs(batch)["log_probs"]["old_log_probs"]
+    monkeypatch.setattr(args, "rollout_temperature", temperature)
+    out = actor.compute_log_probs(batch)["log_probs"]
+    ref = actor.compute_log_probs(ref_batch)["log_probs"]["ref_log_probs"]
+    for i in range(len(prompts)):
+        torch.testing.assert_close(out["old_log_probs"][i].double(), expect[i], atol=1e-4, rtol=0)
+        torch.testing.assert_close(ref[i].double(), ref_expect[i], atol=1e-4, rtol=0)
+    # Without the temperature the two sides disagree (the check above can fail).
+    assert max(float((untempered[i].double() - e).abs().max()) for i, e in enumerate(expect)) > 1e-2
+    # The actor's log-probs in the loss use the same temperature: first-step ratio 1, nothing clipped.
+    batch.old_log_probs = [out["old_log_probs"][i] for i in range(len(batch))]
+    batch.ref_log_probs = [out["ref_log_probs"][i] for i in range(len(batch))]
+    batch.advantages = [torch.ones(r) for r in batch.response_lengths]
+    m = actor.train(5, batch)
+    assert m["train/clip_frac"] == 0.0 and torch.isfinite(torch.tensor(m["train/loss"])) and m["train/grad_norm"] > 0

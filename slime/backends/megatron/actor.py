@@ -112,9 +112,22 @@ class MegatronTrainRayActor:
 
     # --- forward --------------------------------------------------------------------------
     def _logits(self, mb: D.PackedMicroBatch) -> torch.Tensor:
+        """Logits of the sampling distribution: divided by the rollout temperature, so the actor's, old and
+        reference log-probs are those the engines report for their samples (SGLang's default)."""
         from slime.backends.megatron import model_setup
 
-        return model_setup.forward_logits(self.model, mb, self.device)
+        logits = model_setup.forward_logits(self.model, mb, self.device)
+        temperature = self._temperature()
+        if temperature == 1.0:
+            return logits
+        # No grad: in place, no second [T, V] copy. With grad the logits are a view made by a custom
+        # autograd function, which autograd forbids modifying in place; the original is freed once replaced.
+        return logits / temperature if torch.is_grad_enabled() else logits.div_(temperature)
+
+    def _temperature(self) -> float:
+        # Greedy rollouts (temperature 0) report log_softmax of the raw logits.
+        t = float(getattr(self.args, "rollout_temperature", 1.0) or 0.0)
+        return t if t > 0 else 1.0
 
     def _pad_multiple(self) -> int:
         # Sequence parallel (on whenever TP > 1 for the GLM model) splits the packed row over TP ranks.
