@@ -269,8 +269,9 @@ class Components:
             finally:
                 self.add(key(*args, **kwargs) if callable(key) else key, time.perf_counter() - t0)
 
+        own = attr in getattr(owner, "__dict__", {})  # else a method found on the class: delete ours after
         setattr(owner, attr, timed)
-        self._undo.append(lambda: setattr(owner, attr, original))
+        self._undo.append(lambda: setattr(owner, attr, original) if own else delattr(owner, attr))
 
     def install(self, ws) -> None:
         from slime.accelerator import ipc

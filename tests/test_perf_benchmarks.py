@@ -1,0 +1,134 @@
+"""The arithmetic and plumbing of the performance benchmarks (not their figures): phase accounting of
+rl_iteration, bucketing / subsets / shared-buffer packing of weight_sync, py-spy profile parsing."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import pytest
+import torch
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(BENCH, f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+rl = _load("rl_iteration")
+ws = _load("weight_sync")
+summary = _load("profile_summary")
+
+
+def _record(i: int, gen: float, lp: float, train: float, sync: float, save: float, rollout: float, it: float):
+    return {"rollout_id": i, "rollout/generate_time": gen, "time/rollout": rollout, "time/log_probs": lp,
+            "time/train": train, "time/weight_sync": sync, "time/save": save, "time/iteration": it,
+            "rollout/response_tokens": 512.0, "train/tokens": 1100.0, "weight_sync/bytes": 2.0**20}
+
+
+def test_phases_split_the_iteration_exactly():
+    p = rl.phases(_record(0, gen=0.20, lp=0.08, train=0.19, sync=0.05, save=0.01, rollout=0.21, it=0.60))
+    assert p["handoff"] == pytest.approx(0.01)
+    assert p["driver"] == pytest.approx(0.60 - (0.20 + 0.08 + 0.19 + 0.01 + 0.05 + 0.01))
+    parts = sum(p[k] for _, k in rl.COMPUTE + rl.OVERHEAD)
+    assert parts == pytest.approx(p["iteration"])
+
+
+def test_report_overhead_uses_steady_and_fastest_iterations():
+    recs = [_record(0, 2.0, 0.5, 1.0, 0.3, 0.0, 2.0, 4.0),  # warm-up: excluded from steady figures
+            _record(1, 0.2, 0.1, 0.2, 0.05, 0.0, 0.2, 0.6),
+            _record(2, 0.4, 0.1, 0.2, 0.05, 0.0, 0.4, 0.8)]
+    text = rl.report(recs)
+    # steady mean: iteration 0.7, compute 0.6 -> overhead 0.1 = 14.3%; fastest: 0.6 - 0.5 = 0.1 = 16.7%
+    assert "steady mean 0.100 s = 14.3%" in text
+    assert "fastest iteration 0.100 s = 16.7%" in text
+    assert "first iteration 12.5%" in text
+
+
+def test_report_counts_missing_generate_time_as_rollout_time():
+    r = _record(0, 0.0, 0.1, 0.1, 0.0, 0.0, 0.3, 0.5)
+    del r["rollout/generate_time"]
+    p = rl.phases(r)
+    assert p["generate"] == pytest.approx(0.3) and p["handoff"] == 0.0
+
+
+def test_exporter_closes_buckets_like_export_hf():
+    named = [(f"w{i}", torch.full((n,), float(i))) for i, n in enumerate([3, 5, 2, 8, 1])]  # float32: 4 B each
+    buckets = list(ws.exporter(named, bucket_bytes=32, copy=True)())
+    # closed once a bucket reaches 32 bytes: [3+5]=32 B, [2+8]=40 B, [1]
+    assert [[n for n, _ in b] for b in buckets] == [["w0", "w1"], ["w2", "w3"], ["w4"]]
+    out = dict(t for b in buckets for t in b)
+    for name, t in named:
+        assert torch.equal(out[name], t) and out[name].data_ptr() != t.data_ptr()  # a copy, as the GLM export
+    views = list(ws.exporter(named, bucket_bytes=32, copy=False)())
+    assert views[0][0][1].data_ptr() == named[0][1].data_ptr()
+
+
+def test_prefix_of_skips_tensors_that_would_overshoot():
+    mib = 2**20
+    named = [("big", torch.empty(mib, dtype=torch.uint8)), ("a", torch.empty(mib // 2, dtype=torch.uint8)),
+             ("b", torch.empty(mib // 4, dtype=torch.uint8)), ("c", torch.empty(mib // 2, dtype=torch.uint8))]
+    assert [n for n, _ in ws.prefix_of(named, 0.8)] == ["a", "b"]
+    assert [n for n, _ in ws.prefix_of(named, 10)] == ["big", "a", "b", "c"]
+
+
+def test_parse_args_rejects_bad_modes_and_sizes(capsys):
+    with pytest.raises(SystemExit):
+        ws.parse_args(["--modes", "ipc,carrier-pigeon"])
+    assert "carrier-pigeon" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ws.parse_args(["--sizes", "512", "--max-mb", "64"])
+    a = ws.parse_args(["--sizes", "64,8,1024", "--max-mb", "100"])
+    assert a.sizes == [8.0, 64.0]
+
+
+def test_reused_buffers_pack_each_dtype_at_offsets_and_refuse_overflow():
+    reuse = ws.ReusedBuffers(ws=None, capacity_bytes=64)
+    torch.manual_seed(0)
+    items = [("x", torch.randn(2, 3)), ("y", torch.randn(5)), ("z", torch.randn(1, 4))]
+    flat = torch.full((16,), float("nan"))
+    offsets = reuse.fill(flat, items)
+    assert offsets == [0, 6, 11]
+    for (_, t), off in zip(items, offsets):
+        assert torch.equal(flat[off:off + t.numel()].view(t.shape), t)
+    assert torch.isnan(flat[15:]).all()  # nothing written past the last slot
+    with pytest.raises(ValueError, match="overflows"):
+        reuse.fill(torch.empty(10), items)
+
+
+def test_components_time_wrapped_calls_and_restore_them():
+    class Target:
+        def work(self, x):
+            return x + 1
+
+    obj = Target()
+    comp = ws.Components()
+    comp.wrap(obj, "work", lambda x: f"work {x}")
+    assert obj.work(1) == 2 and obj.work(1) == 2
+    assert set(comp.seconds) == {"work 1"} and comp.seconds["work 1"] >= 0.0
+    comp.uninstall()
+    assert "work" not in vars(obj)  # the instance attribute is gone again
+    assert obj.work(2) == 3
+
+
+def test_profile_summary_counts_inclusive_samples_once_per_stack(tmp_path):
+    raw = tmp_path / "p.txt"
+    raw.write_text('process 7:"python -m slime.backends.embedded --x";main (a.py:1);f (a.py:2);f (a.py:3) 3\n'
+                   'process 7:"python -m slime.backends.embedded --x";main (a.py:1);g (b.py:9) 1\n')
+    stacks = summary.read_stacks(str(raw))
+    assert [n for _, n in stacks] == [3, 1]
+    text = summary.summarize(stacks, None, 10)
+    assert "4 samples" in text
+    assert "100.0%  main (a.py)" in text
+    assert " 75.0%  f (a.py)" in text  # recursion (two frames of f) counted once
+    assert "process 7 slime.backends.embedded" in text
+    assert "1 samples in stacks containing 'g ('" in summary.summarize(stacks, "g (", 5)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
