@@ -97,7 +97,9 @@ def serve(spec: dict[str, Any]) -> None:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     logging.getLogger("slime.backends.embedded.engine").setLevel(logging.ERROR)  # "no tokenizer": none is needed
-    model = build_model(spec, device="cpu")
+    from slime.accelerator import get_accelerator
+
+    model = build_model(spec, device=str(get_accelerator().device()))
     with tempfile.TemporaryDirectory() as empty:  # no tokenizer: the benchmark sends no text
         engine = EmbeddedEngine(EngineConfig(model_path=empty), model=model)
     server = EngineHTTPServer(engine, os.environ[TOKEN_ENV], 0)
