@@ -1,10 +1,11 @@
 """Ray placement of trainer ranks and rollout engines on accelerator devices.
 
-One bundle per device: `{<accelerator ray resource>: 1, "CPU": c}` (GPU, NPU), or `{"CPU": c}` when
-the accelerator has no Ray resource (CPU: a bundle is a worker slot). Colocated: trainer and
-engines share the same bundles, each taking a fraction of the device; split: engines get bundles
-after the trainer's. Each bundle's device id is probed once so workers can be pinned with
-`get_accelerator().worker_env([id])` (Ray's own visible-device setting is turned off there).
+Trainer: one bundle per device, `{<accelerator ray resource>: 1, "CPU": c}` (GPU, NPU), or `{"CPU": c}`
+when the accelerator has no Ray resource (CPU: a bundle is a worker slot). Colocated: the engines
+share the trainer's bundles, each side taking a fraction of the device; split: one bundle per engine
+after the trainer's, `{resource: devices per engine, "CPU": c}`, which the engine actor reserves whole.
+Each bundle's device ids are probed once so workers can be pinned with `get_accelerator().worker_env(ids)`
+(Ray's own visible-device setting is turned off there).
 """
 
 from __future__ import annotations
@@ -38,55 +39,99 @@ class DeviceSlots:
 
     pg: Any  # ray.util.placement_group.PlacementGroup
     bundle_indices: list[int]
-    device_ids: list[int]  # accelerator id of each bundle on its node (0 for CPU slots)
-    node_ips: list[str]
+    device_ids: list[int]  # accelerator ids of the bundles' devices on their nodes, bundle by bundle (0 for CPU slots)
+    node_ips: list[str]  # per bundle
     cpus_per_bundle: float
-    share: float  # fraction of each bundle this role's actors request
+    share: float  # fraction of each bundle device this role's actors request
+    devices_per_bundle: int = 1  # 1: one bundle per device; > 1: one bundle per rollout engine (split placement)
 
     def __len__(self) -> int:
         return len(self.bundle_indices)
 
-    def actor_options(self, i: int, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
+    def bundle_device_ids(self, i: int) -> list[int]:
+        d = self.devices_per_bundle
+        return list(self.device_ids[i * d:(i + 1) * d])
+
+    def actor_options(self, i: int, extra_env: dict[str, str] | None = None,
+                      device_ids: list[int] | None = None) -> dict[str, Any]:
         """`.options(**...)` for the actor on this role's i-th bundle: pinned to the bundle, a share of
-        its device and CPUs, and the accelerator's worker environment for that device."""
+        each of its devices and its CPUs, and the accelerator's worker environment for `device_ids`
+        (default: the bundle's devices)."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         acc = get_accelerator()
-        env = {k: str(v) for k, v in acc.worker_env([self.device_ids[i]]).items()}
+        env = {k: str(v) for k, v in acc.worker_env(device_ids or self.bundle_device_ids(i)).items()}
         env.update(extra_env or {})
+        amount = self.share * self.devices_per_bundle
         return {
             "num_cpus": self.cpus_per_bundle * self.share,
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
                 placement_group=self.pg, placement_group_bundle_index=self.bundle_indices[i],
                 placement_group_capture_child_tasks=True),
             "runtime_env": {"env_vars": env},
-            **device_request(self.share),
+            **device_request(int(amount) if float(amount).is_integer() else amount),
         }
 
+    def engine_options(self, engine: int, devices: int) -> tuple[dict[str, Any], list[int]]:
+        """(`.options(**...)`, device ids) of rollout engine `engine` spanning `devices` devices.
 
-def _bundle(cpus: float) -> dict[str, float]:
+        Split placement (one bundle per engine, `devices_per_bundle == devices`): the actor reserves every
+        device of its bundle. Colocated (one bundle per device, shared with the trainer): a Ray actor takes
+        resources from one bundle only, so it books its share on its first device's bundle; the trainer
+        ranks hold all the devices, and the engine's devices must be on one node."""
+        if self.devices_per_bundle == devices:
+            first, count = engine, 1
+        elif self.devices_per_bundle == 1:
+            first, count = engine * devices, devices
+        else:
+            raise ValueError(f"rollout bundles hold {self.devices_per_bundle} devices, engines need {devices}; "
+                             "this is a placement bug")
+        if first + count > len(self):
+            raise ValueError(f"rollout engine {engine} needs bundles {first}..{first + count - 1} but only {len(self)} "
+                             "were placed; check --rollout-num-gpus / --rollout-num-gpus-per-engine")
+        nodes = sorted(set(self.node_ips[first:first + count]))
+        if len(nodes) > 1:
+            raise ValueError(f"rollout engine {engine} would span nodes {nodes}; an engine's {devices} devices must be "
+                             "on one node: make --rollout-num-gpus-per-engine divide the devices per node")
+        ids = [d for b in range(first, first + count) for d in self.bundle_device_ids(b)]
+        return self.actor_options(first, device_ids=ids), ids
+
+
+def bundle_devices(args) -> tuple[list[int], int]:
+    """(devices of each bundle in creation order, number of trainer bundles). Trainer: one bundle per
+    device. Colocated engines share those; split: one bundle per engine holding all its devices, so an
+    engine's devices are on one node and reserved by its actor."""
+    world = args.actor_num_nodes * args.actor_num_gpus_per_node
+    if args.colocate:
+        return [1] * world, world
+    per_engine = int(getattr(args, "rollout_num_gpus_per_engine", 1) or 1)
+    return [1] * world + [per_engine] * (args.rollout_num_gpus // per_engine), world
+
+
+def _bundle(cpus: float, devices: int = 1) -> dict[str, float]:
     resource = get_accelerator().ray_resource
-    return {"CPU": cpus} if resource is None else {resource: 1, "CPU": cpus}
+    return {"CPU": cpus} if resource is None else {resource: devices, "CPU": cpus}
 
 
-def _probe_bundles(pg, count: int) -> list[tuple[str, int]]:
-    """(node ip, device id) of each bundle, found by a tiny task scheduled on it."""
+def _probe_bundles(pg, devices: list[int]) -> list[tuple[str, list[int]]]:
+    """(node ip, device ids) of each bundle, found by a tiny task scheduled on it (asking for all the
+    devices of a multi-device bundle, so Ray names them all)."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     resource = get_accelerator().ray_resource
 
     @ray.remote(num_cpus=0)
-    def where() -> tuple[str, int]:
+    def where(count: int) -> tuple[str, list[int]]:
         ctx = ray.get_runtime_context()
         ids = ctx.get_accelerator_ids().get(resource, []) if resource else []
-        return ray.util.get_node_ip_address(), int(ids[0]) if ids else 0
+        return ray.util.get_node_ip_address(), sorted(int(i) for i in ids) if ids else [0] * count
 
     refs = []
-    for i in range(count):
+    for i, count in enumerate(devices):
         opts: dict[str, Any] = {"scheduling_strategy": PlacementGroupSchedulingStrategy(
-            placement_group=pg, placement_group_bundle_index=i), **device_request(0.01)}
-        refs.append(where.options(**opts).remote())
+            placement_group=pg, placement_group_bundle_index=i), **device_request(count if count > 1 else 0.01)}
+        refs.append(where.options(**opts).remote(count))
     return ray.get(refs)
 
 
@@ -95,31 +140,37 @@ def create_placement_groups(args, cpus_per_bundle: float | None = None, timeout_
     import ray
     from ray.util.placement_group import placement_group
 
-    world = args.actor_num_nodes * args.actor_num_gpus_per_node
-    rollout = args.rollout_num_gpus
-    total = world if args.colocate else world + rollout
+    devices, world = bundle_devices(args)
+    total = len(devices)
     if cpus_per_bundle is None:
         available = ray.cluster_resources().get("CPU", 1.0)
         cpus_per_bundle = max(0.5, min(1.0, available / total)) if get_accelerator().ray_resource is None else 1.0
-    pg = placement_group([_bundle(cpus_per_bundle) for _ in range(total)], strategy="PACK")
+    bundles = [_bundle(cpus_per_bundle, d) for d in devices]
+    pg = placement_group(bundles, strategy="PACK")
     ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
     if not ready:
         have = ray.cluster_resources()
         raise RuntimeError(
-            f"placement group of {total} bundles {_bundle(cpus_per_bundle)} not placed within {timeout_s:.0f}s "
+            f"placement group of {total} bundles ({bundles[0]} per trainer device"
+            f"{'' if total == world else f', {bundles[-1]} per engine'}) not placed within {timeout_s:.0f}s "
             f"(cluster has {have}); lower --actor-num-gpus-per-node/--rollout-num-gpus or add resources")
-    where = _probe_bundles(pg, total)
-    # Order bundles by (node, device) so rank i and engine i land on predictable devices.
-    order = sorted(range(total), key=lambda i: (where[i][0], where[i][1], i))
+    where = _probe_bundles(pg, devices)
 
-    def slots(idx: list[int], share: float) -> DeviceSlots:
-        return DeviceSlots(pg=pg, bundle_indices=idx, device_ids=[where[i][1] for i in idx],
-                           node_ips=[where[i][0] for i in idx], cpus_per_bundle=cpus_per_bundle, share=share)
+    def by_place(idx: range) -> list[int]:
+        # Order by (node, first device) so rank i and engine i land on predictable devices.
+        return sorted(idx, key=lambda i: (where[i][0], where[i][1][:1], i))
 
+    def slots(idx: list[int], share: float, per_bundle: int = 1) -> DeviceSlots:
+        return DeviceSlots(pg=pg, bundle_indices=idx, device_ids=[d for i in idx for d in where[i][1]],
+                           node_ips=[where[i][0] for i in idx], cpus_per_bundle=cpus_per_bundle, share=share,
+                           devices_per_bundle=per_bundle)
+
+    trainer = by_place(range(world))
     if args.colocate:
-        return {"actor": slots(order[:world], TRAIN_SHARE_COLOCATED),
-                "rollout": slots(order[:rollout], ROLLOUT_SHARE_COLOCATED)}
-    return {"actor": slots(order[:world], 1.0), "rollout": slots(order[world:], 1.0)}
+        return {"actor": slots(trainer, TRAIN_SHARE_COLOCATED),
+                "rollout": slots(trainer[:args.rollout_num_gpus], ROLLOUT_SHARE_COLOCATED)}
+    return {"actor": slots(trainer, 1.0),
+            "rollout": slots(by_place(range(world, total)), 1.0, devices[-1] if total > world else 1)}
 
 
 def init_ray(num_cpus: int | None = None) -> None:

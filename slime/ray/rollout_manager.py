@@ -108,9 +108,8 @@ class RolloutManager:
         ray, a, acc = self._ray(), self.args, get_accelerator()
         device_ids: list[int] = []
         if slots is not None:
-            first = i * self.tp
-            options = slots.actor_options(first)
-            device_ids = list(slots.device_ids[first:first + self.tp]) if acc.ray_resource else []
+            options, ids = slots.engine_options(i, self.tp)  # every device of the engine, in its env
+            device_ids = ids if acc.ray_resource else []
         else:
             options = self._own_placement(i)
         spec = EngineSpec(
