@@ -200,13 +200,12 @@ def expert_parallel_rank_without_tokens(rank: int, ckpt: str, ref) -> None:
     assert grads_2.keys() == grads_1.keys()
     for name, g in grads_2.items():
         assert g is not None and torch.isfinite(g).all(), f"ep=2 with an idle rank: grad {name}"
-        if ".experts." not in name:
-            torch.testing.assert_close(g, grads_1[name], rtol=1e-5, atol=1e-6, msg=f"ep=2 idle rank: {name}")
-        elif rank == 1:
+        if ".experts." in name and rank == 1:
             assert (g == 0).all(), f"EP rank 1 received no tokens, yet {name} has a gradient"
-        else:
-            half = g.shape[0]
-            torch.testing.assert_close(g, 2 * grads_1[name][:half], rtol=1e-5, atol=1e-6, msg=f"ep=2 rank 0: {name}")
+            continue
+        want = grads_1[name] if ".experts." not in name else 2 * grads_1[name][: g.shape[0]]
+        err, tol = (g - want).abs().max().item(), 1e-5 * max(1.0, want.abs().max().item())  # float32 sums, other order
+        assert err <= tol, f"ep=2 with an idle rank, rank {rank}: grad {name} differs by {err:.3g} (> {tol:.3g})"
 
 
 def gpt_moe_expert_parallel(rank: int) -> None:
