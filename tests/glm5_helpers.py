@@ -19,6 +19,9 @@ def write_checkpoint(path, model_type: str, seed: int = 0, **overrides) -> str:
 def hf_model(path):
     from transformers import AutoModelForCausalLM
 
+    from slime.accelerator import get_accelerator
+
+    get_accelerator().apply_patches("transformers")  # DSA top-k tie rule of ops.lightning_indexer, as the engine runs it
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
     return model.train()  # dropout is 0; train mode as the trainer uses
 

@@ -261,6 +261,36 @@ def test_lightning_indexer(accel, kernel_calls, topk):
     assert_kernel(kernel_calls, "npu_lightning_indexer")
 
 
+def test_lightning_indexer_ties_keep_lowest_positions(accel, kernel_calls):
+    """Exact ties across the top-k cut (zero keys score 0 for every query, between positive and negative
+    scores): the reference (cpu, cuda) keeps the best scores, then the lowest positions, in one decode
+    row exactly as in the full sequence. The Ascend kernel's tie order is its own: there only the top-k
+    property is checked."""
+    g = torch.Generator().manual_seed(14)
+    dev = accel.device()
+    s, h, d, topk = 13, 4, 128, 4
+    k = torch.randn(s, d, generator=g)
+    k[[1, 2, 4, 6, 7, 9]] = 0
+    q = torch.randn(s, h, d, generator=g).to(dev, torch.bfloat16)
+    k = k.to(dev, torch.bfloat16)
+    w = (torch.randn(s, h, generator=g) * h**-0.5).to(dev, torch.bfloat16)
+    (scores,) = indexer_scores(q.cpu(), k.cpu(), w.cpu(), [s], 0.125)
+    ranked = [sorted(range(i + 1), key=lambda j: (-scores[i, j].item(), j)) for i in range(s)]
+    assert sum(scores[i, r[topk - 1]] == scores[i, r[topk]] for i, r in enumerate(ranked) if i >= topk) >= 3
+    full = accel.ops.lightning_indexer(q, k, w, cu([s], dev), cu([s], dev), topk, softmax_scale=0.125).cpu()
+    decode = [accel.ops.lightning_indexer(q[i:i + 1], k[: i + 1], w[i:i + 1], cu([1], dev), cu([i + 1], dev), topk,
+                                          softmax_scale=0.125).cpu()[0] for i in range(s)]
+    for i in range(s):
+        want = ranked[i][:topk]
+        for name, row in (("full", full[i]), ("decode", decode[i])):
+            got = [j for j in row.tolist() if j >= 0]
+            if accel.ops.source("lightning_indexer") == "reference":
+                assert got == want, f"{name} row {i}: {got} != {want} (ties -> lowest position)"
+            else:  # a true top-k, whichever tied keys the kernel keeps
+                assert len(set(got)) == len(want) and scores[i, got].min() >= scores[i, want].min(), f"{name} row {i}"
+    assert_kernel(kernel_calls, "npu_lightning_indexer")
+
+
 def random_topk(lens, topk, g):
     """Per query: topk distinct positions within its sequence (some in the future), -1 padded."""
     rows = []

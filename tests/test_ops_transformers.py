@@ -1,5 +1,6 @@
 """The reference ops reproduce transformers' GLM-5 (glm_moe_dsa) modules exactly: router (incl. ties),
-DSA indexer, RMSNorm, interleaved RoPE and the DSA-masked eager attention."""
+DSA indexer (with slime's tie rule patched in: ties -> lowest key position, in decode and full forward),
+RMSNorm, interleaved RoPE and the DSA-masked eager attention."""
 
 from __future__ import annotations
 
@@ -66,13 +67,47 @@ def test_interleaved_rotary_matches_transformers_up_to_the_documented_permutatio
     torch.testing.assert_close(scores_ours, scores_hf, rtol=0, atol=1e-12)
 
 
-def test_lightning_indexer_equals_transformers_indexer():
-    cfg = tiny(index_topk=5)
+@pytest.fixture
+def stable_tie_indexer():
+    """transformers' indexer with slime's "transformers" patch set (ties -> lowest position), as the
+    embedded engine runs it; reverted afterwards unless something applied it before."""
+    from slime.accelerator import get_accelerator
+    from slime.accelerator.patches import is_applied
+
+    acc = get_accelerator()
+    was_applied = is_applied(acc.name, "transformers")
+    assert "glm_moe_dsa_indexer_stable_topk" in acc.apply_patches("transformers")
+    yield
+    if not was_applied:
+        acc.revert_patches("transformers")
+
+
+def random_indexer(cfg, seed):
     idx_mod = glm.GlmMoeDsaIndexer(cfg, layer_idx=0).eval()
-    g = torch.Generator().manual_seed(2)
+    g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in idx_mod.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    return idx_mod, g
+
+
+def indexer_op_inputs(idx_mod, cfg, hidden, q_resid, cos, sin):
+    """The module's projections + RoPE, as THD tensors for ops.lightning_indexer: q [S, H, D], k [S, D], w [S, H]."""
+    s = hidden.shape[1]
+    h, d, rd = cfg.index_n_heads, cfg.index_head_dim, cfg.qk_rope_head_dim
+    with torch.no_grad():
+        q = idx_mod.wq_b(q_resid).view(1, s, h, d)
+        k = idx_mod.k_norm(idx_mod.wk(hidden)).unsqueeze(2)
+        q_rot, k_rot = glm.apply_rotary_pos_emb_interleave(q[..., :rd], k[..., :rd], cos, sin, unsqueeze_dim=2)
+        q = torch.cat((q_rot, q[..., rd:]), -1)[0]
+        k = torch.cat((k_rot, k[..., rd:]), -1)[0, :, 0]
+        weights = idx_mod.weights_proj(hidden)[0].float() * h**-0.5
+    return q, k, weights
+
+
+def test_lightning_indexer_equals_transformers_indexer(stable_tie_indexer):
+    cfg = tiny(index_topk=5)
+    idx_mod, g = random_indexer(cfg, 2)
     s = 12
     hidden = torch.randn(1, s, cfg.hidden_size, generator=g)
     q_resid = torch.randn(1, s, cfg.q_lora_rank, generator=g)
@@ -82,19 +117,57 @@ def test_lightning_indexer_equals_transformers_indexer():
     want = idx_mod(hidden, q_resid, (cos, sin), causal, None)[0]  # [S, min(topk, S)]
 
     # The same projections + RoPE as the module, then the op on THD tensors.
-    h, d, rd = cfg.index_n_heads, cfg.index_head_dim, cfg.qk_rope_head_dim
-    with torch.no_grad():
-        q = idx_mod.wq_b(q_resid).view(1, s, h, d)
-        k = idx_mod.k_norm(idx_mod.wk(hidden)).unsqueeze(2)
-        q_rot, k_rot = glm.apply_rotary_pos_emb_interleave(q[..., :rd], k[..., :rd], cos, sin, unsqueeze_dim=2)
-        q = torch.cat((q_rot, q[..., rd:]), -1)[0]
-        k = torch.cat((k_rot, k[..., rd:]), -1)[0, :, 0]
-        weights = idx_mod.weights_proj(hidden)[0].float() * h**-0.5
+    q, k, weights = indexer_op_inputs(idx_mod, cfg, hidden, q_resid, cos, sin)
     cu = torch.tensor([0, s], dtype=torch.int32)
     got = R.lightning_indexer(q, k, weights, cu, cu, cfg.index_topk)
     for i in range(s):
         visible = [j for j in want[i].tolist() if j <= i]  # transformers also lists masked positions
         assert got[i].tolist() == visible + [-1] * (cfg.index_topk - len(visible)), i
+
+
+def test_index_score_ties_keep_the_same_keys_in_decode_and_full_forward(stable_tie_indexer):
+    """Engineered exact ties at the top-k cut: zero hidden states give zero indexer keys (k_norm bias 0),
+    which score exactly 0 for every query, between positive and negative scores (gates of both signs),
+    and zero queries score 0 on every key. The patched transformers indexer in cached decode steps (one
+    query row each) and in one full forward, and ops.lightning_indexer on both shapes, keep the same keys:
+    the highest scores, then the lowest positions among equal ones."""
+    from transformers import DynamicCache
+
+    cfg = tiny(index_topk=4)
+    idx_mod, g = random_indexer(cfg, 5)
+    with torch.no_grad():
+        idx_mod.k_norm.bias.zero_()
+    s, topk = 15, cfg.index_topk
+    hidden = torch.randn(1, s, cfg.hidden_size, generator=g)
+    hidden[0, [1, 2, 4, 5, 7, 9, 10, 12]] = 0
+    q_resid = torch.randn(1, s, cfg.q_lora_rank, generator=g)
+    cos, sin = glm.GlmMoeDsaRotaryEmbedding(cfg)(hidden, torch.arange(s)[None])
+    q, k, weights = indexer_op_inputs(idx_mod, cfg, hidden, q_resid, cos, sin)
+
+    # float64 scores and the rule by hand: best score first, lowest position among equal scores.
+    scores = torch.einsum("sh,sht->st", weights.double(),
+                          torch.einsum("shd,td->sht", q.double(), k.double()).mul(cfg.index_head_dim**-0.5).clamp_min(0))
+    expected = [sorted(range(i + 1), key=lambda j: (-scores[i, j].item(), j))[:topk] for i in range(s)]
+    ranked = [sorted(scores[i, : i + 1].tolist(), reverse=True) for i in range(s)]
+    straddling = [i for i in range(topk, s) if ranked[i][topk - 1] == ranked[i][topk]]
+    assert len(straddling) >= 3, f"the input must tie across the top-k cut, rows {straddling}"
+
+    causal = torch.ones(s, s, dtype=torch.bool).tril()[None]
+    full_hf = idx_mod(hidden, q_resid, (cos, sin), causal, None)[0]
+    cache = DynamicCache(config=cfg)
+    decode_hf = [idx_mod(hidden[:, i:i + 1], q_resid[:, i:i + 1], (cos[:, i:i + 1], sin[:, i:i + 1]),
+                         torch.ones(1, 1, i + 1, dtype=torch.bool), None, cache=cache)[0, 0] for i in range(s)]
+    cu = torch.tensor([0, s], dtype=torch.int32)
+    full_op = R.lightning_indexer(q, k, weights, cu, cu, topk)
+    one = torch.tensor([0, 1], dtype=torch.int32)
+    for i in range(s):
+        decode_op = R.lightning_indexer(q[i:i + 1], k[: i + 1], weights[i:i + 1], one,
+                                        torch.tensor([0, i + 1], dtype=torch.int32), topk)[0]
+        want = expected[i]
+        assert [j for j in full_hf[i].tolist() if j <= i] == want, f"transformers full forward, row {i}"
+        assert decode_hf[i].tolist() == want, f"transformers decode step {i}"
+        assert [j for j in full_op[i].tolist() if j >= 0] == want, f"ops.lightning_indexer full, row {i}"
+        assert [j for j in decode_op.tolist() if j >= 0] == want, f"ops.lightning_indexer decode, row {i}"
 
 
 def test_sparse_attention_equals_transformers_masked_eager_attention():
@@ -118,3 +191,13 @@ def test_sparse_attention_equals_transformers_masked_eager_attention():
     rows_with_keys = mask[0, 0].any(-1)
     torch.testing.assert_close(got[rows_with_keys], want[0][rows_with_keys], rtol=1e-5, atol=1e-6)
     assert (got[~rows_with_keys] == 0).all(), "queries without a visible key give 0"
+
+
+def test_transformers_patch_set_is_documented_and_the_same_on_every_accelerator():
+    from slime.accelerator.patches import patch_set
+
+    for name in ("cpu", "cuda", "npu"):
+        (patch,) = patch_set(name, "transformers")
+        assert patch.name == "glm_moe_dsa_indexer_stable_topk" and patch.versions == ">=5.2,<6"
+        assert patch.targets == ("transformers.models.glm_moe_dsa.modeling_glm_moe_dsa:GlmMoeDsaIndexer.forward",)
+        assert all(getattr(patch, f).strip() for f in ("why", "replaces", "remove_when"))

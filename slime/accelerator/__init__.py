@@ -44,6 +44,21 @@ def _load_megatron_patches(module: str):
 register_patch_loader("cpu", "megatron", _load_megatron_patches("slime.accelerator.megatron_patches.cpu"))
 register_patch_loader("npu", "megatron", _load_megatron_patches("slime.accelerator.ascend.megatron_patches"))
 
+
+def _load_transformers_patches(accelerator: str):
+    def load() -> None:
+        from slime.accelerator import transformers_patches
+
+        transformers_patches.register(accelerator)
+
+    return load
+
+
+# transformers patch set (GLM-5 DSA indexer tie rule), the same on every built-in accelerator.
+for _name in ("cpu", "cuda", "npu"):
+    register_patch_loader(_name, "transformers", _load_transformers_patches(_name))
+del _name
+
 __all__ = [
     "MEMORY_STAT_KEYS",
     "Accelerator",

@@ -308,7 +308,10 @@ def lightning_indexer(
     seq_k = _host_offsets(cu_seqlens_k, k3.shape[0], "cu_seqlens_k")
     if len(seq_q) != len(seq_k):
         raise ValueError(f"cu_seqlens_q has {len(seq_q)} sequences, cu_seqlens_k {len(seq_k)}")
-    # The kernel has no scale: relu(s * q.k) = s * relu(q.k) for s > 0, so fold s into the weights.
+    # Tie order is the kernel's, not the reference's lowest-position rule (docs/ops.md): which of several
+    # exactly equal scores survive the cut is not documented, and canonicalising would need every key's
+    # score, the [Tq, Tk] matrix the kernel exists to avoid. The kernel has no scale: relu(s * q.k) =
+    # s * relu(q.k) for s > 0, so fold s into the weights.
     w = (weights.float() * scale).to(q.dtype).contiguous()
     with torch.no_grad():
         indices = _kernel("npu_lightning_indexer")(

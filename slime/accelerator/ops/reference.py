@@ -236,6 +236,14 @@ def sparse_attention(
     return torch.cat(outs, dim=0)
 
 
+def stable_topk(scores: torch.Tensor, k: int, dim: int = -1, largest: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.topk with one tie rule: among equal scores the lowest position wins, whatever the tensor's
+    shape (torch.topk's tie order depends on shape and kernel: a one-row decode step and a full-sequence
+    forward can keep different tied keys). Best first. A stable sort, so O(n log n) per row."""
+    values, indices = torch.sort(scores, dim=dim, descending=largest, stable=True)
+    return values.narrow(dim, 0, k), indices.narrow(dim, 0, k)
+
+
 @torch.no_grad()
 def lightning_indexer(
     q: torch.Tensor,
@@ -253,8 +261,10 @@ def lightning_indexer(
     (per-head gates, the caller already multiplied by H**-0.5 as transformers does).
     score[t, s] = sum_h weights[t, h] * relu(q[t, h] . k[s] * softmax_scale), default scale D**-0.5;
     causal positions masked. Returns int32 [Tq, topk]: for each query the key positions *within its
-    sequence* with the highest scores, best first (torch.topk order, so ties break as in transformers),
-    -1 in the unused slots (fewer than topk visible keys). No gradient (transformers runs it in no_grad).
+    sequence* with the highest scores, best first; among equal scores (e.g. several keys whose ReLU terms
+    are all 0) the lowest position wins (`stable_topk`), so a decode step and a full forward keep the same
+    keys (the embedded engine patches transformers' indexer to the same rule). -1 in the unused slots
+    (fewer than topk visible keys). No gradient (transformers runs it in no_grad).
     """
     if k.dim() == 3:
         if k.shape[1] != 1:
@@ -287,7 +297,7 @@ def lightning_indexer(
         if causal:
             index_scores = index_scores.masked_fill(~causal_mask(sq, sk, q.device), float("-inf"))
         kk = min(topk, sk)
-        vals, idx = index_scores.topk(kk, dim=-1)
+        vals, idx = stable_topk(index_scores, kk)
         out[cq[b] : cq[b + 1], :kk] = torch.where(torch.isinf(vals) & (vals < 0), -1, idx).to(torch.int32)
     return out
 

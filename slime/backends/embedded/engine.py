@@ -10,11 +10,11 @@ newcomers' prompts are prefilled together into a fresh cache (continuous batchin
 no surgery on model-specific cache layouts, and the re-prefill is paid a few times per wave).
 
 Exactness: with float32 weights, greedy tokens equal `model.generate` on each prompt alone and the
-returned logprobs equal a teacher-forced forward pass within float32 rounding (tests: 1e-4). One
-caveat is inherited from the model, not the engine: DSA (GLM-5) selects the top-k keys per query,
-a discontinuous choice, so when a sequence is longer than `index_topk` the cached decode path and
-a full forward pass can pick different keys on near-ties (transformers' own `generate` differs
-from its teacher-forced pass there too).
+returned logprobs equal a teacher-forced forward pass within float32 rounding (tests: 1e-4). DSA
+(GLM-5) selects the top-k keys per query; exact score ties (keys whose ReLU terms are all 0) are
+kept by lowest position in the cached decode path as in a full forward and in the trainer's
+`ops.lightning_indexer` (the engine applies slime's "transformers" patch set before loading). Scores
+that differ only by float rounding between the two paths can still pick different keys (rare).
 
 Weights change only between forward steps (one lock), and only after a whole update has been
 validated (see weights.py).
@@ -78,6 +78,8 @@ class EmbeddedEngine(WeightControl):
         self.cfg = cfg
         self.acc = get_accelerator()
         self.device = self.acc.device()
+        # Before the model runs: the DSA indexer keeps tied keys by the trainer's rule (transformers_patches.py).
+        self.acc.apply_patches("transformers")
         self.model = model if model is not None else self._load_model()
         self.model.eval()
         self.tokenizer = tokenizer if tokenizer is not None else self._load_tokenizer()

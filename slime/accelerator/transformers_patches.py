@@ -1,0 +1,80 @@
+"""transformers patch set, the same on every accelerator (cpu, cuda, npu): GLM-5's DSA indexer keeps
+its top-k keys by slime's tie rule.
+
+`GlmMoeDsaIndexer.forward` ends in `index_scores.topk(...)`. Index scores tie exactly whenever several
+keys have all their ReLU terms at 0, and torch.topk breaks such ties by tensor shape and kernel: the
+embedded engine's cached decode step (one query row) and a full-sequence forward (re-prefill, and the
+trainer's `ops.lightning_indexer`) then keep different keys, and the rollout log-probs drift from the
+trainer's (up to 8e-2 on the tiny GLM-5 at index_topk=8). The patch runs transformers' forward unchanged
+and answers only its top-k with `ops.reference.stable_topk` (ties -> lowest key position), the rule of
+`ops.lightning_indexer`. The embedded engine applies it before building its model.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from slime.accelerator.ops.reference import stable_topk
+from slime.accelerator.patches import Patch, register_patch
+
+TRANSFORMERS_VERSIONS = ">=5.2,<6"
+INDEXER_FORWARD = "transformers.models.glm_moe_dsa.modeling_glm_moe_dsa:GlmMoeDsaIndexer.forward"
+
+
+def _stable_topk_result(input: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True,
+                        *, out: Any = None):
+    if out is not None:
+        raise TypeError("topk(out=...) is not supported inside StableTopk")
+    values, indices = stable_topk(input, int(k), dim, largest)  # sorted either way: valid for sorted=False
+    return torch.return_types.topk((values, indices))
+
+
+class StableTopk(TorchFunctionMode):
+    """Inside the block (this thread only), `torch.topk` / `Tensor.topk` break ties by lowest position;
+    every other torch call runs as is."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.topk or func is torch.topk:
+            return _stable_topk_result(*args, **(kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+def _indexer_forward(original: Callable | None) -> Callable:
+    if original is None:
+        raise RuntimeError(f"{INDEXER_FORWARD} not found; this transformers is outside {TRANSFORMERS_VERSIONS}")
+    if getattr(original, "slime_stable_topk", False):  # the set of another accelerator name already wraps it
+        return original
+
+    @functools.wraps(original)
+    def forward(self, *args, **kwargs):
+        with StableTopk():
+            return original(self, *args, **kwargs)
+
+    forward.slime_stable_topk = True
+    return forward
+
+
+PATCHES = [
+    Patch(
+        name="glm_moe_dsa_indexer_stable_topk",
+        targets=(INDEXER_FORWARD,),
+        replacement=_indexer_forward,
+        why="exact index-score ties (all-ReLU-zero keys) at the top-k cut are broken differently by torch.topk in "
+            "a one-row decode step and a full forward, so the engine's log-probs disagree with the trainer's",
+        replaces="GlmMoeDsaIndexer.forward: same computation, but its final topk keeps the lowest key position "
+                 "among equal scores (ops.reference.stable_topk), as slime's ops.lightning_indexer does",
+        versions=TRANSFORMERS_VERSIONS,
+        remove_when="transformers' indexer selects with a shape-independent tie order that matches "
+                    "ops.lightning_indexer (or the engine stops running transformers' GLM-5 modules)",
+    ),
+]
+
+
+def register(accelerator: str) -> None:
+    """Register the set for `accelerator` (a lazy patch loader calls this on first apply_patches)."""
+    for patch in PATCHES:
+        register_patch(accelerator, "transformers", patch)
