@@ -101,8 +101,7 @@ PERF_ARGS=(
    --bf16
 )
 [ "$TP" -gt 1 ] && PERF_ARGS+=(--sequence-parallel)
-[ "$CP" -gt 1 ] && PERF_ARGS+=(--context-parallel-size "$CP")
-[ -n "$ETP" ] && PERF_ARGS+=(--expert-tensor-parallel-size "$ETP")
+PERF_ARGS+=(--expert-tensor-parallel-size "$ETP" --context-parallel-size "$CP")  # train.py accepts 1 and 1 today
 
 GRPO_ARGS=(
    --advantage-estimator grpo
@@ -146,8 +145,8 @@ PLAN_ARGS=(--model "$PLAN_MODEL" --device "$PLAN_DEVICE" --nodes "$NUM_NODES" --
            --rollout-batch-size 64 --n-samples-per-prompt 8 --rollout-max-response-len 8192 --global-batch-size 512
            --rollout-num-gpus-per-engine "$ROLLOUT_GPUS_PER_ENGINE" --rollout-num-gpus "$ROLLOUT_GPUS"
            --sglang-mem-fraction-static "$SGLANG_MEM_FRACTION_STATIC"
-           --update-weight-buffer-size "$UPDATE_WEIGHT_BUFFER_SIZE" --no-mtp)  # MTP is not trained (no --mtp-num-layers)
-[ -n "$ETP" ] && PLAN_ARGS+=(--etp "$ETP")
+           --update-weight-buffer-size "$UPDATE_WEIGHT_BUFFER_SIZE" --etp "$ETP"
+           --no-mtp --no-distributed-optimizer)  # as train.py runs: no MTP training, full optimizer state per DP rank
 [ "$COLOCATE" = 1 ] || PLAN_ARGS+=(--no-colocate --no-offload)
 
 # Device environment for every Ray worker (from the accelerator, read above).
@@ -164,7 +163,7 @@ if [ "$MODE" = dry-run ]; then
   echo "accelerator: $ACCELERATOR (detected: $DETECTED; profile $PROFILE_FILE, planner device $PLAN_DEVICE)"
   echo "model: $PLAN_MODEL; MODEL_ARGS match it"
   echo "placement: $TOTAL_NODES node(s) x $GPUS_PER_NODE devices; trainer $NUM_NODES node(s) = $WORLD devices" \
-       "(tp=$TP pp=$PP ep=$EP cp=$CP etp=${ETP:-tp} dp=$((WORLD / (TP * PP * CP))));" \
+       "(tp=$TP pp=$PP ep=$EP cp=$CP etp=$ETP dp=$((WORLD / (TP * PP * CP))));" \
        "rollout $((ROLLOUT_GPUS / ROLLOUT_GPUS_PER_ENGINE)) engine(s) x $ROLLOUT_GPUS_PER_ENGINE devices" \
        "$([ "$COLOCATE" = 1 ] && echo "colocated on the trainer's devices" || echo "on $ROLLOUT_NUM_NODES separate node(s)")"
   echo "device env (from the detected $DETECTED accelerator): ${DEVICE_ENV[*]:-(none)}"

@@ -96,11 +96,12 @@ def test_dry_run_cuda_and_a3_profiles():
     assert "colocated on the trainer's devices" in out and "NVIDIA H200" in out and "-> fits" in out
     assert {"--colocate", "--offload-train", "--offload-rollout", "--sequence-parallel", "--use-dynamic-batch-size"} <= set(args)
     assert (_opt(args, "--tensor-model-parallel-size"), _opt(args, "--expert-model-parallel-size"),
-            _opt(args, "--max-tokens-per-gpu")) == ("8", "16", "4096")
+            _opt(args, "--max-tokens-per-gpu")) == ("8", "128", "4096")
+    assert (_opt(args, "--expert-tensor-parallel-size"), _opt(args, "--context-parallel-size")) == ("1", "1")
     # the A3 branch of the npu profile, plus an override from the environment reaching command and plan
     out, args = _dry_run(SLIME_PROFILE="npu", PLAN_DEVICE="a3", MAX_TOKENS_PER_GPU="65536")
     assert (_opt(args, "--actor-num-nodes"), _opt(args, "--actor-num-gpus-per-node"),
-            _opt(args, "--tensor-model-parallel-size"), _opt(args, "--rollout-num-gpus-per-engine")) == ("32", "16", "16", "32")
+            _opt(args, "--tensor-model-parallel-size"), _opt(args, "--rollout-num-gpus-per-engine")) == ("32", "16", "32", "16")
     assert _opt(args, "--max-tokens-per-gpu") == "65536" and "Atlas A3" in out and "DOES NOT FIT" in out
 
 
@@ -114,7 +115,8 @@ def _profile(name: str, **env: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("name,plan_device", [("cuda", ""), ("npu", ""), ("npu", "950pr"), ("npu", "a3")])
 def test_every_profile_fits_by_the_planner(name, plan_device):
-    """Each profile's defaults, planned as the run script plans them (no recompute, no MTP), fit."""
+    """Each profile's defaults, planned as the trainer runs them (expert-TP 1, no recompute, no MTP, no
+    distributed optimizer), fit; and the layout is one the trainer accepts."""
     from slime.plan import Layout, ModelShape, RolloutSettings, TrainSettings, get_device, plan
 
     v = _profile(name, **({"PLAN_DEVICE": plan_device} if plan_device else {}))
@@ -126,7 +128,10 @@ def test_every_profile_fits_by_the_planner(name, plan_device):
                          rollout_devices=world if colocate else int(v["ROLLOUT_NUM_NODES"]) * int(v["GPUS_PER_NODE"]),
                          mem_fraction_static=float(v["SGLANG_MEM_FRACTION_STATIC"]), global_batch_size=512,
                          update_weight_buffer_bytes=int(v["UPDATE_WEIGHT_BUFFER_SIZE"]))
-    ts = TrainSettings(max_tokens_per_gpu=int(v["MAX_TOKENS_PER_GPU"]), recompute="none", with_mtp=False)
+    assert (v["ETP"], v["CP"], v["PP"]) == ("1", "1", "1")  # train.py rejects anything else today
+    assert int(v["ROLLOUT_GPUS_PER_ENGINE"]) <= int(v["GPUS_PER_NODE"])  # an engine runs on one node
+    ts = TrainSettings(max_tokens_per_gpu=int(v["MAX_TOKENS_PER_GPU"]), recompute="none", with_mtp=False,
+                       distributed_optimizer=False)
     device = get_device(v["PLAN_DEVICE"])
     p = plan(ModelShape.from_config("glm5.3-flash-300B"), layout, device, ts, rs)
     assert p.fits, (v, p.phases, p.usable, p.problems)
@@ -137,7 +142,7 @@ def test_dry_run_command_parses_with_train_py_flags():
     """Every flag the script passes is one train.py defines (rollout/SGLang flags once their module exists)."""
     from slime.utils.arguments import build_parser, validate_args
 
-    for env in ({"SLIME_PROFILE": "cuda"}, NPU_SIM_ENV):  # colocated and split placements
+    for env in ({"SLIME_PROFILE": "cuda"}, NPU_SIM_ENV, {"SLIME_PROFILE": "npu", "PLAN_DEVICE": "a3"}):
         _check_train_py_flags(_dry_run(**env)[1], build_parser, validate_args)
 
 

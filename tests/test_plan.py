@@ -158,7 +158,8 @@ def test_engine_kv_and_fit_verdicts():
     small = plan(model, lay, get_device("h100"))
     assert not small.fits and any("engine weights" in x for x in small.problems)
     with pytest.raises(ValueError, match="not divisible by etp\\*ep\\*pp=256"):
-        plan(model, Layout(16, 8, tp=4, ep=64), dev)  # expert-TP defaults to TP: 4 * 64 > 128 devices
+        plan(model, Layout(16, 8, tp=4, ep=64, etp=None), dev)  # expert-TP = TP: 4 * 64 > 128 devices
+    assert Layout(16, 8, tp=4, ep=64).expert_tp == 1  # the default is what train.py runs
 
 
 def test_search_returns_only_fitting_sorted_layouts():

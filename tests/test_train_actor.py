@@ -34,6 +34,9 @@ def actor_and_args(tiny_ckpt, tmp_path_factory):
                        "--use-kl-loss", "--kl-loss-coef", "0.01", "--kl-loss-type", "k3", "--save", str(save)])
     actor = MegatronTrainRayActor(1, 0)
     assert actor.init(args, with_ref=args.use_ref_model) == 0
+    from megatron.core import parallel_state as ps
+
+    assert ps.get_expert_tensor_parallel_world_size() == args.expert_tensor_parallel_size == 1  # passed through
     return actor, args
 
 

@@ -8,13 +8,15 @@ PLAN_DEVICE=${PLAN_DEVICE:-h200}                  # planner device profile (slim
 NUM_NODES=${NUM_NODES:-16}                        # trainer nodes (--actor-num-nodes)
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}                 # devices per node (--actor-num-gpus-per-node)
 
-# Megatron layout. Expert-TP stays at Megatron's default (= TP) until train.py takes
-# --expert-tensor-parallel-size; set ETP to pass it explicitly.
+# Megatron layout, as the trainer runs it: expert-TP 1 (the GLM model keeps experts whole), no
+# pipeline or context parallel, a full optimizer state per data-parallel rank (no distributed
+# optimizer) and no activation recompute. Under those, 16 x 8 H200 fit only with every rank holding
+# 2 of the 256 experts (EP 128): EP 16-64 put 103-115+ GB of expert optimizer state on each device.
 TP=${TP:-8}
 PP=${PP:-1}
-EP=${EP:-16}
+EP=${EP:-128}
 CP=${CP:-1}
-ETP=${ETP:-}
+ETP=${ETP:-1}
 # Packed micro-batch budget: the planner's largest that fits without activation recompute.
 MAX_TOKENS_PER_GPU=${MAX_TOKENS_PER_GPU:-4096}
 

@@ -11,26 +11,29 @@ PLAN_DEVICE=${PLAN_DEVICE:-950dt}                 # 950dt | 950pr | a3 (slime/pl
 case "$PLAN_DEVICE" in
   a3)
     # Deviation: an Atlas A3 node exposes 16 devices of 64 GB (one per 910C die): twice the
-    # nodes, TP over the node's 16 dies, 32-device engines and half the token budget fit there.
+    # nodes, half the token budget, and engines of one node's 16 dies (the launcher starts an
+    # engine on one node). With the trainer's full optimizer state per data-parallel rank, only
+    # one expert per die (EP 256) and TP 32 (two nodes' dies, over the SuperPoD interconnect)
+    # leave room; TP 16 would need 512-token micro-batches.
     NUM_NODES=${NUM_NODES:-32}
     GPUS_PER_NODE=${GPUS_PER_NODE:-16}
-    TP=${TP:-16}
-    EP=${EP:-32}
+    TP=${TP:-32}
+    EP=${EP:-256}
     MAX_TOKENS_PER_GPU=${MAX_TOKENS_PER_GPU:-2048}
-    ROLLOUT_GPUS_PER_ENGINE=${ROLLOUT_GPUS_PER_ENGINE:-32}
+    ROLLOUT_GPUS_PER_ENGINE=${ROLLOUT_GPUS_PER_ENGINE:-16}
     ;;
   *)
     NUM_NODES=${NUM_NODES:-16}
     GPUS_PER_NODE=${GPUS_PER_NODE:-8}             # assumed for Ascend 950 nodes
     TP=${TP:-8}
-    EP=${EP:-16}
+    EP=${EP:-128}                                 # as the cuda profile: 2 experts per rank
     MAX_TOKENS_PER_GPU=${MAX_TOKENS_PER_GPU:-4096}
     ROLLOUT_GPUS_PER_ENGINE=${ROLLOUT_GPUS_PER_ENGINE:-8}
     ;;
 esac
 PP=${PP:-1}
 CP=${CP:-1}
-ETP=${ETP:-}
+ETP=${ETP:-1}                                     # the trainer runs expert-TP 1
 
 if [ "$PLAN_DEVICE" = "950dt" ]; then
   # Deviation: the Ascend 950DT has no IPC, so a colocated run cannot hand weights to its engines

@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pp", "--pipeline-model-parallel-size", dest="pp", type=int, default=1)
     g.add_argument("--ep", "--expert-model-parallel-size", dest="ep", type=int, default=1)
     g.add_argument("--cp", "--context-parallel-size", dest="cp", type=int, default=1)
-    g.add_argument("--etp", "--expert-tensor-parallel-size", dest="etp", type=int, help="default: tp")
+    g.add_argument("--etp", "--expert-tensor-parallel-size", dest="etp", type=int, default=1,
+                   help="expert tensor parallel; default 1, as train.py runs (the GLM model keeps experts whole)")
     g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
                    help="default: on when tp > 1")
     g = ap.add_argument_group("training")
@@ -80,8 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--search-pp", type=_ints, default=(1, 2, 4, 8), help="pipeline sizes to try, e.g. 1,2,4")
     g.add_argument("--search-cp", type=_ints, default=(1,), help="context-parallel sizes to try")
     g.add_argument("--search-engine", type=_ints, default=(), help="devices-per-engine values to try as well")
-    g.add_argument("--search-etp", choices=("1", "tp", "both"), default="both",
-                   help="expert-TP to try: 1, equal to TP (Megatron's default), or both")
+    g.add_argument("--search-etp", choices=("1", "tp", "both"), default="1",
+                   help="expert-TP to try: 1 (what train.py runs), equal to TP (Megatron's default), or both")
     g.add_argument("--format", choices=("table", "short", "json"), default="table")
     g.add_argument("--list-devices", action="store_true")
     g.add_argument("--list-models", action="store_true")

@@ -17,7 +17,7 @@ class Layout:
     pp: int = 1  # --pipeline-model-parallel-size
     ep: int = 1  # --expert-model-parallel-size
     cp: int = 1  # --context-parallel-size
-    etp: int | None = None  # expert tensor parallel; Megatron's default is tp
+    etp: int | None = 1  # --expert-tensor-parallel-size: 1 as train.py runs; None = tp (Megatron's default)
     sequence_parallel: bool | None = None  # default: on when tp > 1
 
     @property

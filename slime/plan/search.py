@@ -19,7 +19,7 @@ def _powers_of_two(limit: int) -> list[int]:
 
 
 def candidate_layouts(model: ModelShape, nodes: int, devices_per_node: int, pps: tuple[int, ...] = (1, 2, 4, 8),
-                      cps: tuple[int, ...] = (1,), etp_modes: tuple[str, ...] = ("1", "tp")) -> list[Layout]:
+                      cps: tuple[int, ...] = (1,), etp_modes: tuple[str, ...] = ("1",)) -> list[Layout]:
     """TP within a node, the given PP/CP sizes, EP a power of two dividing the experts, expert-TP 1 or = TP;
     only layouts valid for `model`."""
     world = nodes * devices_per_node
@@ -39,7 +39,7 @@ def search(model: ModelShape, device: DeviceProfile, nodes: int, devices_per_nod
            ts: TrainSettings | None = None, rs: RolloutSettings | None = None, top: int = 10,
            recompute_options: tuple[str, ...] = ("none", "full"), include_unfit: bool = False,
            pps: tuple[int, ...] = (1, 2, 4, 8), cps: tuple[int, ...] = (1,),
-           etp_modes: tuple[str, ...] = ("1", "tp"), engine_sizes: tuple[int, ...] = ()) -> list[Plan]:
+           etp_modes: tuple[str, ...] = ("1",), engine_sizes: tuple[int, ...] = ()) -> list[Plan]:
     """Plans sorted by step-time lower bound, then train-phase memory (more headroom first); only fitting
     ones unless `include_unfit`. `engine_sizes` also tries these devices-per-engine values."""
     ts, rs = ts or TrainSettings(), rs or RolloutSettings()

@@ -78,6 +78,10 @@ def _add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--tensor-model-parallel-size", type=int, default=1)
     _add(g, parser, "--expert-model-parallel-size", type=int, default=1)
     _add(g, parser, "--pipeline-model-parallel-size", type=int, default=1)
+    _add(g, parser, "--expert-tensor-parallel-size", type=int, default=1,
+         help="TP inside each routed expert; the GLM model keeps experts whole (1 only)")
+    _add(g, parser, "--context-parallel-size", type=int, default=1,
+         help="split each sequence over ranks; not implemented for the GLM model yet (1 only)")
     _add(g, parser, "--sequence-parallel", action="store_true")
 
 
@@ -181,6 +185,12 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     dp = world // (tp * pp)
     _require((dp * tp) % ep == 0, f"--expert-model-parallel-size {ep} must divide DP*TP={dp * tp}")
     _require(pp == 1, "--pipeline-model-parallel-size > 1 is not supported by this trainer yet; use 1")
+    _require(args.expert_tensor_parallel_size == 1,
+             f"--expert-tensor-parallel-size {args.expert_tensor_parallel_size}: the GLM model keeps each routed expert "
+             "whole on one rank (expert-TP 1); use 1 and shard experts with --expert-model-parallel-size")
+    _require(args.context_parallel_size == 1,
+             f"--context-parallel-size {args.context_parallel_size}: context parallel is not implemented for the GLM "
+             "model yet; use 1 (long sequences: lower --max-tokens-per-gpu or raise TP)")
     args.data_parallel_size = dp
     args.world_size = world
 

@@ -75,7 +75,8 @@ class MegatronTrainRayActor:
         from slime.backends.megatron import init_parallel
 
         init_parallel(args.tensor_model_parallel_size, args.expert_model_parallel_size,
-                      args.pipeline_model_parallel_size, seed=args.seed)  # patches + model-parallel groups
+                      args.pipeline_model_parallel_size, seed=args.seed,
+                      etp=getattr(args, "expert_tensor_parallel_size", 1))  # patches + model-parallel groups
         self.tp_size = mpu.get_tensor_model_parallel_world_size()
         self.tp_rank = mpu.get_tensor_model_parallel_rank()
         self.dp_size = mpu.get_data_parallel_world_size()

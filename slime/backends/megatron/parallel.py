@@ -33,9 +33,10 @@ class ParallelSizes:
     tp: int = 1
     ep: int = 1
     pp: int = 1
+    etp: int = 1  # expert tensor parallel (the GLM model supports 1)
 
     def check(self, world: int) -> None:
-        for name, v in (("tp", self.tp), ("ep", self.ep), ("pp", self.pp)):
+        for name, v in (("tp", self.tp), ("ep", self.ep), ("pp", self.pp), ("etp", self.etp)):
             if int(v) < 1:
                 raise ValueError(f"{name} must be >= 1, got {v}")
         if world % (self.tp * self.pp) or (world // self.pp) % self.ep:
@@ -43,6 +44,9 @@ class ParallelSizes:
                 f"world size {world} does not fit tp={self.tp} x pp={self.pp} (and ep={self.ep} must divide "
                 f"world/pp={world // max(self.pp, 1)}); change the parallel sizes or the number of ranks"
             )
+        if (world // self.pp) % (self.ep * self.etp):
+            raise ValueError(f"world size {world} does not fit ep={self.ep} x etp={self.etp} x pp={self.pp}; change "
+                             "the expert parallel sizes or the number of ranks")
 
 
 def _free_port() -> int:
@@ -62,23 +66,24 @@ def ensure_process_group() -> None:
         dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
 
 
-def init_parallel(tp: int = 1, ep: int = 1, pp: int = 1, seed: int = 1234) -> ParallelSizes:
-    """Patches, process group, megatron model parallel (expert tensor parallel = 1) and RNG seeds.
-    Re-initializes megatron's groups when they exist with other sizes."""
+def init_parallel(tp: int = 1, ep: int = 1, pp: int = 1, seed: int = 1234, etp: int = 1) -> ParallelSizes:
+    """Patches, process group, megatron model parallel (expert tensor parallel `etp`, 1 for the GLM
+    model) and RNG seeds. Re-initializes megatron's groups when they exist with other sizes."""
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
 
-    sizes = ParallelSizes(int(tp), int(ep), int(pp))
+    sizes = ParallelSizes(int(tp), int(ep), int(pp), int(etp))
     apply_megatron_patches()
     ensure_process_group()
     sizes.check(dist.get_world_size())
     if ps.model_parallel_is_initialized():
         current = ParallelSizes(ps.get_tensor_model_parallel_world_size(), ps.get_expert_model_parallel_world_size(),
-                                ps.get_pipeline_model_parallel_world_size())
+                                ps.get_pipeline_model_parallel_world_size(),
+                                ps.get_expert_tensor_parallel_world_size())
         if current != sizes:
             ps.destroy_model_parallel()
     if not ps.model_parallel_is_initialized():
         ps.initialize_model_parallel(tensor_model_parallel_size=sizes.tp, pipeline_model_parallel_size=sizes.pp,
-                                     expert_model_parallel_size=sizes.ep, expert_tensor_parallel_size=1)
+                                     expert_model_parallel_size=sizes.ep, expert_tensor_parallel_size=sizes.etp)
     tensor_parallel.model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
     return sizes
