@@ -11,7 +11,7 @@ GPUS_PER_NODE=${GPUS_PER_NODE:-8}                 # devices per node (--actor-nu
 # Megatron layout, as the trainer runs it: expert-TP 1 (the GLM model keeps experts whole), no
 # pipeline or context parallel, a full optimizer state per data-parallel rank (no distributed
 # optimizer) and no activation recompute. Under those, 16 x 8 H200 fit only with every rank holding
-# 2 of the 256 experts (EP 128): EP 16-64 put 103-115+ GB of expert optimizer state on each device.
+# 2 of the 256 experts (EP 128, 103 GB train phase): EP 64 needs 143 GB, EP 16 385 GB per device.
 TP=${TP:-8}
 PP=${PP:-1}
 EP=${EP:-128}
