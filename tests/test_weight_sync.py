@@ -176,12 +176,50 @@ def test_engine_refusal_is_an_error(trainer_weights):
         _sync([engine], trainer_weights, [list(trainer_weights)]).sync(version=1)
 
 
-def test_checksum_detects_permutation_and_tolerates_order():
-    x = torch.randn(64, dtype=torch.float64)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int8, torch.bool])
+@pytest.mark.parametrize("shape", [(7, 5), (251 * 3 + 2,), (300, 257), ()])
+def test_checksum_detects_one_changed_element_and_moved_elements(dtype, shape):
+    """Exact on the raw bytes: any single element changed to any other value (here: every bit flipped in
+    turn for a random element), swapped neighbours and a transpose all change the checksum."""
+    g = torch.Generator().manual_seed(hash((str(dtype), shape)) % 2**31)
+    x = torch.randn(shape, generator=g, dtype=torch.float64) * 50
+    x = (x > 0) if dtype == torch.bool else x.to(dtype)
     base = weight_checksum.named_checksums([("x", x)])
-    assert weight_checksum.mismatches(base, weight_checksum.named_checksums([("x", x.flip(0))])) == ["x"]
     assert weight_checksum.mismatches(base, weight_checksum.named_checksums([("x", x.clone())])) == []
-    assert weight_checksum.mismatches(base, {}) == ["x"]
+    flat = x.reshape(-1)
+    i = int(torch.randint(flat.numel(), (1,), generator=g))
+    raw = flat.view(torch.uint8) if x.dim() else x.reshape(1).view(torch.uint8)
+    for bit in range(8 * x.element_size()):
+        changed = raw.clone()
+        changed[i * x.element_size() + bit // 8] ^= 1 << (bit % 8)
+        assert weight_checksum.mismatches(base, {"x": weight_checksum.tensor_checksum(changed.view(dtype))}) == ["x"]
+    if flat.numel() > 1:
+        distinct = (flat[1:].view(torch.uint8).reshape(flat.numel() - 1, -1)
+                    != flat[:-1].view(torch.uint8).reshape(flat.numel() - 1, -1)).any(1).nonzero()
+        assert distinct.numel(), "random input must have two different neighbours"
+        j = int(distinct[0])
+        swapped = flat.clone()
+        swapped[j], swapped[j + 1] = flat[j + 1], flat[j]
+        assert weight_checksum.mismatches(base, {"x": weight_checksum.tensor_checksum(swapped.view(shape))}) == ["x"]
+    if x.dim() == 2:
+        assert weight_checksum.tensor_checksum(x.t().contiguous()) != base["x"]
+
+
+def test_checksum_is_the_same_for_small_batched_and_large_tensors_and_for_slices():
+    """Small tensors are summed together in one padded buffer, large ones in place; slices of a larger
+    tensor at any byte offset; the figures must not depend on which path or neighbours a tensor has."""
+    from slime.utils.weight_checksum import _SMALL_BYTES
+
+    g = torch.Generator().manual_seed(3)
+    big = torch.randn(_SMALL_BYTES // 4 + 37, generator=g)  # just over the small-tensor limit
+    parts = [("a", big[:1000]), ("b", big[1:1001]), ("c", big[5:].view(torch.uint8)[3:-1]), ("big", big)]
+    together = weight_checksum.named_checksums(parts)
+    for name, t in parts:
+        assert weight_checksum.named_checksums([(name, t.clone())]) == {name: together[name]}
+    assert together["a"] != together["b"] and together["a"][0] == 4000
+    assert weight_checksum.mismatches(together, {**together, "a": together["b"]}) == ["a"]
+    assert weight_checksum.mismatches(together, {k: v for k, v in together.items() if k != "c"}) == ["c"]
+    assert weight_checksum.mismatches({}, {"x": [1, 2, 3]}) == ["x"]
 
 
 def test_resolve_mode(caplog):
