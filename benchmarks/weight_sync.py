@@ -1,27 +1,28 @@
 """Weight-sync bandwidth: trainer -> a real embedded engine server process, vs the device's copy bandwidth.
 
-    python benchmarks/weight_sync.py [--max-mb 1024] [--sizes 8,64,256,1024] [--modes ipc,ipc-flat,ipc-reuse,distributed]
+    python benchmarks/weight_sync.py [--max-mb 1024] [--sizes 8,64,256,1024] [--modes ipc,ipc-handles,distributed]
 
 Weights: a synthetic GLM-5-shaped set (benchmarks/synthetic_glm.py: bfloat16 + float32, per-expert HF names,
 ~2 MB median tensor); a set of size S is the first S MiB of the checkpoint-ordered names. The engine
 (slime.backends.embedded, its own process) serves a model with exactly these names and dtypes.
 
 Each sync goes through the trainer's own sender, `slime.backends.megatron.weight_sync.WeightSync`, fed by
-an export that, like the GLM export, yields a fresh copy of every tensor in buckets of
---update-weight-buffer-size bytes (--export view yields the stored tensors themselves, as the export does
-for weights it passes through unchanged). Modes:
-  ipc          WeightSync's colocated path: per-tensor shared-memory handles -> /update_weights_from_tensor
-  ipc-flat     the same, but each bucket flattened per dtype (load_format "flattened_bucket")
-  ipc-reuse    prototype of a faster sender (not the trainer's code yet): per-dtype flat buffers shared once and
-               reused by every bucket; the export writes each tensor straight into its slot (one copy), posted
-               as flattened_bucket
+an export in buckets of --update-weight-buffer-size bytes that yields, like the GLM export (--export glm),
+the stored tensors themselves, expert weights as transposed views of megatron's layout (--export copy: a
+fresh contiguous copy of every tensor, as the GLM export did before; --export view: all stored contiguous).
+Modes:
+  ipc          WeightSync's colocated path to the embedded engine: the export's tensors copied once into
+               reused, double-buffered per-dtype shared buffers (shared_buckets.py), posted as
+               load_format "flattened_bucket" (one handle per buffer)
+  ipc-handles  the same sender as an SGLang engine gets it: per-tensor handles (views into the buffers),
+               buffers not reused
   distributed  /init_weights_update_group once, then per bucket /update_weights_from_distributed + broadcast
                over get_accelerator().process_group_backend()
-Reference: `dst.copy_(src)` of the same number of bytes on the same device (best of 3), measured in this run.
-After every timed sync a sample of the synced tensors is checksummed on both sides (not timed), unless
---check 1, which times the trainer's own verification (every synced tensor, both sides) as part of the sync.
-Then, for the largest set, the time of each mode is split by component (export, handles, HTTP calls,
-broadcast, checksums).
+Reference: `dst.copy_(src)` of the same number of bytes on the same device (best of 5), measured in this run.
+After every timed sync every synced tensor is checksummed on both sides (not timed), unless --check 1,
+which times the trainer's own verification (--check-weight-sync 1) as part of the sync. Then, for the
+largest set, the time of each mode is split by component (export and packing, handles, HTTP calls,
+waits, broadcast, checksums).
 
 --checkpoint DIR replaces the synthetic set by a real HF checkpoint (e.g. the quick start's tiny GLM-5,
 outputs/glm5-tiny/model) served by the engine's own CLI (`python -m slime.backends.embedded`), in one set.
@@ -46,19 +47,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-MODES = ("ipc", "ipc-flat", "ipc-reuse", "distributed")
+MODES = ("ipc", "ipc-handles", "distributed")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-mb", type=float, default=1024, help="largest weight set (MiB); sizes above it are dropped")
     ap.add_argument("--sizes", default="8,64,256,1024", help="comma-separated weight-set sizes in MiB")
-    ap.add_argument("--modes", default="ipc,ipc-reuse,distributed", help=f"comma-separated subset of {MODES}")
+    ap.add_argument("--modes", default="ipc,ipc-handles,distributed", help=f"comma-separated subset of {MODES}")
     ap.add_argument("--update-weight-buffer-size", type=int, default=64 * 1024**2,
                     help="bytes per exported bucket (the quick start's value)")
-    ap.add_argument("--export", choices=("copy", "view"), default="copy",
-                    help="copy: every sync exports fresh tensors (GLM export of transposed/gathered weights); "
-                         "view: the stored tensors themselves")
+    ap.add_argument("--export", choices=("glm", "copy", "view"), default="glm",
+                    help="glm: the stored tensors, expert weights as transposed views (the GLM export at tp=ep=1); "
+                         "copy: a fresh contiguous copy of every tensor; view: the stored tensors, all contiguous")
     ap.add_argument("--repeats", type=int, default=2, help="timed syncs per size and mode (best is reported)")
     ap.add_argument("--check", type=int, choices=(0, 1), default=0,
                     help="1: include the trainer's checksum verification (--check-weight-sync 1) in the timed sync")
@@ -169,80 +170,20 @@ def exporter(named: list[tuple[str, torch.Tensor]], bucket_bytes: int, copy: boo
     return export
 
 
-def flattened_sender(ws) -> Callable[[list[tuple[str, torch.Tensor]], int], None]:
-    """A `_send_ipc` replacement posting each bucket as per-dtype flat tensors (load_format flattened_bucket)."""
-    from slime.accelerator import get_accelerator, ipc
-    from slime.backends.embedded import flattened_bucket
-    from slime.backends.megatron.weight_sync import _check_reply
-
-    def send(bucket: list[tuple[str, torch.Tensor]], version: int) -> None:
-        flats, meta = flattened_bucket.flatten_named_tensors(bucket)
-        payload = base64.b64encode(ipc.serialize_named_tensors(get_accelerator(), flats)).decode()
-        for engine in ws.engines:
-            _check_reply(ws.post(engine, "/update_weights_from_tensor", {
-                "serialized_named_tensors": [payload], "load_format": "flattened_bucket",
-                "flattened_bucket_meta": meta, "flush_cache": False, "weight_version": str(version)}),
-                "update_weights_from_tensor")
-    return send
+def is_expert_weight(name: str) -> bool:
+    return ".experts." in name and name.endswith("_proj.weight")
 
 
-class ReusedBuffers:
-    """The ipc-reuse sender: one flat buffer per dtype, in shared memory from the start and reused, so a sync
-    pays one copy per byte on each side and no per-bucket shared-memory segments."""
-
-    def __init__(self, ws, capacity_bytes: int) -> None:
-        self.ws, self.capacity = ws, capacity_bytes
-        self.flats: dict[torch.dtype, tuple[str, torch.Tensor]] = {}
-
-    def _flat(self, dtype: torch.dtype, device: torch.device) -> tuple[str, torch.Tensor]:
-        if dtype not in self.flats:
-            from slime.accelerator import get_accelerator
-
-            flat = torch.zeros(self.capacity // dtype.itemsize, dtype=dtype, device=device)
-            get_accelerator().reduce_tensor(flat)  # shares it now (on CPU: moves it into shared memory once)
-            self.flats[dtype] = (f"reuse_{str(dtype).removeprefix('torch.')}", flat)
-        return self.flats[dtype]
-
-    def fill(self, flat: torch.Tensor, items: list[tuple[str, torch.Tensor]]) -> list[int]:
-        offsets, off = [], 0
-        for _, t in items:
-            if off + t.numel() > flat.numel():
-                raise ValueError(f"bucket overflows the {self.capacity}-byte shared buffer; raise its capacity")
-            flat[off:off + t.numel()].view(t.shape).copy_(t)
-            offsets.append(off)
-            off += t.numel()
-        return offsets
-
-    def send(self, bucket: list[tuple[str, torch.Tensor]], version: int) -> None:
-        from slime.accelerator import get_accelerator, ipc
-        from slime.backends.megatron.weight_sync import _check_reply
-
-        groups: dict[torch.dtype, list[tuple[str, torch.Tensor]]] = {}
-        for name, t in bucket:
-            groups.setdefault(t.dtype, []).append((name, t))
-        flats, meta = [], []
-        for dtype, items in groups.items():
-            key, flat = self._flat(dtype, items[0][1].device)
-            offsets = self.fill(flat, items)
-            flats.append((key, flat))
-            meta.append({"bucket": key, "dtype": str(dtype).removeprefix("torch."), "names": [n for n, _ in items],
-                         "shapes": [list(t.shape) for _, t in items], "offsets": offsets})
-        payload = base64.b64encode(ipc.serialize_named_tensors(get_accelerator(), flats)).decode()
-        for engine in self.ws.engines:
-            _check_reply(self.ws.post(engine, "/update_weights_from_tensor", {
-                "serialized_named_tensors": [payload], "load_format": "flattened_bucket",
-                "flattened_bucket_meta": meta, "flush_cache": False, "weight_version": str(version)}),
-                "update_weights_from_tensor")
+def glm_layout(weights: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """Expert weights stored transposed (megatron's [in, out] per expert) and seen through `.t()`, so the
+    export hands out non-contiguous views, as WeightMap.to_hf does."""
+    return [(n, t.t().contiguous().t() if is_expert_weight(n) and t.dim() == 2 else t) for n, t in weights]
 
 
-def sample_checksums(named: list[tuple[str, torch.Tensor]], k: int = 12, max_bytes: int = 16 * 2**20
-                     ) -> dict[str, list[float]]:
-    """Checksums of about `k` tensors spread over the set (each <= max_bytes: checksums are slow)."""
+def all_checksums(named: list[tuple[str, torch.Tensor]]) -> dict[str, list[int]]:
     from slime.utils import weight_checksum
 
-    small = [(n, t) for n, t in named if t.numel() * t.element_size() <= max_bytes] or named[:1]
-    picked = small[:: max(1, len(small) // k)] + [small[-1]]
-    return weight_checksum.named_checksums(picked)
+    return weight_checksum.named_checksums(named)
 
 
 # ---------------------------------------------------------------- component timers
@@ -275,17 +216,17 @@ class Components:
 
     def install(self, ws) -> None:
         from slime.accelerator import ipc
-        from slime.backends.embedded import flattened_bucket
+        from slime.backends.megatron import shared_buckets
         from slime.utils import distributed, weight_checksum
 
-        if getattr(ws, "reuse", None) is not None:
-            self.wrap(ws.reuse, "fill", "export (copy into the shared buffer)")
-        self.wrap(ws, "post", lambda engine, path, *a, **k: "HTTP " + path + (
-            "" if threading.current_thread() is threading.main_thread() else OVERLAPS))
-        self.wrap(ipc, "serialize_named_tensors", "handles (share memory + pickle)")
-        self.wrap(flattened_bucket, "flatten_named_tensors", "flatten (torch.cat per dtype)")
+        def where(key: str) -> Callable[..., str]:
+            return lambda *a, **k: key + ("" if threading.current_thread() is threading.main_thread() else OVERLAPS)
+
+        self.wrap(shared_buckets.SharedBucketSender, "add", "copy into the shared buffers")
+        self.wrap(ws, "post", lambda engine, path, *a, **k: where("HTTP " + path)())
+        self.wrap(ipc, "serialize_named_tensors", where("handles (pickle)"))
         self.wrap(distributed, "broadcast", "broadcast (sender side)")
-        self.wrap(weight_checksum, "named_checksums", "checksums (trainer side)")
+        self.wrap(weight_checksum, "named_checksums", where("checksums (trainer side)"))
 
     def uninstall(self) -> None:
         while self._undo:
@@ -328,8 +269,11 @@ def time_sync(ws, named: list[tuple[str, torch.Tensor]], bucket_bytes: int, copy
         best = min(best, dt)
         if last:
             components.add("total", dt)
+        if last:
+            for key in ("time/weight_sync_wait", "time/weight_sync_verify"):
+                components.add(key.removeprefix("time/weight_sync_") + " (WeightSync's split)", ws.last_split[key])
         if not ws.check:
-            ws.verify(sample_checksums(named))
+            ws.verify(all_checksums(named))
     return best
 
 
@@ -349,17 +293,13 @@ def main(argv: list[str] | None = None) -> None:
             weights = [(n, t.to(device)) for n, t in checkpoint_weights(a.checkpoint)]
         else:
             weights = make_weights(named_specs(build_model(spec)), device)
+        if a.export == "glm":
+            weights = glm_layout(weights)
         endpoint = EngineEndpoint(url=engine.url, token=engine.token)
         syncs = {m: WeightSync("distributed" if m == "distributed" else "ipc", lambda: iter(()), [endpoint], rank=0,
-                               check=bool(a.check)) for m in a.modes}
-        if "ipc-flat" in syncs:
-            syncs["ipc-flat"]._send_ipc = flattened_sender(syncs["ipc-flat"])
-        if "ipc-reuse" in syncs:
-            biggest = max(t.numel() * t.element_size() for _, t in weights)
-            reuse = syncs["ipc-reuse"].reuse = ReusedBuffers(syncs["ipc-reuse"], a.update_weight_buffer_size + biggest)
-            for dtype in {t.dtype for _, t in weights}:  # allocated and shared once, at connect time
-                reuse._flat(dtype, device)
-            syncs["ipc-reuse"]._send_ipc = reuse.send
+                               check=bool(a.check), buffer_bytes=a.update_weight_buffer_size) for m in a.modes}
+        if "ipc-handles" in syncs:  # as an engine without the flattened_bucket capability (SGLang) is served
+            syncs["ipc-handles"].takes_flat_buffers = lambda engine: False
         if "distributed" in syncs:
             t0 = time.perf_counter()
             syncs["distributed"].connect()
@@ -378,8 +318,7 @@ def main(argv: list[str] | None = None) -> None:
             row = {"MiB": nbytes / 2**20, "tensors": len(named),
                    "copy": nbytes / copy_seconds(nbytes, device, acc.synchronize)}
             for m, ws in syncs.items():
-                copy = a.export == "copy" and m != "ipc-reuse"  # ipc-reuse's copy is the write into its buffer
-                row[m] = nbytes / time_sync(ws, named, a.update_weight_buffer_size, copy, a.repeats,
+                row[m] = nbytes / time_sync(ws, named, a.update_weight_buffer_size, a.export == "copy", a.repeats,
                                             version, split[m] if largest else None)
             rows.append(row)
             print(_row_text(row, a.modes), flush=True)
@@ -392,7 +331,9 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(f"where the time of one sync of the largest set goes ({rows[-1]['MiB']:.1f} MiB), seconds (share):")
     print(_split_table(split, a.modes))
-    print(f"goal: colocated (ipc) sync >= 0.5x copy bandwidth at >= 256 MiB; total {time.perf_counter() - t_start:.0f}s")
+    load = os.getloadavg()[0]
+    print(f"goal: colocated (ipc) sync >= 0.5x copy bandwidth at >= 256 MiB; load average {load:.1f}; "
+          f"total {time.perf_counter() - t_start:.0f}s")
 
 
 def _row_text(row: dict[str, float], modes: list[str]) -> str:

@@ -79,7 +79,7 @@ def test_prefix_of_skips_tensors_that_would_overshoot():
 
 def test_parse_args_rejects_bad_modes_and_sizes(capsys):
     with pytest.raises(SystemExit):
-        ws.parse_args(["--modes", "ipc,carrier-pigeon"])
+        ws.parse_args(["--modes", "ipc,ipc-handles,carrier-pigeon"])
     assert "carrier-pigeon" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         ws.parse_args(["--sizes", "512", "--max-mb", "64"])
@@ -87,18 +87,16 @@ def test_parse_args_rejects_bad_modes_and_sizes(capsys):
     assert a.sizes == [8.0, 64.0]
 
 
-def test_reused_buffers_pack_each_dtype_at_offsets_and_refuse_overflow():
-    reuse = ws.ReusedBuffers(ws=None, capacity_bytes=64)
+def test_glm_layout_turns_expert_weights_into_transposed_views_only():
     torch.manual_seed(0)
-    items = [("x", torch.randn(2, 3)), ("y", torch.randn(5)), ("z", torch.randn(1, 4))]
-    flat = torch.full((16,), float("nan"))
-    offsets = reuse.fill(flat, items)
-    assert offsets == [0, 6, 11]
-    for (_, t), off in zip(items, offsets):
-        assert torch.equal(flat[off:off + t.numel()].view(t.shape), t)
-    assert torch.isnan(flat[15:]).all()  # nothing written past the last slot
-    with pytest.raises(ValueError, match="overflows"):
-        reuse.fill(torch.empty(10), items)
+    named = [("model.layers.1.mlp.experts.3.gate_proj.weight", torch.randn(6, 4)),
+             ("model.layers.1.mlp.gate.weight", torch.randn(8, 4)),
+             ("model.layers.1.mlp.experts.3.down_proj.weight", torch.randn(4, 6))]
+    out = ws.glm_layout(named)
+    assert [n for n, _ in out] == [n for n, _ in named]
+    for (name, t), (_, v) in zip(named, out):
+        assert torch.equal(v, t) and v.shape == t.shape
+        assert v.is_contiguous() == (".experts." not in name)
 
 
 def test_components_time_wrapped_calls_and_restore_them():

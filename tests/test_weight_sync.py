@@ -4,6 +4,7 @@ import base64
 import json
 import logging
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 from slime.accelerator import get_accelerator
 from slime.accelerator.ipc import deserialize_named_tensors
+from slime.backends.embedded.flattened_bucket import unflatten_buckets
 from slime.backends.megatron.weight_sync import EngineEndpoint, WeightSync, WeightSyncError, resolve_mode
 from slime.utils import weight_checksum
 
@@ -18,9 +20,13 @@ from slime.utils import weight_checksum
 class FakeEngine:
     """Holds named weights; applies /update_weights_from_tensor; reports checksums; logs calls."""
 
-    def __init__(self, weights, checksums=True):
+    def __init__(self, weights, checksums=True, flat=False, delay=0.0):
         self.weights = {k: v.clone() for k, v in weights.items()}
         self.checksums = checksums  # False: an engine without slime's /get_weights_checksum (SGLang)
+        self.flat = flat  # True: takes load_format flattened_bucket (the embedded engine's capability)
+        self.delay = delay  # seconds to wait before reading the buffers (a slow engine)
+        self.formats = []  # load_format of every update
+        self.handles = []  # (storage data_ptr of every received tensor) per update
         self.calls = []
         self.gets = []
         self.corrupt = None  # name to perturb after updates (simulates a broken load)
@@ -42,7 +48,8 @@ class FakeEngine:
                 engine.gets.append(self.path)
                 if self.path == "/get_model_info":
                     info = {"model_path": "/m", "weight_version": "default"}
-                    self._reply(200, {**info, "weights_checksum": True} if engine.checksums else info)
+                    info = {**info, "weights_checksum": True} if engine.checksums else info
+                    self._reply(200, {**info, "flattened_bucket": True} if engine.flat else info)
                 else:
                     self._reply(404, {"detail": "Not Found"})
 
@@ -69,6 +76,11 @@ class FakeEngine:
             acc = get_accelerator()
             named = deserialize_named_tensors(base64.b64decode(body["serialized_named_tensors"][0]),
                                               acc.ipc_rebuild_allowlist())
+            self.formats.append(body.get("load_format"))
+            self.handles.append(sorted({t.untyped_storage().data_ptr() for _, t in named}))
+            if body.get("load_format") == "flattened_bucket":
+                named = unflatten_buckets(named, body["flattened_bucket_meta"])
+            time.sleep(self.delay)
             for name, t in named:
                 self.weights[name].copy_(t)
             if self.corrupt:
@@ -87,11 +99,11 @@ def trainer_weights():
             "c.weight": torch.randn(3, 4, 2, generator=g)}
 
 
-def _sync(engines, weights, bucket_names):
+def _sync(engines, weights, bucket_names, **kwargs):
     def export():
         for names in bucket_names:
             yield [(n, weights[n]) for n in names]
-    return WeightSync("ipc", export, [EngineEndpoint(e.url) for e in engines], rank=0)
+    return WeightSync("ipc", export, [EngineEndpoint(e.url) for e in engines], rank=0, **kwargs)
 
 
 def test_ipc_sync_updates_engine_and_verifies(trainer_weights):
@@ -102,10 +114,77 @@ def test_ipc_sync_updates_engine_and_verifies(trainer_weights):
         for k, v in trainer_weights.items():
             assert torch.equal(e.weights[k], v)
         assert e.calls[:2] == ["/pause_generation", "/flush_cache"]
-        assert e.calls.count("/update_weights_from_tensor") == 2  # one per bucket
+        assert e.calls.count("/update_weights_from_tensor") == 1  # everything fits one shared buffer
+        assert e.formats == [None]  # engines without the flattened_bucket capability: per-tensor handles
         assert e.calls[-3:] == ["/flush_cache", "/continue_generation", "/get_weights_checksum"]
     assert metrics["weight_sync/checked_tensors"] == 3
     assert metrics["weight_sync/bytes"] == sum(v.numel() * 4 for v in trainer_weights.values())
+
+
+def _mixed_weights(seed):
+    """float32 and bfloat16 tensors of odd sizes, one transposed view (as the GLM export yields expert
+    weights) and one larger than the 4 KiB shared buffers of the tests below."""
+    g = torch.Generator().manual_seed(seed)
+    w = {f"l{i}.w": torch.randn(50 + i, 7, generator=g).to(torch.bfloat16 if i % 2 else torch.float32)
+         for i in range(12)}
+    w["experts.0.down_proj.weight"] = torch.randn(9, 7, generator=g).t()  # non-contiguous
+    w["embed.weight"] = torch.randn(1500, generator=g)  # 6000 B > 4096 B buffer
+    return w
+
+
+def _export_of(weights):
+    names = list(weights)
+    return lambda: iter([[(n, weights[n]) for n in names[:7]], [(n, weights[n]) for n in names[7:]]])
+
+
+def test_flat_engines_get_reused_shared_buffers_and_read_before_they_are_refilled():
+    """Engines with the flattened_bucket capability get one handle per dtype buffer; the buffers are
+    reused (double-buffered) across flushes and syncs, and a slow engine still reads what was packed for it
+    (the sender refills a set only after every engine answered the post that read it)."""
+    first, second = _mixed_weights(1), _mixed_weights(2)
+    engines = [FakeEngine({k: torch.full(v.shape, float("nan"), dtype=v.dtype) for k, v in first.items()},
+                          flat=True, delay=0.01) for _ in range(2)]
+    ws = WeightSync("ipc", _export_of(first), [EngineEndpoint(e.url) for e in engines], rank=0, buffer_bytes=4096)
+    ws.sync(version=1)
+    for e in engines:
+        assert all(torch.equal(e.weights[k], v) for k, v in first.items())
+        assert set(e.formats) == {"flattened_bucket"} and len(e.formats) >= 3  # several flushes
+    buffers_first = {p for e in engines for h in e.handles for p in h}
+    n_first = len(engines[0].handles)
+    ws.export = _export_of(second)
+    metrics = ws.sync(version=2)
+    for e in engines:
+        assert all(torch.equal(e.weights[k], v) for k, v in second.items())
+    assert {p for e in engines for h in e.handles[n_first:] for p in h} <= buffers_first  # reused, not new
+    assert len(buffers_first) <= 2 * 2 + 2  # two sets x two dtypes (+ growth of the first sync)
+    assert metrics["weight_sync/checked_tensors"] == len(second)
+    assert metrics["time/weight_sync_export"] >= 0 and metrics["time/weight_sync_wait"] >= 0
+    ws.close()
+
+
+def test_engines_without_flat_buffers_get_per_tensor_views_next_to_flat_engines():
+    weights = _mixed_weights(3)
+    nan = {k: torch.full(v.shape, float("nan"), dtype=v.dtype) for k, v in weights.items()}
+    flat, plain = FakeEngine(nan, flat=True), FakeEngine(nan)
+    ws = WeightSync("ipc", _export_of(weights), [EngineEndpoint(flat.url), EngineEndpoint(plain.url)], rank=0,
+                    buffer_bytes=4096)
+    ws.sync(version=1)
+    for e in (flat, plain):
+        assert all(torch.equal(e.weights[k], v) for k, v in weights.items())
+    assert set(flat.formats) == {"flattened_bucket"} and set(plain.formats) == {None}
+    assert ws._sender is None  # per-tensor handles: the buffers are not kept for reuse
+
+
+def test_refused_update_in_a_later_flush_stops_the_sync():
+    weights = _mixed_weights(4)
+    engine = FakeEngine(weights, flat=True)
+    engine.refuse = True
+    ws = WeightSync("ipc", _export_of(weights), [EngineEndpoint(engine.url)], rank=0, buffer_bytes=4096)
+    with pytest.raises(WeightSyncError, match="shape mismatch"):
+        ws.sync(version=1)
+    engine.refuse = False
+    ws.sync(version=2)  # the sender recovers: its buffers are free again
+    assert all(torch.equal(engine.weights[k], v) for k, v in weights.items())
 
 
 def test_engine_without_checksum_endpoint_is_synced_unchecked(trainer_weights, caplog):
@@ -230,3 +309,60 @@ def test_resolve_mode(caplog):
     assert sum("falls back to the distributed path" in r.message for r in caplog.records) == 1
     with pytest.raises(WeightSyncError, match="cannot share tensors"):
         resolve_mode("ipc", colocate=True, ipc_capable=False)
+
+
+@pytest.fixture
+def _clean_megatron_state():
+    from glm5_helpers import megatron_state_cleanup
+
+    yield from megatron_state_cleanup()
+
+
+def test_glm_export_is_synced_without_copies_of_its_own(tmp_path, _clean_megatron_state):
+    """The GLM export (tp = ep = 1) hands out views of the parameters, transposed expert weights included;
+    the shared-buffer sender copies them into the engine's layout exactly (the engine ends up with the
+    checkpoint's tensors, checked by the checksum round trip)."""
+    from glm5_helpers import write_checkpoint
+    from safetensors.torch import load_file
+
+    from slime.backends.megatron import export_hf, load_hf_model
+
+    ckpt = write_checkpoint(tmp_path / "glm", "glm_moe_dsa", seed=2)
+    original = load_file(f"{ckpt}/model.safetensors")
+    model = load_hf_model(ckpt)
+    params = {p.untyped_storage().data_ptr() for p in model.state_dict(keep_vars=True).values()
+              if isinstance(p, torch.Tensor)}
+    exported = [t for bucket in export_hf(model, 1 << 12) for _, t in bucket]
+    assert all(t.untyped_storage().data_ptr() in params for t in exported)  # views, not copies
+    assert any(not t.is_contiguous() for t in exported)  # expert weights: transposed views
+    engine = FakeEngine({n: torch.full_like(t, float("nan")) for n, t in original.items()}, flat=True)
+    ws = WeightSync("ipc", lambda: export_hf(model, 1 << 12), [EngineEndpoint(engine.url)], rank=0,
+                    buffer_bytes=1 << 14)
+    metrics = ws.sync(version=1)
+    assert metrics["weight_sync/checked_tensors"] == len(original)
+    assert all(torch.equal(engine.weights[n], t) for n, t in original.items())
+    ws.close()
+
+
+def test_engine_keeps_the_last_received_buffers_open_and_drops_them_on_release():
+    """Reused sender buffers are found again in torch's cache of opened shared storages only while the
+    engine holds them: the last KEEP_OPEN buffers are held (least recently used dropped first)."""
+    from slime.backends.embedded import flattened_bucket as fb
+
+    fb.drop_open()
+    flats = [(f"bucket{i}", torch.zeros(4 + i)) for i in range(fb.KEEP_OPEN + 2)]
+    for key, flat in flats:
+        meta = [{"bucket": key, "dtype": "float32", "names": [key + ".w"], "shapes": [[2]], "offsets": [1]}]
+        (name, view), = fb.unflatten_buckets([(key, flat)], meta)
+        assert name == key + ".w" and view.data_ptr() == flat[1:].data_ptr()
+    def again(key, flat):
+        fb.unflatten_buckets([(key, flat)], [{"bucket": key, "dtype": "float32", "names": ["x"], "shapes": [[1]],
+                                              "offsets": [0]}])
+
+    again(*flats[2])  # used again: now the most recent
+    again("new", torch.zeros(3))  # one more: the least recently used (bucket3) goes
+    held = {t.data_ptr() for t in fb._open.values()}
+    assert len(held) == fb.KEEP_OPEN and flats[2][1].data_ptr() in held
+    assert not held & {flats[i][1].data_ptr() for i in (0, 1, 3)}
+    fb.drop_open()
+    assert not fb._open

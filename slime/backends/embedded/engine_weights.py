@@ -33,6 +33,9 @@ class WeightControl:
                 return
             self._released_weights = {}
         self.abort_all("aborted by release_memory_occupation")
+        from slime.backends.embedded.flattened_bucket import drop_open
+
+        drop_open()  # the trainer's shared buffers, kept open between updates
         with self._model_lock:
             for name, p in self.model.named_parameters():
                 self._released_weights[name] = (p.shape, p.dtype)
@@ -136,9 +139,9 @@ class WeightControl:
             raise BadRequest(f"no weights update group {group_name!r}")
         destroy_custom_process_group(group)
 
-    def weights_checksum(self, names: Any) -> dict[str, list[float]]:
+    def weights_checksum(self, names: Any) -> dict[str, list[int]]:
         """slime.utils.weight_checksum of each named weight (HF or runtime names), to verify a sync."""
-        from slime.utils.weight_checksum import tensor_checksum
+        from slime.utils.weight_checksum import named_checksums
 
         self._require_weights()
         if names is None:
@@ -149,7 +152,7 @@ class WeightControl:
         if unknown:
             raise BadRequest(f"unknown weights {unknown[:3]}{' ...' if len(unknown) > 3 else ''}")
         with self._model_lock:
-            return {n: tensor_checksum(self.name_map.resolve(n)) for n in names}
+            return named_checksums((n, self.name_map.resolve(n)) for n in names)
 
     def model_info(self) -> dict[str, Any]:
         main = self._main_dtype()
@@ -167,6 +170,9 @@ class WeightControl:
             "max_running_requests": self.cfg.max_running_requests,
             "eos_token_ids": sorted(self.eos_ids),
             "weights_checksum": True,  # serves /get_weights_checksum (the trainer's post-sync check)
+            # takes load_format flattened_bucket (slime's layout) and has copied out of the shared buffers when
+            # it replies, so a sender may refill them (slime.backends.megatron.shared_buckets)
+            "flattened_bucket": True,
         }
 
     def _main_dtype(self) -> torch.dtype:

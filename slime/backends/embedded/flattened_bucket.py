@@ -19,11 +19,17 @@ The receiver checks every field (bucket present exactly once, dtype equal to the
 ranges inside the flat tensor, names unique across buckets) before any weight changes.
 This layout is the embedded engine's; a real SGLang server expects its own bucket layout, so
 clients send SGLang servers the plain per-tensor format.
+
+A trainer reuses its flat buffers for every update (slime.backends.megatron.shared_buckets); the last
+few received buffers are kept open here, so the next update finds them in torch's cache of opened
+shared storages instead of mapping them again (mapping costs a page fault per page on the first read).
 """
 
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -52,6 +58,28 @@ def flatten_named_tensors(
         meta.append({"bucket": key, "dtype": dtype_name(dtype), "names": [n for n, _ in items],
                      "shapes": [list(t.shape) for _, t in items], "offsets": offsets})
     return flats, meta
+
+
+KEEP_OPEN = 8  # received buffers kept open (two sets of a few dtypes, from one trainer)
+_open: OrderedDict[tuple[str, int], torch.Tensor] = OrderedDict()
+_open_lock = threading.Lock()
+
+
+def keep_open(flats: list[tuple[str, torch.Tensor]]) -> None:
+    """Hold the last KEEP_OPEN received buffers (by storage), dropping the least recently used."""
+    with _open_lock:
+        for _, flat in flats:
+            key = (flat.device.type, flat.untyped_storage().data_ptr())
+            _open[key] = flat
+            _open.move_to_end(key)
+        while len(_open) > KEEP_OPEN:
+            _open.popitem(last=False)
+
+
+def drop_open() -> None:
+    """Forget the kept buffers (the engine releases its memory)."""
+    with _open_lock:
+        _open.clear()
 
 
 def unflatten_buckets(flats: list[tuple[str, torch.Tensor]], meta: Any) -> list[tuple[str, torch.Tensor]]:
@@ -98,4 +126,5 @@ def unflatten_buckets(flats: list[tuple[str, torch.Tensor]], meta: Any) -> list[
     unused = sorted(set(by_key) - used)
     if unused:
         raise BadRequest(f"flattened buckets {unused} have no entry in flattened_bucket_meta")
+    keep_open(flats)
     return out

@@ -204,10 +204,15 @@ def plan_update(
 
 
 def apply_plan(plan: list[PlannedCopy]) -> None:
-    """Copy every planned source into its target. Call with the engine's model lock held."""
+    """Copy every planned source into its target. Call with the engine's model lock held. Returns once
+    the copies are complete: the sources may be shared buffers the sender refills after the reply."""
     with torch.no_grad():
         for p in plan:
             p.target.copy_(p.source)
+    if any(p.target.device.type != "cpu" for p in plan):
+        from slime.accelerator import get_accelerator
+
+        get_accelerator().synchronize()
 
 
 def safetensors_files(model_path: str) -> list[str]:

@@ -41,7 +41,8 @@ def _gather(t: torch.Tensor, group) -> list[torch.Tensor]:
 def export_hf(model, bucket_bytes: int = 1 << 28, dtype: torch.dtype | None = None
               ) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Yield buckets (lists of (hf_name, full tensor on the accelerator)) of about `bucket_bytes` each,
-    in checkpoint order. dtype: cast on the way out (default: the parameters' own, so the router weight
+    in checkpoint order. Tensors that need no gather are views of the parameters (WeightMap.to_hf), valid
+    until the next optimizer step. dtype: cast on the way out (default: the parameters' own, so the router weight
     and expert bias stay float32). Collective over TP and EP (see module docstring)."""
     from megatron.core import parallel_state as ps
 
@@ -126,7 +127,8 @@ def save_hf(model, out_dir: str, dtype: torch.dtype | None = None, max_shard_byt
     for bucket in export_hf(model, dtype=dtype):
         for name, t in bucket:
             if writer:
-                shard[name] = t.detach().to("cpu").contiguous()
+                # An owned copy: exported tensors may be views sharing a parameter (safetensors refuses those).
+                shard[name] = torch.empty(t.shape, dtype=t.dtype, device="cpu").copy_(t.detach())
                 shard_bytes += t.numel() * t.element_size()
             if shard_bytes >= max_shard_bytes:
                 flush()

@@ -1,9 +1,11 @@
 """Trainer -> rollout engine weight sync, through the accelerator, over SGLang's HTTP protocol.
 
-ipc (colocated): each bucket of `export_hf` is shared with `Accelerator.share_tensor`-style handles
-(`serialize_named_tensors`) and posted to `/update_weights_from_tensor`; the engine opens the
-handles (no copy across the process boundary) and copies into its weights; the bucket is freed
-before the next one. Generation is paused and the cache flushed around the update.
+ipc (colocated): the tensors of `export_hf` are copied once into flat per-dtype buffers shared with
+the engines (`shared_buckets.SharedBucketSender`: two sets, reused, one posted to
+`/update_weights_from_tensor` while the export fills the other); the engine opens the handles (no copy
+across the process boundary) and copies into its weights. Engines advertising `"flattened_bucket": true`
+get one handle per buffer (`load_format: "flattened_bucket"`); others (SGLang) get per-tensor handles
+of views into buffers that are not reused. Generation is paused and the cache flushed around the update.
 
 distributed: trainer rank 0 and every engine device form one collective group on the accelerator's
 backend (`/init_weights_update_group`); per bucket, names/dtypes/shapes go over HTTP
@@ -11,7 +13,8 @@ backend (`/init_weights_update_group`); per bucket, names/dtypes/shapes go over 
 
 auto: ipc when colocated and the device supports IPC, else distributed (logged once).
 After every sync the engine's weight checksums (`/get_weights_checksum`) must equal the trainer's
-exported weights; a mismatch raises `WeightSyncError`. That endpoint is slime's extension: an engine
+exported weights (for ipc: computed on the shared buffers the engines read); a mismatch raises
+`WeightSyncError`. That endpoint is slime's extension: an engine
 serves it when its `/get_model_info` says `"weights_checksum": true` (the embedded engine); for any
 other engine (SGLang) the check is skipped with one log line per engine.
 """
@@ -115,12 +118,16 @@ class WeightSync:
     def __init__(self, mode: str, export: Callable[[], Iterable[list[tuple[str, torch.Tensor]]]],
                  engines: list[EngineEndpoint], rank: int, check: bool = True,
                  post: Callable[..., dict[str, Any]] = default_post,
-                 get: Callable[..., dict[str, Any]] = default_get) -> None:
+                 get: Callable[..., dict[str, Any]] = default_get, buffer_bytes: int = 64 << 20) -> None:
         self.mode, self.export, self.engines, self.rank = mode, export, engines, rank
         self.check, self.post, self.get = check, post, get
+        self.buffer_bytes = buffer_bytes  # ipc: capacity of each shared per-dtype buffer
         self.group = None
         self.syncs = 0
         self._checksum_support: dict[str, bool] = {}  # per engine url: serves /get_weights_checksum
+        self._info: dict[str, dict[str, Any]] = {}  # per engine url: its /get_model_info (asked once)
+        self._sender = None  # ipc: SharedBucketSender, kept across syncs while the engines take flat buffers
+        self.last_split: dict[str, float] = {}  # seconds of the last sync's parts (see sync)
 
     # --- set-up ---------------------------------------------------------------------------
     def connect(self) -> None:
@@ -174,11 +181,15 @@ class WeightSync:
         for e in engines:
             if (e.url, e.instance) not in old:
                 self._checksum_support.pop(e.url, None)
+                self._info.pop(e.url, None)
         if regroup:
             self.connect()
         return True
 
     def close(self) -> None:
+        if self._sender is not None:
+            self._sender.close()
+            self._sender = None
         if self.group is not None and self.rank == 0:
             for engine in self.engines:
                 try:
@@ -197,46 +208,131 @@ class WeightSync:
 
     def sync(self, version: int, engines: list[EngineEndpoint] | None = None) -> dict[str, float]:
         """Push the current weights to every engine (`engines`: the manager's current list, see
-        `set_engines`); returns timing/size metrics."""
+        `set_engines`); returns timing/size metrics: time/weight_sync and its split into
+        time/weight_sync_export (export and packing on this thread, which the posts overlap),
+        time/weight_sync_wait (waiting for the engines after the export), time/weight_sync_control
+        (pause/flush/continue) and time/weight_sync_verify (engine checksums and the comparison)."""
         t0 = time.perf_counter()
         leader = self.rank == 0
         if engines is not None:
             self.set_engines(engines)
         sent_bytes, expected = 0, {}
+        control = 0.0
         if leader:
-            self._all_engines("/pause_generation", {})
-            self._all_engines("/flush_cache", {})
+            control = self._timed(lambda: (self._all_engines("/pause_generation", {}),
+                                           self._all_engines("/flush_cache", {})))
+        sender = self._ipc_sender(version) if leader and self.mode == "ipc" else None
+        t_export = time.perf_counter()
         for bucket in self.export():
             if not leader:
                 continue  # other ranks only take part in the export's collectives
-            if self.check:
-                expected.update(weight_checksum.named_checksums(bucket))
             sent_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
-            if self.mode == "ipc":
-                self._send_ipc(bucket, version)
+            if sender is not None:
+                for name, t in bucket:
+                    sender.add(name, t)
             else:
+                if self.check:
+                    expected.update(weight_checksum.named_checksums(bucket))
                 self._send_distributed(bucket, version)
-            del bucket  # the engine copied it; release the shared buffers before the next bucket
+            del bucket
+        t_wait = time.perf_counter()
+        if sender is not None:
+            try:
+                expected = sender.finish()
+            finally:
+                if not sender.reuse:
+                    sender.close()
+                    self._sender = None
+        t_done = time.perf_counter()
         metrics = {"weight_sync/bytes": float(sent_bytes)}
+        verify = 0.0
         if leader:
-            self._all_engines("/flush_cache", {})
-            self._all_engines("/continue_generation", {})
+            control += self._timed(lambda: (self._all_engines("/flush_cache", {}),
+                                            self._all_engines("/continue_generation", {})))
             if self.check:
+                t_verify = time.perf_counter()
                 metrics["weight_sync/checked_tensors"] = float(self.verify(expected))
+                verify = time.perf_counter() - t_verify
         self.syncs += 1
         metrics["time/weight_sync"] = time.perf_counter() - t0
+        metrics.update({"time/weight_sync_export": t_wait - t_export, "time/weight_sync_wait": t_done - t_wait,
+                        "time/weight_sync_control": control, "time/weight_sync_verify": verify})
+        self.last_split = {k: v for k, v in metrics.items() if k.startswith("time/")}
         return metrics
 
-    def _send_ipc(self, bucket: list[tuple[str, torch.Tensor]], version: int) -> None:
-        from slime.accelerator.ipc import serialize_named_tensors
+    @staticmethod
+    def _timed(fn: Callable[[], Any]) -> float:
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    def engine_info(self, engine: EngineEndpoint) -> dict[str, Any]:
+        """The engine's /get_model_info (asked once per engine process); {} when it cannot be read."""
+        info = self._info.get(engine.url)
+        if info is None:
+            try:
+                info = self.get(engine, "/get_model_info")
+                info = info if isinstance(info, dict) else {}
+            except Exception as e:
+                info = {"_error": str(e).splitlines()[0] if str(e) else type(e).__name__}
+            self._info[engine.url] = info
+        return info
+
+    def takes_flat_buffers(self, engine: EngineEndpoint) -> bool:
+        """Whether the engine takes slime's flattened_bucket layout and has read the buffers when it replies."""
+        return self.engine_info(engine).get("flattened_bucket") is True
+
+    def _ipc_sender(self, version: int):
+        """The shared-buffer sender for this sync: reused across syncs while every engine takes flat buffers
+        (the embedded engine); a fresh one, not reusing buffers, when any engine wants per-tensor handles."""
+        from slime.backends.megatron.shared_buckets import SharedBucketSender
 
         acc = get_accelerator()
-        named = [(n, t.detach().contiguous()) for n, t in bucket]
-        payload = base64.b64encode(serialize_named_tensors(acc, named)).decode()
-        for engine in self.engines:
-            _check_reply(self.post(engine, "/update_weights_from_tensor", {
-                "serialized_named_tensors": [payload] * engine.tp_size, "load_format": None,
-                "flush_cache": False, "weight_version": str(version)}), "update_weights_from_tensor")
+        flat = {e.url: self.takes_flat_buffers(e) for e in self.engines}
+        reuse = all(flat.values())
+        if self._sender is None or self._sender.reuse != reuse:
+            if self._sender is not None:
+                self._sender.close()
+            share = acc.reduce_tensor if acc.device_type == "cpu" else None  # into shared memory once, at allocation
+            self._sender = SharedBucketSender(self.buffer_bytes, acc.device(), self._post_packed, reuse=reuse,
+                                              share=share)
+        self._sender.checksums = self.check
+        self._version, self._flat_engines = version, flat
+        return self._sender
+
+    def _post_packed(self, packed) -> None:
+        """Post one packed set to every engine (called from the sender's worker thread)."""
+        acc = get_accelerator()
+
+        def post(engine: EngineEndpoint) -> None:
+            body: dict[str, Any] = {"flush_cache": False, "weight_version": str(self._version)}
+            if self._flat_engines.get(engine.url):
+                payloads, meta = zip(*(packed.flattened_payload(acc) for _ in range(engine.tp_size)))
+                body.update(serialized_named_tensors=list(payloads), load_format="flattened_bucket",
+                            flattened_bucket_meta=meta[0])
+            else:  # one serialization per receiving process (see PackedSend)
+                body.update(serialized_named_tensors=[packed.per_tensor_payload(acc) for _ in range(engine.tp_size)],
+                            load_format=None)
+            _check_reply(self.post(engine, "/update_weights_from_tensor", body), "update_weights_from_tensor")
+
+        if len(self.engines) == 1:
+            post(self.engines[0])
+            return
+        errors: list[BaseException] = []
+
+        def guarded(engine: EngineEndpoint) -> None:
+            try:
+                post(engine)
+            except BaseException as e:  # reported once every engine has answered
+                errors.append(e)
+
+        threads = [threading.Thread(target=guarded, args=(e,), daemon=True) for e in self.engines]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
 
     def _send_distributed(self, bucket: list[tuple[str, torch.Tensor]], version: int) -> None:
         from slime.utils.distributed import broadcast
@@ -272,12 +368,12 @@ class WeightSync:
         known = self._checksum_support.get(engine.url)
         if known is not None:
             return known
-        try:
-            info = self.get(engine, "/get_model_info")
-            supported, why = isinstance(info, dict) and info.get("weights_checksum") is True, \
+        info = self.engine_info(engine)
+        if "_error" in info:
+            supported, why = False, f"/get_model_info failed ({info['_error']})"
+        else:
+            supported, why = info.get("weights_checksum") is True, \
                 "its /get_model_info does not advertise weights_checksum (SGLang has no /get_weights_checksum)"
-        except Exception as e:
-            supported, why = False, f"/get_model_info failed ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
         if not supported:
             logger.warning("weight sync check skipped for engine %s: %s; the sync itself is unchecked", engine.url, why)
         self._checksum_support[engine.url] = supported
@@ -313,4 +409,5 @@ def create_weight_sync(args, model, engines: list[dict[str, Any]], rank: int) ->
     def export():
         return model_setup.export_hf(model, args.update_weight_buffer_size)
 
-    return WeightSync(mode, export, endpoints, rank, check=bool(args.check_weight_sync))
+    return WeightSync(mode, export, endpoints, rank, check=bool(args.check_weight_sync),
+                      buffer_bytes=args.update_weight_buffer_size)

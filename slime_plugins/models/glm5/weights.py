@@ -58,25 +58,30 @@ class WeightMap:
 
     def to_hf(self, shards: list[torch.Tensor]) -> list[torch.Tensor]:
         """Full HF tensors from the shards of every TP rank (TP kinds) / every EP rank (EXPERT kinds,
-        concatenated in expert order) / the one local tensor (REPLICATED)."""
+        concatenated in expert order) / the one local tensor (REPLICATED). Nothing is copied that need not
+        be: with one shard the results are views of it (expert weights transposed, not contiguous), so a
+        weight sync copies each byte once, into its own buffer. Copy them before the shard changes."""
+        def cat(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
+            return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
+
         if self.kind == REPLICATED:
             return [shards[0]]
         if self.kind == TP_ROWS:
-            return [torch.cat(shards, dim=0)]
+            return [cat(shards, 0)]
         if self.kind == TP_COLS:
-            return [torch.cat(shards, dim=1)]
+            return [cat(shards, 1)]
         if self.kind == TP_GATE_UP:
             halves = [s.chunk(2, dim=0) for s in shards]
-            return [torch.cat([h[0] for h in halves], dim=0), torch.cat([h[1] for h in halves], dim=0)]
-        experts = torch.cat(shards, dim=0)
+            return [cat([h[0] for h in halves], 0), cat([h[1] for h in halves], 0)]
+        experts = cat(shards, 0)
         if self.kind == EXPERT_W1:
             ffn = experts.shape[2] // 2
             out = []
             for w in experts:
-                out += [w[:, :ffn].t().contiguous(), w[:, ffn:].t().contiguous()]
+                out += [w[:, :ffn].t(), w[:, ffn:].t()]
             return out
         if self.kind == EXPERT_W2:
-            return [w.t().contiguous() for w in experts]
+            return [w.t() for w in experts]
         raise ValueError(self.kind)
 
 
