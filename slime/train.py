@@ -45,14 +45,27 @@ def rollout_batch_from(rollout: dict[str, Any]):
     )
 
 
+def reuses_train_log_probs(args, num_samples: int) -> bool:
+    """Whether the first training forward's detached log-probs can serve as the old log-probs, saving the
+    separate old-policy forward: exactly one optimizer step per rollout (so that forward runs on the weights
+    that generated the rollout, like the old-policy forward would), nothing needs them before training (no
+    KL-shaped reward), and the engine's log-probs do not replace them (--use-rollout-logprobs)."""
+    from slime.backends.megatron.data import step_indices
+
+    kl_in_reward = args.advantage_estimator.startswith("reinforce_plus_plus") and args.kl_coef > 0
+    one_step = len(step_indices(num_samples, args.global_batch_size)) == 1
+    return one_step and not kl_in_reward and not args.use_rollout_logprobs
+
+
 def add_advantages(args, batch) -> dict[str, float]:
-    """Fill batch.advantages (per sample, per response token); returns advantage/logprob metrics."""
+    """Fill batch.advantages (per sample, per response token); returns advantage/logprob metrics (the
+    train-rollout log-prob mismatch comes from the trainer when it reuses its forward's log-probs)."""
     from slime.utils import ppo_utils
 
     lengths = batch.response_lengths
     mask = torch.cat([torch.tensor(m, dtype=torch.float32) for m in batch.loss_masks])
     kl = None
-    if batch.ref_log_probs is not None:
+    if batch.ref_log_probs is not None and batch.old_log_probs is not None:  # reused: no KL-shaped reward
         kl = ppo_utils.approx_kl(torch.cat(batch.old_log_probs), torch.cat(batch.ref_log_probs), "k1")
     n_per_prompt = getattr(args, "n_samples_per_prompt", 1) or 1
     adv = ppo_utils.compute_advantages(
@@ -60,14 +73,14 @@ def add_advantages(args, batch) -> dict[str, float]:
         kl_coef=args.kl_coef, gamma=args.gamma, std_normalization=not args.disable_grpo_std_normalization)
     batch.advantages = list(torch.split(adv, list(lengths)))
     metrics = {"train/advantage_abs_mean": float((adv.abs() * mask).sum() / mask.sum().clamp_min(1))}
-    if batch.rollout_log_probs is not None:
+    if batch.rollout_log_probs is not None and batch.old_log_probs is not None:
         # Train-inference mismatch: the trainer's and the engine's log-probs of the same tokens, same weights.
         old = torch.cat(batch.old_log_probs)
         rollout = torch.cat([torch.tensor(r, dtype=torch.float32) for r in batch.rollout_log_probs])
         diff = (old - rollout).abs()
         metrics["train_rollout_logprob_abs_diff"] = float((diff * mask).sum() / mask.sum().clamp_min(1))
         metrics["train_rollout_logprob_abs_diff_max"] = float((diff * mask).max()) if diff.numel() else 0.0
-    else:
+    elif batch.rollout_log_probs is None:
         metrics["train_rollout_logprob_abs_diff"] = float("nan")
     return metrics
 
@@ -182,10 +195,15 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
         if args.offload_train:
             actor.onload()
 
-        log_probs = actor.compute_log_probs(ray.put(batch))
-        batch.old_log_probs = log_probs["old_log_probs"]
-        batch.ref_log_probs = log_probs.get("ref_log_probs")
-        metrics.update(log_probs["metrics"])
+        batch.reuse_train_log_probs = reuses_train_log_probs(args, len(batch))
+        metrics["train/reused_log_probs"] = float(batch.reuse_train_log_probs)
+        if batch.reuse_train_log_probs and not args.use_ref_model:
+            metrics.update({"time/log_probs": 0.0, "time/log_probs_old": 0.0, "time/log_probs_ref": 0.0})
+        else:  # old-policy and/or reference forward
+            log_probs = actor.compute_log_probs(ray.put(batch))
+            batch.old_log_probs = log_probs.get("old_log_probs")
+            batch.ref_log_probs = log_probs.get("ref_log_probs")
+            metrics.update(log_probs["metrics"])
         metrics.update(add_advantages(args, batch))
         if args.use_rollout_logprobs and batch.rollout_log_probs is not None:
             batch.old_log_probs = [torch.tensor(r, dtype=torch.float32) for r in batch.rollout_log_probs]

@@ -159,3 +159,53 @@ def test_log_probs_at_rollout_temperature_equal_the_engines(actor_and_args, tiny
     batch.advantages = [torch.ones(r) for r in batch.response_lengths]
     m = actor.train(5, batch)
     assert m["train/clip_frac"] == 0.0 and torch.isfinite(torch.tensor(m["train/loss"])) and m["train/grad_norm"] > 0
+
+
+def test_reused_train_log_probs_give_the_same_step_as_a_separate_old_forward(actor_and_args, tmp_path):
+    """One optimizer step per rollout: train() on its own forward's detached log-probs (no old-policy
+    forward) gives bit-identical loss, metrics, grad norm and weights to train() on compute_log_probs'
+    old log-probs; the train-rollout mismatch metric equals the driver's formula on the separate forward's."""
+    from slime.backends.megatron import checkpoint as ckpt
+    from slime.backends.megatron.model_setup import host_copy
+    from slime.train import add_advantages, reuses_train_log_probs
+
+    actor, args = actor_and_args
+    assert reuses_train_log_probs(args, 6) and not reuses_train_log_probs(args, 12)  # 12 samples: two steps
+    actor.save(7, {})
+    rng = random.Random(5)
+
+    def fresh_batch(reuse):
+        b = _batch(4)
+        b.rollout_log_probs = [[-rng.random() for _ in range(r)] for r in b.response_lengths]
+        b.reuse_train_log_probs = reuse
+        return b
+
+    rng_state = rng.getstate()
+    separate = fresh_batch(False)
+    lp = actor.compute_log_probs(separate)["log_probs"]
+    separate.old_log_probs = [lp["old_log_probs"][i] for i in range(len(separate))]
+    separate.ref_log_probs = [lp["ref_log_probs"][i] for i in range(len(separate))]
+    driver_metrics = add_advantages(args, separate)
+    m_separate = actor.train(8, separate)
+    w_separate = host_copy(actor.model)
+
+    ckpt.load(args.save, actor.model, actor.optimizer, 0, actor._layout())  # back to the same weights/optimizer
+    rng.setstate(rng_state)
+    reused = fresh_batch(True)
+    lp = actor.compute_log_probs(reused)
+    assert set(lp["log_probs"]) == {"ref_log_probs"} and lp["metrics"]["time/log_probs_old"] < 1e-3
+    reused.ref_log_probs = [lp["log_probs"]["ref_log_probs"][i] for i in range(len(reused))]
+    assert "train_rollout_logprob_abs_diff" not in add_advantages(args, reused)  # the trainer reports it
+    m_reused = actor.train(8, reused)
+
+    for key in ("train/loss", "train/pg_loss", "train/kl", "train/ppo_kl", "train/clip_frac", "train/grad_norm"):
+        assert m_reused[key] == m_separate[key], key
+    assert m_reused["train/ppo_kl"] == 0.0 and m_reused["train/clip_frac"] == 0.0
+    for k, v in host_copy(actor.model).items():
+        assert torch.equal(w_separate[k], v), k
+    # same tokens and values; the driver sums in float32, the trainer per micro-batch in float64
+    for key in ("train_rollout_logprob_abs_diff", "train_rollout_logprob_abs_diff_max"):
+        assert m_reused[key] == pytest.approx(driver_metrics[key], rel=1e-6), key
+    assert all(m_reused[f"time/train_{k}"] >= 0 for k in ("pack", "forward", "backward", "optimizer"))
+    with pytest.raises(ValueError, match="one optimizer step per rollout"):
+        actor.train(9, RolloutBatch(**{**vars(_batch(6, n=12)), "reuse_train_log_probs": True}))

@@ -165,18 +165,24 @@ class MegatronTrainRayActor:
         return out
 
     def compute_log_probs(self, batch: D.RolloutBatch) -> dict[str, Any]:
-        """Old-policy (current weights) and reference log-probs of this rank's samples, no grad."""
+        """Old-policy (current weights) and reference log-probs of this rank's samples, no grad. With
+        batch.reuse_train_log_probs only the reference's: train() takes the old ones from its own forward."""
         from slime.backends.megatron import model_setup
 
         t0 = time.perf_counter()
         self.model.eval()
         indices = self._my_samples(len(batch))
-        result = {"old_log_probs": self._log_probs_of(batch, indices)}
+        result = {}
+        if not batch.reuse_train_log_probs:
+            result["old_log_probs"] = self._log_probs_of(batch, indices)
+        t_old = time.perf_counter() - t0
         if self.ref_weights is not None:
             with model_setup.swapped_weights(self.model, self.ref_weights):
                 result["ref_log_probs"] = self._log_probs_of(batch, indices)
         keep = self.tp_rank == 0  # TP ranks hold identical results; one reports
-        return {"log_probs": result if keep else {}, "metrics": {"time/log_probs": time.perf_counter() - t0}}
+        total = time.perf_counter() - t0
+        return {"log_probs": result if keep else {},
+                "metrics": {"time/log_probs": total, "time/log_probs_old": t_old, "time/log_probs_ref": total - t_old}}
 
     # --- training -------------------------------------------------------------------------
     def train(self, rollout_id: int, batch: D.RolloutBatch) -> dict[str, float]:
@@ -190,7 +196,22 @@ class MegatronTrainRayActor:
         totals = {k: 0.0 for k in METRIC_KEYS}
         counts = torch.zeros(3, dtype=torch.float64)  # samples, loss tokens, real tokens (this DP rank)
         grad_norms, losses = [], []
-        for step in D.step_indices(len(batch), args.global_batch_size):
+        steps = D.step_indices(len(batch), args.global_batch_size)
+        reuse = batch.reuse_train_log_probs
+        if reuse and len(steps) != 1:
+            raise ValueError(f"reuse_train_log_probs needs one optimizer step per rollout, but {len(batch)} samples make "
+                             f"{len(steps)} steps of --global-batch-size {args.global_batch_size}")
+        # train-rollout log-prob mismatch when the old log-probs come from here: |diff| sum, token count; max
+        mismatch, mismatch_max = torch.zeros(2, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)
+        seconds = {"pack": 0.0, "forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+
+        def lap(key: str, since: float) -> float:
+            acc.synchronize()  # device work of the phase is done (no-op on CPU)
+            now = time.perf_counter()
+            seconds[key] += now - since
+            return now
+
+        for step in steps:
             shard = D.dp_shard(step, self.dp_rank, self.dp_size)
             n_tokens = sum(float(sum(batch.loss_masks[i])) for i in shard)
             if args.calculate_per_token_loss:
@@ -203,24 +224,39 @@ class MegatronTrainRayActor:
             self.optimizer.zero_grad()
             step_loss = 0.0
             for mb_indices in self._micro_batches(batch, shard):
+                t = time.perf_counter()
                 mb = D.pack(batch, mb_indices, self._pad_multiple())
+                t = lap("pack", t)
                 log_probs, entropy = D.response_log_probs(self._logits(mb), mb, ops, args.log_probs_chunk_size)
 
                 def cat(values):
                     return None if values is None else torch.cat([torch.as_tensor(values[i], dtype=torch.float32)
                                                                   for i in mb_indices]).to(log_probs.device)
 
-                loss, m = rl_loss(self.loss_config, log_probs, entropy, cat(batch.old_log_probs), cat(batch.advantages),
-                                  mb.loss_mask.to(log_probs.device), mb.response_lengths, normalizer,
-                                  ref_log_probs=cat(batch.ref_log_probs), rollout_log_probs=cat(batch.rollout_log_probs))
+                loss_mask = mb.loss_mask.to(log_probs.device)
+                rollout_lp = cat(batch.rollout_log_probs)
+                # Same weights, same packing, same forward as compute_log_probs: its values, detached.
+                old = log_probs.detach().float() if reuse else cat(batch.old_log_probs)
+                if reuse and rollout_lp is not None:
+                    diff = (old - rollout_lp).abs() * loss_mask
+                    mismatch += torch.tensor([float(diff.sum()), float(loss_mask.sum())], dtype=torch.float64)
+                    mismatch_max = torch.maximum(mismatch_max, torch.tensor([float(diff.max()) if diff.numel() else 0.0],
+                                                                            dtype=torch.float64))
+                loss, m = rl_loss(self.loss_config, log_probs, entropy, old, cat(batch.advantages),
+                                  loss_mask, mb.response_lengths, normalizer,
+                                  ref_log_probs=cat(batch.ref_log_probs), rollout_log_probs=rollout_lp)
+                t = lap("forward", t)
                 loss.backward()
+                lap("backward", t)
                 step_loss += float(loss.detach())
                 for k in METRIC_KEYS:
                     totals[k] += m[k]
                 counts += torch.tensor([len(mb_indices), float(mb.loss_mask.sum()), mb.num_tokens], dtype=torch.float64)
             from slime.backends.megatron import model_setup
 
+            t = time.perf_counter()
             grad_norm = model_setup.finish_step(self.model, self.optimizer)
+            lap("optimizer", t)
             grad_norms.append(grad_norm)
             loss_t = torch.tensor([step_loss], dtype=torch.float64)
             dist.all_reduce(loss_t, group=self.dp_group)
@@ -242,7 +278,14 @@ class MegatronTrainRayActor:
             "perf/train_tokens_per_s": n_tokens / max(elapsed, 1e-9),
             "time/train": elapsed,
             "memory/train_peak_bytes": float(acc.memory_stats()["peak_allocated"]),
+            **{f"time/train_{k}": v for k, v in seconds.items()},
         })
+        if reuse and batch.rollout_log_probs is not None:
+            dist.all_reduce(mismatch, group=self.dp_group)
+            dist.all_reduce(mismatch_max, op=dist.ReduceOp.MAX, group=self.dp_group)
+            # The driver's train_rollout_logprob_abs_diff (slime/train.py:add_advantages), from this forward.
+            metrics["train_rollout_logprob_abs_diff"] = float(mismatch[0] / mismatch[1].clamp_min(1))
+            metrics["train_rollout_logprob_abs_diff_max"] = float(mismatch_max[0])
         return metrics
 
     # --- weight sync ----------------------------------------------------------------------

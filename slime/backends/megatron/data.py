@@ -28,6 +28,9 @@ class RolloutBatch:
     old_log_probs: list[torch.Tensor] | None = None
     ref_log_probs: list[torch.Tensor] | None = None
     advantages: list[torch.Tensor] | None = None
+    # Set by the driver when the first training forward's detached log-probs serve as the old log-probs
+    # (one optimizer step per rollout, nothing needs them before training): no separate old forward.
+    reuse_train_log_probs: bool = False
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
