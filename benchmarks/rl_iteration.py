@@ -7,17 +7,22 @@ into --run-dir and reused), then reads the metrics.jsonl that train.py writes an
 mean seconds over the steady iterations (all but the first, which pays one-time costs) and the share of
 the iteration:
 
-  compute   engine generate      rollout/generate_time: the rollout manager's wall time to generate (and
-                                 reward) the batch; engine forward time alone is not logged
-            trainer log-probs    time/log_probs: the old-policy forward (no grad)
-            trainer train        time/train: forward + backward + optimizer steps
-  overhead  rollout hand-off     time/rollout - rollout/generate_time: samples back to the driver over Ray
-            weight sync          time/weight_sync (export, IPC, engine copy, checksum verification)
+  compute   engine generate      rollout/engine_generate_time: the busiest engine's time in generation waves
+                                 (its own stats, /health), else rollout/generate_time
+            trainer log-probs    time/log_probs: old-policy / reference forward (no grad); 0 when the trainer
+                                 reuses its training forward's log-probs
+            trainer fwd/bwd/opt  time/train_forward + _backward + _optimizer (else time/train)
+  overhead  rollout requests     rollout/generate_time - engine generate: HTTP requests, engine batching
+                                 waits, rewards, in the rollout manager
+            rollout hand-off     time/rollout - rollout/generate_time: samples back to the driver over Ray
+            trainer other        time/train - fwd/bwd/opt: packing micro-batches, metric reductions
+            weight sync          time/weight_sync (export and copy, engine copy, control calls, verification)
             save                 time/save
             driver + Ray calls   time/iteration - all of the above (Ray round trips, ray.put of the batch,
                                  advantages on the driver)
 
-overhead = iteration - (engine generate + trainer log-probs + trainer train). Goal: <= 10% of the iteration.
+overhead = iteration - (engine generate + trainer log-probs + trainer fwd/bwd/opt). Goal: <= 10% of the
+iteration.
 --profile PREFIX records py-spy profiles (raw) of the driver, trainer actor, rollout manager and engine
 processes into PREFIX.<role>.txt (benchmarks/profile_summary.py summarizes them).
 """
@@ -35,9 +40,16 @@ from statistics import mean
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "run-glm5-tiny-cpu.sh")
-COMPUTE = (("engine generate", "generate"), ("trainer log-probs", "time/log_probs"), ("trainer train", "time/train"))
-OVERHEAD = (("rollout hand-off", "handoff"), ("weight sync", "time/weight_sync"), ("save", "time/save"),
-            ("driver + Ray calls", "driver"))
+COMPUTE = (("engine generate", "generate"), ("trainer log-probs", "time/log_probs"),
+           ("trainer fwd/bwd/opt", "train_compute"))
+OVERHEAD = (("rollout requests", "requests"), ("rollout hand-off", "handoff"), ("trainer other", "train_other"),
+            ("weight sync", "time/weight_sync"), ("save", "time/save"), ("driver + Ray calls", "driver"))
+TRAIN_PARTS = ("time/train_forward", "time/train_backward", "time/train_optimizer")
+DETAILS = (("engine forward (in generate)", "rollout/engine_forward_time"),
+           ("weight sync: export + copy", "time/weight_sync_export"), ("weight sync: wait for engines",
+                                                                      "time/weight_sync_wait"),
+           ("weight sync: control calls", "time/weight_sync_control"),
+           ("weight sync: verification", "time/weight_sync_verify"))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -66,10 +78,17 @@ def phases(record: dict[str, float]) -> dict[str, float]:
         v = record.get(key, 0.0)
         return float(v) if isinstance(v, (int, float)) else 0.0
 
-    out = {"iteration": get("time/iteration"), "generate": get("rollout/generate_time") or get("time/rollout"),
-           "time/log_probs": get("time/log_probs"), "time/train": get("time/train"),
+    rollout_gen = get("rollout/generate_time") or get("time/rollout")
+    train = get("time/train")
+    out = {"iteration": get("time/iteration"), "generate": min(get("rollout/engine_generate_time") or rollout_gen,
+                                                               rollout_gen),
+           "time/log_probs": get("time/log_probs"),
+           "train_compute": sum(get(k) for k in TRAIN_PARTS) if all(k in record for k in TRAIN_PARTS) else train,
            "time/weight_sync": get("time/weight_sync"), "time/save": get("time/save")}
-    out["handoff"] = max(0.0, get("time/rollout") - out["generate"])
+    out["requests"] = rollout_gen - out["generate"]
+    out["handoff"] = max(0.0, get("time/rollout") - rollout_gen)
+    out["train_other"] = max(0.0, train - out["train_compute"])
+    out.update({key: get(key) for _, key in DETAILS})
     out["driver"] = out["iteration"] - sum(out[k] for _, k in COMPUTE + OVERHEAD if k != "driver")
     return out
 
@@ -91,11 +110,14 @@ def report(records: list[dict[str, float]]) -> str:
     for label, key in COMPUTE + OVERHEAD:
         row(label, key)
     row("**iteration**", "iteration")
+    lines.append("| *parts of the above* | | | | | |")
+    for label, key in DETAILS:
+        row(f"*{label}*", key)
 
     def overhead(p: dict[str, float]) -> float:
         return p["iteration"] - sum(p[k] for _, k in COMPUTE)
 
-    lines += ["", "overhead = iteration - (engine generate + trainer log-probs + trainer train): "
+    lines += ["", "overhead = iteration - (engine generate + trainer log-probs + trainer fwd/bwd/opt): "
               f"steady mean {overhead(avg):.3f} s = {100 * overhead(avg) / avg['iteration']:.1f}%, fastest iteration "
               f"{overhead(fastest):.3f} s = {100 * overhead(fastest) / fastest['iteration']:.1f}%, first iteration "
               f"{100 * overhead(first) / first['iteration']:.1f}% (goal <= 10%)",
@@ -106,7 +128,7 @@ def report(records: list[dict[str, float]]) -> str:
     train_tok = mean(r.get("train/tokens", 0.0) for r in records[1:])
     synced = mean(r.get("weight_sync/bytes", 0.0) for r in records[1:]) / 2**20
     lines.append(f"per steady iteration: {tok:.0f} generated tokens ({tok / avg['generate']:.0f} tokens/s in generate), "
-                 f"{train_tok:.0f} trained tokens ({train_tok / max(avg['time/train'], 1e-9):.0f} tokens/s in train), "
+                 f"{train_tok:.0f} trained tokens ({train_tok / max(avg['train_compute'], 1e-9):.0f} tokens/s in fwd/bwd/opt), "
                  f"{synced:.1f} MiB synced")
     return "\n".join(lines)
 

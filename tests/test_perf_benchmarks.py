@@ -39,6 +39,18 @@ def test_phases_split_the_iteration_exactly():
     assert parts == pytest.approx(p["iteration"])
 
 
+def test_phases_use_engine_and_trainer_splits_when_reported():
+    r = _record(0, gen=0.20, lp=0.0, train=0.19, sync=0.05, save=0.0, rollout=0.21, it=0.60)
+    r.update({"rollout/engine_generate_time": 0.15, "time/train_forward": 0.06, "time/train_backward": 0.08,
+              "time/train_optimizer": 0.02, "time/train_pack": 0.01})
+    p = rl.phases(r)
+    assert p["generate"] == pytest.approx(0.15) and p["requests"] == pytest.approx(0.05)
+    assert p["train_compute"] == pytest.approx(0.16) and p["train_other"] == pytest.approx(0.03)
+    assert sum(p[k] for _, k in rl.COMPUTE + rl.OVERHEAD) == pytest.approx(p["iteration"])
+    del r["time/train_optimizer"]  # an incomplete split: the whole train time counts as compute
+    assert rl.phases(r)["train_compute"] == pytest.approx(0.19)
+
+
 def test_report_overhead_uses_steady_and_fastest_iterations():
     recs = [_record(0, 2.0, 0.5, 1.0, 0.3, 0.0, 2.0, 4.0),  # warm-up: excluded from steady figures
             _record(1, 0.2, 0.1, 0.2, 0.05, 0.0, 0.2, 0.6),

@@ -324,3 +324,38 @@ def test_rollout_flag_validation(overrides, needle):
     with pytest.raises(RolloutArgumentError, match=needle):
         validate_rollout_args(rollout_defaults(**overrides))
     assert validate_rollout_args(rollout_defaults(prompt_data="x", rollout_batch_size=2, rm_type="math"))
+
+
+def test_engine_times_are_differences_of_engine_stats_over_the_rollout():
+    """Per rollout: each used engine's /health stats before its first request and after the rollout; the
+    busiest engine's wave time is the rollout's engine generate time. Engines without stats (SGLang) and
+    engines restarted in between (counters start again) are left out."""
+    from slime.rollout.generate import EngineTimes
+
+    class Client:
+        def __init__(self, seq):
+            self.seq = list(seq)
+
+        def get(self, path, timeout=None):
+            assert path == "/health"
+            stats = self.seq.pop(0)
+            return {"status": "ok", **({"stats": stats} if stats is not None else {})}
+
+    def st(wave, fwd, waves):
+        return {"wave_seconds": wave, "forward_seconds": fwd, "waves": waves, "joins": 0, "generated_tokens": 5}
+
+    clients = {0: Client([st(1.0, 0.5, 3), st(1.4, 0.8, 5)]), 1: Client([st(2.0, 1.0, 1), st(2.25, 1.1, 2)]),
+               2: Client([None, None]), 3: Client([st(9.0, 4.0, 9), st(0.5, 0.2, 1)])}
+
+    class Fleet:
+        def client(self, idx):
+            return clients[idx]
+
+    times = EngineTimes(Fleet())
+    for idx in (0, 1, 0, 2, 3, 1):
+        times.first_use(idx)  # one snapshot per engine, however many requests
+    m = times.metrics()
+    assert m["rollout/engine_generate_time"] == pytest.approx(0.4)  # engine 0: 1.4 - 1.0 (> 0.25 of engine 1)
+    assert m["rollout/engine_forward_time"] == pytest.approx(0.3)
+    assert m["rollout/engine_waves"] == 3.0  # 2 + 1; engine 3 (restarted) and 2 (no stats) left out
+    assert EngineTimes(Fleet()).metrics() == {}

@@ -79,6 +79,48 @@ class _Counters:
                 setattr(self, k, getattr(self, k) + v)
 
 
+class EngineTimes:
+    """Engine-side time of one rollout: differences of each engine's cumulative stats (the embedded engine
+    reports them in /health), read before its first request of the rollout and after the last. Engines
+    without stats (SGLang) or restarted during the rollout (counters start again) are left out."""
+
+    def __init__(self, fleet: EngineFleet) -> None:
+        self.fleet = fleet
+        self.lock = threading.Lock()
+        self.before: dict[int, dict[str, float] | None] = {}
+
+    def first_use(self, idx: int) -> None:
+        if idx in self.before:
+            return
+        with self.lock:  # the snapshot precedes every request of this rollout to the engine
+            if idx not in self.before:
+                self.before[idx] = _engine_stats(self.fleet.client(idx))
+
+    def metrics(self) -> dict[str, float]:
+        deltas = []
+        for idx, before in self.before.items():
+            after = _engine_stats(self.fleet.client(idx))
+            if before is None or after is None or after.get("wave_seconds", 0.0) < before.get("wave_seconds", 0.0):
+                continue
+            deltas.append({k: float(after.get(k, 0.0)) - float(before.get(k, 0.0)) for k in after})
+        if not deltas:
+            return {}
+        # Engines generate in parallel: the busiest one bounds the rollout.
+        return {"rollout/engine_generate_time": max(d.get("wave_seconds", 0.0) for d in deltas),
+                "rollout/engine_forward_time": max(d.get("forward_seconds", 0.0) for d in deltas),
+                "rollout/engine_waves": sum(d.get("waves", 0.0) for d in deltas),
+                "rollout/engine_joins": sum(d.get("joins", 0.0) for d in deltas)}
+
+
+def _engine_stats(client: Any) -> dict[str, float] | None:
+    try:
+        health = client.get("/health", timeout=10.0)
+    except Exception:  # no stats (an engine without them, a stand-in client, an engine that is down)
+        return None
+    stats = health.get("stats") if isinstance(health, dict) else None
+    return stats if isinstance(stats, dict) and "wave_seconds" in stats else None
+
+
 def _finish_sample(sample: Sample, out: dict[str, Any], idx: int, tokenizer: Any) -> None:
     meta = out["meta_info"]
     ids = list(out["output_ids"])
@@ -99,7 +141,7 @@ def _finish_sample(sample: Sample, out: dict[str, Any], idx: int, tokenizer: Any
 
 
 def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer: Any, reward_fn: RewardFn | None,
-                progress: _Counters | None = None) -> _Counters:
+                progress: _Counters | None = None, engine_times: EngineTimes | None = None) -> _Counters:
     """Generate (and score) every sample in place. Raises RolloutError on the first unrecoverable failure."""
     counters = progress or _Counters()
     stop = threading.Event()
@@ -117,6 +159,8 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
                 raise RolloutError(f"sample {sample.index} was aborted {aborts} times (engines kept pausing)")
             fleet.wait_unpaused()
             idx = fleet.acquire()
+            if engine_times is not None:
+                engine_times.first_use(idx)
             gen = fleet.generation(idx)
             sample.attempts += 1
             try:
@@ -199,6 +243,9 @@ def generate_rollout(args: Any, fleet: EngineFleet, data_source: Any, tokenizer:
     indices = data_source.take_sample_indices(len(items) * n)
     samples = make_samples(items, n, indices)
     t0 = time.perf_counter()
-    counters = run_samples(args, fleet, samples, tokenizer, reward_fn, progress)
+    engine_times = EngineTimes(fleet)
+    counters = run_samples(args, fleet, samples, tokenizer, reward_fn, progress, engine_times)
     check_exactly_once(samples, indices)
-    return samples, rollout_metrics(samples, counters, time.perf_counter() - t0)
+    metrics = rollout_metrics(samples, counters, time.perf_counter() - t0)
+    metrics.update(engine_times.metrics())
+    return samples, metrics

@@ -104,7 +104,9 @@ class EmbeddedEngine(WeightControl):
         self._wave_idle = threading.Event()
         self._wave_idle.set()
         self._groups: dict[str, Any] = {}
-        self.stats = {"waves": 0, "joins": 0, "forward_steps": 0, "generated_tokens": 0}
+        # Cumulative; /health reports them, a client takes differences (e.g. generate time per rollout).
+        self.stats = {"waves": 0, "joins": 0, "forward_steps": 0, "generated_tokens": 0,
+                      "wave_seconds": 0.0, "forward_seconds": 0.0}
         self._thread = threading.Thread(target=self._loop, name="embedded-engine-scheduler", daemon=True)
         self._thread.start()
 
@@ -239,6 +241,7 @@ class EmbeddedEngine(WeightControl):
                 wave = [self._queue.popleft() for _ in range(min(len(self._queue), self.cfg.max_running_requests))]
                 self._running = wave
                 self._wave_idle.clear()
+            t_wave = time.perf_counter()
             try:
                 self._run_wave(wave)
             except Exception as e:  # a bug or device error must not hang clients
@@ -246,6 +249,7 @@ class EmbeddedEngine(WeightControl):
                 for r in self._running:
                     self._finish(r, {"type": "abort", "message": f"engine error: {type(e).__name__}: {e}"})
             finally:
+                self.stats["wave_seconds"] += time.perf_counter() - t_wave
                 with self._cond:
                     self._running = []
                     self._abort_pending = False
@@ -257,7 +261,9 @@ class EmbeddedEngine(WeightControl):
         if self._keep_kw:
             kwargs["logits_to_keep"] = 1
         with self._model_lock:
+            t0 = time.perf_counter()
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, **kwargs)
+            self.stats["forward_seconds"] += time.perf_counter() - t0
         self.stats["forward_steps"] += 1
         return out.logits[:, -1, :]
 

@@ -152,7 +152,7 @@ def _ok(message: str = "ok", **extra: Any) -> tuple[int, dict[str, Any]]:
 
 
 def _health(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
-    return 200, {"status": "ok", "weight_version": engine.weight_version, **engine.load()}
+    return 200, {"status": "ok", "weight_version": engine.weight_version, **engine.load(), "stats": dict(engine.stats)}
 
 
 def _generate(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
