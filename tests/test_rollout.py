@@ -359,3 +359,55 @@ def test_engine_times_are_differences_of_engine_stats_over_the_rollout():
     assert m["rollout/engine_forward_time"] == pytest.approx(0.3)
     assert m["rollout/engine_waves"] == 3.0  # 2 + 1; engine 3 (restarted) and 2 (no stats) left out
     assert EngineTimes(Fleet()).metrics() == {}
+
+
+def test_batched_requests_give_every_sample_once_despite_failures_and_aborts(engines, tmp_path, tokenizer):
+    """A fleet that says how many engines it has gets one batched /generate per engine share; a lost
+    request puts all its samples back, an aborted sample alone goes back; the samples equal those of the
+    one-request-per-sample path (same seeds)."""
+    from slime.rollout.generate import samples_per_request
+
+    _, clients = engines
+
+    class BatchFleet(_Fleet):
+        def __init__(self, *a, abort_once=(), **kw):
+            super().__init__(*a, **kw)
+            self.requests, self.abort_once = [], set(abort_once)
+
+        def num_engines(self):
+            return len(self.clients)
+
+        def client(self, idx):
+            fleet = self
+
+            class Flaky:
+                def generate(self, ids, params, return_logprob, timeout=None):
+                    seeds = [p["sampling_seed"] for p in (params if isinstance(params, list) else [params])]
+                    with fleet.lock:
+                        fleet.requests.append(len(seeds))
+                        if idx == 1 and fleet.fail > 0:
+                            fleet.fail -= 1
+                            raise EngineUnreachable("http://x", "/generate", ConnectionRefusedError("refused"))
+                    out = fleet.clients[idx].generate(ids, params, return_logprob, timeout=timeout)
+                    for o, seed in zip(out if isinstance(out, list) else [out], seeds):
+                        if seed in fleet.abort_once:
+                            fleet.abort_once.discard(seed)
+                            o["meta_info"]["finish_reason"] = {"type": "abort", "message": "paused"}
+                    return out
+
+            return Flaky()
+
+    from slime.rollout.generate import sample_seed
+
+    args, ds = _rollout_setup(tmp_path, tokenizer)
+    reference, _ = generate_rollout(args, _Fleet(clients), ds, tokenizer, get_reward_fn(args))  # per sample
+    args, ds = _rollout_setup(tmp_path, tokenizer)  # the same prompts and sample indices again
+    args.max_concurrency = 64
+    fleet = BatchFleet(clients, fail=1, abort_once={sample_seed(args, 0)})
+    assert samples_per_request(args, fleet, 15) == 8 and samples_per_request(args, _Fleet(clients), 15) == 1
+    samples, metrics = generate_rollout(args, fleet, ds, tokenizer, get_reward_fn(args))
+    assert [s.index for s in samples] == list(range(15))
+    assert metrics["rollout/aborted_requests"] == 1 and metrics["rollout/reissued_requests"] >= 1
+    assert max(fleet.requests) > 1 and len(fleet.requests) < 15
+    for a, b in zip(reference, samples):
+        assert a.tokens == b.tokens and a.reward == b.reward

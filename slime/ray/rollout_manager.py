@@ -242,6 +242,9 @@ class RolloutManager:
                 self._pg = None
 
     # ------------------------------------------------------------------ fleet (used by generate_rollout)
+    def num_engines(self) -> int:
+        return len(self.clients)  # generate_rollout sends each engine its share in one batched request
+
     def acquire(self) -> int:
         return self.router.acquire(timeout=float(self.args.rollout_engine_startup_timeout))
 

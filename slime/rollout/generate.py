@@ -1,5 +1,6 @@
 """One rollout: `--rollout-batch-size` prompts x `--n-samples-per-prompt` responses, generated over
-the engine fleet with at most `--max-concurrency` requests in flight, each scored as it completes.
+the engine fleet with at most `--max-concurrency` samples in flight, each scored as it completes.
+Samples travel in batched /generate requests, one share per engine (see `samples_per_request`).
 
 Every sample is tracked by its index from creation to result. A request lost to an engine failure
 (connection refused/reset) is reported to the fleet (which restarts the engine) and re-issued; one
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any, Protocol
 
@@ -140,74 +142,139 @@ def _finish_sample(sample: Sample, out: dict[str, Any], idx: int, tokenizer: Any
     sample.engine_index = idx
 
 
+def samples_per_request(args: Any, fleet: Any, num_samples: int) -> int:
+    """Samples per /generate request: the rollout split evenly over the engines (one batched request each,
+    so an engine gets its whole share at once: one wave, no per-request HTTP round trips), at most
+    --max-concurrency over all engines. 1 (a request per sample) for a fleet that does not say how many engines it has."""
+    count = getattr(fleet, "num_engines", None)
+    if count is None:
+        return 1
+    engines = max(1, int(count()))
+    # every engine gets a request in flight (the router spreads them) within --max-concurrency samples
+    return max(1, min(int(getattr(args, "max_concurrency", 64)) // engines, -(-num_samples // engines)))
+
+
+class _Attempts:
+    __slots__ = ("failures", "aborts", "last_error")
+
+    def __init__(self) -> None:
+        self.failures, self.aborts, self.last_error = 0, 0, None
+
+
 def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer: Any, reward_fn: RewardFn | None,
                 progress: _Counters | None = None, engine_times: EngineTimes | None = None) -> _Counters:
-    """Generate (and score) every sample in place. Raises RolloutError on the first unrecoverable failure."""
+    """Generate (and score) every sample in place. Raises RolloutError on the first unrecoverable failure.
+
+    Workers take up to `samples_per_request` pending samples each and send them as one /generate request
+    (a list of prompts; a single prompt when it is one); lost or aborted samples go back to the queue.
+    At most --max-concurrency samples are in flight."""
     counters = progress or _Counters()
     stop = threading.Event()
     timeout = float(getattr(args, "rollout_request_timeout", 3600.0) or 3600.0)
+    chunk = samples_per_request(args, fleet, len(samples))
+    attempts = {s.index: _Attempts() for s in samples}
+    pending: deque[Sample] = deque(samples)
+    unfinished = [len(samples)]
+    cond = threading.Condition()
 
-    def one(sample: Sample) -> None:
-        failures, aborts = 0, 0
-        last_error: BaseException | None = None
-        while True:
-            if stop.is_set():
-                return
-            if failures >= MAX_FAILED_ATTEMPTS:
-                raise RolloutError(f"sample {sample.index} failed on {failures} engine attempts; last error: {last_error}")
-            if aborts >= MAX_ABORTS:
-                raise RolloutError(f"sample {sample.index} was aborted {aborts} times (engines kept pausing)")
-            fleet.wait_unpaused()
-            idx = fleet.acquire()
-            if engine_times is not None:
-                engine_times.first_use(idx)
-            gen = fleet.generation(idx)
-            sample.attempts += 1
-            try:
-                out = fleet.client(idx).generate(sample.prompt_tokens, sampling_params(args, sample_seed(args, sample.index)),
-                                                 return_logprob=True, timeout=timeout)
-            except EngineUnreachable as e:
-                fleet.release(idx, served=False)
-                failures += 1
-                last_error = e
-                counters.add(reissued=1)
-                fleet.report_failure(idx, gen, e)  # restarts the engine, or raises RolloutError
-                continue
-            except EngineError as e:
-                fleet.release(idx, served=False)
-                raise RolloutError(f"engine {idx} rejected sample {sample.index}: {e.message}") from e
-            fleet.release(idx, served=True)
+    def take() -> list[Sample]:
+        """Up to `chunk` pending samples; [] once every sample is done (or the rollout stops)."""
+        with cond:
+            while not pending and unfinished[0] and not stop.is_set():
+                cond.wait(0.5)  # in-flight samples may come back (lost or aborted)
+            if stop.is_set() or not unfinished[0]:
+                return []
+            return [pending.popleft() for _ in range(min(chunk, len(pending)))]
+
+    def retry(batch: list[Sample]) -> None:
+        with cond:
+            pending.extend(batch)
+            cond.notify_all()
+
+    def done(n: int) -> None:
+        with cond:
+            unfinished[0] -= n
+            cond.notify_all()
+
+    def send(batch: list[Sample]) -> None:
+        for s in batch:
+            a = attempts[s.index]
+            if a.failures >= MAX_FAILED_ATTEMPTS:
+                raise RolloutError(f"sample {s.index} failed on {a.failures} engine attempts; last error: {a.last_error}")
+            if a.aborts >= MAX_ABORTS:
+                raise RolloutError(f"sample {s.index} was aborted {a.aborts} times (engines kept pausing)")
+        fleet.wait_unpaused()
+        idx = fleet.acquire()
+        if engine_times is not None:
+            engine_times.first_use(idx)
+        gen = fleet.generation(idx)
+        for s in batch:
+            s.attempts += 1
+        params = [sampling_params(args, sample_seed(args, s.index)) for s in batch]
+        try:
+            if len(batch) == 1:
+                outs = [fleet.client(idx).generate(batch[0].prompt_tokens, params[0], return_logprob=True,
+                                                   timeout=timeout)]
+            else:
+                outs = fleet.client(idx).generate([s.prompt_tokens for s in batch], params, return_logprob=True,
+                                                  timeout=timeout)
+        except EngineUnreachable as e:
+            fleet.release(idx, served=False)
+            for s in batch:
+                attempts[s.index].failures += 1
+                attempts[s.index].last_error = e
+            counters.add(reissued=len(batch))
+            fleet.report_failure(idx, gen, e)  # restarts the engine, or raises RolloutError
+            retry(batch)
+            return
+        except EngineError as e:
+            fleet.release(idx, served=False)
+            raise RolloutError(f"engine {idx} rejected sample {batch[0].index}: {e.message}") from e
+        fleet.release(idx, served=True)
+        if not isinstance(outs, list) or len(outs) != len(batch):
+            raise RolloutError(f"engine {idx} answered {len(batch)} prompts with "
+                               f"{len(outs) if isinstance(outs, list) else type(outs).__name__} results")
+        again: list[Sample] = []
+        for s, out in zip(batch, outs):
             finish = out["meta_info"]["finish_reason"]
             if finish["type"] == "abort":
                 if str(finish.get("message", "")).startswith("engine error"):
                     # A failing forward pass fails again on retry: report it instead of looping.
-                    raise RolloutError(f"engine {idx} failed on sample {sample.index}: {finish['message']}")
-                aborts += 1
+                    raise RolloutError(f"engine {idx} failed on sample {s.index}: {finish['message']}")
+                attempts[s.index].aborts += 1
                 counters.add(aborted=1)
+                again.append(s)
                 continue
             fleet.note_version(idx, out["meta_info"].get("weight_version"))
-            _finish_sample(sample, out, idx, tokenizer)
+            _finish_sample(s, out, idx, tokenizer)
             if reward_fn is not None:
-                sample.reward = compute_reward(reward_fn, args, sample)
+                s.reward = compute_reward(reward_fn, args, s)
             counters.add(done=1)
-            return
+            done(1)
+        if again:
+            retry(again)
 
-    def guarded(sample: Sample) -> None:
+    def worker() -> None:
         try:
-            one(sample)
+            while True:
+                batch = take()
+                if not batch:
+                    return
+                send(batch)
         except BaseException:
             stop.set()  # the first failure stops new requests at once
+            with cond:
+                cond.notify_all()
             raise
 
-    workers = max(1, min(int(getattr(args, "max_concurrency", 64)), len(samples)))
+    concurrency = max(1, int(getattr(args, "max_concurrency", 64)))
+    workers = max(1, min(concurrency // chunk, -(-len(samples) // chunk)))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rollout") as pool:
-        futures = [pool.submit(guarded, s) for s in samples]
+        futures = [pool.submit(worker) for _ in range(workers)]
         finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
         errors = [f.exception() for f in finished if f.exception() is not None]
         if errors:
             stop.set()  # in-flight requests finish; nothing new is sent
-            for f in futures:
-                f.cancel()
             raise errors[0]
     missing = [s.index for s in samples if s.status == SampleStatus.PENDING]
     if missing:
