@@ -49,7 +49,9 @@ DETAILS = (("engine forward (in generate)", "rollout/engine_forward_time"),
            ("weight sync: export + copy", "time/weight_sync_export"), ("weight sync: wait for engines",
                                                                       "time/weight_sync_wait"),
            ("weight sync: control calls", "time/weight_sync_control"),
-           ("weight sync: verification", "time/weight_sync_verify"))
+           ("weight sync: verification", "time/weight_sync_verify"),
+           ("driver: Ray call of train beyond time/train", "ray_train"),
+           ("driver: Ray call of the weight sync beyond time/weight_sync", "ray_sync"))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -89,6 +91,9 @@ def phases(record: dict[str, float]) -> dict[str, float]:
     out["handoff"] = max(0.0, get("time/rollout") - rollout_gen)
     out["train_other"] = max(0.0, train - out["train_compute"])
     out.update({key: get(key) for _, key in DETAILS})
+    out["ray_train"] = max(0.0, get("time/train_call") - train) if "time/train_call" in record else 0.0
+    out["ray_sync"] = (max(0.0, get("time/weight_sync_call") - get("time/weight_sync"))
+                       if "time/weight_sync_call" in record else 0.0)
     out["driver"] = out["iteration"] - sum(out[k] for _, k in COMPUTE + OVERHEAD if k != "driver")
     return out
 

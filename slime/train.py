@@ -71,7 +71,9 @@ def add_advantages(args, batch) -> dict[str, float]:
     adv = ppo_utils.compute_advantages(
         args.advantage_estimator, torch.tensor(batch.rewards), lengths, mask, n_per_prompt, kl=kl,
         kl_coef=args.kl_coef, gamma=args.gamma, std_normalization=not args.disable_grpo_std_normalization)
-    batch.advantages = list(torch.split(adv, list(lengths)))
+    # numpy, one array per sample: pickled as plain buffers on the way to the trainer (a view of a torch
+    # tensor would pickle its whole storage, once per sample)
+    batch.advantages = [a.numpy() for a in torch.split(adv.float().contiguous(), list(lengths))]
     metrics = {"train/advantage_abs_mean": float((adv.abs() * mask).sum() / mask.sum().clamp_min(1))}
     if batch.rollout_log_probs is not None and batch.old_log_probs is not None:
         # Train-inference mismatch: the trainer's and the engine's log-probs of the same tokens, same weights.
@@ -208,11 +210,16 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
         if args.use_rollout_logprobs and batch.rollout_log_probs is not None:
             batch.old_log_probs = [torch.tensor(r, dtype=torch.float32) for r in batch.rollout_log_probs]
 
+        t_call = time.perf_counter()
         metrics.update(actor.train(rollout_id, ray.put(batch)))
+        metrics["time/train_call"] = time.perf_counter() - t_call  # time/train + Ray and data transfer
         if args.offload_rollout:
             ray.get(rollout.onload.remote())
-        # The engine list is asked for each time: an engine restarted during the rollout may have a new port.
-        metrics.update(actor.update_weights(rollout_id + 1, ray.get(rollout.engines.remote())))
+        # The engine list after the rollout (an engine restarted during it may have a new port).
+        engines = result["engines"] if "engines" in result else ray.get(rollout.engines.remote())
+        t_call = time.perf_counter()
+        metrics.update(actor.update_weights(rollout_id + 1, engines))
+        metrics["time/weight_sync_call"] = time.perf_counter() - t_call
         if args.offload_train:
             actor.offload()
 

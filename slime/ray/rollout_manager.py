@@ -157,7 +157,8 @@ class RolloutManager:
 
     def generate(self, rollout_id: int) -> dict[str, Any]:
         samples, metrics = self._generate(rollout_id)
-        return {"samples": samples, "metrics": metrics, "rollout_id": rollout_id}
+        # engines: the list after this rollout (restarts happen during one), for the weight sync that follows
+        return {"samples": samples, "metrics": metrics, "rollout_id": rollout_id, "engines": self.engines()}
 
     def generate_rollout(self, rollout_id: int) -> list:
         return self._generate(rollout_id)[0]

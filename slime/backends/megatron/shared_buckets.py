@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import base64
 import math
-import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -87,8 +86,8 @@ class SharedBucketSender:
 
     `post(packed: PackedSend)` is called from the worker thread once per flush and must return only when
     every engine has finished reading. `reuse`: keep and refill the buffers (engines read synchronously);
-    else every flush gets new buffers. `checksums`: compute weight checksums of every slot (in the worker,
-    from the buffers the engines read), returned by `finish`."""
+    else every flush gets new buffers. `checksums`: compute weight checksums of every slot (from the
+    buffers the engines read), returned by `finish`."""
 
     def __init__(self, capacity_bytes: int, device: torch.device, post: Callable[["PackedSend"], None],
                  reuse: bool = True, checksums: bool = False, sets: int = 2,
@@ -103,7 +102,6 @@ class SharedBucketSender:
         self.current = 0
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-sync-post")
         self.expected: dict[str, list[int]] = {}
-        self._lock = threading.Lock()
         self.flushes = 0
 
     # --- packing ------------------------------------------------------------------------------
@@ -146,6 +144,10 @@ class SharedBucketSender:
         from slime.accelerator import get_accelerator
 
         get_accelerator().synchronize()  # the copies into the buffers are complete before an engine reads
+        if self.checksums:  # here, not in the worker: see _send
+            from slime.utils.weight_checksum import named_checksums
+
+            self.expected.update(named_checksums(s.named_views()))
         s.pending = self.worker.submit(self._send, s)
         self.flushes += 1
         self.current = (self.current + 1) % len(self.sets)
@@ -159,12 +161,8 @@ class SharedBucketSender:
             self.sets[self.current] = BufferSet()
 
     def _send(self, s: BufferSet) -> None:
-        if self.checksums:
-            from slime.utils.weight_checksum import named_checksums
-
-            sums = named_checksums(s.named_views())
-            with self._lock:
-                self.expected.update(sums)
+        # Only pickling and HTTP here, no tensor compute: on CPU a torch op from a second thread starts a second
+        # OpenMP thread team in this process, which slowed the trainer's later steps 2x on the quick start.
         self.post(PackedSend(s))
 
     def finish(self) -> dict[str, list[int]]:
