@@ -20,11 +20,12 @@ from slime.utils import weight_checksum
 class FakeEngine:
     """Holds named weights; applies /update_weights_from_tensor; reports checksums; logs calls."""
 
-    def __init__(self, weights, checksums=True, flat=False, delay=0.0):
+    def __init__(self, weights, checksums=True, flat=False, delay=0.0, update_sums=False):
         self.weights = {k: v.clone() for k, v in weights.items()}
         self.checksums = checksums  # False: an engine without slime's /get_weights_checksum (SGLang)
         self.flat = flat  # True: takes load_format flattened_bucket (the embedded engine's capability)
         self.delay = delay  # seconds to wait before reading the buffers (a slow engine)
+        self.update_sums = update_sums  # answers updates with checksums when asked (return_checksums)
         self.formats = []  # load_format of every update
         self.handles = []  # (storage data_ptr of every received tensor) per update
         self.calls = []
@@ -49,7 +50,8 @@ class FakeEngine:
                 if self.path == "/get_model_info":
                     info = {"model_path": "/m", "weight_version": "default"}
                     info = {**info, "weights_checksum": True} if engine.checksums else info
-                    self._reply(200, {**info, "flattened_bucket": True} if engine.flat else info)
+                    info = {**info, "flattened_bucket": True} if engine.flat else info
+                    self._reply(200, {**info, "update_checksums": True} if engine.update_sums else info)
                 else:
                     self._reply(404, {"detail": "Not Found"})
 
@@ -85,6 +87,10 @@ class FakeEngine:
                 self.weights[name].copy_(t)
             if self.corrupt:
                 self.weights[self.corrupt].view(-1)[0] += 1e-3
+            if body.get("return_checksums"):
+                assert self.update_sums, "asked for checksums it does not advertise"
+                return {"success": True, "checksums": weight_checksum.named_checksums(
+                    (n, self.weights[n]) for n, _ in named)}
             return {"success": True, "message": ""}
         if path == "/get_weights_checksum":
             names = body.get("names") or sorted(self.weights)
@@ -113,8 +119,7 @@ def test_ipc_sync_updates_engine_and_verifies(trainer_weights):
     for e in engines:
         for k, v in trainer_weights.items():
             assert torch.equal(e.weights[k], v)
-        assert e.calls[:2] == ["/pause_generation", "/flush_cache"]
-        assert e.calls.count("/update_weights_from_tensor") == 1  # everything fits one shared buffer
+        assert e.calls[:2] == ["/pause_generation", "/update_weights_from_tensor"]  # one buffer holds everything
         assert e.formats == [None]  # engines without the flattened_bucket capability: per-tensor handles
         assert e.calls[-3:] == ["/flush_cache", "/continue_generation", "/get_weights_checksum"]
     assert metrics["weight_sync/checked_tensors"] == 3
@@ -160,6 +165,19 @@ def test_flat_engines_get_reused_shared_buffers_and_read_before_they_are_refille
     assert metrics["weight_sync/checked_tensors"] == len(second)
     assert metrics["time/weight_sync_export"] >= 0 and metrics["time/weight_sync_wait"] >= 0
     ws.close()
+
+
+def test_checksums_come_with_the_updates_when_the_engine_offers_them(trainer_weights):
+    """An engine with update_checksums answers each update with the checksums of what it changed: no
+    /get_weights_checksum round trip, and a broken load is still caught."""
+    engine = FakeEngine({k: torch.full_like(v, float("nan")) for k, v in trainer_weights.items()}, flat=True,
+                        update_sums=True)
+    ws = _sync([engine], trainer_weights, [list(trainer_weights)])
+    assert ws.sync(version=1)["weight_sync/checked_tensors"] == 3
+    assert "/get_weights_checksum" not in engine.calls
+    engine.corrupt = "c.weight"
+    with pytest.raises(WeightSyncError, match=r"differs from the trainer in 1 tensors.*c\.weight"):
+        ws.sync(version=2)
 
 
 def test_engines_without_flat_buffers_get_per_tensor_views_next_to_flat_engines():
@@ -320,28 +338,45 @@ def _clean_megatron_state():
 
 def test_glm_export_is_synced_without_copies_of_its_own(tmp_path, _clean_megatron_state):
     """The GLM export (tp = ep = 1) hands out views of the parameters, transposed expert weights included;
-    the shared-buffer sender copies them into the engine's layout exactly (the engine ends up with the
-    checkpoint's tensors, checked by the checksum round trip)."""
+    the shared-buffer sender copies them into a real embedded engine (flattened buckets, checksums
+    returned with the updates), which ends up holding exactly the trainer's weights."""
     from glm5_helpers import write_checkpoint
     from safetensors.torch import load_file
 
+    from slime.backends.embedded import EmbeddedEngine, EngineConfig, EngineHTTPServer
     from slime.backends.megatron import export_hf, load_hf_model
 
     ckpt = write_checkpoint(tmp_path / "glm", "glm_moe_dsa", seed=2)
     original = load_file(f"{ckpt}/model.safetensors")
     model = load_hf_model(ckpt)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5)  # the trainer has moved on from the checkpoint the engine loads
     params = {p.untyped_storage().data_ptr() for p in model.state_dict(keep_vars=True).values()
               if isinstance(p, torch.Tensor)}
-    exported = [t for bucket in export_hf(model, 1 << 12) for _, t in bucket]
-    assert all(t.untyped_storage().data_ptr() in params for t in exported)  # views, not copies
-    assert any(not t.is_contiguous() for t in exported)  # expert weights: transposed views
-    engine = FakeEngine({n: torch.full_like(t, float("nan")) for n, t in original.items()}, flat=True)
-    ws = WeightSync("ipc", lambda: export_hf(model, 1 << 12), [EngineEndpoint(engine.url)], rank=0,
-                    buffer_bytes=1 << 14)
-    metrics = ws.sync(version=1)
-    assert metrics["weight_sync/checked_tensors"] == len(original)
-    assert all(torch.equal(engine.weights[n], t) for n, t in original.items())
-    ws.close()
+    exported = {n: t for bucket in export_hf(model, 1 << 12) for n, t in bucket}
+    assert exported.keys() == original.keys()
+    assert all(t.untyped_storage().data_ptr() in params for t in exported.values())  # views, not copies
+    assert any(not t.is_contiguous() for t in exported.values())  # expert weights: transposed views
+    engine = EmbeddedEngine(EngineConfig(model_path=ckpt))
+    server = EngineHTTPServer(engine, "tok", 0)
+    server.start_in_thread()
+    try:
+        ws = WeightSync("ipc", lambda: export_hf(model, 1 << 12), [EngineEndpoint(server.url, token="tok")], rank=0,
+                        buffer_bytes=1 << 14)
+        paths = []
+        post = ws.post
+        ws.post = lambda e, path, *a, **k: (paths.append(path), post(e, path, *a, **k))[1]
+        metrics = ws.sync(version=1)
+        assert metrics["weight_sync/checked_tensors"] == len(original)
+        assert "/get_weights_checksum" not in paths and paths.count("/update_weights_from_tensor") > 1
+        for name, t in exported.items():
+            assert torch.equal(engine.name_map.resolve(name), t), name
+        assert not torch.equal(engine.name_map.resolve("model.norm.weight"), original["model.norm.weight"])
+        ws.close()
+    finally:
+        server.stop()
+        engine.shutdown()
 
 
 def test_engine_keeps_the_last_received_buffers_open_and_drops_them_on_release():

@@ -173,6 +173,8 @@ class WeightControl:
             # takes load_format flattened_bucket (slime's layout) and has copied out of the shared buffers when
             # it replies, so a sender may refill them (slime.backends.megatron.shared_buckets)
             "flattened_bucket": True,
+            # /update_weights_from_tensor with "return_checksums": true answers with the updated weights' checksums
+            "update_checksums": True,
         }
 
     def _main_dtype(self) -> torch.dtype:

@@ -252,7 +252,10 @@ def _decode_named_tensors(body: dict) -> list[tuple[str, Any]]:
 def _update_from_tensor(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
     named = _decode_named_tensors(body)
     n = engine.update_from_named_tensors(named, body.get("weight_version"))
-    return _ok(f"updated {n} weights", weight_version=engine.weight_version)
+    extra = {}
+    if body.get("return_checksums"):  # slime's check of this update, without a /get_weights_checksum round trip
+        extra["checksums"] = engine.weights_checksum([name for name, _ in named])
+    return _ok(f"updated {n} weights", weight_version=engine.weight_version, **extra)
 
 
 def _update_from_disk(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:

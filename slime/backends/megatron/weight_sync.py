@@ -126,6 +126,7 @@ class WeightSync:
         self.syncs = 0
         self._checksum_support: dict[str, bool] = {}  # per engine url: serves /get_weights_checksum
         self._info: dict[str, dict[str, Any]] = {}  # per engine url: its /get_model_info (asked once)
+        self._reported: dict[str, dict[str, list[int]]] = {}  # this sync: checksums engines sent with updates
         self._sender = None  # ipc: SharedBucketSender, kept across syncs while the engines take flat buffers
         self.last_split: dict[str, float] = {}  # seconds of the last sync's parts (see sync)
 
@@ -211,16 +212,18 @@ class WeightSync:
         `set_engines`); returns timing/size metrics: time/weight_sync and its split into
         time/weight_sync_export (export and packing on this thread, which the posts overlap),
         time/weight_sync_wait (waiting for the engines after the export), time/weight_sync_control
-        (pause/flush/continue) and time/weight_sync_verify (engine checksums and the comparison)."""
+        (pause/flush/continue) and time/weight_sync_verify (engine checksums and the comparison).
+        With --check-weight-sync, engines that can answer an update with the checksums of the weights it
+        changed (`"update_checksums": true`) are asked to; others are asked with /get_weights_checksum."""
         t0 = time.perf_counter()
         leader = self.rank == 0
         if engines is not None:
             self.set_engines(engines)
         sent_bytes, expected = 0, {}
         control = 0.0
-        if leader:
-            control = self._timed(lambda: (self._all_engines("/pause_generation", {}),
-                                           self._all_engines("/flush_cache", {})))
+        self._reported = {}
+        if leader:  # (the cache is flushed once, after the update, before generation continues)
+            control = self._timed(lambda: self._all_engines("/pause_generation", {}))
         sender = self._ipc_sender(version) if leader and self.mode == "ipc" else None
         t_export = time.perf_counter()
         for bucket in self.export():
@@ -306,6 +309,8 @@ class WeightSync:
 
         def post(engine: EngineEndpoint) -> None:
             body: dict[str, Any] = {"flush_cache": False, "weight_version": str(self._version)}
+            if self.check and self.engine_info(engine).get("update_checksums") is True:
+                body["return_checksums"] = True
             if self._flat_engines.get(engine.url):
                 payloads, meta = zip(*(packed.flattened_payload(acc) for _ in range(engine.tp_size)))
                 body.update(serialized_named_tensors=list(payloads), load_format="flattened_bucket",
@@ -313,7 +318,10 @@ class WeightSync:
             else:  # one serialization per receiving process (see PackedSend)
                 body.update(serialized_named_tensors=[packed.per_tensor_payload(acc) for _ in range(engine.tp_size)],
                             load_format=None)
-            _check_reply(self.post(engine, "/update_weights_from_tensor", body), "update_weights_from_tensor")
+            reply = self.post(engine, "/update_weights_from_tensor", body)
+            _check_reply(reply, "update_weights_from_tensor")
+            if body.get("return_checksums") and isinstance(reply, dict) and isinstance(reply.get("checksums"), dict):
+                self._reported.setdefault(engine.url, {}).update(reply["checksums"])
 
         if len(self.engines) == 1:
             post(self.engines[0])
@@ -387,8 +395,10 @@ class WeightSync:
         for engine in self.engines:
             if not self.serves_checksums(engine):
                 continue
-            reply = self.post(engine, "/get_weights_checksum", {"names": names})
-            actual = reply.get("checksums", {}) if isinstance(reply, dict) else {}
+            actual = self._reported.get(engine.url, {})
+            if not set(names) <= actual.keys():  # not reported with the updates: ask
+                reply = self.post(engine, "/get_weights_checksum", {"names": names})
+                actual = reply.get("checksums", {}) if isinstance(reply, dict) else {}
             bad = weight_checksum.mismatches(expected, {n: actual[n] for n in names if n in actual})
             if bad:
                 raise WeightSyncError(
