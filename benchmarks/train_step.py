@@ -3,26 +3,39 @@
     python benchmarks/train_step.py [--model-type glm_moe_dsa] [--seq 256] [--batch 2] [--steps 5]
 
 Both run forward + backward of sum(logits * w) on the same tokens and weights (float32 by default) on
-the current accelerator; prints tokens/s of each and the ratio megatron / transformers.
+the current accelerator; prints tokens/s of each and the ratio megatron / transformers. The two sides
+alternate step by step (after one warm-up step each) and the medians are compared, so a change of load
+on a shared machine hits both alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
+from statistics import median
 
 import torch
 
 
-def _time(step, steps: int, sync) -> float:
-    step()  # warm-up
+def _timed(step, sync) -> float:
     sync()
     start = time.perf_counter()
-    for _ in range(steps):
-        step()
+    step()
     sync()
-    return (time.perf_counter() - start) / steps
+    return time.perf_counter() - start
+
+
+def interleaved(a, b, steps: int, sync) -> tuple[list[float], list[float]]:
+    """Seconds of each step of `a` and `b`, run alternately (a, b, a, b, ...) after one warm-up of each."""
+    a()
+    b()
+    ta, tb = [], []
+    for _ in range(steps):
+        ta.append(_timed(a, sync))
+        tb.append(_timed(b, sync))
+    return ta, tb
 
 
 def main() -> None:
@@ -30,7 +43,7 @@ def main() -> None:
     ap.add_argument("--model-type", default="glm_moe_dsa", choices=["glm_moe_dsa", "glm4_moe_lite"])
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=7)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -69,13 +82,15 @@ def main() -> None:
         (hf(ids, position_ids=pos).logits * weight).sum().backward()
 
     tokens = a.batch * a.seq
-    t_meg = _time(megatron_step, a.steps, acc.synchronize)
-    t_hf = _time(hf_step, a.steps, acc.synchronize)
+    meg_times, hf_times = interleaved(megatron_step, hf_step, a.steps, acc.synchronize)
+    t_meg, t_hf = median(meg_times), median(hf_times)
     print(f"device={acc.name} model={a.model_type} hidden={a.hidden} layers={a.layers} batch={a.batch} seq={a.seq} "
           f"dtype={a.dtype} ops={acc.ops!r}")
     print(f"megatron     fwd+bwd: {tokens / t_meg:10.1f} tokens/s ({t_meg * 1e3:.1f} ms/step)")
     print(f"transformers fwd+bwd: {tokens / t_hf:10.1f} tokens/s ({t_hf * 1e3:.1f} ms/step)")
-    print(f"ratio megatron/transformers: {t_hf / t_meg:.2f}x")
+    pairs = median(h / m for m, h in zip(meg_times, hf_times))
+    print(f"ratio megatron/transformers: {t_hf / t_meg:.2f}x (median of per-pair ratios {pairs:.2f}x, {a.steps} "
+          f"alternating steps; load average {os.getloadavg()[0]:.1f})")
 
 
 if __name__ == "__main__":

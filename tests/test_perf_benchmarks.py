@@ -21,6 +21,7 @@ def _load(name: str):
 
 
 rl = _load("rl_iteration")
+ts = _load("train_step")
 ws = _load("weight_sync")
 summary = _load("profile_summary")
 
@@ -109,6 +110,13 @@ def test_glm_layout_turns_expert_weights_into_transposed_views_only():
     for (name, t), (_, v) in zip(named, out):
         assert torch.equal(v, t) and v.shape == t.shape
         assert v.is_contiguous() == (".experts." not in name)
+
+
+def test_train_step_sides_alternate_after_one_warm_up_each():
+    order, syncs = [], []
+    ta, tb = ts.interleaved(lambda: order.append("a"), lambda: order.append("b"), 3, lambda: syncs.append(1))
+    assert order == ["a", "b"] * 4 and len(ta) == len(tb) == 3 and all(t >= 0 for t in ta + tb)
+    assert len(syncs) == 2 * 6  # before and after every timed step
 
 
 def test_components_time_wrapped_calls_and_restore_them():
