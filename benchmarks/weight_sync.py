@@ -188,6 +188,7 @@ def all_checksums(named: list[tuple[str, torch.Tensor]]) -> dict[str, list[int]]
 
 # ---------------------------------------------------------------- component timers
 OVERLAPS = " (in a thread, overlaps the others)"
+NESTED = " (inside another component)"
 
 
 class Components:
@@ -196,6 +197,7 @@ class Components:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
         self._undo: list[Callable[[], None]] = []
+        self._depth = threading.local()  # wrapped calls in progress on this thread
 
     def add(self, key: str, dt: float) -> None:
         self.seconds[key] = self.seconds.get(key, 0.0) + dt
@@ -204,11 +206,15 @@ class Components:
         original = getattr(owner, attr)
 
         def timed(*args, **kwargs):
+            depth = getattr(self._depth, "n", 0)
+            self._depth.n = depth + 1
             t0 = time.perf_counter()
             try:
                 return original(*args, **kwargs)
             finally:
-                self.add(key(*args, **kwargs) if callable(key) else key, time.perf_counter() - t0)
+                self._depth.n = depth
+                name = key(*args, **kwargs) if callable(key) else key
+                self.add(name + (NESTED if depth and not name.endswith(OVERLAPS) else ""), time.perf_counter() - t0)
 
         own = attr in getattr(owner, "__dict__", {})  # else a method found on the class: delete ours after
         setattr(owner, attr, timed)
@@ -270,8 +276,8 @@ def time_sync(ws, named: list[tuple[str, torch.Tensor]], bucket_bytes: int, copy
         if last:
             components.add("total", dt)
         if last:
-            for key in ("time/weight_sync_wait", "time/weight_sync_verify"):
-                components.add(key.removeprefix("time/weight_sync_") + " (WeightSync's split)", ws.last_split[key])
+            # after the export, waiting for the engines' last answers (the posts themselves overlap it)
+            components.add("wait for the engines (WeightSync's split)", ws.last_split["time/weight_sync_wait"])
         if not ws.check:
             ws.verify(all_checksums(named))
     return best
@@ -361,7 +367,7 @@ def _split_table(split: dict[str, Components], modes: list[str]) -> str:
         for m in modes:
             sec = split[m].seconds
             total = sec.get("total", 0.0)
-            v = (total - sum(v for kk, v in sec.items() if kk != "total" and not kk.endswith(OVERLAPS))
+            v = (total - sum(v for kk, v in sec.items() if kk != "total" and not kk.endswith((OVERLAPS, NESTED)))
                  if k.startswith("other") else sec.get(k, 0.0))
             cells.append(f"{v:.3f} ({100 * v / total:.0f}%)" if total else "-")
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
