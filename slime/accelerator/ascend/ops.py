@@ -15,7 +15,9 @@ from typing import Any, Callable
 import torch
 
 from slime.accelerator.ops import DeviceOp, log_once, reference
-from slime.accelerator.ops.reference import check_attention_shapes, check_rotary_dim, rotary_pair_angles, seqlens_to_host
+from slime.accelerator.ops.reference import (
+    check_attention_shapes, check_rotary_dim, default_scale, packed_offsets, rotary_pair_angles, seqlens_to_host,
+)
 
 # Ascend Extension for PyTorch ("PTA", op-plugin branch) release -> (torch_npu wheels, CANN), from the
 # Ascend/pytorch release notes.
@@ -187,7 +189,7 @@ def attention(
         raise ValueError(f"cu_seqlens_q has {len(seq_q)} sequences, cu_seqlens_k {len(seq_k)}")
     if not _fusion_attention_takes(q, k, v) or len(seq_q) > 1024:
         return reference.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale)
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    scale = default_scale(q, softmax_scale)
     outs = _kernel("npu_fusion_attention")(
         q, k, v, q.shape[1], "TND",
         atten_mask=compressed_causal_mask(q.device) if causal else None,
@@ -222,11 +224,10 @@ def sparse_attention(
     softmax_scale: float | None = None,
 ) -> torch.Tensor:
     check_attention_shapes(q, k, v)
-    cq = seqlens_to_host(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
-    ck = seqlens_to_host(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
-    if len(cq) != len(ck) or topk_indices.dim() != 2 or topk_indices.shape[0] != q.shape[0]:
+    cq, ck = packed_offsets(q, k, cu_seqlens_q, cu_seqlens_k)
+    if topk_indices.dim() != 2 or topk_indices.shape[0] != q.shape[0]:
         return reference.sparse_attention(q, k, v, topk_indices, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale)
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    scale = default_scale(q, softmax_scale)
     if _is_absorbed_mla(q, k, v) and has_kernel("npu_sparse_flash_attention") and q.shape[0] > 0:
         return _sparse_flash_attention(q, k, topk_indices, cq, ck, causal, scale)
     if not _fusion_attention_takes(q, k, v):
@@ -296,7 +297,7 @@ def lightning_indexer(
     softmax_scale: float | None = None,
 ) -> torch.Tensor:
     k3 = k.unsqueeze(1) if k.dim() == 2 else k
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    scale = default_scale(q, softmax_scale)
     takes = (
         q.dim() == 3 and k3.dim() == 3 and k3.shape[1] == 1 and q.shape[-1] == 128 and k3.shape[-1] == 128
         and q.shape[1] <= 64 and q.dtype in LOW_PRECISION and k3.dtype == q.dtype and int(topk) in _INDEXER_SPARSE_COUNTS

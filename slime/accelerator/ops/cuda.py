@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from slime.accelerator.ops import DeviceOp, log_once, reference
-from slime.accelerator.ops.reference import causal_mask, check_attention_shapes, seqlens_to_host
+from slime.accelerator.ops.reference import causal_mask, check_attention_shapes, default_scale, packed_offsets
 
 _FLASH: list[Any] = []  # [flash_attn_varlen_func or None], probed once
 
@@ -58,11 +58,8 @@ def attention(
     softmax_scale: float | None = None,
 ) -> torch.Tensor:
     check_attention_shapes(q, k, v)
-    cq = seqlens_to_host(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
-    ck = seqlens_to_host(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
-    if len(cq) != len(ck):
-        raise ValueError(f"cu_seqlens_q has {len(cq) - 1} sequences, cu_seqlens_k {len(ck) - 1}")
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    cq, ck = packed_offsets(q, k, cu_seqlens_q, cu_seqlens_k)
+    scale = default_scale(q, softmax_scale)
     flash = flash_attn_varlen()
     dqk, dv = q.shape[-1], v.shape[-1]
     if flash is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and dv <= dqk <= 256 and q.shape[0]:
@@ -104,11 +101,10 @@ def sparse_attention(
     softmax_scale: float | None = None,
 ) -> torch.Tensor:
     check_attention_shapes(q, k, v)
-    cq = seqlens_to_host(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
-    ck = seqlens_to_host(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
-    if len(cq) != len(ck) or topk_indices.dim() != 2 or topk_indices.shape[0] != q.shape[0]:
+    cq, ck = packed_offsets(q, k, cu_seqlens_q, cu_seqlens_k)
+    if topk_indices.dim() != 2 or topk_indices.shape[0] != q.shape[0]:
         return reference.sparse_attention(q, k, v, topk_indices, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale)
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    scale = default_scale(q, softmax_scale)
     outs = []
     for b in range(len(cq) - 1):
         sq, sk = cq[b + 1] - cq[b], ck[b + 1] - ck[b]

@@ -119,6 +119,20 @@ def apply_rotary(
 # --- attention ------------------------------------------------------------------------------
 
 
+def packed_offsets(q: torch.Tensor, k: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor) -> tuple[list[int], list[int]]:
+    """Host offsets (leading 0) of the query and key packs; both must hold the same number of sequences."""
+    cq = seqlens_to_host(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
+    ck = seqlens_to_host(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
+    if len(cq) != len(ck):
+        raise ValueError(f"cu_seqlens_q has {len(cq) - 1} sequences, cu_seqlens_k {len(ck) - 1}")
+    return cq, ck
+
+
+def default_scale(q: torch.Tensor, softmax_scale: float | None) -> float:
+    """The softmax scale: `softmax_scale`, else head_dim**-0.5."""
+    return q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+
+
 def check_attention_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int]:
     """Validate THD q/k/v; returns (Hq, Hkv)."""
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
@@ -173,11 +187,8 @@ def attention(
     more keys than queries (flash-attn). Query rows without any visible key return 0.
     """
     check_attention_shapes(q, k, v)
-    cq = seqlens_to_host(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
-    ck = seqlens_to_host(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
-    if len(cq) != len(ck):
-        raise ValueError(f"cu_seqlens_q has {len(cq) - 1} sequences, cu_seqlens_k {len(ck) - 1}")
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    cq, ck = packed_offsets(q, k, cu_seqlens_q, cu_seqlens_k)
+    scale = default_scale(q, softmax_scale)
     outs = []
     for b in range(len(cq) - 1):
         qb, kb, vb = q[cq[b] : cq[b + 1]], k[ck[b] : ck[b + 1]], v[ck[b] : ck[b + 1]]
@@ -209,13 +220,10 @@ def sparse_attention(
     Shapes and scale as in `attention` (MLA: Dqk 192+64, Dv 256). No gradient flows to topk_indices.
     """
     check_attention_shapes(q, k, v)
-    cq = seqlens_to_host(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
-    ck = seqlens_to_host(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
-    if len(cq) != len(ck):
-        raise ValueError(f"cu_seqlens_q has {len(cq) - 1} sequences, cu_seqlens_k {len(ck) - 1}")
+    cq, ck = packed_offsets(q, k, cu_seqlens_q, cu_seqlens_k)
     if topk_indices.dim() != 2 or topk_indices.shape[0] != q.shape[0]:
         raise ValueError(f"topk_indices must be [Tq={q.shape[0]}, topk], got {tuple(topk_indices.shape)}")
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    scale = default_scale(q, softmax_scale)
     outs = []
     for b in range(len(cq) - 1):
         qb, kb, vb = q[cq[b] : cq[b + 1]], k[ck[b] : ck[b + 1]], v[ck[b] : ck[b + 1]]
@@ -277,11 +285,8 @@ def lightning_indexer(
     topk = int(topk)
     if topk <= 0:
         raise ValueError(f"topk must be positive, got {topk}")
-    cq = seqlens_to_host(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
-    ck = seqlens_to_host(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
-    if len(cq) != len(ck):
-        raise ValueError(f"cu_seqlens_q has {len(cq) - 1} sequences, cu_seqlens_k {len(ck) - 1}")
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    cq, ck = packed_offsets(q, k, cu_seqlens_q, cu_seqlens_k)
+    scale = default_scale(q, softmax_scale)
     ct = torch.float64 if q.dtype == torch.float64 else torch.float32
     out = torch.full((q.shape[0], topk), -1, dtype=torch.int32, device=q.device)
     for b in range(len(cq) - 1):
