@@ -32,6 +32,7 @@ from slime.accelerator import (
 )
 from slime.accelerator import registry
 from slime.accelerator.ipc import UnsafeHandleError, deserialize_named_tensors, serialize_named_tensors
+from slime.utils.net import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALL_CLASSES = [CpuAccelerator, CudaAccelerator, AscendAccelerator]
@@ -179,18 +180,10 @@ def _allreduce_worker(rank: int, world: int, port: int, q) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_process_all_reduce_over_process_group_backend():
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_allreduce_worker, args=(r, 2, port, q)) for r in range(2)]
     for p in procs:
         p.start()

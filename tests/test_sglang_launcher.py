@@ -12,7 +12,8 @@ import pytest
 from slime.accelerator import AscendAccelerator, CpuAccelerator, CudaAccelerator
 from slime.backends.embedded.launcher import embedded_command, embedded_env
 from slime.backends.sglang.launcher import SGLangLaunchSpec, sglang_command, sglang_env
-from slime.backends.sglang.process import EngineStartError, ServerProcess, free_port
+from slime.backends.sglang.process import EngineStartError, ServerProcess
+from slime.utils.net import free_port
 
 
 def _flag(cmd: list[str], name: str) -> str | None:

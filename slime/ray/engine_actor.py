@@ -32,7 +32,7 @@ class EngineSpec:
 
 class RolloutEngineActor:
     def __init__(self, spec: EngineSpec) -> None:
-        from slime.backends.sglang.process import free_port
+        from slime.utils.net import free_port
 
         self.spec = spec
         self.port = free_port()
@@ -77,7 +77,7 @@ class RolloutEngineActor:
 
     def _move_to_free_port(self) -> None:
         """Rebuild the (stopped) server on a fresh port, keeping its start count for reports."""
-        from slime.backends.sglang.process import free_port
+        from slime.utils.net import free_port
 
         starts = self.server.starts
         self.port = free_port()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import time
 from typing import Any
 
@@ -20,6 +19,7 @@ from slime.accelerator import get_accelerator
 from slime.backends.megatron import checkpoint as ckpt
 from slime.backends.megatron import data as D
 from slime.backends.megatron.loss import METRIC_KEYS, LossConfig, rl_loss
+from slime.utils.net import free_port
 
 logger = logging.getLogger(__name__)
 
@@ -33,16 +33,10 @@ def _node_ip() -> str:
         return "127.0.0.1"
 
 
-def find_free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 class MegatronTrainRayActor:
     def __init__(self, world_size: int, rank: int, master: tuple[str, int] | None = None) -> None:
         self.world_size, self.rank = world_size, rank
-        self.master = master or (_node_ip(), find_free_port())
+        self.master = master or (_node_ip(), free_port(""))
         self.model = None
         self.optimizer = None
         self.ref_weights: dict[str, torch.Tensor] | None = None

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 
 import torch.distributed as dist
 
 from slime.accelerator import get_accelerator
+from slime.utils.net import free_port
 
 
 def revert_megatron_patches(keep: str | None = None) -> None:
@@ -49,12 +49,6 @@ class ParallelSizes:
                              "the expert parallel sizes or the number of ranks")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def ensure_process_group() -> None:
     """Join the process group from torchrun-style env vars, or create a single-process one."""
     if dist.is_initialized():
@@ -63,7 +57,7 @@ def ensure_process_group() -> None:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
         dist.init_process_group(backend=backend)
     else:
-        dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+        dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
 
 
 def init_parallel(tp: int = 1, ep: int = 1, pp: int = 1, seed: int = 1234, etp: int = 1) -> ParallelSizes:

@@ -134,10 +134,11 @@ class WeightSync:
     def connect(self) -> None:
         if self.mode != "distributed" or self.rank != 0:
             return
-        from slime.backends.megatron.actor import _node_ip, find_free_port
+        from slime.backends.megatron.actor import _node_ip
+        from slime.utils.net import free_port
         from slime.utils.distributed import init_custom_process_group
 
-        addr, port = _node_ip(), find_free_port()
+        addr, port = _node_ip(), free_port("")
         world = 1 + sum(e.tp_size for e in self.engines)
         backend = get_accelerator().process_group_backend()
         errors: list[BaseException] = []

@@ -115,14 +115,6 @@ class ServerProcess:
             pass
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def wait_port_free(port: int, timeout: float = 10.0) -> bool:
     import socket
 
