@@ -152,22 +152,18 @@ def prefix_of(weights: list[tuple[str, torch.Tensor]], mib: float) -> list[tuple
 def exporter(named: list[tuple[str, torch.Tensor]], bucket_bytes: int, copy: bool,
              components: "Components | None" = None) -> Callable[[], Iterator[list[tuple[str, torch.Tensor]]]]:
     """Buckets of about `bucket_bytes`, closed once they reach it (as hf_export.export_hf does)."""
-    def export():
-        bucket, size = [], 0
+    from slime.backends.megatron.hf_export import bucketed
+
+    def copied():
         for name, t in named:
             if copy:
                 t0 = time.perf_counter()
                 t = t.clone()
                 if components is not None:
                     components.add("export (copy out of the model)", time.perf_counter() - t0)
-            bucket.append((name, t))
-            size += t.numel() * t.element_size()
-            if size >= bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-        if bucket:
-            yield bucket
-    return export
+            yield name, t
+
+    return lambda: bucketed(copied(), bucket_bytes)
 
 
 def is_expert_weight(name: str) -> bool:

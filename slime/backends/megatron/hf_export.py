@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -58,7 +58,6 @@ def export_hf(model, bucket_bytes: int = 1 << 28, dtype: torch.dtype | None = No
         aliases = mtp_alias_names(model.glm)  # MTP copies of the (tied) main embedding / lm_head
     wanted = set(aliases.values())
     kept: dict[str, torch.Tensor] = {}
-    bucket, size = [], 0
 
     def entries():
         for m in W.maps_for_model(model):
@@ -77,9 +76,14 @@ def export_hf(model, bucket_bytes: int = 1 << 28, dtype: torch.dtype | None = No
             yield name, kept[main]
         yield from model.passthrough_hf.items()
 
-    for name, t in entries():
-        if dtype is not None:
-            t = t.to(dtype)
+    named = entries() if dtype is None else ((name, t.to(dtype)) for name, t in entries())
+    yield from bucketed(named, bucket_bytes)
+
+
+def bucketed(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Group (name, tensor) pairs into lists of about `bucket_bytes`; a bucket closes once it reaches the size."""
+    bucket, size = [], 0
+    for name, t in named:
         bucket.append((name, t))
         size += t.numel() * t.element_size()
         if size >= bucket_bytes:
