@@ -449,9 +449,11 @@ def test_ascend_detection_paths(monkeypatch):
 
 
 def test_import_does_not_touch_device_runtimes():
+    # Importing slime neither initializes a device runtime nor probes optional kernel libraries / op providers.
     code = (
-        "import sys, slime, slime.accelerator, slime.accelerator.ascend; "
-        "bad = [m for m in ('torch_npu', 'flash_attn', 'sglang', 'megatron') if m in sys.modules]; "
+        "import sys, slime, slime.accelerator, slime.accelerator.ascend, slime.accelerator.ops; "
+        "bad = [m for m in ('torch_npu', 'flash_attn', 'sglang', 'megatron', 'slime.accelerator.ascend.ops', "
+        "'slime.accelerator.ops.cuda') if m in sys.modules]; "
         "print(','.join(bad))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)

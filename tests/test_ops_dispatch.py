@@ -6,8 +6,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -126,15 +124,7 @@ def test_broken_provider_falls_back(caplog, monkeypatch):
     assert any("swiglu" in r.getMessage() and "probe exploded" in r.getMessage() for r in caplog.records)
 
 
-def test_import_slime_probes_nothing():
-    code = (
-        "import sys, slime, slime.accelerator, slime.accelerator.ops;"
-        "print(sorted(m for m in ('torch_npu', 'flash_attn', 'slime.accelerator.ascend.ops',"
-        " 'slime.accelerator.ops.cuda') if m in sys.modules))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]", out.stdout
+# Importing slime probes no op provider: tests/test_accelerator.py::test_import_does_not_touch_device_runtimes.
 
 
 # Calls that implement an op; outside slime/accelerator/ code must use get_accelerator().ops.<name>.
