@@ -38,7 +38,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _run(cmd: list[str], **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=ROOT, env=_env(**env), capture_output=True, text=True, timeout=60)
+    return subprocess.run(cmd, cwd=ROOT, env=_env(**env), capture_output=True, text=True, timeout=300)
 
 
 @functools.lru_cache(maxsize=None)
@@ -177,9 +177,11 @@ def test_dry_run_without_profile_fails_in_one_line():
 
 
 def test_check_device_script():
-    r = _run(["bash", "scripts/check-device.sh", "--dry-run", "--", "-k", "x y"])
+    r = _run(["bash", "scripts/check-device.sh", "--dry-run", "--", "--sections", "ops,collective"])
     assert r.returncode == 0, r.stderr
-    assert "-m pytest -q -m device tests -k x\\ y" in r.stdout and "benchmarks/ops.py" in r.stdout
+    assert "benchmarks/device_check.py --out" in r.stdout and "--sections ops" in r.stdout
+    assert "| grouped_matmul | float32 |" in r.stdout and "1-rank group, backend `gloo`" in r.stdout
+    assert "=== model" not in r.stdout  # the extra arguments reached the plan
     r = _run(["bash", "scripts/check-device.sh"])  # CPU only: refuses with the reason
     assert r.returncode == 2 and "no GPU or NPU" in r.stderr
 
