@@ -252,3 +252,32 @@ def test_tiny_model_measured_on_cpu(tmp_path, capsys):
         print(f"\n[plan] tiny GLM-5 ({shape.hf_param_count():,} params): params+grads+adam predicted "
               f"{predicted / 2**20:.1f} MiB, RSS growth {measured / 2**20:.1f} MiB, ratio {ratio:.2f}")
     assert 0.6 < ratio < 2.5, f"measured/predicted = {ratio:.2f}"
+
+
+def test_fewest_nodes_is_the_smallest_that_fits():
+    from slime.plan.search import fewest_nodes
+
+    model, device = ModelShape.from_config("glm5.3-flash-300B"), get_device("h200")
+    before = TrainSettings(max_tokens_per_gpu=4096, recompute="none", distributed_optimizer=False, with_mtp=False)
+    after = replace(before, distributed_optimizer=True)
+    offload = replace(after, optimizer_cpu_offload=True)
+    found = {}
+    for name, ts in (("before", before), ("after", after), ("offload", offload)):
+        p = fewest_nodes(model, device, ts=ts, max_nodes=20, recompute_options=(ts.recompute, "full"))
+        assert p is not None and p.fits, name
+        n = p.layout.nodes
+        if n > 1:  # one node fewer finds nothing that fits
+            assert not search(model, device, n - 1, 8, ts, top=1, recompute_options=(ts.recompute, "full"), pps=(1,))
+        found[name] = n
+    # Sharding the optimizer state and moving it to the host can only lower the device count.
+    assert found["offload"] <= found["after"] < found["before"], found
+    assert fewest_nodes(model, device, ts=before, max_nodes=2, recompute_options=("none",)) is None
+
+
+def test_cli_fewest_table(capsys):
+    assert plan_main(["--fewest", "h200,h100", "--max-nodes", "16", "--search-pp", "1", "--no-mtp",
+                      "--max-tokens-per-gpu", "4096", "--search-engine", "8,16,32"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| h")]
+    assert [r.split("|")[1].strip() for r in rows] == ["h200", "h100"]
+    assert all(" x 8 = " in r for r in rows)

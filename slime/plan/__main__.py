@@ -17,7 +17,7 @@ from slime.plan.estimate import plan
 from slime.plan.layout import Layout, RolloutSettings, TrainSettings
 from slime.plan.model import ModelShape, registry_names
 from slime.plan.report import devices_text, plan_text, search_text, short_text, variants_text
-from slime.plan.search import search
+from slime.plan.search import fewest_nodes, search
 
 
 def _size(text: str) -> int:
@@ -83,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--search-engine", type=_ints, default=(), help="devices-per-engine values to try as well")
     g.add_argument("--search-etp", choices=("1", "tp", "both"), default="1",
                    help="expert-TP to try: 1 (what train.py runs), equal to TP (Megatron's default), or both")
+    g.add_argument("--fewest", metavar="DEVICES", default=None,
+                   help="comma-separated device keys: the fewest nodes that fit on each (search as --search, "
+                        "node counts 1..--max-nodes), e.g. h200,h100,950dt,950pr,a3")
+    g.add_argument("--max-nodes", type=int, default=64, help="largest node count --fewest tries")
     g.add_argument("--format", choices=("table", "short", "json"), default="table")
     g.add_argument("--list-devices", action="store_true")
     g.add_argument("--list-models", action="store_true")
@@ -122,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"--dp {a.dp}: dp*tp*pp*cp = {world} devices is not a whole number of "
                                  f"{dpn}-device nodes; change --dp or --devices-per-node")
             a.nodes = world // dpn
+        if a.fewest:
+            return _fewest(a, model, ts, rs)
         if a.search:
             etp_modes = ("1", "tp") if a.search_etp == "both" else (a.search_etp,)
             recompute = (a.recompute,) if a.recompute else ("none", "full")
@@ -155,6 +161,28 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(variants_text(p))
     return 0 if p.fits else 1
+
+
+def _fewest(a: argparse.Namespace, model: ModelShape, ts: TrainSettings, rs: RolloutSettings) -> int:
+    recompute = (a.recompute,) if a.recompute else ("none", "full")
+    etp_modes = ("1", "tp") if a.search_etp == "both" else (a.search_etp,)
+    print(f"{model.describe()}\nfewest nodes that fit (distributed optimizer {ts.distributed_optimizer}, "
+          f"CPU offload {ts.optimizer_cpu_offload}, recompute {'/'.join(recompute)}, pp in {a.search_pp})")
+    print("| device | nodes x devices | layout | recompute | engine devices | train GB | peak GB / usable |")
+    print("|---|---|---|---|---|---|---|")
+    found = True
+    for key in a.fewest.split(","):
+        device = get_device(key.strip())
+        p = fewest_nodes(model, device, a.devices_per_node, ts, rs, a.max_nodes, recompute, a.search_pp,
+                         a.search_cp, etp_modes, a.search_engine)
+        if p is None:
+            found = False
+            print(f"| {device.key} | > {a.max_nodes} nodes | - | - | - | - | - |")
+            continue
+        lay = p.layout
+        print(f"| {device.key} | {lay.nodes} x {lay.devices_per_node} = {lay.world} | {lay.short()} | "
+              f"{p.train.recompute} | {p.rollout.devices_per_engine} | {p.phases['train'] / 1e9:.0f} | {p.peak / 1e9:.0f} / {p.usable / 1e9:.0f} |")
+    return 0 if found else 1
 
 
 if __name__ == "__main__":

@@ -55,3 +55,18 @@ def search(model: ModelShape, device: DeviceProfile, nodes: int, devices_per_nod
                     plans.append(p)
     plans.sort(key=lambda p: (not p.fits, round(p.time.total_s, 3), p.phases["train"]))
     return plans[:top]
+
+
+def fewest_nodes(model: ModelShape, device: DeviceProfile, devices_per_node: int | None = None,
+                 ts: TrainSettings | None = None, rs: RolloutSettings | None = None, max_nodes: int = 64,
+                 recompute_options: tuple[str, ...] = ("none", "full"), pps: tuple[int, ...] = (1,),
+                 cps: tuple[int, ...] = (1,), etp_modes: tuple[str, ...] = ("1",),
+                 engine_sizes: tuple[int, ...] = ()) -> Plan | None:
+    """The fastest fitting plan on the smallest node count (1 .. max_nodes) that fits at all, or None."""
+    dpn = devices_per_node or device.devices_per_node
+    for nodes in range(1, max_nodes + 1):
+        plans = search(model, device, nodes, dpn, ts, rs, top=1, recompute_options=recompute_options,
+                       pps=pps, cps=cps, etp_modes=etp_modes, engine_sizes=engine_sizes)
+        if plans:
+            return plans[0]
+    return None
