@@ -13,6 +13,8 @@ from typing import Any, Sequence
 
 import torch
 
+from slime.accelerator.cli import one_line_errors
+
 logger = logging.getLogger("slime.train")
 
 
@@ -234,6 +236,7 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
     return records
 
 
+@one_line_errors  # an unmet device request or a stale patch set: one line, exit 2
 def main(argv: Sequence[str] | None = None) -> int:
     from slime.utils.arguments import parse_args
 

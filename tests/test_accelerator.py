@@ -72,6 +72,23 @@ def test_detection_order_prefers_npu_then_cuda_then_cpu():
     assert names.index("npu") < names.index("cuda") < names.index("cpu") == len(names) - 1
 
 
+def test_registration_priority_semantics(monkeypatch):
+    # Lower priority probed first; no priority = DEFAULT_PRIORITY (after the built-in devices, before cpu);
+    # re-registering a name keeps its place unless a priority is given.
+    for attr in ("_CLASSES", "_PRIORITIES"):
+        monkeypatch.setattr(registry, attr, dict(getattr(registry, attr)))
+    monkeypatch.setattr(registry, "_DETECTION_ORDER", list(registry._DETECTION_ORDER))
+    plain = type("PlainPlugin", (CpuAccelerator,), {"name": "plainplugin"})
+    first = type("FirstPlugin", (CpuAccelerator,), {"name": "firstplugin"})
+    registry.register_accelerator(plain)
+    registry.register_accelerator(first, priority=0)
+    names = accelerator_names()
+    assert names[0] == "firstplugin" and names[-1] == "cpu"
+    assert names.index("cuda") < names.index("plainplugin") < names.index("cpu")
+    registry.register_accelerator(type("Cuda2", (CudaAccelerator,), {}))  # same name "cuda", no priority
+    assert accelerator_names() == names
+
+
 # --------------------------------------------------------------------------------- CPU backend
 def test_cpu_is_detected_here():
     out = subprocess.run(
@@ -195,13 +212,10 @@ def test_two_process_all_reduce_over_process_group_backend():
 
 
 # --------------------------------------------------------------------------------- selection
-def _run_cli(env_extra: dict[str, str]) -> subprocess.CompletedProcess:
+def _run_cli(env_extra: dict[str, str], argv: tuple[str, ...] = ("-m", "slime.accelerator", "--name")):
     env = {k: v for k, v in os.environ.items() if k not in ("SLIME_ACCELERATOR", "SLIME_DEBUG")}
     env.update(env_extra)
-    return subprocess.run(
-        [sys.executable, "-c", "from slime.accelerator import get_accelerator as g; print(g().name)"],
-        capture_output=True, text=True, env=env, cwd=REPO, timeout=120,
-    )
+    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
 
 
 def test_explicit_npu_request_fails_with_one_clear_line():
@@ -211,6 +225,24 @@ def test_explicit_npu_request_fails_with_one_clear_line():
     assert len(lines) == 1, out.stderr
     assert "torch_npu" in lines[0] and "CANN" in lines[0] and "docs/ascend.md" in lines[0]
     assert "Traceback" not in out.stderr
+
+
+def test_library_use_keeps_the_process_excepthook():
+    # Only the CLI entry points shorten the error; importing slime never replaces sys.excepthook.
+    code = ("import sys; hook = sys.excepthook\n"
+            "from slime.accelerator import get_accelerator, AcceleratorUnavailable\n"
+            "try:\n    get_accelerator()\nexcept AcceleratorUnavailable:\n    pass\n"
+            "print(sys.excepthook is hook)")
+    out = _run_cli({"SLIME_ACCELERATOR": "npu"}, ("-c", code))
+    assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr
+
+
+def test_train_entry_point_prints_one_line_for_an_unmet_device():
+    out = _run_cli({"SLIME_ACCELERATOR": "npu"}, ("-c", "import sys; from slime.accelerator import get_accelerator;"
+                                                         "from slime.accelerator.cli import one_line_errors;"
+                                                         "sys.exit(one_line_errors(lambda: get_accelerator())())"))
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("slime: SLIME_ACCELERATOR=npu"), out.stderr
 
 
 def test_unknown_accelerator_lists_valid_names():

@@ -18,12 +18,15 @@ from slime.accelerator.megatron_patches import common_patches
 from slime.accelerator.megatron_patches.device_shim import with_accelerator_torch
 
 MEGATRON_VERSION = metadata.version("megatron-core")
-# Patches whose target is a module global that megatron only binds when TransformerEngine imports.
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _clean_megatron_state():
     yield from megatron_state_cleanup()
 
 
+# The one patch that adds an attribute (add_if_missing): a module global megatron binds only when
+# TransformerEngine imports; the test checks that the original code reads that name.
 ADDS_MISSING_GLOBAL = {"moe_te_general_gemm_missing": ("megatron.core.transformer.moe.moe_utils", "RouterGatingLinearFunction")}
 
 
@@ -51,6 +54,7 @@ def test_every_patch_targets_installed_megatron_and_is_documented(accel_name):
             assert len(field.split()) >= 3, (p.name, field)
         for target in p.targets:
             owner, attr = _owner_and_attr(target)
+            assert p.add_if_missing == (p.name in ADDS_MISSING_GLOBAL), p.name
             if p.name in ADDS_MISSING_GLOBAL:
                 mod, cls = ADDS_MISSING_GLOBAL[p.name]
                 fwd = getattr(importlib.import_module(mod), cls).forward
@@ -78,6 +82,55 @@ def test_apply_is_once_and_revert_restores_originals():
 
     assert not hasattr(moe_utils, "te_general_gemm")  # the added global is removed again
     apply_megatron_patches()
+
+
+def test_deleted_megatron_target_fails_the_set_with_one_line(monkeypatch):
+    """A real target that no longer exists (as after a megatron refactor) stops the apply with one line
+    naming the patch and the target; nothing of the set stays applied."""
+    from megatron.core.tensor_parallel import random
+
+    from slime.backends.megatron.parallel import apply_megatron_patches, revert_megatron_patches
+
+    acc = get_accelerator()
+    revert_megatron_patches()
+    monkeypatch.delattr(random, "_get_cuda_rng_state")
+    before = random.CudaRNGStatesTracker.add
+    with pytest.raises(patches.PatchError) as info:
+        apply_megatron_patches()
+    msg = str(info.value)
+    assert "\n" not in msg and "'rng_get_state'" in msg
+    assert "megatron.core.tensor_parallel.random:_get_cuda_rng_state" in msg and MEGATRON_VERSION in msg
+    assert not patches.is_applied(acc.name, "megatron") and random.CudaRNGStatesTracker.add is before
+    monkeypatch.undo()
+    apply_megatron_patches()
+
+
+def test_alias_bindings_are_replaced_without_being_listed():
+    from megatron.core.optimizer import clip_grads, optimizer
+
+    from slime.backends.megatron.parallel import apply_megatron_patches
+
+    apply_megatron_patches()
+    listed = {t for p in patches.patch_set(get_accelerator().name, "megatron") for t in p.targets}
+    assert "megatron.core.optimizer.optimizer:get_grad_norm_fp32" not in listed
+    assert optimizer.get_grad_norm_fp32 is clip_grads.get_grad_norm_fp32  # `from .clip_grads import` binding
+    assert clip_grads.get_grad_norm_fp32.__module__ == "slime.accelerator.megatron_patches.optim"
+
+
+def test_patches_cli_lists_every_patch_of_every_set():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "slime.accelerator", "--patches"], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    for accel_name in ("cpu", "npu"):
+        section = out.stdout.split(f"[{accel_name}] megatron:")[1].split("\n[")[0]
+        for p in patches.patch_set(accel_name, "megatron"):
+            assert f"  {p.name}  " in section and p.why in section and p.remove_when in section
+            assert all(f"target: {t}" in section for t in p.targets)
+    assert "[cuda] megatron: 0 patches" in out.stdout
+    assert "glm_moe_dsa_indexer_stable_topk" in out.stdout.split("[cuda] transformers:")[1]
 
 
 def test_device_shim_maps_only_listed_cuda_members():

@@ -3,7 +3,9 @@
     --name   print only the detected accelerator's name (cpu | cuda | npu): run scripts pick their profile by it
     --env    print KEY=VALUE lines of the device environment a job's workers need on this node (allocator,
              collectives, task queue); the per-worker visible-device pinning is left to the trainer
-    With both, the name comes first, then the KEY=VALUE lines.
+    --patches  list every accelerator's patch sets (per library: each patch's name, targets, why,
+             remove-when, versions) without applying anything; a library that is not installed is named
+    With both --name and --env, the name comes first, then the KEY=VALUE lines.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from slime.accelerator import AcceleratorUnavailable, get_accelerator
+from slime.accelerator import get_accelerator
+from slime.accelerator.cli import one_line_errors
 
 
 def job_env(acc) -> dict[str, str]:
@@ -38,24 +41,49 @@ def smoke(acc) -> int:
     return 0 if err < 1e-3 else 1
 
 
+def patches_text() -> str:
+    """Every registered patch set, grouped by accelerator then library (loads the sets, applies none)."""
+    from slime.accelerator.patches import patch_set, registered_sets
+    from slime.accelerator.registry import accelerator_names
+
+    lines: list[str] = []
+    libraries = sorted({library for _, library in registered_sets()})
+    for accelerator, library in [(a, lib) for a in accelerator_names() for lib in libraries]:
+        try:
+            patches = patch_set(accelerator, library)
+        except ImportError as e:
+            lines.append(f"[{accelerator}] {library}: not loadable here ({type(e).__name__}: {e})")
+            continue
+        lines.append(f"[{accelerator}] {library}: {len(patches)} patches")
+        for p in patches:
+            extra = " (adds the attribute if missing)" if p.add_if_missing else ""
+            lines.append(f"  {p.name}  [{p.versions}]{extra}")
+            lines.extend(f"    target: {t}" for t in p.targets)
+            lines.append(f"    why: {p.why}")
+            lines.append(f"    replaces: {p.replaces}")
+            lines.append(f"    remove when: {p.remove_when}")
+    return "\n".join(lines)
+
+
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m slime.accelerator", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--name", action="store_true", help="print the accelerator name")
     ap.add_argument("--env", action="store_true", help="print the job's device environment as KEY=VALUE lines")
+    ap.add_argument("--patches", action="store_true", help="list every accelerator's patch sets")
     a = ap.parse_args(argv)
-    try:
-        acc = get_accelerator()
-        if a.name:
-            print(acc.name)
-        if a.env:
-            for k, v in sorted(job_env(acc).items()):
-                print(f"{k}={v}")
-        if a.name or a.env:
-            return 0
-    except AcceleratorUnavailable as e:
-        print(f"slime: {e}", file=sys.stderr)
-        return 2
+    if a.patches:
+        print(patches_text())
+        return 0
+    acc = get_accelerator()
+    if a.name:
+        print(acc.name)
+    if a.env:
+        for k, v in sorted(job_env(acc).items()):
+            print(f"{k}={v}")
+    if a.name or a.env:
+        return 0
     return smoke(acc)
 
 

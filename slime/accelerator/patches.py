@@ -5,32 +5,54 @@ and records why, what it replaces, which library versions it targets and when it
 be removed. Patch sets are registered per (accelerator name, library); an accelerator's
 `apply_patches(library)` applies its set once per process, and `revert_patches` restores
 the originals (tests use this). No blanket device remapping: only named targets change.
+
+Applying fails early, with one line naming the patch (`PatchError`), instead of letting the
+original code break later inside the library:
+- a target that does not exist is an error, unless the patch says `add_if_missing=True`;
+- an installed library version outside the patch's `versions` is an error, unless
+  `SLIME_ALLOW_PATCH_VERSION_MISMATCH=1` (then one warning per patch);
+- a replacement function that restates the original's parameters (no `*args/**kwargs`
+  pass-through) must restate them exactly: names, kinds and which have defaults;
+- other bindings of a replaced module-level object (`from x import f` in another module of the
+  same library) are found by sweeping `sys.modules` and replaced too, so targets list only the
+  defining module.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
+import os
+import sys
 import threading
 from dataclasses import dataclass, field
 from importlib import metadata
+from types import ModuleType
 from typing import Any, Callable
 
 logger = logging.getLogger(__name__)
 
 _MISSING = object()
+ALLOW_VERSION_MISMATCH_ENV = "SLIME_ALLOW_PATCH_VERSION_MISMATCH"
+
+
+class PatchError(RuntimeError):
+    """A patch set cannot be applied as declared (one line: the patch, the target, the fix)."""
 
 
 @dataclass(frozen=True)
 class Patch:
     name: str
     targets: tuple[str, ...]  # "package.module:Attr.path" places that receive the replacement
-    replacement: Callable[[Any], Any]  # factory: original -> new value (the original may be _MISSING-wrapped None)
+    replacement: Callable[[Any], Any]  # factory: original -> new value (None when add_if_missing adds it)
     why: str
     replaces: str  # what the original does that fails on this device
     versions: str  # PEP 440 specifier of the library this patch was written against
     remove_when: str
     library: str = ""  # distribution name checked against `versions` (filled by register)
+    add_if_missing: bool = False  # the target may be absent (the patch adds it; revert deletes it again)
+    check_signature: bool = True  # False only where the replacement deliberately takes other parameters
 
     def __post_init__(self) -> None:
         for field_name in ("name", "why", "replaces", "versions", "remove_when"):
@@ -70,6 +92,11 @@ def register_patch_loader(accelerator: str, library: str, loader: Callable[[], N
     _LOADERS[(accelerator, library)] = loader
 
 
+def registered_sets() -> list[tuple[str, str]]:
+    """Every (accelerator, library) with a registered set or a loader for one."""
+    return sorted(set(_LOADERS) | set(_REGISTRY))
+
+
 def patch_set(accelerator: str, library: str) -> list[Patch]:
     with _LOCK:
         loader = _LOADERS.get((accelerator, library))
@@ -78,24 +105,100 @@ def patch_set(accelerator: str, library: str) -> list[Patch]:
         return list(_REGISTRY.get((accelerator, library), []))
 
 
-def _resolve(target: str) -> tuple[Any, str]:
-    module_name, attr_path = target.split(":", 1)
-    owner: Any = importlib.import_module(module_name)
-    parts = attr_path.split(".")
-    for p in parts[:-1]:
-        owner = getattr(owner, p)
-    return owner, parts[-1]
-
-
-def _version_ok(patch: Patch, library: str) -> bool:
-    dist = LIBRARY_DISTRIBUTIONS.get(library, library)
+def _installed_version(library: str) -> str | None:
     try:
-        from packaging.specifiers import SpecifierSet
+        return metadata.version(LIBRARY_DISTRIBUTIONS.get(library, library))
+    except metadata.PackageNotFoundError:
+        return None  # not installed as a distribution (a test module): nothing to check
 
-        version = metadata.version(dist)
-        return version in SpecifierSet(patch.versions, prereleases=True)
-    except Exception:
-        return True  # library not installed as a distribution (or no packaging): nothing to check
+
+def _check_version(patch: Patch, library: str) -> None:
+    from packaging.specifiers import SpecifierSet
+
+    version = _installed_version(library)
+    if version is None or version in SpecifierSet(patch.versions, prereleases=True):
+        return
+    dist = LIBRARY_DISTRIBUTIONS.get(library, library)
+    msg = (f"patch {patch.name!r} targets {dist} {patch.versions} but {version} is installed; install a "
+           f"version in range, or update the patch (or set {ALLOW_VERSION_MISMATCH_ENV}=1 to apply it anyway)")
+    if os.environ.get(ALLOW_VERSION_MISMATCH_ENV) == "1":
+        logger.warning("%s; applying because %s=1", msg.split(";")[0], ALLOW_VERSION_MISMATCH_ENV)
+        return
+    raise PatchError(msg)
+
+
+def _resolve(patch: Patch, target: str, library: str) -> tuple[Any, str, Any]:
+    """(owner, attribute, original or _MISSING); a missing module/owner/attribute is a PatchError."""
+    module_name, attr_path = target.split(":", 1)
+    version = _installed_version(library)
+    where = f"{LIBRARY_DISTRIBUTIONS.get(library, library)} {version}" if version else library
+
+    def missing(what: str) -> PatchError:
+        return PatchError(f"patch {patch.name!r}: target {target} not found ({what} missing in {where}); "
+                          f"the patch no longer matches the library: update or remove it")
+
+    try:
+        owner: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        raise missing(f"module {e.name}") from None
+    parts = attr_path.split(".")
+    for i, p in enumerate(parts[:-1]):
+        if not hasattr(owner, p):
+            raise missing(f"{module_name}:{'.'.join(parts[: i + 1])}")
+        owner = getattr(owner, p)
+    attr = parts[-1]
+    original = owner.__dict__.get(attr, _MISSING) if isinstance(owner, type) else getattr(owner, attr, _MISSING)
+    if original is _MISSING and not patch.add_if_missing:
+        raise missing(f"attribute {attr!r}")
+    return owner, attr, original
+
+
+def _function(obj: Any) -> Callable | None:
+    obj = obj.__func__ if isinstance(obj, (staticmethod, classmethod)) else obj
+    return obj if inspect.isfunction(obj) else None
+
+
+def _shape(fn: Callable) -> tuple[tuple[str, Any, bool], ...] | None:
+    try:
+        sig = inspect.signature(fn)  # follows functools.wraps' __wrapped__
+    except (TypeError, ValueError):
+        return None
+    return tuple((p.name, p.kind, p.default is not inspect.Parameter.empty) for p in sig.parameters.values())
+
+
+def _check_signature(patch: Patch, target: str, original: Any, new: Any) -> None:
+    """A replacement that spells out parameters must spell out the original's (names, kinds, defaults
+    present); one taking *args/**kwargs passes everything through and is not compared."""
+    orig_fn, new_fn = _function(original), _function(new)
+    if not patch.check_signature or orig_fn is None or new_fn is None or orig_fn is new_fn:
+        return
+    want, got = _shape(orig_fn), _shape(new_fn)
+    if want is None or got is None or any(kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+                                          for _, kind, _ in got):
+        return
+    if want != got:
+        raise PatchError(
+            f"patch {patch.name!r}: replacement for {target} takes {inspect.signature(new_fn)} but the installed "
+            f"original takes {inspect.signature(orig_fn)}; update the replacement to the library's signature"
+        )
+
+
+def _aliases(owner: Any, attr: str, original: Any) -> list[tuple[Any, str]]:
+    """Other module-level bindings of `original` in the same top-level package (e.g. `from .a import f`)."""
+    if not isinstance(owner, ModuleType) or original is _MISSING or original is None \
+            or isinstance(original, (bool, int, float, str, bytes)):
+        return []
+    package = owner.__name__.split(".")[0] + "."
+    found = []
+    for name, mod in list(sys.modules.items()):
+        if mod is None or mod is owner or not (name + ".").startswith(package):
+            continue
+        try:
+            items = list(vars(mod).items())
+        except TypeError:
+            continue
+        found.extend((mod, key) for key, value in items if value is original)
+    return found
 
 
 def is_applied(accelerator: str, library: str) -> bool:
@@ -103,31 +206,36 @@ def is_applied(accelerator: str, library: str) -> bool:
 
 
 def apply_patch_set(accelerator: str, library: str) -> list[str]:
-    """Apply once per process; a second call is a no-op. All-or-nothing: a failing target reverts the set."""
+    """Apply once per process; a second call is a no-op. All-or-nothing: a failing patch reverts the set."""
     with _LOCK:
         key = (accelerator, library)
         if key in _APPLIED:
             return [a.patch.name for a in _APPLIED[key]]
         applied: list[_Applied] = []
         patches = patch_set(accelerator, library)
+        for patch in patches:
+            _check_version(patch, library)
         # Resolve (import) every target first: a module imported part-way through applying would
         # bind an already-patched function and record it as the "original".
-        resolved = {t: _resolve(t) for patch in patches for t in patch.targets}
+        resolved = {(patch.name, t): _resolve(patch, t, library) for patch in patches for t in patch.targets}
         try:
             for patch in patches:
-                if not _version_ok(patch, library):
-                    logger.warning(
-                        "patch %s targets %s %s; installed version differs, applying anyway (check it still applies)",
-                        patch.name, library, patch.versions,
-                    )
                 record = _Applied(patch)
                 applied.append(record)
+                done: set[tuple[int, str]] = set()
                 for target in patch.targets:
-                    owner, attr = resolved[target]
-                    original = owner.__dict__.get(attr, _MISSING) if isinstance(owner, type) else getattr(owner, attr, _MISSING)
+                    owner, attr, original = resolved[(patch.name, target)]
+                    if (id(owner), attr) in done:
+                        continue
                     new = patch.replacement(None if original is _MISSING else original)
-                    record.originals.append((owner, attr, original))
-                    setattr(owner, attr, new)
+                    _check_signature(patch, target, original, new)
+                    for o, a in [(owner, attr), *_aliases(owner, attr, original)]:
+                        if (id(o), a) in done:
+                            continue
+                        done.add((id(o), a))
+                        record.originals.append((o, a, o.__dict__.get(a, _MISSING) if isinstance(o, type)
+                                                 else getattr(o, a, _MISSING)))
+                        setattr(o, a, new)
         except Exception:
             _revert(applied)
             raise
@@ -155,3 +263,13 @@ def revert_patch_set(accelerator: str, library: str) -> None:
         applied = _APPLIED.pop((accelerator, library), None)
         if applied:
             _revert(applied)
+
+
+def applied_bindings(accelerator: str, library: str) -> list[tuple[str, str]]:
+    """(patch name, "module:attr") for every binding an applied set replaced, aliases included."""
+    out = []
+    for record in _APPLIED.get((accelerator, library), []):
+        for owner, attr, _ in record.originals:
+            where = owner.__name__ if isinstance(owner, ModuleType) else f"{owner.__module__}:{owner.__qualname__}"
+            out.append((record.patch.name, f"{where}:{attr}" if isinstance(owner, ModuleType) else f"{where}.{attr}"))
+    return out

@@ -8,7 +8,6 @@ Auto-detection order: NPU (torch_npu imports and a device is present), then CUDA
 from __future__ import annotations
 
 import os
-import sys
 import threading
 
 from slime.accelerator.base import Accelerator, AcceleratorUnavailable
@@ -19,21 +18,31 @@ ENV_VAR = "SLIME_ACCELERATOR"
 PLUGINS_ENV_VAR = "SLIME_ACCELERATOR_PLUGINS"
 
 _CLASSES: dict[str, type[Accelerator]] = {}
+_PRIORITIES: dict[str, tuple[int, int]] = {}  # name -> (priority, registration sequence)
 _DETECTION_ORDER: list[str] = []
 _CURRENT: Accelerator | None = None
 _LOCK = threading.Lock()
 
+# Auto-detection probes lower priorities first; equal priorities in registration order.
+DEFAULT_PRIORITY = 100  # a plugin registered without a priority: after the built-in devices, before cpu
+FALLBACK_PRIORITY = 1000  # cpu: always available, so anything probed after it is never chosen
+BUILTIN_PRIORITIES = {"npu": 10, "cuda": 20, "cpu": FALLBACK_PRIORITY}
+
 
 def register_accelerator(cls: type[Accelerator], *, priority: int | None = None) -> type[Accelerator]:
-    """Register a backend. `priority` is its place in auto-detection (lower first); CPU stays last."""
+    """Register a backend (re-registering a name replaces its class). `priority` is its place in
+    auto-detection, lower probed first; None keeps the name's previous priority, else the built-in one
+    (npu 10, cuda 20, cpu 1000) or DEFAULT_PRIORITY (100). cpu is last unless a priority > 1000 is given."""
+    if priority is None:
+        priority = _PRIORITIES[cls.name][0] if cls.name in _PRIORITIES else BUILTIN_PRIORITIES.get(cls.name, DEFAULT_PRIORITY)
     _CLASSES[cls.name] = cls
-    if cls.name in _DETECTION_ORDER:
-        _DETECTION_ORDER.remove(cls.name)
-    _DETECTION_ORDER.insert(len(_DETECTION_ORDER) if priority is None else priority, cls.name)
+    _PRIORITIES[cls.name] = (int(priority), _PRIORITIES.get(cls.name, (0, len(_PRIORITIES)))[1])
+    _DETECTION_ORDER[:] = sorted(_PRIORITIES, key=lambda n: _PRIORITIES[n])
     return cls
 
 
 def accelerator_names() -> list[str]:
+    """Registered names in auto-detection order."""
     return list(_DETECTION_ORDER)
 
 
@@ -45,17 +54,8 @@ def accelerator_class(name: str) -> type[Accelerator]:
     return _CLASSES[name]
 
 
-def _one_line_excepthook(exc_type, exc, tb, _previous=sys.excepthook):
-    # An unmet device request is a configuration error, not a bug: print its one line, not a traceback.
-    if issubclass(exc_type, AcceleratorUnavailable) and not os.environ.get("SLIME_DEBUG"):
-        print(f"slime: {exc}", file=sys.stderr)
-        return
-    _previous(exc_type, exc, tb)
-
-
 def _fail(msg: str) -> AcceleratorUnavailable:
-    if sys.excepthook is sys.__excepthook__:
-        sys.excepthook = _one_line_excepthook
+    # No process-wide excepthook: the command-line entry points print this one line (slime.accelerator.cli).
     return AcceleratorUnavailable(msg)
 
 

@@ -79,11 +79,10 @@ PATCHES = [
     ),
     Patch(
         name="default_causal_mask_device",
-        targets=("megatron.core.transformer.utils:get_default_causal_mask",
-                 "megatron.core.fusions.fused_softmax:get_default_causal_mask"),
+        targets=("megatron.core.transformer.utils:get_default_causal_mask",),
         replacement=lambda orig: default_causal_mask,
         why="the unfused softmax of megatron's local DotProductAttention builds the causal mask every forward",
-        replaces='torch.ones(sq, sq, device="cuda") in get_default_causal_mask (and its fused_softmax binding)',
+        replaces='torch.ones(sq, sq, device="cuda") in get_default_causal_mask (its fused_softmax binding: alias sweep)',
         versions=MEGATRON_VERSIONS,
         remove_when="megatron-core builds the mask on the scores' device",
     ),

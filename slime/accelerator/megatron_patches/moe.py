@@ -107,9 +107,9 @@ def dtoh_and_synchronize(self, point: str, tokens_per_expert=None):
     return tokens_per_expert
 
 
-def _p(name, targets, replacement, why, replaces, remove_when):
+def _p(name, targets, replacement, why, replaces, remove_when, **kw):
     return Patch(name=name, targets=tuple(targets), replacement=replacement, why=why, replaces=replaces,
-                 versions=MEGATRON_VERSIONS, remove_when=remove_when)
+                 versions=MEGATRON_VERSIONS, remove_when=remove_when, **kw)
 
 
 PATCHES = [
@@ -117,7 +117,7 @@ PATCHES = [
        "RouterGatingLinearFunction tests `te_general_gemm is not None`, but the name is only bound when "
        "TransformerEngine imports, so every MoE forward raises NameError without TE",
        "the unbound module global te_general_gemm (bound to None when TE is absent, kept when present)",
-       "megatron-core binds te_general_gemm = None in its TE import fallback"),
+       "megatron-core binds te_general_gemm = None in its TE import fallback", add_if_missing=True),
     _p("moe_router_gating_device", [f"{ROUTER}:Router.gating"], lambda orig: router_gating,
        "every MoE forward computes router logits",
        "moving CPU router weights to torch.cuda.current_device() in Router.gating",

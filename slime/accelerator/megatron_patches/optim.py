@@ -23,7 +23,6 @@ DDP = "megatron.core.distributed.distributed_data_parallel"
 CLIP = "megatron.core.optimizer.clip_grads"
 OPT = "megatron.core.optimizer.optimizer"
 DIST_OPT = "megatron.core.optimizer.distrib_optimizer"
-LAYER_WISE = "megatron.core.optimizer.layer_wise_optimizer"
 
 
 def _device() -> torch.device:
@@ -129,11 +128,11 @@ PATCHES = [
                        f"{BUFFER}:_ParamAndGradBucketGroup.finish_grad_sync"], _rebind,
        "DDP grad reduction (communication streams with several distributed-optimizer instances)",
        "torch.cuda.Stream / torch.cuda.stream / torch.cuda.default_stream; re-bound to the accelerator's"),
-    _p("grad_norm_device", [f"{CLIP}:get_grad_norm_fp32", f"{OPT}:get_grad_norm_fp32",
-                            f"{LAYER_WISE}:get_grad_norm_fp32"], lambda o: get_grad_norm_fp32,
+    _p("grad_norm_device", [f"{CLIP}:get_grad_norm_fp32"], lambda o: get_grad_norm_fp32,
        "every optimizer step computes the global grad norm (clip_grad, logging)",
-       "torch.zeros/tensor(..., device='cuda') accumulators in get_grad_norm_fp32 (and its imported bindings)"),
-    _p("clip_grads_device", [f"{CLIP}:clip_grad_by_total_norm_fp32", f"{OPT}:clip_grad_by_total_norm_fp32"],
+       "torch.zeros/tensor(..., device='cuda') accumulators in get_grad_norm_fp32 (its `from .clip_grads import` "
+       "bindings in optimizer.py / layer_wise_optimizer.py are found and replaced by the registry's alias sweep)"),
+    _p("clip_grads_device", [f"{CLIP}:clip_grad_by_total_norm_fp32"],
        lambda o: clip_grad_by_total_norm_fp32,
        "gradient clipping (clip_grad > 0)",
        "the `param.grad.type() == 'torch.cuda.FloatTensor'` assert and device='cuda' overflow buffer"),

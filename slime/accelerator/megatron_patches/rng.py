@@ -132,7 +132,7 @@ PATCHES = [
        "on CPU the device generator is the host generator; the original warns on every random op inside fork",
        "the host-RNG-changed warning in CudaRNGStatesTracker.fork (delegates to the original off CPU)"),
     _p("model_parallel_manual_seed",
-       [f"{RANDOM}:model_parallel_cuda_manual_seed", "megatron.core.tensor_parallel:model_parallel_cuda_manual_seed"],
+       [f"{RANDOM}:model_parallel_cuda_manual_seed"],
        lambda orig: model_parallel_manual_seed,
        "every trainer seeds the model-parallel RNG states at start-up",
        "torch.cuda.manual_seed in model_parallel_cuda_manual_seed"),

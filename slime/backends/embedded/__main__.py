@@ -14,6 +14,8 @@ import signal
 import sys
 import threading
 
+from slime.accelerator.cli import one_line_errors
+
 TOKEN_ENV = "SLIME_ENGINE_TOKEN"
 
 
@@ -33,6 +35,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -60,4 +63,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
