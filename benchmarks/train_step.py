@@ -68,7 +68,7 @@ def main() -> None:
         ckpt = write_tiny_checkpoint(f"{tmp}/ckpt", a.model_type, seed=0, **sizes)
         megatron = load_hf_model(ckpt, dtype=dtype).train()
         hf = AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype).to(dev).train()
-    vocab = megatron.glm.vocab_size
+    vocab = megatron.arch.vocab_size
     ids = torch.randint(3, vocab, (a.batch, a.seq), device=dev)
     pos = torch.arange(a.seq, device=dev).expand(a.batch, a.seq)
     weight = torch.randn(a.batch, a.seq, vocab, device=dev, dtype=dtype)

@@ -47,16 +47,14 @@ def hf_grads_by_checkpoint_name(model) -> dict[str, torch.Tensor]:
 
 def megatron_grads_by_hf_name(model, gather=None) -> dict[str, torch.Tensor]:
     """Our grads under HF names. `gather(tensor, kind)` returns the list of shards (TP/EP > 1)."""
-    from slime_plugins.models.glm5.weights import maps_for_model
-
     state = model.state_dict(keep_vars=True)
     out = {}
-    for m in maps_for_model(model):
+    for m in model.family.call("weight_maps", model):
         grad = getattr(state[m.param], "grad", None)
         if grad is None:
             continue
         shards = gather(grad, m.kind) if gather else [grad]
-        out.update(zip(m.hf_names_after_gather(model.glm.n_routed_experts), m.to_hf(shards)))
+        out.update(zip(m.hf_names_after_gather(model.arch.n_routed_experts), m.to_hf(shards)))
     return out
 
 

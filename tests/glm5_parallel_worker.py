@@ -37,7 +37,7 @@ def run(rank: int, port: int, accel: str, ckpt: str, ref_path: str) -> None:
     from glm5_helpers import megatron_grads_by_hf_name
     from safetensors.torch import load_file
     from slime.backends.megatron import build_optimizer, export_hf, load_hf_model
-    from slime_plugins.models.glm5 import weights as W
+    from slime_plugins.models.common import weights as W
 
     ref = torch.load(ref_path)
     ids, pos, weight = ref["ids"], ref["pos"], ref["weight"]
@@ -98,12 +98,12 @@ def run(rank: int, port: int, accel: str, ckpt: str, ref_path: str) -> None:
 def check_tensor_parallel_attributes(model, tp: int, ep: int) -> None:
     """Every TP shard (by its weight map) carries megatron's tensor-parallel attributes with the split
     dim; replicated parameters carry none; expert weights are marked (expert-TP shards, as megatron's)."""
-    from slime_plugins.models.glm5 import weights as W
+    from slime_plugins.models.common import weights as W
 
     split = {W.TP_ROWS: (0, 1), W.TP_GATE_UP: (0, 2), W.TP_COLS: (1, 1), W.EXPERT_W1: (2, 2), W.EXPERT_W2: (1, 1)}
     params = dict(model.named_parameters())
     checked = 0
-    for m in W.maps_for_model(model):
+    for m in model.family.call("weight_maps", model):
         p = params.get(m.param)
         if p is None:  # a buffer (expert bias)
             continue
@@ -183,15 +183,15 @@ def expert_parallel_rank_without_tokens(rank: int, ckpt: str, ref) -> None:
     no rows in forward or backward. Logits and the non-expert grads equal ep=1; rank 1's expert grads are
     0 and rank 0's are twice ep=1's (both ranks run the same batch through rank 0's experts)."""
     from slime.backends.megatron import load_hf_model
-    from slime_plugins.models.glm5.moe import GlmMoE
+    from slime_plugins.models.common.moe import MoELayer
 
     ids, pos, weight = ref["ids"], ref["pos"], ref["weight"]
     runs = []
     for ep in (1, 2):
         model = load_hf_model(ckpt, ep=ep)
         for m in model.modules():
-            if isinstance(m, GlmMoE):
-                m.expert_bias[: m.glm.n_routed_experts // 2] += 10.0
+            if isinstance(m, MoELayer):
+                m.expert_bias[: m.arch.n_routed_experts // 2] += 10.0
         logits = model(ids, pos)
         (logits * weight).sum().backward()
         runs.append((logits.detach(), {n: p.grad for n, p in model.named_parameters() if p.requires_grad}))

@@ -156,8 +156,8 @@ def test_bad_checkpoints_fail_with_one_error_naming_the_problem(ckpts, tmp_path)
     json.dump({"model_type": "glm_moe_dsa"}, open(tmp_path / "empty" / "config.json", "w"))
     with pytest.raises(HFCheckpointError, match="no safetensors weights"):
         load_hf_model(str(tmp_path / "empty"))
-    bad = _broken_copy(src, tmp_path / "llama", edit_config=lambda c: c.update(model_type="llama"))
-    with pytest.raises(HFCheckpointError, match="model_type 'llama' is not supported.*glm_moe_dsa, glm4_moe_lite"):
+    bad = _broken_copy(src, tmp_path / "gpt2", edit_config=lambda c: c.update(model_type="gpt2"))
+    with pytest.raises(HFCheckpointError, match="model_type 'gpt2' is not supported.*glm4_moe_lite, glm_moe_dsa"):
         load_hf_model(bad)
 
     def rename(t):

@@ -21,11 +21,11 @@ COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.j
 
 
 def unwrap(model):
-    """The GlmModel inside DDP / Float16Module wrappers."""
-    while not hasattr(model, "glm") and hasattr(model, "module"):
+    """The slime model (common/model.py DecoderModel) inside DDP / Float16Module wrappers."""
+    while not hasattr(model, "arch") and hasattr(model, "module"):
         model = model.module
-    if not hasattr(model, "glm"):
-        raise TypeError(f"{type(model).__name__} is not a slime GLM model (build it with load_hf_model)")
+    if not hasattr(model, "arch"):
+        raise TypeError(f"{type(model).__name__} is not a slime model (build it with load_hf_model)")
     return model
 
 
@@ -46,21 +46,20 @@ def export_hf(model, bucket_bytes: int = 1 << 28, dtype: torch.dtype | None = No
     and expert bias stay float32). Collective over TP and EP (see module docstring)."""
     from megatron.core import parallel_state as ps
 
-    from slime_plugins.models.glm5 import weights as W
+    from slime_plugins.models.common import weights as W
 
     model = unwrap(model)
+    family = model.family
     tp_group, ep_group = ps.get_tensor_model_parallel_group(), ps.get_expert_model_parallel_group()
     state = model.state_dict(keep_vars=True)
     aliases = {}
     if getattr(model, "mtp", None) is not None:
-        from slime_plugins.models.glm5.mtp import mtp_alias_names
-
-        aliases = mtp_alias_names(model.glm)  # MTP copies of the (tied) main embedding / lm_head
+        _, aliases = family.call("mtp_names", model.arch)  # MTP copies of the (tied) main embedding / lm_head
     wanted = set(aliases.values())
     kept: dict[str, torch.Tensor] = {}
 
     def entries():
-        for m in W.maps_for_model(model):
+        for m in family.call("weight_maps", model):
             local = state[m.param].detach()
             if m.kind in (W.TP_ROWS, W.TP_COLS, W.TP_GATE_UP):
                 shards = _gather(local, tp_group)
@@ -68,7 +67,7 @@ def export_hf(model, bucket_bytes: int = 1 << 28, dtype: torch.dtype | None = No
                 shards = _gather(local, ep_group)
             else:
                 shards = [local]
-            for name, t in zip(m.hf_names_after_gather(model.glm.n_routed_experts), m.to_hf(shards)):
+            for name, t in zip(m.hf_names_after_gather(model.arch.n_routed_experts), m.to_hf(shards)):
                 if name in wanted:
                     kept[name] = t
                 yield name, t
@@ -156,7 +155,7 @@ def _finish(model, tmp: str, out_dir: str, files: list[tuple[str, list[str]]], d
         weight_map = {name: fn for fn, names in files for name in names}
         with open(os.path.join(tmp, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
-    config = dict(model.glm.hf_config)
+    config = dict(model.arch.hf_config)
     dtypes = {p.dtype for p in model.parameters()}
     out_dtype = dtype or (torch.bfloat16 if torch.bfloat16 in dtypes else next(iter(dtypes)))
     config["dtype"] = str(out_dtype).removeprefix("torch.")

@@ -1,8 +1,9 @@
 """load_hf_model: an HF checkpoint into this rank's megatron model shard on the current accelerator.
 
-All checks run before any weight is copied: missing shard files, unsupported model_type, missing or
-unused tensor names, shape mismatches each end in one HFCheckpointError listing every offending name,
-and no model is returned half-loaded.
+The model family comes from the registry (slime_plugins/models/registry.py) by config.json's
+`model_type`. All checks run before any weight is copied: missing shard files, unsupported model_type,
+missing or unused tensor names, shape mismatches each end in one HFCheckpointError listing every
+offending name, and no model is returned half-loaded.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ __all__ = ["HFCheckpointError", "load_hf_model"]
 
 def _expected_full_shape(kind: str, local: tuple[int, ...], tp: int) -> tuple[int, ...] | None:
     """Shape every HF tensor of a map must have, from this rank's shard shape."""
-    from slime_plugins.models.glm5 import weights as W
+    from slime_plugins.models.common import weights as W
 
     if kind == W.TP_ROWS:
         return (local[0] * tp, *local[1:])
@@ -33,39 +34,31 @@ def _expected_full_shape(kind: str, local: tuple[int, ...], tp: int) -> tuple[in
     return None
 
 
-def _check_names(ckpt: HFCheckpoint, glm, load_mtp: bool) -> None:
-    from slime_plugins.models.glm5 import weights as W
+def _check_names(ckpt: HFCheckpoint, family, arch, load_mtp: bool) -> None:
+    from slime_plugins.models.common.weights import is_mtp_name
 
-    expected = set(W.all_hf_names(glm))
+    expected = set(family.call("hf_names", arch))
     available = ckpt.names()
-    mtp = {n for n in available if W.is_mtp_name(glm, n)}
+    mtp = {n for n in available if is_mtp_name(arch, n)}
     missing = expected - available
     unused = available - expected - mtp
     if load_mtp:
-        from slime_plugins.models.glm5.mtp import mtp_alias_names, mtp_hf_names
-
-        wanted_mtp = set(mtp_hf_names(glm)) | set(mtp_alias_names(glm))
+        names, aliases = family.call("mtp_names", arch)
+        wanted_mtp = set(names) | set(aliases)
         missing |= wanted_mtp - available
         unused |= mtp - wanted_mtp
     problems = []
     if missing:
         problems.append(f"missing tensors: {name_list(missing)}")
     if unused:
-        problems.append(f"unused tensors (not part of a {glm.model_type} model): {name_list(unused)}")
+        problems.append(f"unused tensors (not part of a {arch.model_type} model): {name_list(unused)}")
     if problems:
         raise HFCheckpointError(f"{ckpt.dir}: " + "; ".join(problems))
 
 
-def _is_mtp(glm, name: str) -> bool:
-    from slime_plugins.models.glm5.weights import is_mtp_name
-
-    return is_mtp_name(glm, name)
-
-
-def _check_mtp_aliases(ckpt: HFCheckpoint, glm) -> None:
-    from slime_plugins.models.glm5.mtp import mtp_alias_names
-
-    differ = [n for n, main in mtp_alias_names(glm).items() if not torch.equal(ckpt.get(n), ckpt.get(main))]
+def _check_mtp_aliases(ckpt: HFCheckpoint, family, arch) -> None:
+    _, aliases = family.call("mtp_names", arch)
+    differ = [n for n, main in aliases.items() if not torch.equal(ckpt.get(n), ckpt.get(main))]
     if differ:
         raise HFCheckpointError(f"{ckpt.dir}: MTP tensors {name_list(differ)} differ from the main embedding / lm_head; "
                                 "slime ties them (load with load_mtp=False to keep them unchanged instead)")
@@ -104,12 +97,13 @@ def _stage(model, ckpt: HFCheckpoint, maps, tp_rank: int, tp: int) -> dict[str, 
 
 def load_hf_model(hf_dir: str, tp: int = 1, ep: int = 1, pp: int = 1, *, dtype: torch.dtype | None = None,
                   load_mtp: bool = False, gather_logits: bool = True, seed: int = 1234, **config_overrides):
-    """The GLM-5-family megatron model of this rank, weights from `hf_dir`.
+    """The megatron model of this rank for the checkpoint's model family (any registered model_type),
+    weights from `hf_dir`.
 
     Call inside an initialized process group whose megatron model parallel sizes are (tp, ep, pp), or in
     a single process (a one-rank group on `get_accelerator().process_group_backend()` is created).
     Applies the accelerator's megatron patches. dtype: default the checkpoint's (config.json "dtype"),
-    else float32; the router weight, expert bias and indexer gate stay float32 as in transformers.
+    else float32; the GLM router weight, expert bias and indexer gate stay float32 as in transformers.
     load_mtp: also build and load the checkpoint's MTP layer(s) (config num_nextn_predict_layers).
     The model is called as model(input_ids, position_ids, attention_mask=None, packed_seq_params=None)
     and returns logits [B, S, V], gathered over TP when gather_logits (every TP rank gets the full vocab).
@@ -117,28 +111,30 @@ def load_hf_model(hf_dir: str, tp: int = 1, ep: int = 1, pp: int = 1, *, dtype: 
     from megatron.core import parallel_state as ps
 
     from slime.backends.megatron.parallel import init_parallel
-    from slime_plugins.models.glm5.config import GlmConfig, UnsupportedModelError
-    from slime_plugins.models.glm5.model import build_model
-    from slime_plugins.models.glm5.weights import maps_for_model
+    from slime_plugins.models.common.weights import is_mtp_name
+    from slime_plugins.models.registry import UnsupportedModelError, parse_hf_config
 
     ckpt = HFCheckpoint(hf_dir)
     try:
-        glm = GlmConfig.from_hf(ckpt.config)
+        family, arch = parse_hf_config(ckpt.config)
     except UnsupportedModelError as e:
         raise HFCheckpointError(f"{hf_dir}: {e}") from e
-    except KeyError as e:
-        raise HFCheckpointError(f"{hf_dir}: config.json lacks {e.args[0]!r}") from e
-    if load_mtp and not glm.mtp_num_layers:
+    if load_mtp and not family.supports_mtp:
+        raise HFCheckpointError(f"{hf_dir}: load_mtp=True but the {family.name} model family has no MTP training "
+                                "(its MTP tensors are kept unchanged with load_mtp=False)")
+    if load_mtp and not arch.mtp_num_layers:
         raise HFCheckpointError(f"{hf_dir}: load_mtp=True but config.json has no num_nextn_predict_layers")
-    _check_names(ckpt, glm, load_mtp)
+    _check_names(ckpt, family, arch, load_mtp)
     init_parallel(tp, ep, pp, seed=seed)
     dtype = dtype or ckpt.dtype() or torch.float32
-    model = build_model(glm, tp, ep, pp, dtype=dtype, gather_logits=gather_logits, mtp=load_mtp, **config_overrides)
-    staged = _stage(model, ckpt, maps_for_model(model), ps.get_tensor_model_parallel_rank(), tp)
+    extra = {"mtp": True} if load_mtp else {}
+    model = family.call("build_model", arch, tp, ep, pp, dtype=dtype, gather_logits=gather_logits, **extra,
+                        **config_overrides)
+    staged = _stage(model, ckpt, family.call("weight_maps", model), ps.get_tensor_model_parallel_rank(), tp)
     if load_mtp:
-        _check_mtp_aliases(ckpt, glm)
+        _check_mtp_aliases(ckpt, family, arch)
     elif model.post_process:  # MTP tensors not trained here are written back unchanged by export_hf / save_hf
-        model.passthrough_hf = {n: ckpt.get(n) for n in sorted(ckpt.names()) if _is_mtp(glm, n)}
+        model.passthrough_hf = {n: ckpt.get(n) for n in sorted(ckpt.names()) if is_mtp_name(arch, n)}
     targets = model.state_dict(keep_vars=True)
     with torch.no_grad():
         for name, value in staged.items():

@@ -14,7 +14,7 @@ from slime.backends.megatron import data as D
 
 
 def load_model(args, hf_dir: str) -> torch.nn.Module:
-    """The GLM-5-family Megatron model for this rank's TP/EP shard, weights from `hf_dir`; returns
+    """The Megatron model (any registered family) for this rank's TP/EP shard, weights from `hf_dir`; returns
     full-vocab logits on every TP rank."""
     from slime.backends.megatron import load_hf_model
 

@@ -15,18 +15,10 @@ from megatron.core import tensor_parallel
 from megatron.core.transformer.module import MegatronModule
 
 from slime.accelerator import get_accelerator
+from slime_plugins.models.common.layers import (KeepsFloat32, ReplicatedLinear, RMSNorm, column_parallel, from_thd,
+                                                row_parallel, to_thd)
+from slime_plugins.models.common.rope import ForwardContext
 from slime_plugins.models.glm5.config import GlmConfig
-from slime_plugins.models.glm5.layers import KeepsFloat32, ReplicatedLinear, RMSNorm, column_parallel, row_parallel
-from slime_plugins.models.glm5.rope import ForwardContext
-
-
-def to_thd(x: torch.Tensor) -> torch.Tensor:
-    """[S, B, ...] -> [B*S, ...] with each sequence's tokens contiguous."""
-    return x.transpose(0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:])
-
-
-def from_thd(x: torch.Tensor, seq_len: int, batch: int) -> torch.Tensor:
-    return x.reshape(batch, seq_len, *x.shape[1:]).transpose(0, 1)
 
 
 class DsaIndexer(KeepsFloat32, torch.nn.Module):
@@ -61,9 +53,9 @@ class MLASelfAttention(MegatronModule):
     """Megatron self-attention submodule: forward(hidden [S(/tp), B, H], ..., packed_seq_params=ForwardContext)
     -> (output [S(/tp), B, H], None)."""
 
-    def __init__(self, config, layer_number: int, glm: GlmConfig, **_: object) -> None:
+    def __init__(self, config, layer_number: int, arch: GlmConfig, **_: object) -> None:
         super().__init__(config=config)
-        self.glm = glm
+        glm = self.glm = arch
         self.layer_index = layer_number - 1  # megatron layer numbers are 1-based and global
         tp = config.tensor_model_parallel_size
         self.heads = glm.num_attention_heads // tp
@@ -94,7 +86,7 @@ class MLASelfAttention(MegatronModule):
                 **_: object):
         ctx = packed_seq_params
         if not isinstance(ctx, ForwardContext):
-            raise TypeError("MLASelfAttention needs the model's ForwardContext as packed_seq_params (use GlmModel)")
+            raise TypeError("MLASelfAttention needs the model's ForwardContext as packed_seq_params (use the DecoderModel)")
         glm, ops = self.glm, get_accelerator().ops
         x = hidden_states
         if self.config.sequence_parallel:

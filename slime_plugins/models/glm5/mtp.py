@@ -16,9 +16,9 @@ from megatron.core import tensor_parallel
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import build_module
 
+from slime_plugins.models.common.layers import ReplicatedLinear, RMSNorm
 from slime_plugins.models.glm5.config import GlmConfig
-from slime_plugins.models.glm5.layers import ReplicatedLinear, RMSNorm
-from slime_plugins.models.glm5.spec import layer_spec
+from slime_plugins.models.glm5.model import layer_spec
 
 
 def shift_within_sequences(input_ids: torch.Tensor, k: int, cu_seqlens: torch.Tensor, pad_id: int = 0) -> torch.Tensor:
@@ -67,7 +67,7 @@ class MtpBlock(MegatronModule):
             if self.config.sequence_parallel:
                 embedded = tensor_parallel.scatter_to_sequence_parallel_region(embedded)
             hidden = layer(hidden, embedded, ctx)
-            logits, _ = model.output_layer(layer.final_layernorm(hidden))
+            logits = model.output_logits(layer.final_layernorm(hidden))
             outputs.append(logits)
         return outputs
 
@@ -79,7 +79,8 @@ def mtp_hf_names(glm: GlmConfig) -> list[str]:
 def mtp_maps(glm: GlmConfig, ep_rank: int, ep: int):
     """Weight maps of the MTP block (the per-layer embed_tokens / shared_head.head copies are handled
     by the loader/exporter as aliases of the main embedding / output layer)."""
-    from slime_plugins.models.glm5 import weights as W
+    from slime_plugins.models.common import weights as W
+    from slime_plugins.models.glm5.weights import layer_maps
 
     maps = []
     for d in range(glm.mtp_num_layers):
@@ -89,7 +90,7 @@ def mtp_maps(glm: GlmConfig, ep_rank: int, ep: int):
                  W.WeightMap(f"{p}.hnorm.weight", (f"{hp}.hnorm.weight",), W.REPLICATED),
                  W.WeightMap(f"{p}.eh_proj.weight", (f"{hp}.eh_proj.weight",), W.REPLICATED),
                  W.WeightMap(f"{p}.final_layernorm.weight", (f"{hp}.shared_head.norm.weight",), W.REPLICATED)]
-        maps += W.layer_maps(glm, layer, f"{p}.transformer_layer", hp, ep_rank, ep)
+        maps += layer_maps(glm, layer, f"{p}.transformer_layer", hp, ep_rank, ep)
     return maps
 
 

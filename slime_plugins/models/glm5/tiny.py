@@ -1,15 +1,14 @@
-"""Tiny GLM-5-family configs and a random-initialised HF checkpoint writer (tests, quick start).
-
-`write_tiny_checkpoint(out_dir)` writes config.json + model.safetensors + an offline tokenizer,
-loadable by transformers' AutoModelForCausalLM and by slime's Megatron loader.
+"""Tiny GLM-5-family configs (tests, quick start); `python -m slime_plugins.models.glm5.tiny OUT_DIR`
+writes one as a random-init HF checkpoint (the writer is common/tiny.py, for every family).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 from typing import Any
+
+from slime_plugins.models.common.tiny import main, write_tiny_checkpoint
+
+__all__ = ["TINY_CONFIGS", "main", "tiny_config", "write_tiny_checkpoint"]
 
 TINY_GLM5: dict[str, Any] = dict(
     model_type="glm_moe_dsa",
@@ -66,51 +65,6 @@ def tiny_config(model_type: str = "glm_moe_dsa", **overrides: Any):
         kwargs.setdefault("layer_types", ["indexed_attention"] * n)
     kwargs.setdefault("mlp_layer_types", ["dense"] * kwargs["first_k_dense_replace"] + ["sparse"] * (n - kwargs["first_k_dense_replace"]))
     return AutoConfig.for_model(model_type, **kwargs)
-
-
-def write_tiny_checkpoint(out_dir: str, model_type: str = "glm_moe_dsa", seed: int = 0, dtype: str = "float32",
-                          **overrides: Any) -> str:
-    """Write a random-init tiny HF checkpoint to `out_dir` (atomically: temp dir, then rename)."""
-    import shutil
-    import tempfile
-
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from slime.utils.tiny_tokenizer import save_tokenizer
-
-    config = tiny_config(model_type, **overrides)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
-    # Random-init e_score_correction_bias is zeros; give it values so the bias path is exercised.
-    with torch.no_grad():
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.copy_(torch.randn_like(b) * 0.1)
-    parent = os.path.dirname(os.path.abspath(out_dir)) or "."
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-ckpt-", dir=parent)
-    try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        save_tokenizer(tmp, config.vocab_size)
-        if os.path.exists(out_dir):
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out_dir
-
-
-def main() -> None:  # pragma: no cover - CLI
-    ap = argparse.ArgumentParser(description="Write a tiny random-init GLM-5-family HF checkpoint.")
-    ap.add_argument("out_dir")
-    ap.add_argument("--model-type", default="glm_moe_dsa", choices=sorted(TINY_CONFIGS))
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--override", default="{}", help="JSON dict of config overrides")
-    a = ap.parse_args()
-    write_tiny_checkpoint(a.out_dir, a.model_type, a.seed, **json.loads(a.override))
-    print(a.out_dir)
 
 
 if __name__ == "__main__":  # pragma: no cover

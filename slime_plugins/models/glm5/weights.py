@@ -1,97 +1,17 @@
-"""HF checkpoint names <-> this model's parameters, with the TP / EP sharding of each.
-
-One `WeightMap` per megatron parameter (or persistent buffer) of this rank: the HF tensors it is made of
-and the sharding rule. The loader turns full HF tensors into this rank's shard (`to_local`); the exporter
-gathers shards and turns them back into full HF tensors (`to_hf`). HF names are the transformers 5.x
-per-expert layout (`mlp.experts.{e}.gate_proj.weight`); fused `gate_up_proj` checkpoints are read too.
-"""
+"""HF names of the GLM-5 family's MLA (+ DSA indexer) attention; norms, MLP and MoE maps are shared
+(common/weights.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from slime_plugins.models.common.weights import (REPLICATED, TP_COLS, TP_ROWS, WeightMap, all_hf_names, is_mtp_name,
+                                                 mlp_maps, model_maps, stage_of)
 
-import torch
-
-from slime_plugins.models.glm5.config import GlmConfig
-
-# Sharding kinds
-REPLICATED = "replicated"
-TP_ROWS = "tp_rows"  # split on dim 0 over TP (column-parallel weights, vocab-parallel tables)
-TP_COLS = "tp_cols"  # split on dim 1 over TP (row-parallel weights)
-TP_GATE_UP = "tp_gate_up"  # [gate; up] rows, each split over TP, the rank's halves concatenated
-EXPERT_W1 = "expert_w1"  # [E_local, H, 2I] from per-expert gate/up [I, H]
-EXPERT_W2 = "expert_w2"  # [E_local, I, H] from per-expert down [H, I]
+__all__ = ["hf_names", "is_mtp_name", "layer_maps", "maps_for_model"]
 
 
-@dataclass(frozen=True)
-class WeightMap:
-    param: str  # megatron name in model.state_dict()
-    hf: tuple[str, ...]  # HF names, in the order the rule uses them
-    kind: str
-    experts: tuple[int, ...] = ()  # global expert ids of the local shard (EXPERT_*)
-    expert_prefix: str = ""  # "model.layers.L.mlp.experts" (EXPERT_*)
-
-    def hf_names_after_gather(self, num_experts: int) -> tuple[str, ...]:
-        """HF names of `to_hf` of the gathered shards: for expert weights, every expert's."""
-        p = self.expert_prefix
-        if self.kind == EXPERT_W1:
-            return tuple(n for e in range(num_experts) for n in (f"{p}.{e}.gate_proj.weight", f"{p}.{e}.up_proj.weight"))
-        if self.kind == EXPERT_W2:
-            return tuple(f"{p}.{e}.down_proj.weight" for e in range(num_experts))
-        return self.hf
-
-    def to_local(self, full: list[torch.Tensor], tp_rank: int, tp: int) -> torch.Tensor:
-        if self.kind == REPLICATED:
-            return full[0]
-        if self.kind == TP_ROWS:
-            return full[0].chunk(tp, dim=0)[tp_rank]
-        if self.kind == TP_COLS:
-            return full[0].chunk(tp, dim=1)[tp_rank]
-        if self.kind == TP_GATE_UP:
-            gate, up = full
-            return torch.cat([gate.chunk(tp, dim=0)[tp_rank], up.chunk(tp, dim=0)[tp_rank]], dim=0)
-        if self.kind == EXPERT_W1:  # hf = (gate_e0, up_e0, gate_e1, up_e1, ...)
-            return torch.stack([torch.cat([g.t(), u.t()], dim=1) for g, u in zip(full[0::2], full[1::2])])
-        if self.kind == EXPERT_W2:
-            return torch.stack([d.t() for d in full])
-        raise ValueError(self.kind)
-
-    def to_hf(self, shards: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Full HF tensors from the shards of every TP rank (TP kinds) / every EP rank (EXPERT kinds,
-        concatenated in expert order) / the one local tensor (REPLICATED). Nothing is copied that need not
-        be: with one shard the results are views of it (expert weights transposed, not contiguous), so a
-        weight sync copies each byte once, into its own buffer. Copy them before the shard changes."""
-        def cat(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
-            return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
-
-        if self.kind == REPLICATED:
-            return [shards[0]]
-        if self.kind == TP_ROWS:
-            return [cat(shards, 0)]
-        if self.kind == TP_COLS:
-            return [cat(shards, 1)]
-        if self.kind == TP_GATE_UP:
-            halves = [s.chunk(2, dim=0) for s in shards]
-            return [cat([h[0] for h in halves], 0), cat([h[1] for h in halves], 0)]
-        experts = cat(shards, 0)
-        if self.kind == EXPERT_W1:
-            ffn = experts.shape[2] // 2
-            out = []
-            for w in experts:
-                out += [w[:, :ffn].t(), w[:, ffn:].t()]
-            return out
-        if self.kind == EXPERT_W2:
-            return [w.t() for w in experts]
-        raise ValueError(self.kind)
-
-
-def layer_maps(glm: GlmConfig, layer: int, prefix: str, hf_prefix: str, ep_rank: int, ep: int) -> list[WeightMap]:
-    """Maps of one decoder layer: megatron names under `prefix`, HF names under `hf_prefix`."""
+def attention_maps(glm, layer: int, prefix: str, hf_prefix: str) -> list[WeightMap]:
     a, h = f"{prefix}.self_attention", f"{hf_prefix}.self_attn"
-    maps = [
-        WeightMap(f"{prefix}.input_layernorm.weight", (f"{hf_prefix}.input_layernorm.weight",), REPLICATED),
-        WeightMap(f"{prefix}.pre_mlp_layernorm.weight", (f"{hf_prefix}.post_attention_layernorm.weight",), REPLICATED),
-    ]
+    maps = []
     if glm.q_lora_rank is None:
         maps.append(WeightMap(f"{a}.q_proj.weight", (f"{h}.q_proj.weight",), TP_ROWS))
     else:
@@ -114,68 +34,25 @@ def layer_maps(glm: GlmConfig, layer: int, prefix: str, hf_prefix: str, ep_rank:
     if glm.indexer_type(layer) == "full":
         for name in ("wq_b.weight", "wk.weight", "k_norm.weight", "k_norm.bias", "weights_proj.weight"):
             maps.append(WeightMap(f"{a}.indexer.{name}", (f"{h}.indexer.{name}",), REPLICATED))
-    m, hm = f"{prefix}.mlp", f"{hf_prefix}.mlp"
-    if glm.mlp_type(layer) == "dense":
-        maps += [WeightMap(f"{m}.linear_fc1.weight", (f"{hm}.gate_proj.weight", f"{hm}.up_proj.weight"), TP_GATE_UP),
-                 WeightMap(f"{m}.linear_fc2.weight", (f"{hm}.down_proj.weight",), TP_COLS)]
-        return maps
-    per_rank = glm.n_routed_experts // ep
-    local = tuple(range(ep_rank * per_rank, (ep_rank + 1) * per_rank))
-    maps += [
-        WeightMap(f"{m}.router_weight", (f"{hm}.gate.weight",), REPLICATED),
-        WeightMap(f"{m}.expert_bias", (f"{hm}.gate.e_score_correction_bias",), REPLICATED),
-        WeightMap(f"{m}.experts.weight1",
-                  tuple(n for e in local for n in (f"{hm}.experts.{e}.gate_proj.weight", f"{hm}.experts.{e}.up_proj.weight")),
-                  EXPERT_W1, local, f"{hm}.experts"),
-        WeightMap(f"{m}.experts.weight2", tuple(f"{hm}.experts.{e}.down_proj.weight" for e in local), EXPERT_W2, local,
-                  f"{hm}.experts"),
-    ]
-    if glm.n_shared_experts:
-        s, hs = f"{m}.shared_experts", f"{hm}.shared_experts"
-        maps += [WeightMap(f"{s}.linear_fc1.weight", (f"{hs}.gate_proj.weight", f"{hs}.up_proj.weight"), TP_GATE_UP),
-                 WeightMap(f"{s}.linear_fc2.weight", (f"{hs}.down_proj.weight",), TP_COLS)]
     return maps
 
 
-def model_maps(glm: GlmConfig, layer_offset: int, num_local_layers: int, pre_process: bool, post_process: bool,
-               ep_rank: int = 0, ep: int = 1) -> list[WeightMap]:
-    """Maps of every parameter of one pipeline stage (layers offset .. offset + n - 1)."""
-    maps = []
-    if pre_process:
-        maps.append(WeightMap("embedding.weight", ("model.embed_tokens.weight",), TP_ROWS))
-    for i in range(num_local_layers):
-        layer = layer_offset + i
-        maps += layer_maps(glm, layer, f"decoder.layers.{i}", f"model.layers.{layer}", ep_rank, ep)
-    if post_process:
-        maps += [WeightMap("decoder.final_layernorm.weight", ("model.norm.weight",), REPLICATED),
-                 WeightMap("output_layer.weight", ("lm_head.weight",), TP_ROWS)]
-    return maps
+def layer_maps(glm, layer: int, prefix: str, hf_prefix: str, ep_rank: int, ep: int) -> list[WeightMap]:
+    """Maps of one decoder layer: megatron names under `prefix`, HF names under `hf_prefix`."""
+    maps = mlp_maps(glm, layer, prefix, hf_prefix, ep_rank, ep)
+    return maps[:2] + attention_maps(glm, layer, prefix, hf_prefix) + maps[2:]  # norms, attention, MLP
 
 
-def all_hf_names(glm: GlmConfig) -> list[str]:
-    """Every HF tensor name of the whole model (all stages, all experts), in export order."""
-    maps = model_maps(glm, 0, glm.num_hidden_layers, True, True, 0, 1)
-    return [n for m in maps for n in m.hf]
-
-
-def is_mtp_name(glm: GlmConfig, name: str) -> bool:
-    """MTP layers are stored as extra layers after the last decoder layer (model.layers.{N + i}.*)."""
-    if not name.startswith("model.layers."):
-        return False
-    index = name.split(".")[2]
-    return index.isdigit() and int(index) >= glm.num_hidden_layers
+def hf_names(glm) -> list[str]:
+    return all_hf_names(glm, layer_maps)
 
 
 def maps_for_model(model) -> list[WeightMap]:
-    """Maps of this rank's GlmModel shard (its pipeline stage and expert-parallel rank)."""
-    from megatron.core import parallel_state as ps
-
-    layers = model.decoder.layers
-    offset = layers[0].layer_number - 1 if len(layers) else 0
-    ep_rank, ep = ps.get_expert_model_parallel_rank(), model.config.expert_model_parallel_size
-    maps = model_maps(model.glm, offset, len(layers), model.pre_process, model.post_process, ep_rank, ep)
+    """Maps of this rank's model shard (its pipeline stage and expert-parallel rank), MTP block included."""
+    offset, n, pre, post, ep_rank, ep = stage_of(model)
+    maps = model_maps(model.arch, layer_maps, offset, n, pre, post, ep_rank, ep)
     if getattr(model, "mtp", None) is not None:
         from slime_plugins.models.glm5.mtp import mtp_maps
 
-        maps += mtp_maps(model.glm, ep_rank, ep)
+        maps += mtp_maps(model.arch, ep_rank, ep)
     return maps

@@ -1,4 +1,5 @@
-"""Rotary angles for the MLA rope slice, and the per-forward context handed to every attention layer."""
+"""Rotary angles (the first `arch.rotary_dim` features of each head: MLA's rope slice, or a GQA head's
+rotary part), and the per-forward context handed to every attention layer."""
 
 from __future__ import annotations
 
@@ -7,13 +8,12 @@ from dataclasses import dataclass, field
 import torch
 from megatron.core.packed_seq_params import PackedSeqParams
 
-from slime_plugins.models.glm5.config import GlmConfig
 
-
-def inv_freq_and_scaling(cfg: GlmConfig) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies (rope dims = qk_rope_head_dim) and the cos/sin scaling of the checkpoint's
-    rope type. "default" is computed here; other types (yarn, ...) use transformers' rope initializers."""
-    dim = cfg.qk_rope_head_dim
+def inv_freq_and_scaling(cfg) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies (rope dims = cfg.rotary_dim) and the cos/sin scaling of the checkpoint's
+    rope type. "default" is computed here; other types (yarn, llama3, ...) use transformers' rope
+    initializers on the checkpoint's config (which derive the rotary dims the same way)."""
+    dim = cfg.rotary_dim
     if cfg.rope_type == "default":
         theta = float(cfg.rope_parameters.get("rope_theta", 10000.0))
         return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)), 1.0
@@ -45,7 +45,7 @@ class ForwardContext(PackedSeqParams):
 
 
 class RotaryTable(torch.nn.Module):
-    def __init__(self, cfg: GlmConfig) -> None:
+    def __init__(self, cfg) -> None:
         super().__init__()
         inv_freq, self.scaling = inv_freq_and_scaling(cfg)
         self.register_buffer("inv_freq", inv_freq, persistent=False)

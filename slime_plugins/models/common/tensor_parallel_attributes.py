@@ -1,5 +1,5 @@
 """Megatron's tensor-parallel parameter attributes (`tensor_model_parallel`, `partition_dim`,
-`partition_stride`) on every TP shard of the GLM model.
+`partition_stride`) on every TP shard of a slime model.
 
 megatron-core sets them only while it initialises weights (`config.perform_initialization`); slime builds
 without initialisation (the weights come from the checkpoint), so the build marks the shards here.
@@ -18,7 +18,7 @@ from megatron.core.tensor_parallel import (
     set_tensor_model_parallel_attributes,
 )
 
-from slime_plugins.models.glm5.layers import SwiGLUMLP
+from slime_plugins.models.common.layers import SwiGLUMLP
 
 
 def mark_tensor_parallel(param: torch.nn.Parameter | None, partition_dim: int, stride: int = 1) -> None:

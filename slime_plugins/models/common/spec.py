@@ -1,5 +1,5 @@
-"""megatron-core layer specs for the GLM-5 family: megatron's TransformerLayer with our MLA(+DSA)
-attention, RMSNorm and dense / MoE MLPs. One spec per layer (first-k dense layers, then MoE)."""
+"""megatron-core layer specs shared by every family: megatron's TransformerLayer with the family's
+attention module, our RMSNorm and a dense SwiGLU or MoE MLP (`arch.mlp_type(layer)`). One spec per layer."""
 
 from __future__ import annotations
 
@@ -8,20 +8,19 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
-from slime_plugins.models.glm5.attention import MLASelfAttention
-from slime_plugins.models.glm5.config import GlmConfig
-from slime_plugins.models.glm5.layers import RMSNorm, SwiGLUMLP
-from slime_plugins.models.glm5.moe import GlmMoE
+from slime_plugins.models.common.layers import RMSNorm, SwiGLUMLP
+from slime_plugins.models.common.moe import MoELayer
 
 
-def layer_spec(glm: GlmConfig, layer_index: int) -> ModuleSpec:
+def layer_spec(arch, layer_index: int, attention: type) -> ModuleSpec:
+    """Decoder layer `layer_index` (global, 0-based): `attention` is built with params {"arch": arch}."""
     # Plain classes, not ModuleSpecs: megatron's TransformerLayer then passes only `config` to them.
-    mlp = GlmMoE.bound_to(glm) if glm.mlp_type(layer_index) == "sparse" else SwiGLUMLP
+    mlp = MoELayer.bound_to(arch) if arch.mlp_type(layer_index) == "sparse" else SwiGLUMLP
     return ModuleSpec(
         module=TransformerLayer,
         submodules=TransformerLayerSubmodules(
             input_layernorm=RMSNorm,
-            self_attention=ModuleSpec(module=MLASelfAttention, params={"glm": glm}),
+            self_attention=ModuleSpec(module=attention, params={"arch": arch}),
             self_attn_bda=get_bias_dropout_add,
             pre_mlp_layernorm=RMSNorm,
             mlp=mlp,
@@ -30,11 +29,12 @@ def layer_spec(glm: GlmConfig, layer_index: int) -> ModuleSpec:
     )
 
 
-def block_spec(glm: GlmConfig, config, pp_rank: int | None = None, vp_stage: int | None = None) -> TransformerBlockSubmodules:
+def block_spec(arch, config, attention: type, pp_rank: int | None = None,
+               vp_stage: int | None = None) -> TransformerBlockSubmodules:
     """Specs of the layers this pipeline stage builds, and the final norm."""
     from megatron.core.transformer.transformer_block import get_num_layers_to_build
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
     n = get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank)
     offset = get_transformer_layer_offset(config, vp_stage=vp_stage, pp_rank=pp_rank)
-    return TransformerBlockSubmodules(layer_specs=[layer_spec(glm, offset + i) for i in range(n)], layer_norm=RMSNorm)
+    return TransformerBlockSubmodules(layer_specs=[layer_spec(arch, offset + i, attention) for i in range(n)], layer_norm=RMSNorm)

@@ -1,5 +1,6 @@
-"""GLM MoE layer: sigmoid router with expert bias and group-limited top-k (`ops.moe_route`), routed experts
-as grouped SwiGLU matmuls (`ops.moe_permute` / `grouped_matmul` / `swiglu` / `moe_unpermute`), plus the
+"""MoE layer: a router (`arch.router`: "sigmoid" = GLM/DeepSeek sigmoid scores with expert bias and
+group-limited top-k through `ops.moe_route`; "softmax" = Qwen-MoE softmax top-k), routed experts as grouped
+SwiGLU matmuls (`ops.moe_permute` / `grouped_matmul` / `swiglu` / `moe_unpermute`), plus the optional
 shared expert.
 
 Parallelism: expert tensor parallel is 1. Each EP rank holds n_routed_experts / ep experts; tokens go to
@@ -18,8 +19,7 @@ from megatron.core import tensor_parallel
 from megatron.core.transformer.module import MegatronModule
 
 from slime.accelerator import get_accelerator
-from slime_plugins.models.glm5.config import GlmConfig
-from slime_plugins.models.glm5.layers import KeepsFloat32, SwiGLUMLP
+from slime_plugins.models.common.layers import KeepsFloat32, SwiGLUMLP
 
 
 class GroupedExperts(torch.nn.Module):
@@ -44,43 +44,60 @@ class GroupedExperts(torch.nn.Module):
         return ops.grouped_matmul(h, self.weight2, tokens_per_expert)
 
 
-class GlmMoE(KeepsFloat32, MegatronModule):
-    bound_glm: GlmConfig | None = None
-    float32_names = ("router_weight", "expert_bias")
+class MoELayer(KeepsFloat32, MegatronModule):
+    """Reads from `arch`: n_routed_experts, num_experts_per_tok, moe_intermediate_size, n_shared_experts,
+    hidden_size, router ("sigmoid" | "softmax"), norm_topk_prob; for "sigmoid" also n_group, topk_group,
+    routed_scaling_factor (expert bias buffer `expert_bias`, not trained). The router weight stays float32
+    when `arch.router_dtype_float32` (GLM, as transformers keeps it), else follows the model dtype (Qwen)."""
+
+    bound_arch = None
 
     @classmethod
-    def bound_to(cls, glm: GlmConfig) -> type["GlmMoE"]:
-        """A subclass that knows its GlmConfig (megatron's layer builder passes only `config`)."""
-        return type(cls.__name__, (cls,), {"bound_glm": glm})
+    def bound_to(cls, arch) -> type["MoELayer"]:
+        """A subclass that knows its architecture (megatron's layer builder passes only `config`)."""
+        return type(cls.__name__, (cls,), {"bound_arch": arch})
 
-    def __init__(self, config, glm: GlmConfig | None = None, **_: object) -> None:
+    def __init__(self, config, arch=None, **_: object) -> None:
         super().__init__(config=config)
-        glm = glm or self.bound_glm
-        self.glm = glm
+        arch = arch or self.bound_arch
+        self.arch = arch
         self.ep = config.expert_model_parallel_size
-        self.num_local = glm.n_routed_experts // self.ep
-        self.router_weight = torch.nn.Parameter(torch.empty(glm.n_routed_experts, glm.hidden_size, dtype=torch.float32))
+        self.num_local = arch.n_routed_experts // self.ep
+        fp32 = arch.router_dtype_float32
+        self.float32_names = (("router_weight",) if fp32 else ()) + (("expert_bias",) if arch.router == "sigmoid" else ())
+        self.router_weight = torch.nn.Parameter(torch.empty(arch.n_routed_experts, arch.hidden_size,
+                                                            dtype=torch.float32 if fp32 else config.params_dtype))
         torch.nn.init.normal_(self.router_weight, std=0.02)
         setattr(self.router_weight, "sequence_parallel", config.sequence_parallel)
-        self.register_buffer("expert_bias", torch.zeros(glm.n_routed_experts, dtype=torch.float32))  # not trained
-        self.experts = GroupedExperts(self.num_local, glm.hidden_size, glm.moe_intermediate_size, config.params_dtype)
+        if arch.router == "sigmoid":
+            self.register_buffer("expert_bias", torch.zeros(arch.n_routed_experts, dtype=torch.float32))  # not trained
+        else:
+            self.expert_bias = None
+        self.experts = GroupedExperts(self.num_local, arch.hidden_size, arch.moe_intermediate_size, config.params_dtype)
         self.shared_experts = (
-            SwiGLUMLP(config, ffn_hidden_size=glm.moe_intermediate_size * glm.n_shared_experts)
-            if glm.n_shared_experts else None
+            SwiGLUMLP(config, ffn_hidden_size=arch.moe_intermediate_size * arch.n_shared_experts)
+            if arch.n_shared_experts else None
         )
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        glm = self.glm
+        """(weights float32 [T, k], expert ids [T, k]) in transformers' op order for the router kind."""
+        arch = self.arch
+        if arch.router == "softmax":  # Qwen3-MoE: logits in the model dtype, softmax in float32
+            probs = torch.softmax(x.to(self.router_weight.dtype) @ self.router_weight.t(), dim=-1, dtype=torch.float32)
+            weights, indices = torch.topk(probs, arch.num_experts_per_tok, dim=-1)
+            if arch.norm_topk_prob:
+                weights = weights / weights.sum(dim=-1, keepdim=True)
+            return weights, indices
         logits = x.float() @ self.router_weight.float().t()
-        return get_accelerator().ops.moe_route(logits, self.expert_bias, glm.num_experts_per_tok, glm.n_group,
-                                               glm.topk_group, glm.routed_scaling_factor, glm.norm_topk_prob)
+        return get_accelerator().ops.moe_route(logits, self.expert_bias, arch.num_experts_per_tok, arch.n_group,
+                                               arch.topk_group, arch.routed_scaling_factor, arch.norm_topk_prob)
 
     def forward(self, hidden_states: torch.Tensor, padding_mask=None):
         ops = get_accelerator().ops
         x = hidden_states.reshape(-1, hidden_states.shape[-1])
         weights, indices = self.route(x)
         permuted, sort_map = ops.moe_permute(x, indices)
-        counts = torch.bincount(indices.reshape(-1), minlength=self.glm.n_routed_experts)
+        counts = torch.bincount(indices.reshape(-1), minlength=self.arch.n_routed_experts)
         if self.ep == 1:
             out = self.experts(permuted, counts)
         else:

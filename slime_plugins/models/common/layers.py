@@ -1,4 +1,5 @@
-"""Small building blocks: RMSNorm (sequence-parallel aware), replicated linear, SwiGLU MLP (TP-split)."""
+"""Small building blocks: RMSNorm (sequence-parallel aware), replicated linear, SwiGLU MLP (TP-split),
+[S, B] <-> THD token layout."""
 
 from __future__ import annotations
 
@@ -8,6 +9,15 @@ from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinea
 from megatron.core.transformer.module import MegatronModule
 
 from slime.accelerator import get_accelerator
+
+
+def to_thd(x: torch.Tensor) -> torch.Tensor:
+    """[S, B, ...] -> [B*S, ...] with each sequence's tokens contiguous."""
+    return x.transpose(0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def from_thd(x: torch.Tensor, seq_len: int, batch: int) -> torch.Tensor:
+    return x.reshape(batch, seq_len, *x.shape[1:]).transpose(0, 1)
 
 
 class KeepsFloat32:

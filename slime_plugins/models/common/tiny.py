@@ -1,0 +1,93 @@
+"""A random-initialised tiny HF checkpoint of any registered model_type (tests, quick start):
+config.json + model.safetensors + an offline tokenizer, written by transformers, loadable by
+AutoModelForCausalLM and by slime's Megatron loader. Each family supplies its tiny config
+(`ModelFamily.tiny_config`).
+
+    python -m slime_plugins.models.common.tiny OUT_DIR --model-type qwen3 [--override '{"tie_word_embeddings": true}']
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+
+def tiny_model_types() -> list[str]:
+    from slime_plugins.models.registry import families
+
+    return sorted(t for f in families() if f.tiny_config for t in f.model_types)
+
+
+def tiny_config(model_type: str, **overrides: Any):
+    """The transformers config object of `model_type`'s tiny model."""
+    from slime_plugins.models.registry import get_family
+
+    family = get_family(model_type)
+    if not family.tiny_config:
+        raise ValueError(f"no tiny config for model_type {model_type!r}; choose one of {tiny_model_types()}")
+    return family.call("tiny_config", model_type, **overrides)
+
+
+def write_tiny_checkpoint(out_dir: str, model_type: str = "glm_moe_dsa", seed: int = 0, dtype: str = "float32",
+                          **overrides: Any) -> str:
+    """Write a random-init tiny HF checkpoint to `out_dir` (atomically: temp dir, then rename)."""
+    import shutil
+    import tempfile
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from slime.utils.tiny_tokenizer import save_tokenizer
+
+    config = tiny_config(model_type, **overrides)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    # Random-init e_score_correction_bias is zeros; give it values so the bias path is exercised.
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn_like(b) * 0.1)
+    parent = os.path.dirname(os.path.abspath(out_dir)) or "."
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-ckpt-", dir=parent)
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        save_tokenizer(tmp, config.vocab_size)
+        if os.path.exists(out_dir):
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def transformers_config(model_type: str, base: dict[str, Any], overrides: dict[str, Any]):
+    """`AutoConfig.for_model(model_type, **(base | overrides))`, the tiny configs' constructor."""
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(model_type, **(base | overrides))
+
+
+# Sizes shared by the tiny GQA models: 4 query heads over 2 key/value heads, head_dim 16.
+TINY_GQA: dict[str, Any] = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                                rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                                rope_parameters={"rope_theta": 10000.0, "rope_type": "default"})
+
+
+def main() -> None:  # pragma: no cover - CLI
+    ap = argparse.ArgumentParser(description="Write a tiny random-init HF checkpoint of a registered model_type.")
+    ap.add_argument("out_dir")
+    ap.add_argument("--model-type", default="glm_moe_dsa", choices=tiny_model_types())
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--override", default="{}", help="JSON dict of config overrides")
+    a = ap.parse_args()
+    write_tiny_checkpoint(a.out_dir, a.model_type, a.seed, **json.loads(a.override))
+    print(a.out_dir)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

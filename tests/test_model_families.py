@@ -1,0 +1,207 @@
+"""The model registry and the GQA families (llama, qwen2, qwen3, qwen3_moe, glm4_moe) on megatron-core vs
+transformers, float32, on tiny random checkpoints written by transformers:
+- logits: max |ours - transformers| <= 1e-5 * max |transformers| (several seeds and lengths);
+- grads of sum(logits * w): per tensor, max |diff| <= 1e-5 * max |grad| + 1e-7 (op order differs:
+  grouped experts, packed attention);
+- export_hf reproduces the checkpoint bit-exactly, save_hf loads in transformers with identical logits;
+- the embedded engine's sampled log-probs equal the trainer's teacher-forced log-probs of the same tokens
+  (packed THD forward + ops.token_log_probs), within 5e-5 (KV-cached decode vs a full pass, float32);
+- packed sequences equal separate sequences (1e-5).
+The GLM-5 family's own numerics are in test_glm5_model.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from glm5_helpers import hf_grads_by_checkpoint_name, hf_model, megatron_grads_by_hf_name, megatron_state_cleanup, random_batch
+from safetensors.torch import load_file
+
+from slime.backends.megatron import HFCheckpointError, export_hf, load_hf_model, save_hf
+
+GQA_TYPES = ["llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe"]
+VOCAB = 512
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _clean_megatron_state():
+    yield from megatron_state_cleanup()
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    from slime_plugins.models.common.tiny import write_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("families")
+    # initializer_range 0.2: attention far from uniform, routers far from ties.
+    return {t: write_tiny_checkpoint(str(root / t), t, seed=3, initializer_range=0.2) for t in GQA_TYPES}
+
+
+def _rel_max(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((ours.detach() - ref.detach()).abs().max() / ref.detach().abs().max().clamp(min=1e-30))
+
+
+def test_registry_serves_every_family_and_imports_no_megatron():
+    code = ("import sys; from slime_plugins.models.registry import families, supported_model_types; "
+            "print(' '.join(supported_model_types())); print(' '.join(f.name for f in families())); "
+            "assert 'megatron' not in sys.modules and 'megatron.core' not in sys.modules")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[0].split() == sorted(GQA_TYPES + ["glm4_moe_lite", "glm_moe_dsa"])
+    assert out[1].split() == ["glm4_moe", "glm5", "llama", "qwen2", "qwen3", "qwen3_moe"]
+
+
+def test_unknown_model_type_and_bad_configs_are_one_line_errors():
+    from slime_plugins.models.registry import ModelFamily, UnsupportedModelError, get_family, parse_hf_config, register_family
+
+    with pytest.raises(UnsupportedModelError, match=r"model_type 'gpt2' is not supported.*supported: glm4_moe, "):
+        get_family("gpt2")
+    with pytest.raises(UnsupportedModelError, match=r"config.json lacks '\w+' \(needed by the qwen3 model\)"):
+        parse_hf_config({"model_type": "qwen3", "hidden_size": 8})
+    base = dict(model_type="llama", vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                num_attention_heads=2)
+    with pytest.raises(UnsupportedModelError, match="hidden_act 'gelu'"):
+        parse_hf_config(base | {"hidden_act": "gelu"})
+    with pytest.raises(UnsupportedModelError, match="sliding-window"):
+        parse_hf_config(base | {"model_type": "qwen2", "use_sliding_window": True})
+    with pytest.raises(UnsupportedModelError, match="multiple of num_key_value_heads=3"):
+        parse_hf_config(base | {"num_key_value_heads": 3})
+    clash = ModelFamily(name="other", model_types=("qwen3",), parse_config="x:y", build_model="x:y",
+                        weight_maps="x:y", hf_names="x:y")
+    with pytest.raises(ValueError, match="claimed by both model families 'qwen3' and 'other'"):
+        register_family(clash)
+
+
+def test_config_translation_of_published_shapes():
+    """Layer kinds, rotary dims and router settings read from the fields the hub configs use."""
+    from slime_plugins.models.registry import parse_hf_config
+
+    common = dict(vocab_size=151552, hidden_size=5120, num_hidden_layers=5, num_attention_heads=96,
+                  num_key_value_heads=8, head_dim=128, intermediate_size=12288)
+    _, glm = parse_hf_config(common | dict(model_type="glm4_moe", first_k_dense_replace=3, n_routed_experts=160,
+                                           n_shared_experts=1, num_experts_per_tok=8, moe_intermediate_size=1536,
+                                           partial_rotary_factor=0.5, rope_theta=1e6, use_qk_norm=True,
+                                           attention_bias=True, routed_scaling_factor=2.5, num_nextn_predict_layers=1))
+    assert glm.mlp_layer_types == ("dense",) * 3 + ("sparse",) * 2 and glm.rotary_dim == 64
+    assert glm.qk_norm and glm.qkv_bias and not glm.o_bias and glm.router == "sigmoid" and glm.mtp_num_layers == 1
+    _, qwen = parse_hf_config(common | dict(model_type="qwen3_moe", num_experts=128, num_experts_per_tok=8,
+                                            moe_intermediate_size=768, decoder_sparse_step=2, mlp_only_layers=[3]))
+    assert qwen.mlp_layer_types == ("dense", "sparse", "dense", "dense", "dense") and qwen.n_routed_experts == 128
+    assert qwen.router == "softmax" and not qwen.router_dtype_float32 and qwen.rotary_dim == 128
+
+
+@pytest.mark.parametrize("model_type", GQA_TYPES)
+def test_logits_and_grads_match_transformers(accel, ckpts, model_type):
+    model = load_hf_model(ckpts[model_type])
+    ref = hf_model(ckpts[model_type])
+    for seed, (batch, seq) in enumerate([(2, 5), (1, 17)]):
+        ids, pos = random_batch(batch, seq, VOCAB, seed)
+        weight = torch.randn(batch, seq, VOCAB, generator=torch.Generator().manual_seed(seed))
+        model.zero_grad(set_to_none=True)
+        ref.zero_grad(set_to_none=True)
+        logits = model(ids.to(accel.device()), pos.to(accel.device())).cpu()
+        ref_logits = ref(ids, position_ids=pos).logits
+        assert _rel_max(logits, ref_logits) <= 1e-5, (model_type, seed)
+        (logits * weight).sum().backward()
+        (ref_logits * weight).sum().backward()
+        ours, theirs = megatron_grads_by_hf_name(model), hf_grads_by_checkpoint_name(ref)
+        assert ours.keys() == theirs.keys()
+        for name, g in theirs.items():
+            err = float((ours[name].cpu() - g).abs().max())
+            assert err <= 1e-5 * float(g.abs().max()) + 1e-7, (model_type, name, err, float(g.abs().max()))
+
+
+@pytest.mark.parametrize("model_type", GQA_TYPES)
+def test_export_round_trip_is_bit_exact(ckpts, model_type, tmp_path):
+    src = ckpts[model_type]
+    original = load_file(os.path.join(src, "model.safetensors"))
+    model = load_hf_model(src)
+    exported = {n: t for bucket in export_hf(model, bucket_bytes=1 << 14) for n, t in bucket}
+    assert exported.keys() == original.keys()
+    assert [n for n in original if not torch.equal(exported[n].cpu(), original[n])] == []
+    save_hf(model, str(tmp_path / "saved"))
+    saved = load_file(tmp_path / "saved" / "model.safetensors")
+    assert saved.keys() == original.keys() and all(torch.equal(saved[n], original[n]) for n in original)
+    assert json.load(open(tmp_path / "saved" / "config.json"))["model_type"] == model_type
+    ids, pos = random_batch(1, 7, VOCAB, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(hf_model(tmp_path / "saved")(ids, position_ids=pos).logits,
+                                   hf_model(src)(ids, position_ids=pos).logits, rtol=0, atol=0)
+
+
+def test_tied_embeddings_are_one_tensor(ckpts):
+    """qwen3's tiny checkpoint ties lm_head to the embedding (as Qwen3-4B): no output weight of its own,
+    no lm_head.weight in the checkpoint or the export."""
+    model = load_hf_model(ckpts["qwen3"])
+    assert model.share_embeddings_and_output_weights and model.output_layer.weight is None
+    assert "lm_head.weight" not in load_file(os.path.join(ckpts["qwen3"], "model.safetensors"))
+    assert not any(n.startswith("output_layer") for n, _ in model.named_parameters())
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "glm4_moe"])
+def test_packed_sequences_match_separate_sequences(accel, ckpts, model_type):
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    model = load_hf_model(ckpts[model_type])
+    lengths = [7, 1, 4]
+    seqs = [random_batch(1, n, VOCAB, 20 + i)[0][0] for i, n in enumerate(lengths)]
+    cu = torch.tensor([0, 7, 8, 12], dtype=torch.int32, device=accel.device())
+    packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=7, max_seqlen_kv=7)
+    ids = torch.cat(seqs)[None].to(accel.device())
+    pos = torch.cat([torch.arange(n) for n in lengths])[None].to(accel.device())
+    with torch.no_grad():
+        out = model(ids, pos, packed_seq_params=packed)[0].cpu()
+        for s, start in zip(seqs, [0, 7, 8]):
+            alone = model(s[None].to(accel.device()), torch.arange(len(s))[None].to(accel.device()))[0].cpu()
+            torch.testing.assert_close(out[start:start + len(s)], alone, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("model_type", GQA_TYPES)
+def test_engine_logprobs_match_the_trainer(ckpts, model_type):
+    """Sampled responses of the embedded engine (temperature 1, KV-cached decode) scored by the Megatron
+    model in one packed forward: the same log-probs."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    from slime.accelerator import get_accelerator
+    from slime.backends.embedded import EmbeddedEngine, EngineConfig
+
+    engine = EmbeddedEngine(EngineConfig(model_path=ckpts[model_type]))
+    try:
+        prompts = [random_batch(1, n, VOCAB, 30 + n)[0][0].tolist() for n in (3, 6)]
+        outs = [engine.generate(p, {"max_new_tokens": 6, "temperature": 1.0, "sampling_seed": i, "ignore_eos": True},
+                                return_logprob=True) for i, p in enumerate(prompts)]
+    finally:
+        engine.shutdown()
+    model = load_hf_model(ckpts[model_type])
+    seqs = [p + o.output_ids for p, o in zip(prompts, outs)]
+    cu = torch.tensor([0] + torch.tensor([len(s) for s in seqs]).cumsum(0).tolist(), dtype=torch.int32)
+    packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=12, max_seqlen_kv=12)
+    ids = torch.tensor([t for s in seqs for t in s])[None]
+    pos = torch.cat([torch.arange(len(s)) for s in seqs])[None]
+    with torch.no_grad():
+        logits = model(ids, pos, packed_seq_params=packed)[0]
+    for s, start, p, o in zip(seqs, cu.tolist(), prompts, outs):
+        resp = torch.tensor(o.output_ids)
+        rows = logits[start + len(p) - 1: start + len(s) - 1]
+        lp, _ = get_accelerator().ops.token_log_probs(rows, resp)
+        assert len(o.logprobs) == len(resp) == 6
+        torch.testing.assert_close(torch.tensor(o.logprobs, dtype=torch.float32), lp.float(), rtol=0, atol=5e-5)
+
+
+def test_bad_family_checkpoints_fail_with_one_error(ckpts, tmp_path):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(ckpts["qwen3"], bad)
+    cfg = json.load(open(bad / "config.json"))
+    cfg["tie_word_embeddings"] = False  # now lm_head.weight is expected but absent
+    json.dump(cfg, open(bad / "config.json", "w"))
+    with pytest.raises(HFCheckpointError, match="missing tensors: lm_head.weight"):
+        load_hf_model(str(bad))
+    with pytest.raises(ValueError, match="num_key_value_heads=2 % tp=4"):
+        from slime_plugins.models.registry import parse_hf_config
+
+        parse_hf_config(cfg)[1].check_parallel(4, 1)
