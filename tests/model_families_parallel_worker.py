@@ -1,0 +1,70 @@
+"""Worker of tests/test_model_families_parallel.py (2 processes over gloo). Imported by torch.multiprocessing spawn."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def _gather(t, group):
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, t.contiguous(), group=group)
+    return out
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp(min=1e-30))
+
+
+def run(rank: int, port: int, cases: list[tuple[str, str, str, list[tuple[int, int]]]]) -> None:
+    """cases: (model_type, checkpoint dir, reference file, [(tp, ep), ...])."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
+    torch.set_num_threads(1)
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import finalize_model_grads
+
+    from glm5_helpers import megatron_grads_by_hf_name
+    from glm5_parallel_worker import check_tensor_parallel_attributes
+    from safetensors.torch import load_file
+    from slime.backends.megatron import build_optimizer, export_hf, load_hf_model
+    from slime_plugins.models.common import weights as W
+
+    for model_type, ckpt, ref_path, layouts in cases:
+        ref = torch.load(ref_path)
+        ids, pos, weight = ref["ids"], ref["pos"], ref["weight"]
+        original = load_file(os.path.join(ckpt, "model.safetensors"))
+        base_norm = None
+        for tp, ep in layouts:
+            where = f"{model_type} tp={tp} ep={ep}"
+            model = load_hf_model(ckpt, tp=tp, ep=ep)
+            ddp, opt = build_optimizer(model, lr=1e-3, clip_grad=0.0)
+            ddp.zero_grad_buffer()
+            logits = ddp(ids, pos)
+            (logits * weight).sum().backward()
+            finalize_model_grads([ddp])
+            assert _rel(logits.detach(), ref["logits"]) <= 1e-5, f"{where}: logits"
+            for p in ddp.module.parameters():
+                if p.requires_grad:
+                    p.grad = p.main_grad
+            ep_group, tp_group = ps.get_expert_model_parallel_group(), ps.get_tensor_model_parallel_group()
+            grads = megatron_grads_by_hf_name(ddp.module, gather=lambda g, kind: [g] if kind == W.REPLICATED else _gather(
+                g, ep_group if kind in (W.EXPERT_W1, W.EXPERT_W2) else tp_group))
+            assert grads.keys() == ref["grads"].keys(), f"{where}: grad names"
+            for name, g in ref["grads"].items():
+                err = float((grads[name] - g).abs().max())
+                assert err <= 1e-5 * float(g.abs().max()) + 1e-7, f"{where}: grad {name} off by {err}"
+            exported = {n: t for bucket in export_hf(ddp, bucket_bytes=1 << 14) for n, t in bucket}
+            assert exported.keys() == original.keys()
+            bad = [n for n in original if not torch.equal(exported[n].cpu(), original[n])]
+            assert not bad, f"{where}: export differs for {bad[:3]}"
+            check_tensor_parallel_attributes(ddp.module, tp, ep)
+            ok, grad_norm, _ = opt.step()
+            assert ok and grad_norm > 0
+            norms = _gather(torch.tensor([float(grad_norm)], dtype=torch.float64), None)
+            assert norms[0] == norms[1], f"{where}: the ranks report different grad norms {norms}"
+            base_norm = base_norm or float(grad_norm)
+            assert abs(float(grad_norm) - base_norm) <= 1e-5 * base_norm, f"{where}: grad norm {grad_norm} != {base_norm}"
+    dist.barrier()
+    dist.destroy_process_group()
