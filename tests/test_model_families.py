@@ -159,36 +159,57 @@ def test_packed_sequences_match_separate_sequences(accel, ckpts, model_type):
             torch.testing.assert_close(out[start:start + len(s)], alone, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("model_type", GQA_TYPES)
-def test_engine_logprobs_match_the_trainer(ckpts, model_type):
-    """Sampled responses of the embedded engine (temperature 1, KV-cached decode) scored by the Megatron
-    model in one packed forward: the same log-probs."""
+def _trainer_logprobs(model, prompts, responses) -> list[torch.Tensor]:
+    """Teacher-forced log-probs of each response, all sequences in one packed (THD) forward."""
     from megatron.core.packed_seq_params import PackedSeqParams
 
     from slime.accelerator import get_accelerator
-    from slime.backends.embedded import EmbeddedEngine, EngineConfig
 
-    engine = EmbeddedEngine(EngineConfig(model_path=ckpts[model_type]))
-    try:
-        prompts = [random_batch(1, n, VOCAB, 30 + n)[0][0].tolist() for n in (3, 6)]
-        outs = [engine.generate(p, {"max_new_tokens": 6, "temperature": 1.0, "sampling_seed": i, "ignore_eos": True},
-                                return_logprob=True) for i, p in enumerate(prompts)]
-    finally:
-        engine.shutdown()
-    model = load_hf_model(ckpts[model_type])
-    seqs = [p + o.output_ids for p, o in zip(prompts, outs)]
+    seqs = [p + r for p, r in zip(prompts, responses)]
     cu = torch.tensor([0] + torch.tensor([len(s) for s in seqs]).cumsum(0).tolist(), dtype=torch.int32)
-    packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=12, max_seqlen_kv=12)
+    longest = max(len(s) for s in seqs)
+    packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
+                             max_seqlen_kv=longest)
     ids = torch.tensor([t for s in seqs for t in s])[None]
     pos = torch.cat([torch.arange(len(s)) for s in seqs])[None]
     with torch.no_grad():
         logits = model(ids, pos, packed_seq_params=packed)[0]
-    for s, start, p, o in zip(seqs, cu.tolist(), prompts, outs):
-        resp = torch.tensor(o.output_ids)
-        rows = logits[start + len(p) - 1: start + len(s) - 1]
-        lp, _ = get_accelerator().ops.token_log_probs(rows, resp)
-        assert len(o.logprobs) == len(resp) == 6
-        torch.testing.assert_close(torch.tensor(o.logprobs, dtype=torch.float32), lp.float(), rtol=0, atol=5e-5)
+    out = []
+    for start, p, r in zip(cu.tolist(), prompts, responses):
+        rows = logits[start + len(p) - 1: start + len(p) + len(r) - 1]
+        out.append(get_accelerator().ops.token_log_probs(rows, torch.tensor(r))[0].float())
+    return out
+
+
+@pytest.mark.parametrize("model_type", GQA_TYPES)
+def test_engine_logprobs_match_the_trainer_before_and_after_a_weight_sync(ckpts, model_type):
+    """Responses sampled by the embedded engine (temperature 1, KV-cached decode) scored by the Megatron
+    model in one packed forward: the same log-probs. Then the trainer's weights move, export_hf's
+    tensors update the engine (every exported name lands on the engine's tensor, bit-exactly) and the
+    log-probs agree again."""
+    from slime.backends.embedded import EmbeddedEngine, EngineConfig
+
+    model = load_hf_model(ckpts[model_type])
+    engine = EmbeddedEngine(EngineConfig(model_path=ckpts[model_type]))
+    prompts = [random_batch(1, n, VOCAB, 30 + n)[0][0].tolist() for n in (3, 6)]
+    try:
+        for step in range(2):
+            outs = [engine.generate(p, {"max_new_tokens": 6, "temperature": 1.0, "sampling_seed": i + 10 * step,
+                                        "ignore_eos": True}, return_logprob=True) for i, p in enumerate(prompts)]
+            want = _trainer_logprobs(model, prompts, [o.output_ids for o in outs])
+            for o, lp in zip(outs, want):
+                assert len(o.logprobs) == len(o.output_ids) == 6
+                torch.testing.assert_close(torch.tensor(o.logprobs, dtype=torch.float32), lp, rtol=0, atol=5e-5)
+            if step == 0:
+                g = torch.Generator().manual_seed(1)
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.add_(0.05 * torch.randn(p.shape, generator=g, dtype=p.dtype) * p.std().clamp(min=1e-3))
+                named = [(n, t.contiguous()) for bucket in export_hf(model) for n, t in bucket]
+                assert engine.update_from_named_tensors(named, weight_version="1") == len(named)
+                assert all(torch.equal(engine.name_map.resolve(n), t) for n, t in named)
+    finally:
+        engine.shutdown()
 
 
 def test_bad_family_checkpoints_fail_with_one_error(ckpts, tmp_path):
