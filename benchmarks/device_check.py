@@ -301,7 +301,7 @@ def _model_case(acc, s: Section, a, label: str, cfg_overrides: dict, dtype_name:
         model = load_hf_model(ckpt, dtype=dtype)
         with open(f"{ckpt}/config.json") as f:
             hf_cfg = json.load(f)
-    vocab = model.glm.vocab_size
+    vocab = model.arch.vocab_size
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(3, vocab, (batch, seq), generator=gen).to(dev)
     pos = torch.arange(seq, device=dev).expand(batch, seq).contiguous()
