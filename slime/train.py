@@ -182,8 +182,8 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
             ray.get(rollout.load_state.remote(extra["data_source"]))
     mode = actor.connect_rollout_engines(ray.get(rollout.engines.remote()))
     logger.info("weight sync mode: %s", mode)
-    if start_rollout_id > 0:
-        actor.update_weights(start_rollout_id, ray.get(rollout.engines.remote()))  # engines start from --hf-checkpoint
+    if args.load:  # engines start from --hf-checkpoint; weights from --load (resume, --finetune, HF) may differ
+        actor.update_weights(start_rollout_id, ray.get(rollout.engines.remote()))
 
     log = MetricsLogger(args.output_dir, resume_from=start_rollout_id if args.load else None)
     for rollout_id in range(start_rollout_id, args.num_rollout):

@@ -73,3 +73,51 @@ def test_missing_checkpoint_dir(tmp_path):
 def test_bad_choice_rejected(tmp_path):
     with pytest.raises(SystemExit):
         parse_args(_argv(tmp_path, "--advantage-estimator", "ppo"))
+
+
+def _junk_dir(tmp_path):
+    d = tmp_path / "junk"
+    d.mkdir()
+    (d / "notes.txt").write_text("not a checkpoint")
+    return d
+
+
+@pytest.mark.parametrize("flag", ["--load", "--ref-load"])
+def test_load_dir_holding_neither_format_fails_one_line(tmp_path, flag, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args(_argv(tmp_path, flag, str(_junk_dir(tmp_path))))
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "\n" not in err
+    assert f"{flag} {tmp_path / 'junk'} holds neither a torch_dist checkpoint" in err and "an HF checkpoint" in err
+
+
+def test_load_dirs_that_are_accepted(tmp_path, capsys):
+    """A new or empty --load dir (the first run of --load X --save X) starts fresh; an HF dir is accepted;
+    a tracker naming a missing iteration, or a missing --ref-load, is one line."""
+    from slime.backends.megatron.checkpoint_layout import HF, NONE, TORCH_DIST, find_checkpoint
+
+    assert find_checkpoint(str(tmp_path / "new")).kind == NONE
+    (tmp_path / "empty").mkdir()
+    assert find_checkpoint(str(tmp_path / "empty")).kind == NONE
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    (hf / "model.safetensors").write_bytes(b"")
+    assert find_checkpoint(str(hf)).kind == HF
+    save = tmp_path / "save"
+    (save / "iter_0000004").mkdir(parents=True)
+    (save / "iter_0000004" / "metadata.json").write_text("{}")
+    (save / "latest_checkpointed_iteration.txt").write_text("4")
+    found = find_checkpoint(str(save))
+    assert (found.kind, found.iteration, found.path) == (TORCH_DIST, 4, str(save / "iter_0000004"))
+    assert find_checkpoint(str(save / "iter_0000004")).iteration == 4  # one iteration directory, as upstream passes
+    args = parse_args(_argv(tmp_path, "--load", str(save), "--ref-load", str(save), "--no-load-optim", "--no-load-rng",
+                            "--finetune", "--ckpt-format", "torch_dist"))
+    assert args.no_load_optim and args.no_load_rng and args.finetune and args.ckpt_format == "torch_dist"
+    (save / "latest_checkpointed_iteration.txt").write_text("9")
+    for extra, needle in ((["--load", str(save)], "names iteration 9 but"),
+                          (["--ref-load", str(tmp_path / "none")], "--ref-load")):
+        with pytest.raises(SystemExit):
+            parse_args(_argv(tmp_path, *extra))
+        err = capsys.readouterr().err.strip()
+        assert needle in err and "\n" not in err

@@ -1,6 +1,7 @@
 """The trainer rank in-process (world size 1, no Ray) on the tiny GLM-5 checkpoint: packed log-probs
 match transformers, a train step moves the policy the right way, checkpoints restore exactly."""
 
+import os
 import random
 
 import pytest
@@ -86,27 +87,116 @@ def test_train_step_raises_logprob_of_positive_advantage(actor_and_args):
     assert sum(d for d, s in zip(delta, sign) if s > 0) > 0 > sum(d for d, s in zip(delta, sign) if s < 0)
 
 
+def _optimizer_state(actor) -> dict[str, torch.Tensor]:
+    """Adam moments of every parameter, by parameter name."""
+    names = {id(p): n for n, p in actor.model.module.named_parameters()}
+    out = {}
+    for sub in actor.optimizer.chained_optimizers:
+        for p, st in sub.optimizer.state.items():
+            for k, v in st.items():
+                if torch.is_tensor(v) and v.numel() > 1:
+                    out[f"{names[id(p)]}.{k}"] = v.clone()
+    return out
+
+
+def _train_once(actor, seed):
+    batch = _batch(seed)
+    lp = actor.compute_log_probs(batch)["log_probs"]["old_log_probs"]
+    batch.old_log_probs = [lp[i] for i in range(len(batch))]
+    batch.advantages = [torch.ones(r) for r in batch.response_lengths]
+    return actor.train(4, batch)
+
+
 def test_checkpoint_restores_model_optimizer_rng(actor_and_args):
+    """torch_dist save + load at the same layout restores weights, Adam moments and RNG exactly; Megatron's
+    directory layout; --no-load-optim / --no-load-rng / --finetune restore only what they say."""
     from slime.backends.megatron import checkpoint as ckpt
     from slime.backends.megatron.model_setup import host_copy
 
     actor, args = actor_and_args
     actor.save(3, {"data_source": {"offset": 12, "epoch": 1}})
-    saved = host_copy(actor.model)
+    assert open(os.path.join(args.save, "latest_checkpointed_iteration.txt")).read() == "3"
+    assert {"metadata.json", "common.pt"} <= set(os.listdir(os.path.join(args.save, "iter_0000003")))  # torch_dist
+    saved, saved_opt = host_copy(actor.model), _optimizer_state(actor)
+    assert saved_opt and all(v.abs().sum() > 0 for v in saved_opt.values() if v.dtype.is_floating_point)
     rng_after_save = torch.rand(3)
-    batch = _batch(3)
-    lp = actor.compute_log_probs(batch)["log_probs"]["old_log_probs"]
-    batch.old_log_probs = [lp[i] for i in range(len(batch))]
-    batch.advantages = [torch.ones(r) for r in batch.response_lengths]
-    actor.train(4, batch)
+    _train_once(actor, 3)
     assert any(not torch.equal(saved[k], v) for k, v in host_copy(actor.model).items())
-    rollout_id, extra = ckpt.load(args.save, actor.model, actor.optimizer, 0, actor._layout())
-    assert rollout_id == 3 and extra == {"data_source": {"offset": 12, "epoch": 1}}
+    moved_opt = _optimizer_state(actor)
+    resumed = ckpt.load(args.save, actor.model, actor.optimizer, 0, actor._layout())
+    assert resumed.start_rollout_id == 4 and resumed.extra_state == {"data_source": {"offset": 12, "epoch": 1}}
+    assert resumed.restored == ("model", "optimizer", "rng")
     for k, v in host_copy(actor.model).items():
         assert torch.equal(saved[k], v), k
+    for k, v in _optimizer_state(actor).items():
+        assert torch.equal(saved_opt[k], v), k
     torch.testing.assert_close(torch.rand(3), rng_after_save, atol=0, rtol=0)  # RNG continues as after save
-    with pytest.raises(ValueError, match="same trainer world size"):
-        ckpt.load(args.save, actor.model, actor.optimizer, 0, {**actor._layout(), "tp": 2})
+
+    # --no-load-optim --no-load-rng: weights only; the moments stay those of the later step
+    _train_once(actor, 3)
+    moved_opt = _optimizer_state(actor)
+    r = ckpt.load(args.save, actor.model, actor.optimizer, 0, actor._layout(), ckpt.LoadOptions(optimizer=False, rng=False))
+    assert r.restored == ("model",) and r.start_rollout_id == 4
+    assert all(torch.equal(saved[k], v) for k, v in host_copy(actor.model).items())
+    assert all(torch.equal(moved_opt[k], v) for k, v in _optimizer_state(actor).items())
+    assert not torch.equal(torch.rand(3), rng_after_save)
+    # --finetune: weights only, from rollout 0 without the run's extra state
+    r = ckpt.load(args.save, actor.model, actor.optimizer, 0, actor._layout(), ckpt.LoadOptions(finetune=True))
+    assert (r.start_rollout_id, r.extra_state, r.restored) == (0, {}, ("model",))
+    ckpt.load(args.save, actor.model, actor.optimizer, 0, actor._layout())  # back to the saved state for later tests
+
+
+def test_crash_mid_save_keeps_the_previous_checkpoint(actor_and_args, monkeypatch):
+    """A write that fails after the first shard file: save raises, the tracker still names the previous
+    checkpoint, no iter directory appears for the failed one, and the previous one loads; the next save
+    replaces the partial temp directory."""
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
+
+    from slime.backends.megatron import checkpoint as ckpt
+    from slime.backends.megatron.model_setup import host_copy
+
+    actor, args = actor_and_args
+    actor.save(3, {"data_source": {"offset": 12}})
+    saved = host_copy(actor.model)
+    original = FileSystemWriterAsync.write_preloaded_data
+    calls = []
+
+    def fail_after_first_file(transform_list, local_proc_idx, *rest, **kw):
+        calls.append(local_proc_idx)
+        if len(calls) > 1:
+            raise OSError("no space left on device (injected)")
+        return original(transform_list, local_proc_idx, *rest, **kw)
+
+    monkeypatch.setattr(FileSystemWriterAsync, "write_preloaded_data", staticmethod(fail_after_first_file))
+    _train_once(actor, 5)
+    with pytest.raises(Exception, match="injected"):
+        actor.save(5, {"data_source": {"offset": 20}})
+    assert len(calls) == 2 and any(f.endswith(".distcp") for f in os.listdir(os.path.join(args.save, ".tmp_iter_0000005")))
+    assert open(os.path.join(args.save, "latest_checkpointed_iteration.txt")).read() == "3"
+    assert not os.path.exists(os.path.join(args.save, "iter_0000005"))
+    resumed = ckpt.load(args.save, actor.model, actor.optimizer, 0, actor._layout())
+    assert resumed.start_rollout_id == 4 and resumed.extra_state == {"data_source": {"offset": 12}}
+    assert all(torch.equal(saved[k], v) for k, v in host_copy(actor.model).items())
+    monkeypatch.setattr(FileSystemWriterAsync, "write_preloaded_data", original)
+    actor.save(5, {})
+    assert open(os.path.join(args.save, "latest_checkpointed_iteration.txt")).read() == "5"
+    assert not os.path.exists(os.path.join(args.save, ".tmp_iter_0000005"))
+    ckpt.load(args.save, actor.model, actor.optimizer, 0, actor._layout())
+
+
+def test_ref_load_reads_a_torch_dist_checkpoint(actor_and_args):
+    """--ref-load DIR of torch_dist: the reference is the checkpoint's model, not --hf-checkpoint's."""
+    import argparse
+
+    from slime.backends.megatron import model_setup
+
+    actor, args = actor_and_args
+    saved = model_setup.host_copy(actor.model)
+    ref = model_setup.load_reference(argparse.Namespace(**{**vars(args), "ref_load": args.save}))
+    got = model_setup.host_copy(ref)
+    assert got.keys() == saved.keys() and all(torch.equal(got[k], saved[k]) for k in saved)
+    hf = model_setup.host_copy(model_setup.load_reference(args))  # --ref-load = the HF dir: differs after training
+    assert any(not torch.equal(hf[k], saved[k]) for k in saved)
 
 
 def test_log_probs_at_rollout_temperature_equal_the_engines(actor_and_args, tiny_ckpt, monkeypatch):

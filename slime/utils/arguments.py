@@ -13,6 +13,7 @@ from typing import Sequence
 ADVANTAGE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
 KL_LOSS_TYPES = ("k1", "k2", "k3", "low_var_kl")
 UPDATE_WEIGHT_MODES = ("auto", "ipc", "distributed")
+CKPT_FORMATS = ("torch_dist",)
 
 
 class ArgumentError(ValueError):
@@ -48,12 +49,40 @@ def _add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("checkpoints")
     _add(g, parser, "--hf-checkpoint", type=str, default=None, help="HF model dir: initial weights, tokenizer, config")
     _add(g, parser, "--ref-load", type=str, default=None,
-         help="HF dir of the reference model for KL (default: --hf-checkpoint)")
-    _add(g, parser, "--load", type=str, default=None, help="resume from this slime checkpoint dir (if it holds one)")
-    _add(g, parser, "--save", type=str, default=None, help="write slime checkpoints here")
+         help="reference model for KL: an HF dir or a torch_dist checkpoint dir (default: --hf-checkpoint)")
+    _add(g, parser, "--load", type=str, default=None,
+         help="resume from this torch_dist checkpoint dir (--save's); an HF dir gives initial weights; "
+              "a new or empty dir starts from --hf-checkpoint")
+    _add(g, parser, "--save", type=str, default=None, help="write torch_dist checkpoints here")
     _add(g, parser, "--save-interval", type=int, default=None, help="save every N rollouts (and after the last)")
     _add(g, parser, "--save-hf", type=str, default=None,
          help="also export HF weights to this dir at each save ('{rollout_id}' is substituted)")
+
+
+def _add_dist_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("checkpoint format and resume (Megatron's flags)")
+    _add(g, parser, "--ckpt-format", choices=CKPT_FORMATS, default="torch_dist",
+         help="Megatron's distributed checkpoint format: loads at any TP/EP/DP/PP layout")
+    _add(g, parser, "--no-load-optim", action="store_true", help="resume without the optimizer state")
+    _add(g, parser, "--no-load-rng", action="store_true", help="resume without the RNG state")
+    _add(g, parser, "--finetune", action="store_true",
+         help="take only the model weights from --load; start at rollout 0 with fresh optimizer and data order")
+
+
+def _validate_checkpoint_dirs(args: argparse.Namespace) -> None:
+    """--load / --ref-load hold a format the trainer reads (one line naming what was expected otherwise)."""
+    from slime.backends.megatron import checkpoint_layout as L
+
+    try:
+        if args.load:
+            L.find_checkpoint(args.load, "--load")
+        if args.ref_load and args.ref_load != args.hf_checkpoint:
+            ref = L.find_checkpoint(args.ref_load, "--ref-load")
+            _require(ref.kind in (L.HF, L.TORCH_DIST),
+                     f"--ref-load {args.ref_load} holds no model (missing, empty or a former per-rank checkpoint); pass "
+                     "an HF dir or a torch_dist checkpoint dir")
+    except L.CheckpointFormatError as e:
+        raise ArgumentError(str(e)) from e
 
 
 def _add_training_arguments(parser: argparse.ArgumentParser) -> None:
@@ -151,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_cluster_arguments(parser)
     _add_checkpoint_arguments(parser)
+    _add_dist_checkpoint_arguments(parser)
     _add_rollout_arguments(parser)
     _add_training_arguments(parser)
     _add_parallel_arguments(parser)
@@ -248,6 +278,7 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         args.kl_coef > 0 and args.advantage_estimator.startswith("reinforce_plus_plus"))
     if args.ref_load is None:
         args.ref_load = args.hf_checkpoint
+    _validate_checkpoint_dirs(args)
     return args
 
 

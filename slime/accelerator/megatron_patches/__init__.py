@@ -3,7 +3,7 @@ the current accelerator (`get_accelerator()`) for device, RNG, streams and event
 
 megatron-core calls `torch.cuda.*` in ~500 places; only the ones on the paths slime uses are replaced
 (GPT / GLM model forward+backward with TP, SP, EP, the alltoall MoE dispatcher, RNG tracker, DDP,
-optimizer and grad clipping). Every replacement is a `Patch` (why, what it replaces, target versions,
+optimizer and grad clipping, torch_dist checkpoints). Every replacement is a `Patch` (why, what it replaces, target versions,
 remove-when) in one of the topic modules below; `common_patches()` is the set shared by every
 non-CUDA accelerator (CPU and Ascend), `cpu.py` registers the CPU set, `ascend/megatron_patches.py` the
 Ascend one. CUDA needs none.
@@ -18,9 +18,10 @@ MEGATRON_VERSIONS = ">=0.16,<0.17"
 
 def common_patches() -> list[Patch]:
     """Patches every accelerator without CUDA needs (CPU, Ascend). Imports megatron.core lazily."""
-    from slime.accelerator.megatron_patches import comm, memory, moe, optim, pipeline, rng
+    from slime.accelerator.megatron_patches import checkpoint, comm, memory, moe, optim, pipeline, rng
 
-    return [*rng.PATCHES, *memory.PATCHES, *comm.PATCHES, *moe.PATCHES, *optim.PATCHES, *pipeline.PATCHES]
+    return [*rng.PATCHES, *memory.PATCHES, *comm.PATCHES, *moe.PATCHES, *optim.PATCHES, *pipeline.PATCHES,
+            *checkpoint.PATCHES]
 
 
 def register_set(accelerator: str, patches: list[Patch]) -> None:

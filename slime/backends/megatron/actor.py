@@ -82,20 +82,26 @@ class MegatronTrainRayActor:
 
         if with_ref:
             # The reference policy is held on the host and swapped in for its log-probs (no second model on device).
-            ref_model = model_setup.load_model(args, args.ref_load)
+            ref_model = model_setup.load_reference(args)
             self.ref_weights = model_setup.host_copy(ref_model)
             del ref_model
-        self.model = model_setup.load_model(args, args.hf_checkpoint)
+        found = ckpt.find_checkpoint(args.load) if args.load else None
+        # An HF directory as --load gives the initial weights; a trainer checkpoint is restored on top.
+        self.model = model_setup.load_model(args, found.path if found and found.kind == ckpt.HF else args.hf_checkpoint)
         self.model, self.optimizer = model_setup.wrap_and_build_optimizer(args, self.model)
         self.loss_config = LossConfig.from_args(args)
 
-        start_rollout_id = 0
-        if args.load and ckpt.latest_iteration(args.load) is not None:
-            rollout_id, self._extra_state = ckpt.load(args.load, self.model, self.optimizer, self.rank,
-                                                      self._layout())
-            start_rollout_id = rollout_id + 1
-            logger.info("resumed from %s at rollout %d", args.load, rollout_id)
-        return start_rollout_id
+        if found is None or found.kind in (ckpt.HF, ckpt.NONE):
+            if found is not None:
+                logger.info("--load %s: %s", args.load, "HF weights, starting at rollout 0" if found.kind == ckpt.HF
+                            else "no checkpoint yet, starting from --hf-checkpoint")
+            return 0
+        resumed = ckpt.load(args.load, self.model, self.optimizer, self.rank, self._layout(),
+                            ckpt.LoadOptions.from_args(args))
+        self._extra_state = resumed.extra_state
+        logger.info("loaded %s (%s); starting at rollout %d", found.path, ", ".join(resumed.restored),
+                    resumed.start_rollout_id)
+        return resumed.start_rollout_id
 
     def _layout(self) -> dict[str, int]:
         a = self.args

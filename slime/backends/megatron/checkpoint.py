@@ -1,91 +1,62 @@
-"""Trainer checkpoints: per-rank model + optimizer + RNG, plus the run's extra state (rollout id,
-data-source state), written to a temporary directory and renamed into place, so a crash leaves
-either the previous checkpoint or the new one, never a partial one.
+"""Trainer checkpoints in Megatron's distributed format (`--ckpt-format torch_dist`, megatron.core.dist_checkpointing).
 
-Layout: SAVE/iter_0000007/{rank_00000.pt, ..., extra.pt, meta.json}; SAVE/latest_checkpointed_iteration.txt.
-Files are read with `torch.load(weights_only=True)` (no arbitrary unpickling).
+One iteration directory per save, ROOT/iter_XXXXXXX/ (the rollout id), and ROOT/latest_checkpointed_iteration.txt,
+as Megatron lays them out. Inside, megatron's torch_dist files: every tensor is stored once as its global
+(unsharded) tensor, written in pieces by the ranks that hold them, so a checkpoint loads at any TP / EP / DP
+(and PP) layout:
+- `model`: the GLM model's sharded_state_dict (TP-split linears, EP-split experts, layers by global index);
+- `optimizer`: the Megatron optimizer's sharded state in model space (the distributed optimizer's shards
+  included: `fully_sharded_model_space`), Adam moments following their parameters' sharding;
+- `rng_state`: each rank's RNG states (restored only at the layout that wrote them, as Megatron does);
+- common values (written by rank 0): `iteration`, `checkpoint_version`, and `slime`: the rollout id, the
+  run's extra state (data-source position) and the layout that wrote it.
+All-or-nothing: written into ROOT/.tmp_iter_XXXXXXX, renamed into place, then the tracker is replaced
+atomically, so a crash mid-save leaves the previous checkpoint loadable and the tracker pointing at it.
+The former per-rank format (iter_*/rank_XXXXX.pt) is still read, at the layout that wrote it.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 import os
-import random
 import shutil
+from dataclasses import dataclass, field
 from typing import Any
 
-import torch
+from slime.backends.megatron import checkpoint_layout as L
+from slime.backends.megatron.checkpoint_layout import (  # noqa: F401 (re-exported)
+    HF, LEGACY, NONE, TORCH_DIST, TRACKER, CheckpointFormatError, find_checkpoint, iter_dir, latest_iteration)
+from slime.backends.megatron.rng_state import rng_state, seed_everything, set_rng_state  # noqa: F401 (re-exported)
 
-from slime.accelerator import get_accelerator
+logger = logging.getLogger(__name__)
 
-TRACKER = "latest_checkpointed_iteration.txt"
-
-
-def iter_dir(root: str, rollout_id: int) -> str:
-    return os.path.join(root, f"iter_{rollout_id:07d}")
-
-
-def latest_iteration(root: str) -> int | None:
-    path = os.path.join(root, TRACKER)
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        text = f.read().strip()
-    if not text.isdigit():
-        raise ValueError(f"{path} should hold a rollout id, got {text!r}; delete it or fix --load")
-    return int(text)
+CHECKPOINT_VERSION = 3.0  # megatron's current checkpoint_version
+OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_sharded_model_space", "chained_optim_avoid_prefix": True}
 
 
-def seed_everything(seed: int) -> None:
-    import numpy as np
+@dataclass(frozen=True)
+class LoadOptions:
+    """What a resume restores (Megatron's --no-load-optim, --no-load-rng, --finetune)."""
 
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    get_accelerator().manual_seed(seed)
-    try:  # Megatron's tensor-parallel RNG tracker (dropout regions); absent before model-parallel init
-        from megatron.core import tensor_parallel
+    optimizer: bool = True
+    rng: bool = True
+    finetune: bool = False  # weights only; the run starts at rollout 0 with fresh data-source state
 
-        tensor_parallel.model_parallel_cuda_manual_seed(seed)
-    except Exception:
-        pass
-
-
-def rng_state() -> dict[str, Any]:
-    import numpy as np
-
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    state: dict[str, Any] = {
-        "python": list(random.getstate()[1]), "python_version": random.getstate()[0],
-        "python_gauss": random.getstate()[2],
-        "numpy": {"keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos), "has_gauss": int(has_gauss),
-                  "gauss": float(gauss)},
-        "torch": torch.get_rng_state(),
-        "device": get_accelerator().get_rng_state(),
-    }
-    try:
-        from megatron.core import tensor_parallel
-
-        state["tracker"] = tensor_parallel.get_cuda_rng_tracker().get_states()
-    except Exception:
-        pass
-    return state
+    @classmethod
+    def from_args(cls, args) -> "LoadOptions":
+        return cls(optimizer=not getattr(args, "no_load_optim", False), rng=not getattr(args, "no_load_rng", False),
+                   finetune=bool(getattr(args, "finetune", False)))
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
-    import numpy as np
+@dataclass
+class Resumed:
+    start_rollout_id: int  # first rollout to run
+    extra_state: dict[str, Any] = field(default_factory=dict)  # empty for --finetune
+    restored: tuple[str, ...] = ()  # "model", "optimizer", "rng"
 
-    random.setstate((state["python_version"], tuple(state["python"]), state["python_gauss"]))
-    n = state["numpy"]
-    np.random.set_state(("MT19937", n["keys"].numpy().astype("uint32"), n["pos"], n["has_gauss"], n["gauss"]))
-    torch.set_rng_state(state["torch"])
-    get_accelerator().set_rng_state(state["device"])
-    if "tracker" in state:
-        try:
-            from megatron.core import tensor_parallel
 
-            tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
-        except Exception:
-            pass
+def _unwrap(model):
+    return getattr(model, "module", model)
 
 
 def _barrier() -> None:
@@ -93,6 +64,12 @@ def _barrier() -> None:
 
     if dist.is_initialized():
         dist.barrier()
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
 
 
 def _atomic_write(path: str, text: str) -> None:
@@ -104,45 +81,112 @@ def _atomic_write(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _rng_object(state: Any, world: int, rank: int):
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+    return ShardedObject("rng_state", state, (world,), (rank,), replica_id=0)
+
+
+def _sharded_state(model, optimizer, *, is_loading: bool, with_optimizer: bool) -> dict[str, Any]:
+    state: dict[str, Any] = {"model": _unwrap(model).sharded_state_dict()}
+    if with_optimizer and optimizer is not None:
+        state["optimizer"] = optimizer.sharded_state_dict(state["model"], is_loading=is_loading,
+                                                          metadata=OPTIMIZER_METADATA)
+    return state
+
+
+def _publish(tmp: str, final: str) -> None:
+    """Rename `tmp` to `final`; an existing `final` (the same rollout id saved again) is moved aside first
+    and removed only after the new one is in place."""
+    old = f"{final}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if os.path.exists(final):
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def save(root: str, rollout_id: int, model, optimizer, rank: int, layout: dict[str, int],
          extra_state: dict[str, Any]) -> str:
-    """Collective over the trainer ranks. Returns the final directory."""
+    """Collective over the trainer ranks. Returns the final iteration directory."""
+    from megatron.core import dist_checkpointing
+
     final = iter_dir(root, rollout_id)
     tmp = os.path.join(root, f".tmp_iter_{rollout_id:07d}")
     if rank == 0:
         os.makedirs(root, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # a save that crashed earlier
         os.makedirs(tmp)
     _barrier()
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng_state()},
-               os.path.join(tmp, f"rank_{rank:05d}.pt"))
+    state = _sharded_state(model, optimizer, is_loading=False, with_optimizer=True)
+    state["rng_state"] = _rng_object(rng_state(), int(layout["world_size"]), _rank())
+    state.update(iteration=rollout_id, checkpoint_version=CHECKPOINT_VERSION,
+                 slime={"rollout_id": rollout_id, "extra": extra_state, "layout": dict(layout)})
+    dist_checkpointing.save(state, tmp)
     _barrier()
     if rank == 0:
-        torch.save({"rollout_id": rollout_id, "extra": extra_state}, os.path.join(tmp, "extra.pt"))
-        with open(os.path.join(tmp, "meta.json"), "w") as f:
-            json.dump({"rollout_id": rollout_id, "layout": layout}, f)
-        if os.path.exists(final):
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        _publish(tmp, final)
         _atomic_write(os.path.join(root, TRACKER), str(rollout_id))
     _barrier()
     return final
 
 
-def load(root: str, model, optimizer, rank: int, layout: dict[str, int]) -> tuple[int, dict[str, Any]]:
-    """Restore the latest checkpoint under `root`; returns (rollout id, extra state)."""
-    rollout_id = latest_iteration(root)
-    if rollout_id is None:
-        raise FileNotFoundError(f"no {TRACKER} in {root}; pass a directory written by --save")
-    d = iter_dir(root, rollout_id)
-    with open(os.path.join(d, "meta.json")) as f:
-        meta = json.load(f)
-    if meta["layout"] != layout:
-        raise ValueError(f"checkpoint {d} was saved with layout {meta['layout']} but this run uses {layout}; "
-                         "resume with the same trainer world size and TP/EP/PP sizes")
-    state = torch.load(os.path.join(d, f"rank_{rank:05d}.pt"), map_location="cpu", weights_only=True)
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    set_rng_state(state["rng"])
-    extra = torch.load(os.path.join(d, "extra.pt"), map_location="cpu", weights_only=True)
-    return int(extra["rollout_id"]), extra["extra"]
+def load(root: str, model, optimizer, rank: int, layout: dict[str, int],
+         options: LoadOptions = LoadOptions()) -> Resumed:
+    """Restore the checkpoint `root` names (a --save root or one iter_* directory) into this rank's model
+    and optimizer, at this run's layout. Collective over the trainer ranks."""
+    found = L.find_checkpoint(root)
+    if found.kind not in (L.TORCH_DIST, L.LEGACY):
+        raise L.CheckpointFormatError(f"--load {root} holds no trainer checkpoint ({TRACKER} + iter_XXXXXXX/)")
+    if found.kind == L.LEGACY:
+        from slime.backends.megatron.checkpoint_legacy import load_per_rank
+
+        rollout_id, extra = load_per_rank(found.path, model, optimizer, rank, layout, options)
+        return _resumed(rollout_id, extra, options, ("model", "optimizer", "rng"))
+    from megatron.core import dist_checkpointing
+
+    common = dist_checkpointing.load_common_state_dict(found.path)
+    meta = common.get("slime") or {}
+    saved_layout = meta.get("layout")
+    want_optimizer = options.optimizer and not options.finetune
+    want_rng = options.rng and not options.finetune
+    if want_rng and saved_layout != dict(layout):
+        logger.info("checkpoint %s was written at layout %s, this run uses %s: RNG state not restored (as Megatron "
+                    "does after a TP/PP change); model and optimizer are resharded", found.path, saved_layout, layout)
+        want_rng = False
+    state = _sharded_state(model, optimizer, is_loading=True, with_optimizer=want_optimizer)
+    if want_rng:
+        state["rng_state"] = _rng_object(None, int(layout["world_size"]), _rank())
+    loaded = dist_checkpointing.load(state, found.path)
+    _unwrap(model).load_state_dict(loaded["model"])
+    restored = ["model"]
+    if want_optimizer:
+        optimizer.load_state_dict(loaded["optimizer"])
+        restored.append("optimizer")
+    elif optimizer is not None and hasattr(optimizer, "reload_model_params"):
+        optimizer.reload_model_params()  # main (fp32) params follow the loaded weights
+    if want_rng:
+        set_rng_state(loaded["rng_state"])
+        restored.append("rng")
+    rollout_id = int(meta.get("rollout_id", common.get("iteration", found.iteration)))
+    return _resumed(rollout_id, meta.get("extra") or {}, options, tuple(restored))
+
+
+def _resumed(rollout_id: int, extra: dict[str, Any], options: LoadOptions, restored: tuple[str, ...]) -> Resumed:
+    if options.finetune:
+        return Resumed(0, {}, ("model",))
+    return Resumed(rollout_id + 1, extra, restored)
+
+
+def load_model_weights(path: str, model, flag: str = "--ref-load") -> int:
+    """Only the model weights of the torch_dist checkpoint `path` names (e.g. the reference policy), resharded
+    to this rank's layout. Collective. Returns the iteration loaded."""
+    from megatron.core import dist_checkpointing
+
+    found = L.find_checkpoint(path, flag)
+    if found.kind != L.TORCH_DIST:
+        raise L.CheckpointFormatError(f"{flag} {path} is not a torch_dist checkpoint ({TRACKER} + iter_XXXXXXX/ "
+                                      "with metadata.json)")
+    state = _sharded_state(model, None, is_loading=True, with_optimizer=False)
+    _unwrap(model).load_state_dict(dist_checkpointing.load(state, found.path)["model"])
+    return int(found.iteration or 0)

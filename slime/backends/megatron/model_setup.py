@@ -24,6 +24,23 @@ def load_model(args, hf_dir: str) -> torch.nn.Module:
                          gather_logits=True, seed=args.seed, **overrides)
 
 
+def load_reference(args) -> torch.nn.Module:
+    """The reference policy from --ref-load: an HF directory, or a torch_dist checkpoint (its model weights,
+    resharded to this layout, into the model built from --hf-checkpoint)."""
+    from slime.backends.megatron import checkpoint as ckpt
+
+    found = ckpt.find_checkpoint(args.ref_load, "--ref-load")
+    if found.kind == ckpt.HF:
+        return load_model(args, found.path)
+    if found.kind != ckpt.TORCH_DIST:
+        raise ckpt.CheckpointFormatError(f"--ref-load {args.ref_load} is neither an HF directory (config.json + "
+                                         "*.safetensors) nor a torch_dist checkpoint (latest_checkpointed_iteration.txt "
+                                         "+ iter_XXXXXXX/)")
+    model = load_model(args, args.hf_checkpoint)
+    ckpt.load_model_weights(args.ref_load, model)
+    return model
+
+
 def wrap_and_build_optimizer(args, model: torch.nn.Module):
     """Megatron DDP (grads reduced in fp32) + Megatron Adam with gradient clipping at --clip-grad."""
     from slime.backends.megatron import build_optimizer

@@ -107,6 +107,16 @@ class SwiGLUMLP(MegatronModule):
         self.linear_fc1 = column_parallel(config, config.hidden_size, 2 * ffn, stride=2)  # [gate; up] per rank
         self.linear_fc2 = row_parallel(config, ffn, config.hidden_size)
 
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
+        """fc1 holds this rank's slice of gate AND of up: stored as megatron's gated MLP stores it (gate rows,
+        then up rows, each split over TP), so the checkpoint is the same at every TP size."""
+        from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
+
+        state = super().sharded_state_dict(prefix, sharded_offsets, metadata)
+        key = f"{prefix}linear_fc1.weight"
+        state[key] = apply_swiglu_sharded_factory(state[key], sharded_offsets)
+        return state
+
     def forward(self, x: torch.Tensor, padding_mask=None):
         h, _ = self.linear_fc1(x)
         out, _ = self.linear_fc2(get_accelerator().ops.swiglu(h))

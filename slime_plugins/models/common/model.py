@@ -84,6 +84,13 @@ class DecoderModel(MegatronModule):
         logits, _ = self.output_layer(hidden, weight=weight)
         return logits
 
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
+        """megatron's distributed-checkpoint view. Layers need not be alike (dense / MoE, DSA full / shared):
+        each is stored under its global index (decoder.layers.{i}.*), which also lets a checkpoint load at
+        another pipeline split. TP / EP shards: megatron's parallel layers, SwiGLUMLP and GroupedExperts."""
+        metadata = {**(metadata or {}), "non_homogeneous_layers": True}
+        return super().sharded_state_dict(prefix, sharded_offsets, metadata)
+
     def set_input_tensor(self, input_tensor) -> None:
         """Pipeline schedules hand the previous stage's output here."""
         if isinstance(input_tensor, (list, tuple)):

@@ -38,6 +38,19 @@ class GroupedExperts(torch.nn.Module):
         tensor_parallel.set_tensor_model_parallel_attributes(self.weight1, is_parallel=True, dim=2, stride=2)
         tensor_parallel.set_tensor_model_parallel_attributes(self.weight2, is_parallel=True, dim=1, stride=1)
 
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
+        """Checkpoint view: each weight is one [E, ...] tensor split on the expert axis over EP (this rank's
+        experts at offset ep_rank * E_local), whole on every rank of the expert-data-parallel group (TP ranks
+        included, as expert TP is 1), whose rank 0 writes it."""
+        from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+        ep_rank, ep = ps.get_expert_model_parallel_rank(), ps.get_expert_model_parallel_world_size()
+        replica_id = (0, 0, ps.get_expert_data_parallel_rank())
+        axis = len(sharded_offsets)
+        return {f"{prefix}{name}": ShardedTensor.from_rank_offsets(f"{prefix}{name}", p, *sharded_offsets, (axis, ep_rank, ep),
+                                                                   replica_id=replica_id, prepend_axis_num=axis)
+                for name, p in self.named_parameters(recurse=False)}
+
     def forward(self, x: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
         ops = get_accelerator().ops
         h = ops.swiglu(ops.grouped_matmul(x, self.weight1, tokens_per_expert))

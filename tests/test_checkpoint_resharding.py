@@ -1,0 +1,29 @@
+"""torch_dist checkpoints reshard (2 trainer ranks over gloo, spawned here; float32, the tiny GLM-5 with MoE
+and DSA dropping keys: prompt + response longer than index_topk). A checkpoint written at DP2 resumes at
+TP2, and one written at TP2 resumes at EP2 x DP1 (expert-data-parallel 1): the resumed rollout's rewards,
+per-token old / reference log-probs (abs 1e-5), train metrics (loss, pg_loss, KL, entropy, grad norm; rel
+1e-5) and the checkpoint written after its step (weights and Adam moments, rel 1e-5) equal those of the run
+that continued without stopping. A resume with --no-load-optim must miss those moments (the check can fail).
+See tests/checkpoint_reshard_worker.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch.multiprocessing as mp
+
+from slime.utils.net import free_port
+
+
+@pytest.mark.timeout(600)
+def test_torch_dist_checkpoint_reshards_dp2_to_tp2_and_tp2_to_ep2(tmp_path):
+    from glm5_helpers import write_checkpoint
+    from slime.rollout.synthetic import make_dataset
+
+    ckpt = write_checkpoint(tmp_path / "model", "glm_moe_dsa", seed=4)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(x) + "\n" for x in make_dataset(16, seed=1, min_len=4, max_len=5)))
+    from checkpoint_reshard_worker import run
+
+    mp.spawn(run, args=(free_port(), ckpt, str(data), str(tmp_path)), nprocs=2, join=True)
