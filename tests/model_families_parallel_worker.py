@@ -18,8 +18,20 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp(min=1e-30))
 
 
-def run(rank: int, port: int, cases: list[tuple[str, str, str, list[tuple[int, int]]]]) -> None:
-    """cases: (model_type, checkpoint dir, reference file, [(tp, ep), ...])."""
+def _moved_weights(model) -> dict[str, torch.Tensor]:
+    """Shift every parameter by a seeded amount (the same on every rank); the export afterwards (full HF tensors)."""
+    g = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    from slime.backends.megatron import export_hf
+
+    return {n: t.clone() for bucket in export_hf(model) for n, t in bucket}
+
+
+def run(rank: int, port: int, cases: list[tuple[str, str, str, list[tuple[int, int]]]], save_root: str) -> None:
+    """cases: (model_type, checkpoint dir, reference file, [(tp, ep), ...]). The first layout also writes a
+    torch_dist checkpoint of shifted weights; every later layout loads it resharded and must export them."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
     torch.set_num_threads(1)
     from megatron.core import parallel_state as ps
@@ -29,13 +41,15 @@ def run(rank: int, port: int, cases: list[tuple[str, str, str, list[tuple[int, i
     from glm5_parallel_worker import check_tensor_parallel_attributes
     from safetensors.torch import load_file
     from slime.backends.megatron import build_optimizer, export_hf, load_hf_model
+    from slime.backends.megatron import checkpoint as C
     from slime_plugins.models.common import weights as W
 
     for model_type, ckpt, ref_path, layouts in cases:
         ref = torch.load(ref_path)
         ids, pos, weight = ref["ids"], ref["pos"], ref["weight"]
         original = load_file(os.path.join(ckpt, "model.safetensors"))
-        base_norm = None
+        base_norm = saved = None
+        root = os.path.join(save_root, model_type)
         for tp, ep in layouts:
             where = f"{model_type} tp={tp} ep={ep}"
             model = load_hf_model(ckpt, tp=tp, ep=ep)
@@ -66,5 +80,17 @@ def run(rank: int, port: int, cases: list[tuple[str, str, str, list[tuple[int, i
             assert norms[0] == norms[1], f"{where}: the ranks report different grad norms {norms}"
             base_norm = base_norm or float(grad_norm)
             assert abs(float(grad_norm) - base_norm) <= 1e-5 * base_norm, f"{where}: grad norm {grad_norm} != {base_norm}"
+            # torch_dist: written at the first layout, loaded (resharded) at the others, the same HF tensors.
+            model = load_hf_model(ckpt, tp=tp, ep=ep)
+            if saved is None:
+                ddp, opt = build_optimizer(model, lr=1e-3, clip_grad=0.0)
+                saved = _moved_weights(model)
+                C.save(root, 0, ddp, opt, rank, {"world_size": 2, "tp": tp, "ep": ep, "pp": 1}, {})
+                continue
+            C.load_model_weights(root, model)
+            loaded = {n: t for bucket in export_hf(model) for n, t in bucket}
+            assert loaded.keys() == saved.keys()
+            bad = [n for n in saved if not torch.equal(loaded[n].cpu(), saved[n].cpu())]
+            assert not bad, f"{where}: torch_dist checkpoint of another layout loads differently for {bad[:3]}"
     dist.barrier()
     dist.destroy_process_group()

@@ -3,7 +3,9 @@ embeddings) at tp=1 and tp=2 [sequence parallel]; glm4_moe (qkv bias, QK-norm, p
 router + shared expert) at tp=1, tp=2 and ep=2. Each layout: logits within 1e-5 (relative to max |logit|)
 of transformers, grads after megatron DDP's reduction within 1e-5 x max |grad| of transformers' grads,
 export_hf reproduces the checkpoint bit-exactly on every rank, TP shards carry megatron's tensor-parallel
-attributes, and the optimizer's grad norm is the same on both ranks and equals the first layout's (1e-5)."""
+attributes, and the optimizer's grad norm is the same on both ranks and equals the first layout's (1e-5).
+A torch_dist checkpoint (megatron dist_checkpointing) of shifted weights written at tp=ep=1 (DP 2) loads at
+every other layout to bit-identical exported tensors."""
 
 from __future__ import annotations
 
@@ -32,4 +34,4 @@ def test_tp2_and_ep2_match_transformers(tmp_path):
         cases.append((model_type, ckpt, str(tmp_path / f"{model_type}.pt"), layouts))
     from model_families_parallel_worker import run
 
-    mp.spawn(run, args=(free_port(), cases), nprocs=2, join=True)
+    mp.spawn(run, args=(free_port(), cases, str(tmp_path / "torch_dist")), nprocs=2, join=True)
