@@ -29,16 +29,17 @@ def _moved_weights(model) -> dict[str, torch.Tensor]:
     return {n: t.clone() for bucket in export_hf(model) for n, t in bucket}
 
 
-def run(rank: int, port: int, cases: list[tuple[str, str, str, list[tuple[int, int]]]], save_root: str) -> None:
-    """cases: (model_type, checkpoint dir, reference file, [(tp, ep), ...]). The first layout also writes a
-    torch_dist checkpoint of shifted weights; every later layout loads it resharded and must export them."""
+def run(rank: int, port: int, cases: list[tuple[str, str, str, list]], save_root: str) -> None:
+    """cases: (model_type, checkpoint dir, reference file, [(tp, ep) or "pp2", ...]). The first layout also
+    writes a torch_dist checkpoint of shifted weights; every later (tp, ep) layout loads it resharded and
+    must export them. "pp2": megatron's pipeline schedule over 2 stages (tests/glm5_parallel_worker.py)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
     torch.set_num_threads(1)
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import finalize_model_grads
 
     from glm5_helpers import megatron_grads_by_hf_name
-    from glm5_parallel_worker import check_tensor_parallel_attributes
+    from glm5_parallel_worker import _pipeline_parallel, check_tensor_parallel_attributes
     from safetensors.torch import load_file
     from slime.backends.megatron import build_optimizer, export_hf, load_hf_model
     from slime.backends.megatron import checkpoint as C
@@ -50,7 +51,11 @@ def run(rank: int, port: int, cases: list[tuple[str, str, str, list[tuple[int, i
         original = load_file(os.path.join(ckpt, "model.safetensors"))
         base_norm = saved = None
         root = os.path.join(save_root, model_type)
-        for tp, ep in layouts:
+        for layout in layouts:
+            if layout == "pp2":
+                _pipeline_parallel(rank, ckpt, ref, original, ref["logits"])
+                continue
+            tp, ep = layout
             where = f"{model_type} tp={tp} ep={ep}"
             model = load_hf_model(ckpt, tp=tp, ep=ep)
             ddp, opt = build_optimizer(model, lr=1e-3, clip_grad=0.0)
@@ -92,5 +97,17 @@ def run(rank: int, port: int, cases: list[tuple[str, str, str, list[tuple[int, i
             assert loaded.keys() == saved.keys()
             bad = [n for n in saved if not torch.equal(loaded[n].cpu(), saved[n].cpu())]
             assert not bad, f"{where}: torch_dist checkpoint of another layout loads differently for {bad[:3]}"
+    tied_needs_one_stage(cases)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def tied_needs_one_stage(cases) -> None:
+    """A checkpoint with tied embeddings asked for pp=2: one clear error, on every rank."""
+    import pytest
+
+    from slime.backends.megatron import load_hf_model
+
+    tied = [ckpt for model_type, ckpt, _, _ in cases if model_type == "qwen3"]
+    with pytest.raises(ValueError, match="tie_word_embeddings=True needs the embedding and the output layer on one stage"):
+        load_hf_model(tied[0], pp=2)
