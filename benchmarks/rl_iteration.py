@@ -18,8 +18,8 @@ the iteration:
             trainer other        time/train - fwd/bwd/opt: packing micro-batches, metric reductions
             weight sync          time/weight_sync (export and copy, engine copy, control calls, verification)
             save                 time/save
-            driver + Ray calls   time/iteration - all of the above (Ray round trips, ray.put of the batch,
-                                 advantages on the driver)
+            driver + Ray calls   time/iteration - all of the above (Ray round trips; the samples go from the
+                                 rollout manager to the trainer ranks through the object store)
 
 overhead = iteration - (engine generate + trainer log-probs + trainer fwd/bwd/opt). Goal: <= 10% of the
 iteration.
@@ -50,7 +50,8 @@ DETAILS = (("engine forward (in generate)", "rollout/engine_forward_time"),
                                                                       "time/weight_sync_wait"),
            ("weight sync: control calls", "time/weight_sync_control"),
            ("weight sync: verification", "time/weight_sync_verify"),
-           ("driver: Ray call of train beyond time/train", "ray_train"),
+           ("driver: Ray call of train beyond log-probs + advantages + time/train", "ray_train"),
+           ("driver: its own CPU time (time/driver_cpu; the samples never reach it)", "driver_cpu"),
            ("driver: Ray call of the weight sync beyond time/weight_sync", "ray_sync"))
 
 
@@ -64,6 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--profile-rate", type=int, default=25, help="py-spy samples per second")
     ap.add_argument("--py-spy", default=shutil.which("py-spy") or "/tmp/pyspy-venv/bin/py-spy",
                     help="py-spy executable for --profile")
+    ap.add_argument("--driver-scaling", default=None, metavar="SIZES",
+                    help="e.g. 64,512: run once per samples-per-rollout size (8 samples per prompt, short "
+                         "responses) and compare the driver's CPU time per iteration")
     ap.add_argument("extra", nargs="*", help="after --: extra train.py flags")
     a = ap.parse_args(argv)
     if a.num_rollout < 2:
@@ -91,7 +95,9 @@ def phases(record: dict[str, float]) -> dict[str, float]:
     out["handoff"] = max(0.0, get("time/rollout") - rollout_gen)
     out["train_other"] = max(0.0, train - out["train_compute"])
     out.update({key: get(key) for _, key in DETAILS})
-    out["ray_train"] = max(0.0, get("time/train_call") - train) if "time/train_call" in record else 0.0
+    trainer_side = train + get("time/log_probs") + get("time/advantages")  # all inside the train_rollout call
+    out["ray_train"] = max(0.0, get("time/train_call") - trainer_side) if "time/train_call" in record else 0.0
+    out["driver_cpu"] = get("time/driver_cpu")
     out["ray_sync"] = (max(0.0, get("time/weight_sync_call") - get("time/weight_sync"))
                        if "time/weight_sync_call" in record else 0.0)
     out["driver"] = out["iteration"] - sum(out[k] for _, k in COMPUTE + OVERHEAD if k != "driver")
@@ -229,16 +235,46 @@ def _attach_profiler(a: argparse.Namespace, script_pid: int):
     return wait
 
 
-def main(argv: list[str] | None = None) -> None:
-    a = parse_args(argv)
-    os.makedirs(a.run_dir, exist_ok=True)
-    out_dir = os.path.join(a.run_dir, time.strftime("bench-%Y%m%d-%H%M%S"))
-    os.makedirs(out_dir)
-    wall = run_quick_start(a, out_dir)
+def _steady_records(out_dir: str) -> list[dict[str, float]]:
     with open(os.path.join(out_dir, "run", "metrics.jsonl")) as f:
         records = [json.loads(line) for line in f if line.strip()]
     if len(records) < 2:
         sys.exit(f"only {len(records)} iterations in {out_dir}/run/metrics.jsonl; need >= 2")
+    return records
+
+
+def driver_scaling(a: argparse.Namespace) -> None:
+    """The driver's own CPU time per iteration at several rollout sizes: flat when no sample passes through
+    it (the rollout manager hands the trainer ranks an object reference)."""
+    rows, base = [], None
+    for size in [int(x) for x in a.driver_scaling.split(",")]:
+        if size % 8:
+            sys.exit(f"--driver-scaling: {size} samples is not a multiple of 8 samples per prompt")
+        out_dir = os.path.join(a.run_dir, time.strftime(f"bench-{size}-%Y%m%d-%H%M%S"))
+        os.makedirs(out_dir)
+        sized = argparse.Namespace(**vars(a))
+        sized.extra = [*a.extra, "--rollout-batch-size", str(size // 8), "--n-samples-per-prompt", "8",
+                       "--rollout-max-response-len", "8", "--global-batch-size", str(size)]
+        run_quick_start(sized, out_dir)
+        steady = _steady_records(out_dir)[1:]
+        cpu = mean(r.get("time/driver_cpu", float("nan")) for r in steady)
+        it = mean(r["time/iteration"] for r in steady)
+        base = base if base is not None else cpu
+        rows.append(f"| {size} | {cpu * 1e3:.1f} | {cpu / base:.2f}x | {it:.2f} |")
+    print("\n| samples per rollout | driver CPU ms per iteration | vs the smallest | iteration s |\n|---|---|---|---|")
+    print("\n".join(rows))
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse_args(argv)
+    os.makedirs(a.run_dir, exist_ok=True)
+    if a.driver_scaling:
+        driver_scaling(a)
+        return
+    out_dir = os.path.join(a.run_dir, time.strftime("bench-%Y%m%d-%H%M%S"))
+    os.makedirs(out_dir)
+    wall = run_quick_start(a, out_dir)
+    records = _steady_records(out_dir)
     print()
     print(report(records))
     print(f"whole run (start-up, {len(records)} iterations, report): {wall:.0f} s; metrics: {out_dir}/run/metrics.jsonl")

@@ -32,21 +32,6 @@ def _cpu_threads_default(args) -> None:
     os.environ["SLIME_CPU_THREADS"] = str(max(1, cores // max(1, workers)))
 
 
-def rollout_batch_from(rollout: dict[str, Any]):
-    """The trainer's view of a rollout: token ids, response lengths, masks, rewards, engine log-probs."""
-    from slime.backends.megatron.data import RolloutBatch
-
-    samples = rollout["samples"]
-    return RolloutBatch(
-        tokens=[list(s.tokens) for s in samples],
-        response_lengths=[int(s.response_length) for s in samples],
-        rewards=[float(s.reward) for s in samples],
-        loss_masks=[list(s.loss_mask) if s.loss_mask is not None else [1] * s.response_length for s in samples],
-        rollout_log_probs=[list(s.rollout_log_probs) for s in samples]
-        if all(s.rollout_log_probs is not None for s in samples) else None,
-    )
-
-
 def reuses_train_log_probs(args, num_samples: int) -> bool:
     """Whether the first training forward's detached log-probs can serve as the old log-probs, saving the
     separate old-policy forward: exactly one optimizer step per rollout (so that forward runs on the weights
@@ -60,33 +45,11 @@ def reuses_train_log_probs(args, num_samples: int) -> bool:
 
 
 def add_advantages(args, batch) -> dict[str, float]:
-    """Fill batch.advantages (per sample, per response token); returns advantage/logprob metrics (the
-    train-rollout log-prob mismatch comes from the trainer when it reuses its forward's log-probs)."""
-    from slime.utils import ppo_utils
+    """Fill batch.advantages of every sample (one process holding the whole rollout: tests, tools; the
+    training loop computes them on the trainer ranks, each for its share); returns the advantage metrics."""
+    from slime.backends.megatron.rollout_data import share_advantages
 
-    lengths = batch.response_lengths
-    mask = torch.cat([torch.tensor(m, dtype=torch.float32) for m in batch.loss_masks])
-    kl = None
-    if batch.ref_log_probs is not None and batch.old_log_probs is not None:  # reused: no KL-shaped reward
-        kl = ppo_utils.approx_kl(torch.cat(batch.old_log_probs), torch.cat(batch.ref_log_probs), "k1")
-    n_per_prompt = getattr(args, "n_samples_per_prompt", 1) or 1
-    adv = ppo_utils.compute_advantages(
-        args.advantage_estimator, torch.tensor(batch.rewards), lengths, mask, n_per_prompt, kl=kl,
-        kl_coef=args.kl_coef, gamma=args.gamma, std_normalization=not args.disable_grpo_std_normalization)
-    # numpy, one array per sample: pickled as plain buffers on the way to the trainer (a view of a torch
-    # tensor would pickle its whole storage, once per sample)
-    batch.advantages = [a.numpy() for a in torch.split(adv.float().contiguous(), list(lengths))]
-    metrics = {"train/advantage_abs_mean": float((adv.abs() * mask).sum() / mask.sum().clamp_min(1))}
-    if batch.rollout_log_probs is not None and batch.old_log_probs is not None:
-        # Train-inference mismatch: the trainer's and the engine's log-probs of the same tokens, same weights.
-        old = torch.cat(batch.old_log_probs)
-        rollout = torch.cat([torch.tensor(r, dtype=torch.float32) for r in batch.rollout_log_probs])
-        diff = (old - rollout).abs()
-        metrics["train_rollout_logprob_abs_diff"] = float((diff * mask).sum() / mask.sum().clamp_min(1))
-        metrics["train_rollout_logprob_abs_diff_max"] = float((diff * mask).max()) if diff.numel() else 0.0
-    elif batch.rollout_log_probs is None:
-        metrics["train_rollout_logprob_abs_diff"] = float("nan")
-    return metrics
+    return share_advantages(args, batch, range(len(batch)))
 
 
 def rollout_metrics(batch, elapsed: float) -> dict[str, float]:
@@ -188,33 +151,26 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
     log = MetricsLogger(args.output_dir, resume_from=start_rollout_id if args.load else None)
     for rollout_id in range(start_rollout_id, args.num_rollout):
         t_iter = time.perf_counter()
+        driver_cpu = time.process_time()
         t0 = time.perf_counter()
         result = _wait_with_progress(rollout.generate.remote(rollout_id), rollout,
                                      getattr(args, "rollout_batch_size", 0) * getattr(args, "n_samples_per_prompt", 1))
-        batch = rollout_batch_from(result)
-        metrics: dict[str, Any] = {"rollout_id": rollout_id, **rollout_metrics(batch, time.perf_counter() - t0)}
+        elapsed = time.perf_counter() - t0
+        # The samples stay in the object store (result["data"]); the driver sees their summary only.
+        metrics: dict[str, Any] = {"rollout_id": rollout_id, "time/rollout": elapsed}
         metrics.update({k: v for k, v in result.get("metrics", {}).items() if isinstance(v, (int, float))})
+        metrics["perf/rollout_tokens_per_s"] = metrics.get("rollout/response_tokens", 0.0) / max(elapsed, 1e-9)
         if args.offload_rollout:
             ray.get(rollout.offload.remote())
         if args.offload_train:
             actor.onload()
 
-        batch.reuse_train_log_probs = reuses_train_log_probs(args, len(batch))
-        metrics["train/reused_log_probs"] = float(batch.reuse_train_log_probs)
-        if batch.reuse_train_log_probs and not args.use_ref_model:
-            metrics.update({"time/log_probs": 0.0, "time/log_probs_old": 0.0, "time/log_probs_ref": 0.0})
-        else:  # old-policy and/or reference forward
-            log_probs = actor.compute_log_probs(ray.put(batch))
-            batch.old_log_probs = log_probs.get("old_log_probs")
-            batch.ref_log_probs = log_probs.get("ref_log_probs")
-            metrics.update(log_probs["metrics"])
-        metrics.update(add_advantages(args, batch))
-        if args.use_rollout_logprobs and batch.rollout_log_probs is not None:
-            batch.old_log_probs = [torch.tensor(r, dtype=torch.float32) for r in batch.rollout_log_probs]
-
+        reuse = reuses_train_log_probs(args, int(result["num_samples"]))
+        metrics["train/reused_log_probs"] = float(reuse)
         t_call = time.perf_counter()
-        metrics.update(actor.train(rollout_id, ray.put(batch)))
-        metrics["time/train_call"] = time.perf_counter() - t_call  # time/train + Ray and data transfer
+        metrics.update(actor.train_rollout(rollout_id, result["data"], reuse))
+        # log-probs + advantages + train, plus Ray and data transfer
+        metrics["time/train_call"] = time.perf_counter() - t_call
         if args.offload_rollout:
             ray.get(rollout.onload.remote())
         # The engine list after the rollout (an engine restarted during it may have a new port).
@@ -230,6 +186,7 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
             state = ray.get(rollout.state.remote())
             metrics.update(actor.save(rollout_id, {"data_source": state, "rollout_id": rollout_id}))
         metrics["time/iteration"] = time.perf_counter() - t_iter
+        metrics["time/driver_cpu"] = time.process_time() - driver_cpu  # the driver's own work, not its waits
         log.log(metrics)
         records.append(metrics)
         print(console_line(metrics, args.num_rollout), flush=True)

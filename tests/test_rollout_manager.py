@@ -42,8 +42,17 @@ def manager(tmp_path_factory):
 def _check_rollout(result, args, first_index):
     from slime.rollout.sample import SampleStatus
 
+    import ray
+
+    from slime.backends.megatron.rollout_data import batch_from_payload
+
     samples = result["samples"]
     n = args.rollout_batch_size * args.n_samples_per_prompt
+    # The trainer's copy (object store arrays) holds exactly the samples' fields, in the same order.
+    batch = batch_from_payload(ray.get(result["data"]))
+    assert result["num_samples"] == n and batch.tokens == [list(s.tokens) for s in samples]
+    assert batch.rewards == [s.reward for s in samples] and batch.response_lengths == [s.response_length for s in samples]
+    assert result["metrics"]["rollout/reward_mean"] == pytest.approx(sum(batch.rewards) / n)
     assert sorted(s.index for s in samples) == list(range(first_index, first_index + n))  # each exactly once
     groups = {}
     for s in samples:
@@ -62,13 +71,13 @@ def test_rollout_over_two_engines(manager):
     assert all(e["token"] == ray.get(handle.token.remote()) and e["tp_size"] == 1 for e in engines)
     assert [e["instance"] for e in engines] == [0, 0]
     state = ray.get(handle.state.remote())
-    result = ray.get(handle.generate.remote(0), timeout=120)
+    result = ray.get(handle.generate.remote(0, with_samples=True), timeout=120)
     _check_rollout(result, args, 0)
     assert {s.engine_index for s in result["samples"]} == {0, 1}  # the router used both engines
     assert result["metrics"]["rollout/engine_restarts"] == 0
     # Data-source state: restoring it replays the same prompts.
     ray.get(handle.load_state.remote(state))
-    again = ray.get(handle.generate.remote(0), timeout=120)
+    again = ray.get(handle.generate.remote(0, with_samples=True), timeout=120)
     assert [s.prompt for s in again["samples"]] == [s.prompt for s in result["samples"]]
     # Same seeds, same weights: the same draws (engines are deterministic per request).
     assert [s.tokens for s in again["samples"]] == [s.tokens for s in result["samples"]]
@@ -84,7 +93,7 @@ def test_engine_death_mid_rollout_is_recovered(manager):
     clients = [EngineClient(u, token) for u in urls]
     for c in clients:
         c.pause_generation("in_place")
-    future = handle.generate.remote(1)
+    future = handle.generate.remote(1, with_samples=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         load = clients[1].get("/health")
@@ -107,5 +116,5 @@ def test_engine_death_mid_rollout_is_recovered(manager):
     assert ray.get(handle.engine_urls.remote())[1] == status["url"]
     engines = ray.get(handle.engines.remote())
     assert [e["url"] for e in engines] == ray.get(handle.engine_urls.remote()) and [e["instance"] for e in engines] == [0, 1]
-    result = ray.get(handle.generate.remote(2), timeout=120)
+    result = ray.get(handle.generate.remote(2, with_samples=True), timeout=120)
     _check_rollout(result, args, start + 24)

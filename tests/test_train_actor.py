@@ -299,3 +299,41 @@ def test_reused_train_log_probs_give_the_same_step_as_a_separate_old_forward(act
     assert all(m_reused[f"time/train_{k}"] >= 0 for k in ("pack", "forward", "backward", "optimizer"))
     with pytest.raises(ValueError, match="one optimizer step per rollout"):
         actor.train(9, RolloutBatch(**{**vars(_batch(6, n=12)), "reuse_train_log_probs": True}))
+
+
+def test_train_rollout_from_the_payload_equals_the_driver_path(actor_and_args):
+    """The trainer-side rollout (object-store payload -> log-probs -> advantages -> train) gives the same
+    loss, metrics and weights as the former driver path (compute_log_probs, add_advantages, train)."""
+    from types import SimpleNamespace
+
+    from slime.backends.megatron import checkpoint as ckpt
+    from slime.backends.megatron.model_setup import host_copy
+    from slime.backends.megatron.rollout_data import batch_from_payload, pack_samples
+    from slime.train import add_advantages
+
+    actor, args = actor_and_args
+    actor.save(9, {})
+    rng = random.Random(11)
+    base = _batch(6)
+    samples = [SimpleNamespace(tokens=t, response_length=r, reward=float(rng.random()), loss_mask=m,
+                               rollout_log_probs=[-rng.random() for _ in range(r)])
+               for t, r, m in zip(base.tokens, base.response_lengths, base.loss_masks)]
+    payload = pack_samples(samples)
+    driver = batch_from_payload(payload)
+    assert driver.tokens == base.tokens and driver.loss_masks == base.loss_masks
+    lp = actor.compute_log_probs(driver)["log_probs"]
+    driver.old_log_probs = [lp["old_log_probs"][i] for i in range(len(driver))]
+    driver.ref_log_probs = [lp["ref_log_probs"][i] for i in range(len(driver))]
+    m_driver = add_advantages(args, driver)
+    m_driver.update(actor.train(10, driver))
+    w_driver = host_copy(actor.model)
+
+    ckpt.load(args.save, actor.model, actor.optimizer, 0, actor._layout())
+    m_trainer = actor.train_rollout(10, payload, False)
+    for key in ("train/loss", "train/pg_loss", "train/kl", "train/grad_norm", "train/advantage_abs_mean",
+                "train_rollout_logprob_abs_diff", "train_rollout_logprob_abs_diff_max"):
+        assert m_trainer[key] == pytest.approx(m_driver[key], rel=1e-6, abs=1e-9), key
+    for k, v in host_copy(actor.model).items():
+        torch.testing.assert_close(v, w_driver[k], rtol=1e-6, atol=1e-8, msg=k)
+    assert m_trainer["time/log_probs"] >= m_trainer["time/log_probs_old"] > 0
+    ckpt.load(args.save, actor.model, actor.optimizer, 0, actor._layout())

@@ -49,6 +49,11 @@ class RayTrainGroup:
         out["metrics"] = parts[0]["metrics"]
         return out
 
+    def train_rollout(self, rollout_id: int, data_ref, reuse_train_log_probs: bool) -> dict[str, float]:
+        """Log-probs, advantages and training of one rollout; `data_ref` is the rollout manager's object
+        reference, resolved by Ray on each rank (never on the driver)."""
+        return self._all("train_rollout", rollout_id, data_ref, reuse_train_log_probs)[0]
+
     def train(self, rollout_id: int, batch_ref) -> dict[str, float]:
         return self._all("train", rollout_id, batch_ref)[0]
 

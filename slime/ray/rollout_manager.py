@@ -155,10 +155,21 @@ class RolloutManager:
         return [{"url": u, "tp_size": self.tp, "token": self._token, "instance": self._restarts[i]}
                 for i, u in enumerate(self.urls) if i not in self._down]
 
-    def generate(self, rollout_id: int) -> dict[str, Any]:
+    def generate(self, rollout_id: int, with_samples: bool = False) -> dict[str, Any]:
+        """One rollout. The training data goes into Ray's object store as flat arrays ("data", an object
+        reference for the trainer ranks; the caller never needs to fetch it); "metrics" include the reward
+        and length summary. with_samples: also return the Sample objects (tests, tools)."""
+        from slime.backends.megatron.rollout_data import pack_samples, payload_summary
+
         samples, metrics = self._generate(rollout_id)
+        payload = pack_samples(samples)
+        metrics.update(payload_summary(payload))
         # engines: the list after this rollout (restarts happen during one), for the weight sync that follows
-        return {"samples": samples, "metrics": metrics, "rollout_id": rollout_id, "engines": self.engines()}
+        out = {"data": self._ray().put(payload), "num_samples": len(samples), "metrics": metrics,
+               "rollout_id": rollout_id, "engines": self.engines()}
+        if with_samples:
+            out["samples"] = samples
+        return out
 
     def generate_rollout(self, rollout_id: int) -> list:
         return self._generate(rollout_id)[0]

@@ -49,12 +49,18 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int, std_normalization: b
     return centred.reshape(-1)
 
 
-def masked_whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(v - mean) / sqrt(var + eps) over the masked entries (population variance); unmasked -> 0."""
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, all_reduce=None) -> torch.Tensor:
+    """(v - mean) / sqrt(var + eps) over the masked entries (population variance); unmasked -> 0.
+    all_reduce: sums float64 statistics over ranks that each hold part of the batch (None: all here)."""
+    def total(*parts: torch.Tensor) -> torch.Tensor:
+        t = torch.stack([p.double() for p in parts])
+        return all_reduce(t) if all_reduce is not None else t
+
     mask = mask.to(values.dtype)
-    n = mask.sum().clamp_min(1)
-    mean = (values * mask).sum() / n
-    var = ((values - mean).square() * mask).sum() / n
+    n, weighted = total(mask.sum(), (values * mask).sum())
+    mean = (weighted / n.clamp_min(1)).to(values.dtype)
+    (sq,) = total(((values - mean).square() * mask).sum())
+    var = (sq / n.clamp_min(1)).to(values.dtype)
     return (values - mean) * torch.rsqrt(var + WHITEN_EPS) * mask
 
 
@@ -86,27 +92,34 @@ def reinforce_plus_plus_returns(rewards: torch.Tensor, kl: torch.Tensor, lengths
 
 def compute_advantages(estimator: str, rewards: torch.Tensor, lengths: Sequence[int], loss_mask: torch.Tensor,
                        group_size: int, *, kl: torch.Tensor | None = None, kl_coef: float = 0.0,
-                       gamma: float = 1.0, std_normalization: bool = True) -> torch.Tensor:
+                       gamma: float = 1.0, std_normalization: bool = True,
+                       sample_index: Sequence[int] | None = None, all_reduce=None) -> torch.Tensor:
     """Per-token advantages (flat over response tokens) for one rollout batch.
 
     grpo / gspo: the group-normalised sample advantage on every token.
     reinforce_plus_plus: discounted returns of KL-shaped token rewards, whitened over the batch.
     reinforce_plus_plus_baseline: (reward - group mean) - kl_coef * kl per token, whitened over the batch.
+
+    A data-parallel share: `rewards` are the whole rollout's, `sample_index` the samples computed here
+    (`lengths`, `loss_mask`, `kl` are theirs); `all_reduce` sums the whitening statistics over the shares.
     """
     lengths = [int(n) for n in lengths]
-    rep = torch.tensor(lengths)
+    rep = torch.tensor(lengths, dtype=torch.long)
+    index = torch.arange(rewards.numel()) if sample_index is None else torch.as_tensor(list(sample_index), dtype=torch.long)
+    if len(index) != len(lengths):
+        raise ValueError(f"{len(lengths)} response lengths for {len(index)} samples")
     if kl is None:
         kl = torch.zeros(sum(lengths))
     if estimator in ("grpo", "gspo"):
-        per_sample = grpo_advantages(rewards, group_size, std_normalization)
+        per_sample = grpo_advantages(rewards, group_size, std_normalization)[index]
         return torch.repeat_interleave(per_sample, rep)
     if estimator == "reinforce_plus_plus":
-        returns = reinforce_plus_plus_returns(rewards, kl, lengths, kl_coef, gamma)
-        return masked_whiten(returns, loss_mask)
+        returns = reinforce_plus_plus_returns(rewards[index], kl, lengths, kl_coef, gamma)
+        return masked_whiten(returns, loss_mask, all_reduce)
     if estimator == "reinforce_plus_plus_baseline":
-        baseline = grpo_advantages(rewards, group_size, std_normalization=False)
+        baseline = grpo_advantages(rewards, group_size, std_normalization=False)[index]
         raw = torch.repeat_interleave(baseline, rep) - kl_coef * kl.float()
-        return masked_whiten(raw, loss_mask)
+        return masked_whiten(raw, loss_mask, all_reduce)
     raise ValueError(f"unknown advantage estimator {estimator!r}")
 
 

@@ -184,6 +184,41 @@ class MegatronTrainRayActor:
         return {"log_probs": result if keep else {},
                 "metrics": {"time/log_probs": total, "time/log_probs_old": t_old, "time/log_probs_ref": total - t_old}}
 
+    # --- one rollout, end to end on the trainer ----------------------------------------------
+    def train_rollout(self, rollout_id: int, payload: dict[str, Any], reuse_train_log_probs: bool) -> dict[str, float]:
+        """Log-probs, advantages and training for one rollout, from the rollout manager's payload
+        (rollout_data.pack_samples; Ray hands every rank the object-store arrays, the driver never holds
+        them). Each rank works on its own data-parallel share; metrics are reduced over the group."""
+        from slime.backends.megatron import model_setup
+        from slime.backends.megatron.rollout_data import GroupReduce, batch_from_payload, share_advantages
+
+        args = self.args
+        batch = batch_from_payload(payload)
+        batch.reuse_train_log_probs = reuse_train_log_probs
+        mine = self._my_samples(len(batch))
+        metrics: dict[str, float] = {"time/log_probs": 0.0, "time/log_probs_old": 0.0, "time/log_probs_ref": 0.0}
+        t0 = time.perf_counter()
+        self.model.eval()
+
+        def full(by_index: dict[int, torch.Tensor]) -> list:
+            return [by_index.get(i) for i in range(len(batch))]
+
+        if not reuse_train_log_probs:
+            batch.old_log_probs = full(self._log_probs_of(batch, mine))
+        metrics["time/log_probs_old"] = time.perf_counter() - t0
+        if self.ref_weights is not None:
+            with model_setup.swapped_weights(self.model, self.ref_weights):
+                batch.ref_log_probs = full(self._log_probs_of(batch, mine))
+        metrics["time/log_probs"] = time.perf_counter() - t0
+        metrics["time/log_probs_ref"] = metrics["time/log_probs"] - metrics["time/log_probs_old"]
+        t = time.perf_counter()
+        metrics.update(share_advantages(args, batch, mine, GroupReduce(self.dp_group)))
+        if args.use_rollout_logprobs and batch.rollout_log_probs is not None:
+            batch.old_log_probs = [torch.tensor(r, dtype=torch.float32) for r in batch.rollout_log_probs]
+        metrics["time/advantages"] = time.perf_counter() - t
+        metrics.update(self.train(rollout_id, batch))
+        return metrics
+
     # --- training -------------------------------------------------------------------------
     def train(self, rollout_id: int, batch: D.RolloutBatch) -> dict[str, float]:
         import torch.distributed as dist

@@ -1,0 +1,141 @@
+"""A rollout's training data on its way from the rollout manager to the trainer ranks, and the trainer-side
+advantages, without the driver ever holding the samples.
+
+The rollout manager packs its samples into a few flat numpy arrays (`pack_samples`) and puts them in Ray's
+object store; the driver only forwards the object reference. Every trainer rank reads the arrays (zero-copy
+from the node's object store), builds its `RolloutBatch` (`batch_from_payload`), computes the old/reference
+log-probs of its own data-parallel share and the advantages of that share (`share_advantages`): per-sample
+group statistics come from the rewards of the whole rollout (a few floats), batch-wide whitening from sums
+all-reduced over the data-parallel group, so every rank's advantages equal those of one process computing
+the whole batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from slime.backends.megatron.data import RolloutBatch
+from slime.utils import ppo_utils
+
+# (tensor) -> the tensor's elementwise sum over the data-parallel ranks (identity in one process)
+AllReduce = Callable[[torch.Tensor], torch.Tensor]
+
+
+def pack_samples(samples: Sequence[Any]) -> dict[str, Any]:
+    """Flat arrays of the fields the trainer needs (tokens, response lengths, rewards, loss masks, engine
+    log-probs). Numpy buffers travel through Ray's object store without a per-sample pickle."""
+    lengths = np.array([len(s.tokens) for s in samples], dtype=np.int64)
+    response = np.array([int(s.response_length) for s in samples], dtype=np.int64)
+    masks = [s.loss_mask if s.loss_mask is not None else [1] * int(s.response_length) for s in samples]
+    with_lp = bool(samples) and all(s.rollout_log_probs is not None for s in samples)
+    return {
+        "tokens": np.fromiter((t for s in samples for t in s.tokens), dtype=np.int64, count=int(lengths.sum())),
+        "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        "response_lengths": response,
+        "rewards": np.array([float(s.reward) for s in samples], dtype=np.float64),
+        "loss_masks": np.fromiter((m for mask in masks for m in mask), dtype=np.int8, count=int(response.sum())),
+        "rollout_log_probs": np.fromiter((x for s in samples for x in s.rollout_log_probs), dtype=np.float32,
+                                         count=int(response.sum())) if with_lp else None,
+    }
+
+
+def payload_summary(payload: dict[str, Any]) -> dict[str, float]:
+    """Rollout metrics that need only the rewards and lengths (computed where the payload is made)."""
+    rewards, lengths = payload["rewards"], payload["response_lengths"].astype(np.float64)
+    return {
+        "rollout/reward_mean": float(rewards.mean()) if rewards.size else float("nan"),
+        "rollout/reward_std": float(rewards.std()) if rewards.size else float("nan"),
+        "rollout/response_len_mean": float(lengths.mean()) if lengths.size else float("nan"),
+        "rollout/samples": float(rewards.size),
+        "rollout/response_tokens": float(lengths.sum()),
+    }
+
+
+def batch_from_payload(payload: dict[str, Any]) -> RolloutBatch:
+    offsets, response = payload["offsets"], payload["response_lengths"]
+    resp_offsets = np.concatenate([[0], np.cumsum(response)])
+    tokens = payload["tokens"]
+    rollout_lp = payload["rollout_log_probs"]
+    n = len(response)
+    return RolloutBatch(
+        tokens=[tokens[offsets[i]:offsets[i + 1]].tolist() for i in range(n)],
+        response_lengths=response.tolist(),
+        rewards=payload["rewards"].tolist(),
+        loss_masks=[payload["loss_masks"][resp_offsets[i]:resp_offsets[i + 1]].tolist() for i in range(n)],
+        rollout_log_probs=None if rollout_lp is None else
+        [rollout_lp[resp_offsets[i]:resp_offsets[i + 1]].tolist() for i in range(n)],
+    )
+
+
+def _sum_all(values: Sequence[float], all_reduce: AllReduce | None) -> list[float]:
+    t = torch.tensor(list(values), dtype=torch.float64)
+    return (all_reduce(t) if all_reduce is not None else t).tolist()
+
+
+def share_advantages(args, batch: RolloutBatch, indices: Sequence[int],
+                     all_reduce: "GroupReduce | None" = None) -> dict[str, float]:
+    """Fill batch.advantages[i] for the samples `indices` (one data-parallel rank's share; the others stay
+    None) and return the advantage / train-rollout log-prob metrics over the whole rollout.
+
+    Needs batch.old_log_probs / ref_log_probs of `indices` when the KL term is used. `all_reduce` reduces
+    over the ranks whose shares together are the rollout (None: `indices` is everything)."""
+    indices = list(indices)
+    lengths = [int(batch.response_lengths[i]) for i in indices]
+    mask = torch.cat([torch.tensor(batch.loss_masks[i], dtype=torch.float32) for i in indices]) if indices \
+        else torch.zeros(0)
+    kl = None
+    if batch.ref_log_probs is not None and batch.old_log_probs is not None and indices:
+        kl = ppo_utils.approx_kl(torch.cat([batch.old_log_probs[i] for i in indices]),
+                                 torch.cat([batch.ref_log_probs[i] for i in indices]), "k1")
+    adv = ppo_utils.compute_advantages(
+        args.advantage_estimator, torch.tensor(batch.rewards), lengths, mask, args.n_samples_per_prompt or 1,
+        kl=kl, kl_coef=args.kl_coef, gamma=args.gamma, std_normalization=not args.disable_grpo_std_normalization,
+        sample_index=indices, all_reduce=all_reduce)
+    advantages: list = [None] * len(batch)
+    # numpy, one array per sample: cheap to slice and to pickle (a torch view would carry its whole storage)
+    for i, a in zip(indices, torch.split(adv.float().contiguous(), lengths)):
+        advantages[i] = a.numpy()
+    batch.advantages = advantages
+    abs_sum, n_tokens = _sum_all([float((adv.abs() * mask).sum()), float(mask.sum())], all_reduce)
+    metrics = {"train/advantage_abs_mean": abs_sum / max(n_tokens, 1.0)}
+    if batch.rollout_log_probs is not None and batch.old_log_probs is not None:
+        # Train-inference mismatch: the trainer's and the engine's log-probs of the same tokens, same weights.
+        old = torch.cat([batch.old_log_probs[i] for i in indices]) if indices else torch.zeros(0)
+        rollout = torch.cat([torch.tensor(batch.rollout_log_probs[i], dtype=torch.float32) for i in indices]) \
+            if indices else torch.zeros(0)
+        diff = (old - rollout).abs() * mask
+        total, count = _sum_all([float(diff.sum()), float(mask.sum())], all_reduce)
+        local_max = float(diff.max()) if diff.numel() else 0.0
+        metrics["train_rollout_logprob_abs_diff"] = total / max(count, 1.0)
+        metrics["train_rollout_logprob_abs_diff_max"] = all_reduce.max(local_max) if all_reduce else local_max
+    elif batch.rollout_log_probs is None:
+        metrics["train_rollout_logprob_abs_diff"] = float("nan")
+    return metrics
+
+
+class GroupReduce:
+    """Sums and maxima over a torch.distributed group: what `share_advantages` needs across data-parallel
+    ranks. Calling it sums (the `AllReduce` that ppo_utils' whitening takes)."""
+
+    def __init__(self, group) -> None:
+        self.group = group
+
+    def _reduce(self, t: torch.Tensor, op) -> torch.Tensor:
+        import torch.distributed as dist
+
+        t = t.clone()
+        dist.all_reduce(t, op=op, group=self.group)
+        return t
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        return self._reduce(t, dist.ReduceOp.SUM)
+
+    def max(self, value: float) -> float:
+        import torch.distributed as dist
+
+        return float(self._reduce(torch.tensor([value], dtype=torch.float64), dist.ReduceOp.MAX).item())
