@@ -114,6 +114,43 @@ def _add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--sequence-parallel", action="store_true")
 
 
+def _add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("pipeline parallel (Megatron's 1F1B schedule)")
+    _add(g, parser, "--decoder-first-pipeline-num-layers", type=int, default=None,
+         help="decoder layers on the first pipeline stage (the others split the rest evenly)")
+    _add(g, parser, "--decoder-last-pipeline-num-layers", type=int, default=None,
+         help="decoder layers on the last pipeline stage (the others split the rest evenly)")
+    _add(g, parser, "--num-layers-per-virtual-pipeline-stage", type=int, default=None,
+         help="interleaved (virtual) pipeline stages; not supported by this trainer (1F1B only)")
+    _add(g, parser, "--num-virtual-stages-per-pipeline-rank", type=int, default=None,
+         help="interleaved (virtual) pipeline stages; not supported by this trainer (1F1B only)")
+
+
+def _validate_pipeline(args: argparse.Namespace) -> None:
+    """PP layout: the stage split against the checkpoint's layer count (config.json), no virtual stages."""
+    for flag in ("num_layers_per_virtual_pipeline_stage", "num_virtual_stages_per_pipeline_rank"):
+        _require(getattr(args, flag, None) is None,
+                 f"--{flag.replace('_', '-')}: interleaved virtual pipeline stages are not supported by this trainer; "
+                 "drop the flag (pipeline stages run Megatron's 1F1B schedule)")
+    pp = args.pipeline_model_parallel_size
+    first, last = args.decoder_first_pipeline_num_layers, args.decoder_last_pipeline_num_layers
+    config = os.path.join(args.hf_checkpoint, "config.json")
+    if not os.path.isfile(config):
+        return  # the loader reports the missing config.json
+    import json
+
+    from slime.backends.megatron.pipeline import stage_layer_counts
+
+    with open(config) as f:
+        layers = json.load(f).get("num_hidden_layers")
+    if not isinstance(layers, int):
+        return
+    try:
+        stage_layer_counts(layers, pp, first, last)
+    except ValueError as e:
+        raise ArgumentError(str(e)) from None
+
+
 def _add_optimizer_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("optimizer (Adam)")
     _add(g, parser, "--lr", type=float, default=1e-6)
@@ -184,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_rollout_arguments(parser)
     _add_training_arguments(parser)
     _add_parallel_arguments(parser)
+    _add_pipeline_arguments(parser)
     _add_optimizer_arguments(parser)
     _add_weight_sync_arguments(parser)
     _add_algorithm_arguments(parser)
@@ -214,7 +252,7 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
              f"trainer world size {world} is not divisible by TP*PP={tp * pp}; change --actor-num-gpus-per-node or the parallel sizes")
     dp = world // (tp * pp)
     _require((dp * tp) % ep == 0, f"--expert-model-parallel-size {ep} must divide DP*TP={dp * tp}")
-    _require(pp == 1, "--pipeline-model-parallel-size > 1 is not supported by this trainer yet; use 1")
+    _validate_pipeline(args)
     _require(args.expert_tensor_parallel_size == 1,
              f"--expert-tensor-parallel-size {args.expert_tensor_parallel_size}: the GLM model keeps each routed expert "
              "whole on one rank (expert-TP 1); use 1 and shard experts with --expert-model-parallel-size")

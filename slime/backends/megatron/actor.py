@@ -76,6 +76,10 @@ class MegatronTrainRayActor:
         self.dp_size = mpu.get_data_parallel_world_size()
         self.dp_rank = mpu.get_data_parallel_rank()
         self.dp_group = mpu.get_data_parallel_group()
+        self.pp_size = mpu.get_pipeline_model_parallel_world_size()
+        self.pp_group = mpu.get_pipeline_model_parallel_group()
+        self.pp_last_rank = mpu.get_pipeline_model_parallel_last_rank()
+        self.last_stage = mpu.is_pipeline_last_stage()
         ckpt.seed_everything(args.seed)
 
         from slime.backends.megatron import model_setup
@@ -112,18 +116,55 @@ class MegatronTrainRayActor:
         return self._extra_state
 
     # --- forward --------------------------------------------------------------------------
-    def _logits(self, mb: D.PackedMicroBatch) -> torch.Tensor:
-        """Logits of the sampling distribution: divided by the rollout temperature, so the actor's, old and
-        reference log-probs are those the engines report for their samples (SGLang's default)."""
-        from slime.backends.megatron import model_setup
-
-        logits = model_setup.forward_logits(self.model, mb, self.device)
+    def _sampling_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """[T, V] logits of the sampling distribution: divided by the rollout temperature, so the actor's, old
+        and reference log-probs are those the engines report for their samples (SGLang's default)."""
+        logits = logits.reshape(-1, logits.shape[-1])
         temperature = self._temperature()
         if temperature == 1.0:
             return logits
         # No grad: in place, no second [T, V] copy. With grad the logits are a view made by a custom
         # autograd function, which autograd forbids modifying in place; the original is freed once replaced.
         return logits / temperature if torch.is_grad_enabled() else logits.div_(temperature)
+
+    def _run_schedule(self, micro_batches: list[D.PackedMicroBatch], on_logits, forward_only: bool,
+                      seconds: dict[str, float] | None = None) -> None:
+        """Megatron's schedule over the packed micro-batches; `on_logits(mb, logits)` runs on the last stage.
+        seconds["forward"] accumulates the time of the forward computations (model and loss)."""
+        from slime.backends.megatron import model_setup
+        from slime.backends.megatron.pipeline import forward_backward
+
+        if seconds is None:
+            forward_backward(self.model, micro_batches, lambda m, mb: model_setup.forward(m, mb, self.device),
+                             on_logits, forward_only)
+            return
+        acc = get_accelerator()
+
+        def timed(fn):
+            def run(*a):
+                t = time.perf_counter()
+                out = fn(*a)
+                acc.synchronize()
+                seconds["forward"] += time.perf_counter() - t
+                return out
+            return run
+
+        forward_backward(self.model, micro_batches, timed(lambda m, mb: model_setup.forward(m, mb, self.device)),
+                         timed(on_logits), forward_only)
+
+    def _from_last_stage(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
+        """The last pipeline stage's values of `tensors` on every stage (one broadcast over the pipeline group)."""
+        if self.pp_size == 1:
+            return list(tensors)
+        import torch.distributed as dist
+
+        flat = torch.cat([t.reshape(-1).to(torch.float64) for t in tensors]).to(self.device)
+        dist.broadcast(flat, src=self.pp_last_rank, group=self.pp_group)
+        out, at = [], 0
+        for t in tensors:
+            out.append(flat[at:at + t.numel()].cpu().reshape(t.shape).to(t.dtype))
+            at += t.numel()
+        return out
 
     def _temperature(self) -> float:
         # Greedy rollouts (temperature 0) report log_softmax of the raw logits.
@@ -155,13 +196,19 @@ class MegatronTrainRayActor:
 
     @torch.no_grad()
     def _log_probs_of(self, batch: D.RolloutBatch, indices: list[int]) -> dict[int, torch.Tensor]:
+        """Per-sample response log-probs (filled on the last pipeline stage; empty on the others)."""
         out: dict[int, torch.Tensor] = {}
         ops = get_accelerator().ops
-        for mb_indices in self._micro_batches(batch, indices):
-            mb = D.pack(batch, mb_indices, self._pad_multiple())
-            lp, _ = D.response_log_probs(self._logits(mb), mb, ops, self.args.log_probs_chunk_size)
-            for i, part in zip(mb_indices, D.split_per_sample(lp.float().cpu(), mb.response_lengths)):
+        zero = torch.zeros((), device=self.device)
+
+        def on_logits(mb: D.PackedMicroBatch, logits: torch.Tensor) -> torch.Tensor:
+            lp, _ = D.response_log_probs(self._sampling_logits(logits), mb, ops, self.args.log_probs_chunk_size)
+            for i, part in zip(mb.sample_indices, D.split_per_sample(lp.float().cpu(), mb.response_lengths)):
                 out[i] = part
+            return zero.clone()
+
+        mbs = [D.pack(batch, mb_indices, self._pad_multiple()) for mb_indices in self._micro_batches(batch, indices)]
+        self._run_schedule(mbs, on_logits, forward_only=True)
         return out
 
     def compute_log_probs(self, batch: D.RolloutBatch) -> dict[str, Any]:
@@ -179,7 +226,7 @@ class MegatronTrainRayActor:
         if self.ref_weights is not None:
             with model_setup.swapped_weights(self.model, self.ref_weights):
                 result["ref_log_probs"] = self._log_probs_of(batch, indices)
-        keep = self.tp_rank == 0  # TP ranks hold identical results; one reports
+        keep = self.tp_rank == 0 and self.last_stage  # TP ranks hold identical results; one reports
         total = time.perf_counter() - t0
         return {"log_probs": result if keep else {},
                 "metrics": {"time/log_probs": total, "time/log_probs_old": t_old, "time/log_probs_ref": total - t_old}}
@@ -258,15 +305,19 @@ class MegatronTrainRayActor:
             self.model.zero_grad_buffer()
             self.optimizer.zero_grad()
             step_loss = 0.0
-            for mb_indices in self._micro_batches(batch, shard):
-                t = time.perf_counter()
-                mb = D.pack(batch, mb_indices, self._pad_multiple())
-                t = lap("pack", t)
-                log_probs, entropy = D.response_log_probs(self._logits(mb), mb, ops, args.log_probs_chunk_size)
+            t = time.perf_counter()
+            mbs = [D.pack(batch, mb_indices, self._pad_multiple()) for mb_indices in self._micro_batches(batch, shard)]
+            t = lap("pack", t)
+
+            def on_logits(mb: D.PackedMicroBatch, logits: torch.Tensor) -> torch.Tensor:
+                """The micro-batch's loss on the last pipeline stage (metrics accumulate there)."""
+                nonlocal step_loss, counts, mismatch, mismatch_max
+                log_probs, entropy = D.response_log_probs(self._sampling_logits(logits), mb, ops,
+                                                          args.log_probs_chunk_size)
 
                 def cat(values):
                     return None if values is None else torch.cat([torch.as_tensor(values[i], dtype=torch.float32)
-                                                                  for i in mb_indices]).to(log_probs.device)
+                                                                  for i in mb.sample_indices]).to(log_probs.device)
 
                 loss_mask = mb.loss_mask.to(log_probs.device)
                 rollout_lp = cat(batch.rollout_log_probs)
@@ -280,13 +331,15 @@ class MegatronTrainRayActor:
                 loss, m = rl_loss(self.loss_config, log_probs, entropy, old, cat(batch.advantages),
                                   loss_mask, mb.response_lengths, normalizer,
                                   ref_log_probs=cat(batch.ref_log_probs), rollout_log_probs=rollout_lp)
-                t = lap("forward", t)
-                loss.backward()
-                lap("backward", t)
                 step_loss += float(loss.detach())
                 for k in METRIC_KEYS:
                     totals[k] += m[k]
-                counts += torch.tensor([len(mb_indices), float(mb.loss_mask.sum()), mb.num_tokens], dtype=torch.float64)
+                counts += torch.tensor([len(mb.sample_indices), float(mb.loss_mask.sum()), mb.num_tokens],
+                                       dtype=torch.float64)
+                return loss
+
+            self._run_schedule(mbs, on_logits, forward_only=False, seconds=seconds)
+            lap("backward", t)  # the schedule's time; its forward share is moved to "forward" below
             from slime.backends.megatron import model_setup
 
             t = time.perf_counter()
@@ -296,12 +349,20 @@ class MegatronTrainRayActor:
             loss_t = torch.tensor([step_loss], dtype=torch.float64)
             dist.all_reduce(loss_t, group=self.dp_group)
             losses.append(float(loss_t.item()) / self.dp_size)
+        seconds["backward"] -= seconds["forward"]
         elapsed = time.perf_counter() - t0
 
-        # Metrics: sums over this DP rank, then over the data-parallel group.
+        # Metrics: sums over this DP rank, then over the data-parallel group; the last pipeline stage computed
+        # them (and the loss), and hands them to the other stages.
         vec = torch.tensor([totals[k] for k in METRIC_KEYS], dtype=torch.float64)
         vec = torch.cat([vec, counts])
         dist.all_reduce(vec, group=self.dp_group)
+        if reuse and batch.rollout_log_probs is not None:
+            dist.all_reduce(mismatch, group=self.dp_group)
+            dist.all_reduce(mismatch_max, op=dist.ReduceOp.MAX, group=self.dp_group)
+        vec, losses_t, mismatch, mismatch_max = self._from_last_stage(
+            vec, torch.tensor(losses, dtype=torch.float64), mismatch, mismatch_max)
+        losses = losses_t.tolist()
         n_samples, n_loss_tokens, n_tokens = vec[-3:].tolist()
         denom = n_loss_tokens if args.calculate_per_token_loss else n_samples
         metrics = {f"train/{k}": float(vec[j]) / max(denom, 1.0) for j, k in enumerate(METRIC_KEYS)}
@@ -316,8 +377,6 @@ class MegatronTrainRayActor:
             **{f"time/train_{k}": v for k, v in seconds.items()},
         })
         if reuse and batch.rollout_log_probs is not None:
-            dist.all_reduce(mismatch, group=self.dp_group)
-            dist.all_reduce(mismatch_max, op=dist.ReduceOp.MAX, group=self.dp_group)
             # The driver's train_rollout_logprob_abs_diff (slime/train.py:add_advantages), from this forward.
             metrics["train_rollout_logprob_abs_diff"] = float(mismatch[0] / mismatch[1].clamp_min(1))
             metrics["train_rollout_logprob_abs_diff_max"] = float(mismatch_max[0])

@@ -92,7 +92,8 @@ def bucketed(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> It
         yield bucket
 
 
-def _writer_of_stage() -> bool:
+def writer_of_stage() -> bool:
+    """One rank per pipeline stage (TP, EP and DP rank 0) writes or sends the stage's exported tensors."""
     from megatron.core import parallel_state as ps
 
     return (ps.get_tensor_model_parallel_rank() == 0 and ps.get_expert_model_parallel_rank() == 0
@@ -114,7 +115,7 @@ def save_hf(model, out_dir: str, dtype: torch.dtype | None = None, max_shard_byt
     if dist.is_initialized():
         dist.barrier()
     stage, stages = ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size()
-    writer = _writer_of_stage()
+    writer = writer_of_stage()
     files: list[tuple[str, list[str]]] = []
     shard: dict[str, torch.Tensor] = {}
     shard_bytes = 0

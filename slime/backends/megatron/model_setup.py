@@ -19,6 +19,10 @@ def load_model(args, hf_dir: str) -> torch.nn.Module:
     from slime.backends.megatron import load_hf_model
 
     overrides = {"sequence_parallel": True} if args.sequence_parallel else {}
+    for flag, key in (("decoder_first_pipeline_num_layers", "num_layers_in_first_pipeline_stage"),
+                      ("decoder_last_pipeline_num_layers", "num_layers_in_last_pipeline_stage")):
+        if getattr(args, flag, None) is not None:
+            overrides[key] = getattr(args, flag)
     return load_hf_model(hf_dir, args.tensor_model_parallel_size, args.expert_model_parallel_size,
                          args.pipeline_model_parallel_size, dtype=torch.bfloat16 if args.bf16 else None,
                          gather_logits=True, seed=args.seed, **overrides)
@@ -49,16 +53,16 @@ def wrap_and_build_optimizer(args, model: torch.nn.Module):
                            adam_beta2=args.adam_beta2, adam_eps=args.adam_eps, clip_grad=args.clip_grad)
 
 
-def forward_logits(model: torch.nn.Module, mb: D.PackedMicroBatch, device: torch.device) -> torch.Tensor:
-    """[T, V] full-vocab logits of a packed micro-batch (THD: cu_seqlens keep samples apart)."""
+def forward(model: torch.nn.Module, mb: D.PackedMicroBatch, device: torch.device) -> torch.Tensor:
+    """The model's output for a packed micro-batch (THD: cu_seqlens keep samples apart): [1, T, V]
+    full-vocab logits on the last pipeline stage, hidden states for the next stage elsewhere."""
     from megatron.core.packed_seq_params import PackedSeqParams
 
     cu = mb.cu_seqlens.to(device)
     packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=mb.max_seqlen,
                              max_seqlen_kv=mb.max_seqlen)
-    logits = model(input_ids=mb.tokens.to(device), position_ids=mb.position_ids.to(device), attention_mask=None,
-                   packed_seq_params=packed)
-    return logits.reshape(-1, logits.shape[-1])
+    return model(input_ids=mb.tokens.to(device), position_ids=mb.position_ids.to(device), attention_mask=None,
+                 packed_seq_params=packed)
 
 
 def finish_step(model, optimizer) -> float:

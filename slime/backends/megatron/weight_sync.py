@@ -11,6 +11,12 @@ distributed: trainer rank 0 and every engine device form one collective group on
 backend (`/init_weights_update_group`); per bucket, names/dtypes/shapes go over HTTP
 (`/update_weights_from_distributed`) while rank 0 broadcasts the tensors.
 
+Pipeline parallel: every stage exports its own layers, and one rank per stage (TP/EP/DP rank 0 of the
+stage) sends them: its own shared buffers (ipc), or its own collective group with the engines, named per
+stage (distributed). Trainer rank 0 pauses the engines before any stage sends, collects every stage's
+checksums and byte counts, then flushes, resumes and verifies them all: the engines receive each tensor
+of the model once per sync, and the check covers every stage.
+
 auto: ipc when colocated and the device supports IPC, else distributed (logged once).
 After every sync the engine's weight checksums (`/get_weights_checksum`) must equal the trainer's
 exported weights (for ipc: computed on the shared buffers the engines read); a mismatch raises
@@ -107,6 +113,22 @@ def resolve_mode(requested: str, colocate: bool, ipc_capable: bool) -> str:
     return "distributed"
 
 
+@dataclass
+class StageRole:
+    """This trainer rank's part in a sync under pipeline parallel (the defaults: one stage, rank 0 sends).
+    barrier and gather run over all trainer ranks; gather returns every rank's object on rank 0."""
+
+    stage: int = 0
+    stages: int = 1
+    sender: bool = True  # sends this stage's tensors to the engines (one rank per stage)
+    barrier: Callable[[], None] = lambda: None
+    gather: Callable[[Any], list[Any] | None] = lambda obj: [obj]
+
+    @property
+    def group_name(self) -> str:
+        return GROUP_NAME if self.stages == 1 else f"{GROUP_NAME}_pp{self.stage}"
+
+
 def _check_reply(reply: dict[str, Any], what: str) -> None:
     if isinstance(reply, dict) and reply.get("success") is False:
         raise WeightSyncError(f"engine refused {what}: {reply.get('message', reply)}")
@@ -118,8 +140,11 @@ class WeightSync:
     def __init__(self, mode: str, export: Callable[[], Iterable[list[tuple[str, torch.Tensor]]]],
                  engines: list[EngineEndpoint], rank: int, check: bool = True,
                  post: Callable[..., dict[str, Any]] = default_post,
-                 get: Callable[..., dict[str, Any]] = default_get, buffer_bytes: int = 64 << 20) -> None:
+                 get: Callable[..., dict[str, Any]] = default_get, buffer_bytes: int = 64 << 20,
+                 role: StageRole | None = None) -> None:
         self.mode, self.export, self.engines, self.rank = mode, export, engines, rank
+        self.role = role or StageRole(sender=rank == 0)
+        self.controller = rank == 0  # pauses, resumes and verifies the engines
         self.check, self.post, self.get = check, post, get
         self.buffer_bytes = buffer_bytes  # ipc: capacity of each shared per-dtype buffer
         self.group = None
@@ -132,7 +157,7 @@ class WeightSync:
 
     # --- set-up ---------------------------------------------------------------------------
     def connect(self) -> None:
-        if self.mode != "distributed" or self.rank != 0:
+        if self.mode != "distributed" or not self.role.sender:
             return
         from slime.backends.megatron.actor import _node_ip
         from slime.utils.net import free_port
@@ -147,7 +172,7 @@ class WeightSync:
             try:
                 _check_reply(self.post(engine, "/init_weights_update_group", {
                     "master_address": addr, "master_port": port, "rank_offset": offset, "world_size": world,
-                    "group_name": GROUP_NAME, "backend": backend}), "init_weights_update_group")
+                    "group_name": self.role.group_name, "backend": backend}), "init_weights_update_group")
             except BaseException as e:  # reported after the group forms or times out
                 errors.append(e)
 
@@ -157,8 +182,8 @@ class WeightSync:
             offset += engine.tp_size
         for t in threads:
             t.start()
-        self.group = init_custom_process_group(addr, port, world_size=world, rank=0, group_name=GROUP_NAME,
-                                               backend=backend)
+        self.group = init_custom_process_group(addr, port, world_size=world, rank=0,
+                                               group_name=self.role.group_name, backend=backend)
         for t in threads:
             t.join()
         if errors:
@@ -176,7 +201,7 @@ class WeightSync:
         old = {(e.url, e.instance) for e in self.engines}
         logger.info("rollout engines changed since the last weight sync (now: %s)",
                     ", ".join(f"{e.url}#{e.instance}" + ("" if (e.url, e.instance) in old else " new") for e in engines))
-        regroup = self.mode == "distributed" and self.rank == 0 and self.group is not None
+        regroup = self.mode == "distributed" and self.role.sender and self.group is not None
         if regroup:
             self.close()
         self.engines = list(engines)
@@ -192,10 +217,11 @@ class WeightSync:
         if self._sender is not None:
             self._sender.close()
             self._sender = None
-        if self.group is not None and self.rank == 0:
+        if self.group is not None and self.role.sender:
             for engine in self.engines:
                 try:
-                    self.post(engine, "/destroy_weights_update_group", {"group_name": GROUP_NAME}, timeout=30)
+                    self.post(engine, "/destroy_weights_update_group", {"group_name": self.role.group_name},
+                              timeout=30)
                 except Exception:
                     pass
             from slime.utils.distributed import destroy_custom_process_group
@@ -217,14 +243,15 @@ class WeightSync:
         With --check-weight-sync, engines that can answer an update with the checksums of the weights it
         changed (`"update_checksums": true`) are asked to; others are asked with /get_weights_checksum."""
         t0 = time.perf_counter()
-        leader = self.rank == 0
+        leader = self.role.sender
         if engines is not None:
             self.set_engines(engines)
         sent_bytes, expected = 0, {}
         control = 0.0
         self._reported = {}
-        if leader:  # (the cache is flushed once, after the update, before generation continues)
+        if self.controller:  # (the cache is flushed once, after the update, before generation continues)
             control = self._timed(lambda: self._all_engines("/pause_generation", {}))
+        self.role.barrier()  # every stage sends only once the engines are paused
         sender = self._ipc_sender(version) if leader and self.mode == "ipc" else None
         t_export = time.perf_counter()
         for bucket in self.export():
@@ -248,9 +275,17 @@ class WeightSync:
                     sender.close()
                     self._sender = None
         t_done = time.perf_counter()
+        parts = self.role.gather((sent_bytes, expected if leader else {}, self._reported))
+        if self.controller:  # every stage's tensors, checksums and engine replies
+            sent_bytes, expected, self._reported = 0, {}, {}
+            for part_bytes, part_expected, part_reported in parts:
+                sent_bytes += part_bytes
+                expected.update(part_expected)
+                for url, sums in part_reported.items():
+                    self._reported.setdefault(url, {}).update(sums)
         metrics = {"weight_sync/bytes": float(sent_bytes)}
         verify = 0.0
-        if leader:
+        if self.controller:
             control += self._timed(lambda: (self._all_engines("/flush_cache", {}),
                                             self._all_engines("/continue_generation", {})))
             if self.check:
@@ -349,7 +384,7 @@ class WeightSync:
         device = get_accelerator().device()
         tensors = [t.detach().to(device).contiguous() for _, t in bucket]
         payload = {"names": [n for n, _ in bucket], "dtypes": [str(t.dtype).removeprefix("torch.") for t in tensors],
-                   "shapes": [list(t.shape) for t in tensors], "group_name": GROUP_NAME, "flush_cache": False,
+                   "shapes": [list(t.shape) for t in tensors], "group_name": self.role.group_name, "flush_cache": False,
                    "weight_version": str(version)}
         errors: list[BaseException] = []
 
@@ -421,4 +456,25 @@ def create_weight_sync(args, model, engines: list[dict[str, Any]], rank: int) ->
         return model_setup.export_hf(model, args.update_weight_buffer_size)
 
     return WeightSync(mode, export, endpoints, rank, check=bool(args.check_weight_sync),
-                      buffer_bytes=args.update_weight_buffer_size)
+                      buffer_bytes=args.update_weight_buffer_size, role=stage_role(rank))
+
+
+def stage_role(rank: int) -> StageRole:
+    """This rank's StageRole from megatron's parallel state: one sender per pipeline stage (with pp = 1, rank 0
+    alone, with no extra collectives)."""
+    from megatron.core import parallel_state as ps
+
+    stages = ps.get_pipeline_model_parallel_world_size()
+    if stages == 1:
+        return StageRole(sender=rank == 0)
+    import torch.distributed as dist
+
+    from slime.backends.megatron.hf_export import writer_of_stage
+
+    def gather(obj):
+        out = [None] * dist.get_world_size() if rank == 0 else None
+        dist.gather_object(obj, out, dst=0)
+        return out
+
+    return StageRole(stage=ps.get_pipeline_model_parallel_rank(), stages=stages, sender=writer_of_stage(),
+                     barrier=dist.barrier, gather=gather)

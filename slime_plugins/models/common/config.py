@@ -109,12 +109,19 @@ class ArchConfig:
             masked_softmax_fusion=False,
             gradient_accumulation_fusion=False,
         )
-        n = self.num_hidden_layers
-        if pp > 1 and n % pp:  # uneven split: the last stage takes the remainder
-            base = n // pp
-            if base == 0:
-                raise ValueError(f"pp={pp} exceeds the {n} decoder layers")
-            kwargs.update(num_layers_in_first_pipeline_stage=base, num_layers_in_last_pipeline_stage=n - base * (pp - 1))
+        if pp > 1:
+            from slime.backends.megatron.pipeline import stage_layer_counts
+
+            first = overrides.pop("num_layers_in_first_pipeline_stage", None)
+            last = overrides.pop("num_layers_in_last_pipeline_stage", None)
+            counts = stage_layer_counts(self.num_hidden_layers, pp, first, last)
+            if first is None and last is None and len(set(counts)) > 1:  # default uneven split: remainder last
+                first, last = counts[0], counts[-1]
+            kwargs.update(num_layers_in_first_pipeline_stage=first, num_layers_in_last_pipeline_stage=last,
+                          # packed micro-batches differ in length: stages exchange each activation's shape
+                          # (megatron allows that with its alltoall dispatcher, which our MoE layers' own
+                          # all-to-all is; megatron's dispatcher itself is not built)
+                          variable_seq_lengths=True, moe_token_dispatcher_type="alltoall")
         if tp > 1 and overrides.get("sequence_parallel", True) is False:
             raise ValueError("tp > 1 needs sequence parallel with slime's models (MoE expert grads are summed over "
                              "TP ranks); drop sequence_parallel=False and pad sequences to a multiple of tp")

@@ -1,0 +1,167 @@
+"""Worker of tests/test_pipeline_parallel.py: one RL training step of the trainer rank
+(MegatronTrainRayActor, in-process, no Ray) per layout, ranks over gloo; rank 0 saves what the test
+compares: per-token log-probs before and after the step, the step's metrics, and the updated weights of
+every stage (full HF tensors). Optionally syncs the weights into an engine the test serves."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import torch
+import torch.distributed as dist
+
+LR_ARGS = ["--lr", "0.1", "--adam-eps", "0.1"]  # eps > |grad|: the first Adam step is ~linear in the gradient
+
+
+def batch(n: int = 8):
+    """Samples of 4..15 tokens: the longer ones exceed index_topk = 8, so DSA drops keys."""
+    from slime.backends.megatron.data import RolloutBatch
+
+    rng = random.Random(3)
+    seqs = [[rng.randrange(3, 500) for _ in range(rng.randint(4, 15))] for _ in range(n)]
+    resp = [rng.randint(1, len(s) - 2) for s in seqs]
+    masks = [[int(rng.random() > 0.2) for _ in range(r)] for r in resp]
+    for m in masks:
+        m[0] = 1
+    gen = torch.Generator().manual_seed(4)
+    adv = [torch.randn(r, generator=gen) for r in resp]
+    return RolloutBatch(tokens=seqs, response_lengths=resp, rewards=[0.0] * n, loss_masks=masks, advantages=adv)
+
+
+def train_args(ckpt: str, world: int, layout: dict):
+    from slime.utils.arguments import parse_args
+
+    flags = ["--hf-checkpoint", ckpt, "--num-rollout", "1", "--global-batch-size", "8", "--actor-num-gpus-per-node",
+             str(world), "--use-dynamic-batch-size", "--max-tokens-per-gpu", "30", *LR_ARGS, "--clip-grad", "1.0",
+             "--use-kl-loss", "--kl-loss-coef", "0.1", "--kl-loss-type", "k3", "--entropy-coef", "0.01"]
+    for key, flag in (("tp", "--tensor-model-parallel-size"), ("pp", "--pipeline-model-parallel-size"),
+                      ("ep", "--expert-model-parallel-size"), ("first", "--decoder-first-pipeline-num-layers"),
+                      ("last", "--decoder-last-pipeline-num-layers")):
+        if key in layout:
+            flags += [flag, str(layout[key])]
+    return parse_args(flags)
+
+
+def _merged(part_lists):
+    out: dict[str, dict[int, torch.Tensor]] = {}
+    for part in part_lists:
+        for key, by_index in part.items():
+            out.setdefault(key, {}).update(by_index)
+    return out
+
+
+def one_step(ckpt: str, world: int, rank: int, layout: dict):
+    """(actor, result) of one step; result only on rank 0."""
+    from slime.backends.megatron import export_hf
+    from slime.backends.megatron.actor import MegatronTrainRayActor
+    from slime.backends.megatron.hf_export import writer_of_stage
+
+    args = train_args(ckpt, world, layout)
+    actor = MegatronTrainRayActor(world, rank)
+    actor.init(args, with_ref=True)
+    b = batch()
+
+    def log_probs():
+        parts = [None] * world
+        dist.all_gather_object(parts, actor.compute_log_probs(b)["log_probs"])  # last stage, TP rank 0 report
+        return _merged(parts)
+
+    before = log_probs()
+    b.old_log_probs = [before["old_log_probs"][i] for i in range(len(b))]
+    b.ref_log_probs = [before["ref_log_probs"][i] for i in range(len(b))]
+    metrics = actor.train(0, b)
+    after = log_probs()
+    weights = {}
+    for bucket in export_hf(actor.model, 1 << 20):  # collective over the stage's TP / EP ranks
+        if writer_of_stage():
+            weights.update({n: t.detach().cpu().clone() for n, t in bucket})
+    stage_weights = [None] * world
+    dist.all_gather_object(stage_weights, weights)
+    all_metrics = [None] * world
+    dist.all_gather_object(all_metrics, metrics)
+    result = {"before": before, "after": after, "metrics": all_metrics, "weights": {}}
+    for w in stage_weights:
+        assert not (result["weights"].keys() & w.keys()), "two stages exported the same tensor"
+        result["weights"].update(w)
+    return actor, args, result
+
+
+def sync_to_engine(actor, args, rank: int, engine: dict) -> dict:
+    """ipc, then distributed sync of the trained weights into the test's engine; then one sync in which stage 1
+    sends a changed value must fail the checksum verification on rank 0."""
+    from slime.backends.megatron.weight_sync import WeightSyncError, create_weight_sync
+
+    out = {}
+    for mode in ("ipc", "distributed"):
+        args.update_weight_mode = mode
+        args.colocate = True
+        ws = create_weight_sync(args, actor.model, [engine], rank)
+        ws.connect()
+        m = ws.sync(1)
+        out[mode] = m
+        if mode == "distributed":
+            send = ws._send_distributed
+
+            def corrupted(bucket, version):  # stage 1's transport flips a value after its checksum was taken
+                if ws.role.stage == 1:
+                    bucket = [(n, t + 1.0 if i == 0 else t) for i, (n, t) in enumerate(bucket)]
+                send(bucket, version)
+
+            ws._send_distributed = corrupted
+            try:
+                ws.sync(2)
+                out["corrupted"] = "no error"
+            except WeightSyncError as e:
+                out["corrupted"] = str(e)
+            ws._send_distributed = send
+            ws.sync(3)  # restore the engine to the trained weights
+        ws.close()
+    return out
+
+
+def mtp_build_error(ckpt: str) -> str:
+    """The error of building this stage with the checkpoint's architecture plus one MTP layer."""
+    import json
+
+    from slime_plugins.models.glm5.config import GlmConfig
+    from slime_plugins.models.glm5.model import build_model
+
+    with open(os.path.join(ckpt, "config.json")) as f:
+        glm = GlmConfig.from_hf({**json.load(f), "num_nextn_predict_layers": 1})
+    try:
+        build_model(glm, pp=2, mtp=True)
+    except ValueError as e:
+        return str(e)
+    return "built"
+
+
+def run(rank: int, world: int, port: int, ckpt: str, layouts: list[dict], out_dir: str, engine: dict | None) -> None:
+    try:
+        _run(rank, world, port, ckpt, layouts, out_dir, engine)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()  # the parent may be blocked serving an engine; the error must show here too
+        raise
+
+
+def _run(rank: int, world: int, port: int, ckpt: str, layouts: list[dict], out_dir: str, engine: dict | None) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    if os.environ.get("PP_DEBUG"):
+        import faulthandler
+        faulthandler.dump_traceback_later(int(os.environ["PP_DEBUG"]), exit=True)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    for i, layout in enumerate(layouts):
+        actor, args, result = one_step(ckpt, world, rank, layout)
+        if engine is not None and i == 0:
+            result["sync"] = sync_to_engine(actor, args, rank, engine)
+            result["mtp"] = mtp_build_error(ckpt)
+        if rank == 0:
+            torch.save(result, os.path.join(out_dir, f"{layout['name']}.pt"))
+        dist.barrier()
+    dist.destroy_process_group()
