@@ -130,17 +130,16 @@ class MegatronTrainRayActor:
     def _run_schedule(self, micro_batches: list[D.PackedMicroBatch], on_logits, forward_only: bool,
                       seconds: dict[str, float] | None = None) -> None:
         """Megatron's schedule over the packed micro-batches; `on_logits(mb, logits)` runs on the last stage.
-        seconds["forward"] accumulates the time of the forward computations (model and loss)."""
+        seconds["forward"] (when given) accumulates the time of the forward computations (model and loss)."""
         from slime.backends.megatron import model_setup
         from slime.backends.megatron.pipeline import forward_backward
 
-        if seconds is None:
-            forward_backward(self.model, micro_batches, lambda m, mb: model_setup.forward(m, mb, self.device),
-                             on_logits, forward_only)
-            return
         acc = get_accelerator()
 
         def timed(fn):
+            if seconds is None:
+                return fn
+
             def run(*a):
                 t = time.perf_counter()
                 out = fn(*a)
