@@ -195,7 +195,7 @@ class MegatronTrainRayActor:
 
     @torch.no_grad()
     def _log_probs_of(self, batch: D.RolloutBatch, indices: list[int]) -> dict[int, torch.Tensor]:
-        """Per-sample response log-probs (filled on the last pipeline stage; empty on the others)."""
+        """Per-sample response log-probs of `indices`, on every pipeline stage (the last computes them)."""
         out: dict[int, torch.Tensor] = {}
         ops = get_accelerator().ops
         zero = torch.zeros((), device=self.device)
@@ -208,7 +208,13 @@ class MegatronTrainRayActor:
 
         mbs = [D.pack(batch, mb_indices, self._pad_multiple()) for mb_indices in self._micro_batches(batch, indices)]
         self._run_schedule(mbs, on_logits, forward_only=True)
-        return out
+        if self.pp_size == 1 or not indices:
+            return out
+        # The other stages need them too (advantages with a KL term, the train-rollout mismatch metric).
+        lengths = [batch.response_lengths[i] for i in indices]
+        flat = torch.cat([out[i] for i in indices]) if self.last_stage else torch.empty(sum(lengths))
+        (flat,) = self._from_last_stage(flat)
+        return dict(zip(indices, D.split_per_sample(flat.float(), lengths)))
 
     def compute_log_probs(self, batch: D.RolloutBatch) -> dict[str, Any]:
         """Old-policy (current weights) and reference log-probs of this rank's samples, no grad. With
