@@ -439,6 +439,10 @@ def test_ascend_env_and_ipc_capability(fake_npu, monkeypatch):
     acc = AscendAccelerator()
     env = acc.worker_env([0, 1])
     assert env["HCCL_CONNECT_TIMEOUT"].isdigit() and 120 <= int(env["HCCL_CONNECT_TIMEOUT"]) <= 7200
+    # long collectives are bounded by the execution timeout, not the connect one (CANN default 1836 s)
+    assert env["HCCL_EXEC_TIMEOUT"].isdigit() and int(env["HCCL_EXEC_TIMEOUT"]) > 1836
+    monkeypatch.setenv("HCCL_EXEC_TIMEOUT", "900")
+    assert acc.worker_env([0])["HCCL_EXEC_TIMEOUT"] == "900"  # the user's value wins
     assert env["PYTORCH_NPU_ALLOC_CONF"].startswith("expandable_segments")
     assert acc.capabilities.ipc is True
     fake_npu._name = "Ascend950DT"
@@ -447,6 +451,33 @@ def test_ascend_env_and_ipc_capability(fake_npu, monkeypatch):
         acc.share_tensor(torch.zeros(1))
     monkeypatch.setenv("SLIME_NPU_IPC", "1")
     assert acc.capabilities.ipc is True
+
+
+def test_ascend_ipc_allowlist_admits_sglangs_npu_rebuild_when_sglang_is_present(monkeypatch):
+    """SGLang replaces torch_npu's rebuild_npu_tensor with its own wrapper when it loads; a handle pickled
+    in such a process names the wrapper, which must open (and only when SGLang is installed)."""
+    import importlib.util
+
+    from slime.accelerator.ascend import accelerator as ascend_mod
+
+    npu_reductions = types.ModuleType("torch_npu.multiprocessing.reductions")
+
+    def _rebuild_npu_tensor_modified(*args):
+        return args
+
+    _rebuild_npu_tensor_modified.__module__ = "sglang.srt.utils.patch_torch"
+    npu_reductions.rebuild_npu_tensor = _rebuild_npu_tensor_modified
+    monkeypatch.setitem(sys.modules, "torch_npu.multiprocessing.reductions", npu_reductions)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "sglang" else real_find_spec(name, *a))
+    allowed = AscendAccelerator().ipc_rebuild_allowlist()
+    assert ascend_mod.SGLANG_NPU_REBUILD in allowed
+    assert ("sglang.srt.utils.patch_torch", "_rebuild_npu_tensor_modified") in allowed
+    assert ("torch_npu.multiprocessing.reductions", "rebuild_npu_tensor") in allowed
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sglang" else real_find_spec(name, *a))
+    npu_reductions.rebuild_npu_tensor = lambda *a: a  # torch_npu's own, SGLang absent
+    npu_reductions.rebuild_npu_tensor.__module__ = "torch_npu.multiprocessing.reductions"
+    assert ascend_mod.SGLANG_NPU_REBUILD not in AscendAccelerator().ipc_rebuild_allowlist()
 
 
 def test_ascend_detection_paths(monkeypatch):

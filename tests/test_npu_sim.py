@@ -231,9 +231,13 @@ def test_runtime_stand_in_and_restore():
     assert getattr(torch, "npu", None) is before_attr and sys.modules.get("torch_npu") is before_module
 
 
-def test_plugin_makes_npu_available_in_a_fresh_process():
+@pytest.mark.parametrize("soc,device_name,source", [
+    ("", "Ascend910_9392", "torch_npu.npu_fusion_attention"),  # default: an Atlas A3
+    ("950PR", "Ascend950PR", "reference"),  # npu_fusion_attention's docs list 950DT, not 950PR: the probe fails
+])
+def test_plugin_makes_npu_available_in_a_fresh_process(soc, device_name, source):
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "tests", "npu_sim"), SLIME_ACCELERATOR_PLUGINS="slime_npu_sim",
-               SLIME_ACCELERATOR="npu")
+               SLIME_ACCELERATOR="npu", SLIME_NPU_SIM_SOC=soc)
     code = (
         "import torch; from slime.accelerator import get_accelerator; a = get_accelerator();"
         "x = torch.randn(3, 2, 4, device=a.device());"
@@ -243,6 +247,120 @@ def test_plugin_makes_npu_available_in_a_fresh_process():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == [
-        "SimulatedAscendAccelerator", "npu", "torch_npu.npu_fusion_attention", "gloo", "Ascend950PR", "(simulated)",
-    ]
+    assert out.stdout.split() == ["SimulatedAscendAccelerator", "npu", source, "gloo", device_name, "(simulated)"]
+    if source == "reference":
+        lines = [ln for ln in out.stderr.splitlines() if "ops[npu].attention" in ln]
+        assert len(lines) == 1 and "probe of torch_npu.npu_fusion_attention on 950PR failed" in lines[0], out.stderr
+
+
+# --------------------------------------------------------------------------------- per-SoC and per-release rules
+@pytest.mark.parametrize("soc,refused", [
+    ("A3", set()),
+    ("950PR", {"npu_rms_norm", "npu_rotary_mul", "npu_moe_gating_top_k", "npu_fusion_attention"}),
+    ("950DT", {"npu_rms_norm", "npu_rotary_mul", "npu_moe_gating_top_k"}),
+])
+def test_kernels_not_documented_for_the_soc_fail_when_called(soc, refused):
+    """On an aclnn-only SoC a kernel without a build imports fine and fails at its first call."""
+    x = torch.randn(4, 2, 8)
+    calls = {
+        "npu_rms_norm": lambda n: n.npu_rms_norm(x, torch.ones(8)),
+        "npu_rotary_mul": lambda n: n.npu_rotary_mul(x, torch.ones(4, 1, 8), torch.zeros(4, 1, 8)),
+        "npu_moe_gating_top_k": lambda n: n.npu_moe_gating_top_k(torch.randn(2, 8), 2, k_group=1, group_count=2,
+                                                                  group_select_mode=1, norm_type=1),
+        "npu_fusion_attention": lambda n: n.npu_fusion_attention(x, x, x, 2, "TND", actual_seq_qlen=[4],
+                                                                  actual_seq_kvlen=[4]),
+        "npu_swiglu": lambda n: n.npu_swiglu(x),
+    }
+    with npu_sim.activate(soc=soc):
+        import torch_npu
+
+        assert torch.npu.get_device_name().startswith({"A3": "Ascend910_93", "950PR": "Ascend950PR",
+                                                       "950DT": "Ascend950DT"}[soc])
+        for name, call in calls.items():
+            assert hasattr(torch_npu, name)  # present: the failure comes at call time
+            if name in refused:
+                with pytest.raises(RuntimeError, match=f"no kernel for Ascend{soc.replace('A3', '910_9392')}"):
+                    call(torch_npu)
+            else:
+                call(torch_npu)
+
+
+def _indexer_args(heads, wdtype=torch.bfloat16):
+    q = torch.randn(5, heads, 128, dtype=torch.bfloat16)
+    k = torch.randn(5, 1, 128, dtype=torch.bfloat16)
+    ends = torch.tensor([2, 5], dtype=torch.int32)
+    return (q, k, torch.randn(5, heads, dtype=wdtype)), dict(actual_seq_lengths_query=ends, actual_seq_lengths_key=ends,
+                                                             layout_query="TND", layout_key="TND", sparse_count=2)
+
+
+def test_950_indexer_takes_only_its_head_counts_and_no_float32_weights():
+    with npu_sim.activate(soc="950PR"):
+        import torch_npu
+
+        for heads in (8, 16, 24, 32, 64):
+            args, kw = _indexer_args(heads)
+            torch_npu.npu_lightning_indexer(*args, **kw)
+        for heads in (4, 12, 48):
+            args, kw = _indexer_args(heads)
+            with pytest.raises(RuntimeError, match="8, 16, 24, 32 or 64"):
+                torch_npu.npu_lightning_indexer(*args, **kw)
+        args, kw = _indexer_args(16, torch.float32)
+        with pytest.raises(RuntimeError, match="float32"):
+            torch_npu.npu_lightning_indexer(*args, **kw)
+    with npu_sim.activate(soc="A3"):  # A2/A3: any head count <= 64, float32 weights accepted
+        import torch_npu
+
+        for heads, wdtype in ((12, torch.bfloat16), (16, torch.float32)):
+            args, kw = _indexer_args(heads, wdtype)
+            torch_npu.npu_lightning_indexer(*args, **kw)
+
+
+@pytest.mark.parametrize("soc,heads,ok", [("A3", 4, True), ("A3", 6, False), ("A3", 256, False),
+                                          ("950PR", 6, True), ("950PR", 129, False)])
+def test_sparse_flash_attention_head_counts_per_soc(soc, heads, ok):
+    ends = torch.tensor([2, 5], dtype=torch.int32)
+    qn, qr = torch.randn(5, heads, 512, dtype=torch.bfloat16), torch.randn(5, heads, 64, dtype=torch.bfloat16)
+    kn, kr = torch.randn(5, 1, 512, dtype=torch.bfloat16), torch.randn(5, 1, 64, dtype=torch.bfloat16)
+    idx = torch.tensor([[0, -1], [1, 0], [0, -1], [1, 0], [2, -1]], dtype=torch.int32).view(5, 1, 2)
+    kw = dict(actual_seq_lengths_query=ends, actual_seq_lengths_kv=ends, query_rope=qr, key_rope=kr,
+              layout_query="TND", layout_kv="TND", attention_mode=2)
+    with npu_sim.activate(soc=soc):
+        import torch_npu
+
+        if ok:
+            assert torch_npu.npu_sparse_flash_attention(qn, kn, kn, idx, 0.1, **kw)[0].shape == (5, heads, 512)
+        else:
+            with pytest.raises(RuntimeError, match="query heads"):
+                torch_npu.npu_sparse_flash_attention(qn, kn, kn, idx, 0.1, **kw)
+
+
+def test_grouped_matmul_group_list_must_end_at_the_grouped_extent(npu):
+    x, w = torch.randn(6, 4), torch.randn(2, 4, 3)
+    with pytest.raises(RuntimeError, match=r"group_list\[-1\] must equal"):
+        npu.npu_grouped_matmul([x], [w], group_list=torch.tensor([2, 4]), split_item=3, group_type=0)
+    with pytest.raises(RuntimeError, match=r"group_list\[-1\] must equal"):
+        npu.npu_grouped_matmul([x.t()], [torch.randn(6, 3)], group_list=torch.tensor([2, 5]), split_item=3, group_type=2)
+
+
+def test_rms_norm_refuses_1d_input(npu):
+    with pytest.raises(RuntimeError, match="1-D"):
+        npu.npu_rms_norm(torch.randn(8), torch.ones(8))
+    npu.npu_rms_norm(torch.randn(1, 8), torch.ones(8))
+
+
+def test_grouped_matmul_has_the_6_0_0_signature_before_7_0_0():
+    x, w = torch.randn(5, 4), [torch.randn(4, 2), torch.randn(4, 2)]
+    with npu_sim.activate(release="6.0.0"):
+        import torch_npu
+
+        with pytest.raises(TypeError, match="group_type"):
+            torch_npu.npu_grouped_matmul([x], [torch.stack(w)], group_list=torch.tensor([2, 5]), split_item=3, group_type=0)
+        y = torch_npu.npu_grouped_matmul([x], w, group_list=[2, 5], split_item=3)[0]  # host cumulative ends
+        torch.testing.assert_close(y, torch.cat((x[:2] @ w[0], x[2:] @ w[1])))
+        with pytest.raises(RuntimeError, match="host list"):
+            torch_npu.npu_grouped_matmul([x], w, group_list=torch.tensor([2, 5]), split_item=3)
+    with npu_sim.activate(release="7.0.0"):
+        import torch_npu
+
+        y7 = torch_npu.npu_grouped_matmul([x], [torch.stack(w)], group_list=torch.tensor([2, 5]), split_item=3, group_type=0)[0]
+        torch.testing.assert_close(y7, y)

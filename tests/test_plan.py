@@ -175,7 +175,7 @@ def test_search_returns_only_fitting_sorted_layouts():
 def test_device_table_has_sources_and_required_devices():
     assert {"950dt", "950pr", "a3", "h100", "h200"} <= set(DEVICES)
     assert (DEVICES["950dt"].memory_gb, DEVICES["950pr"].memory_gb, DEVICES["h100"].memory_gb,
-            DEVICES["h200"].memory_gb) == (144, 128, 80, 141)
+            DEVICES["h200"].memory_gb) == (144, 112, 80, 141)
     assert not DEVICES["950dt"].ipc
     for d in DEVICES.values():
         assert len(d.source) > 20, d.key

@@ -47,8 +47,9 @@ DEVICES: dict[str, DeviceProfile] = {
                       f"{_HC2025}: 144 GB HiZQ 2.0 at 4 TB/s, 1 PFLOPS FP8, 2 TB/s interconnect, Q4 2026; "
                       "Ascend PyTorch IPC notes: no IPC on 950DT",
                       ipc=False, assumed=("bf16_tflops", "link_gb_s", "devices_per_node")),
-        DeviceProfile("950pr", "Ascend 950PR", 128, 1.6, 500, 2000, 8,
-                      f"{_HC2025}: 128 GB HiBL 1.0 at 1.6 TB/s, 1 PFLOPS FP8, 2 TB/s interconnect, Q1 2026",
+        DeviceProfile("950pr", "Ascend 950PR (Atlas 350)", 112, 1.4, 500, 2000, 8,
+                      "Atlas 350 card as shipped (2026-03), press figures: 112 GB HBM at 1.4 TB/s, 600 W "
+                      f"(the roadmap said 128 GB / 1.6 TB/s); {_HC2025}: 1 PFLOPS FP8, 2 TB/s interconnect",
                       assumed=("bf16_tflops", "link_gb_s", "devices_per_node")),
         DeviceProfile("a3", "Atlas A3 (Ascend 910C, one die = one device)", 64, 1.6, 390, 200, 16,
                       "910C package ~128 GB, ~3.2 TB/s, ~780 TFLOPS BF16 (public reporting) halved per die; "

@@ -13,6 +13,20 @@ from slime.accelerator.base import Capabilities
 from slime.accelerator.device_module import DeviceModuleAccelerator
 
 GUIDE = "docs/ascend.md"
+# sglang.srt.utils.patch_torch.monkey_patch_torch_reductions (SGLang 0.5.x) installs this in place of
+# torch_npu.multiprocessing.reductions.rebuild_npu_tensor.
+SGLANG_NPU_REBUILD = ("sglang.srt.utils.patch_torch", "_rebuild_npu_tensor_modified")
+
+
+def _current_npu_rebuild() -> tuple[str, str] | None:
+    """(module, name) of the function torch_npu's reductions currently expose as rebuild_npu_tensor."""
+    import sys
+
+    npu_reductions = sys.modules.get("torch_npu.multiprocessing.reductions")
+    fn = getattr(npu_reductions, "rebuild_npu_tensor", None)
+    if fn is None:
+        return None
+    return getattr(fn, "__module__", "") or "", getattr(fn, "__qualname__", "") or ""
 
 
 def import_torch_npu() -> Any:
@@ -82,6 +96,10 @@ class AscendAccelerator(DeviceModuleAccelerator):
         return {
             # Large MoE all-to-alls and weight broadcasts exceed the 120 s default on first connect.
             "HCCL_CONNECT_TIMEOUT": os.environ.get("HCCL_CONNECT_TIMEOUT", "1800"),
+            # The connect timeout covers link set-up only; a collective waiting for a slow peer (the first
+            # weight broadcast, a rank saving a checkpoint) is bounded by the execution timeout (CANN
+            # default 1836 s; in HCCL's AIV expansion mode A2/A3 cap it at 1091 s).
+            "HCCL_EXEC_TIMEOUT": os.environ.get("HCCL_EXEC_TIMEOUT", "3600"),
             # Two-level task queue: the documented recommendation for training throughput.
             "TASK_QUEUE_ENABLE": os.environ.get("TASK_QUEUE_ENABLE", "2"),
             # expandable_segments is the one allocator option every Ascend generation (incl. 950DT) takes.
@@ -101,4 +119,11 @@ class AscendAccelerator(DeviceModuleAccelerator):
         mod = getattr(reductions.reduce_tensor, "__module__", "") or ""
         if mod.startswith("torch_npu"):
             allowed.add((mod, "rebuild_npu_tensor"))
+        # SGLang, once loaded, replaces torch_npu's rebuild_npu_tensor with its own wrapper (it remaps the
+        # device index to the engine's TP rank); handles pickled in such a process name that wrapper.
+        if importlib.util.find_spec("sglang") is not None:
+            allowed.add(SGLANG_NPU_REBUILD)
+        current = _current_npu_rebuild()
+        if current is not None and current[0].split(".")[0] in ("torch_npu", "sglang"):
+            allowed.add(current)
         return frozenset(allowed)

@@ -3,7 +3,10 @@
 Each function has the reference signature (slime/accelerator/ops/reference.py) and calls the reference
 itself for inputs its kernel does not take (documented kernel limits: dtypes, head dims, layouts).
 torch_npu is looked up at call time, so the documented-contract simulator in tests/npu_sim can stand in.
-`MAPPINGS` records which torch_npu release each mapping needs; docs/ops.md has the same table.
+`MAPPINGS` records which torch_npu release each mapping needs (`since`, compared with the installed
+torch_npu's release); docs/ops.md has the same table. Input limits of a SoC (the Ascend 950's indexer
+head counts, the sparse flash attention's head counts on A2/A3) are checked per call: the reference (or
+the next kernel) with one log line. Each mapping is probed once per process before use (probes.py).
 """
 
 from __future__ import annotations
@@ -14,23 +17,14 @@ from typing import Any, Callable
 
 import torch
 
+from slime.accelerator.ascend import probes
+from slime.accelerator.ascend.support import (
+    documented_on, is_950, release_key, release_of, requirement, soc_of,
+)
 from slime.accelerator.ops import DeviceOp, log_once, reference
 from slime.accelerator.ops.reference import (
     check_attention_shapes, check_rotary_dim, default_scale, packed_offsets, rotary_pair_angles, seqlens_to_host,
 )
-
-# Ascend Extension for PyTorch ("PTA", op-plugin branch) release -> (torch_npu wheels, CANN), from the
-# Ascend/pytorch release notes.
-PTA_RELEASES: dict[str, tuple[str, str]] = {
-    "6.0.0": ("2.1.0.post10, 2.3.1.post4, 2.4.0.post2", "8.0.0"),
-    "7.0.0": ("2.1.0.post12, 2.3.1.post6, 2.4.0.post4, 2.5.1", "8.1.RC1"),
-    "7.1.0": ("2.1.0.post13, 2.5.1.post1, 2.6.0", "8.2.RC1"),
-    "7.2.0": ("2.1.0.post17, 2.6.0.post3, 2.7.1, 2.8.0", "8.3.RC1"),
-    "7.3.0": ("2.9.0, 2.8.0.post2, 2.7.1.post2, 2.6.0.post5", "8.5.0"),
-    "26.0.0": ("2.9.0.post2", "9.0.0"),
-    "26.1.0": ("2.10.0.post4, 2.11.0, 2.12.0", "9.1.0"),
-}
-
 
 @dataclass(frozen=True)
 class NpuMapping:
@@ -40,8 +34,7 @@ class NpuMapping:
     backward: str  # where the gradient comes from
 
     def requirement(self) -> str:
-        wheels, cann = PTA_RELEASES[self.since]
-        return f"Ascend PyTorch {self.since} (torch_npu {wheels}; CANN {cann})"
+        return requirement(self.since)
 
 
 MAPPINGS: dict[str, NpuMapping] = {
@@ -83,10 +76,35 @@ def has_kernel(name: str) -> bool:
         return False
 
 
+KERNEL_CALLS: dict[str, int] = {}  # kernel lookups by name; the probes check their inputs reached the kernel
+
+
 def _kernel(name: str) -> Callable:
+    KERNEL_CALLS[name] = KERNEL_CALLS.get(name, 0) + 1
     npu = torch_npu()
     fn = getattr(npu, name, None)
     return fn if fn is not None else getattr(torch.ops.npu, name)
+
+
+_SOC: list[str] = []  # the process's SoC ("A2", "A3", "950PR", "950DT", ...), set by resolve()
+
+
+def current_soc() -> str:
+    if not _SOC:
+        try:
+            _SOC.append(soc_of(str(torch.npu.get_device_name())))
+        except Exception:
+            _SOC.append("unknown")
+    return _SOC[0]
+
+
+def _release() -> str | None:
+    return release_of(str(getattr(torch_npu(), "__version__", "")))
+
+
+def _at_least(release: str) -> bool:
+    installed = _release()
+    return installed is not None and release_key(installed) >= release_key(release)
 
 
 def _unsupported(op: str, why: str) -> None:
@@ -105,7 +123,8 @@ _RMS_NORM_DTYPES = {(d, d) for d in FLOATS} | {(torch.float16, torch.float32), (
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6) -> torch.Tensor:
-    if weight is None or (x.dtype, weight.dtype) not in _RMS_NORM_DTYPES or x.dim() < 1 or x.numel() == 0:
+    # The kernel refuses 1-D input (x needs a leading dim besides gamma's).
+    if weight is None or (x.dtype, weight.dtype) not in _RMS_NORM_DTYPES or x.dim() < 2 or x.numel() == 0:
         return reference.rms_norm(x, weight, eps)
     y, _rstd = _kernel("npu_rms_norm")(x, weight, epsilon=float(eps))
     out_dtype = torch.promote_types(x.dtype, weight.dtype)
@@ -228,8 +247,11 @@ def sparse_attention(
     if topk_indices.dim() != 2 or topk_indices.shape[0] != q.shape[0]:
         return reference.sparse_attention(q, k, v, topk_indices, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale)
     scale = default_scale(q, softmax_scale)
-    if _is_absorbed_mla(q, k, v) and has_kernel("npu_sparse_flash_attention") and q.shape[0] > 0:
-        return _sparse_flash_attention(q, k, topk_indices, cq, ck, causal, scale)
+    if _is_absorbed_mla(q, k, v) and _SFA_OK[0] and q.shape[0] > 0:
+        if _sfa_heads_ok(q.shape[1]):
+            return _sparse_flash_attention(q, k, topk_indices, cq, ck, causal, scale)
+        _unsupported("sparse_attention", f"npu_sparse_flash_attention on {current_soc()} takes head counts "
+                     f"{_SFA_HEADS_DOC[is_950(current_soc())]}, got {q.shape[1]}; npu_fusion_attention per sequence")
     if not _fusion_attention_takes(q, k, v):
         return reference.sparse_attention(q, k, v, topk_indices, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale)
     # General shapes (expanded MLA, GQA): per sequence, npu_fusion_attention with the explicit mask
@@ -264,6 +286,16 @@ def sparse_attention(
     return torch.cat(outs, dim=0)
 
 
+_SFA_OK = [False]  # npu_sparse_flash_attention present (7.3.0+) and its probe passed (set by resolve)
+_SFA_HEADS_DOC = {False: "a power of two <= 128 (A2/A3)", True: "1..128 (Ascend 950)"}
+
+
+def _sfa_heads_ok(n: int) -> bool:
+    if is_950(current_soc()):
+        return 1 <= n <= 128
+    return 1 <= n <= 128 and n & (n - 1) == 0
+
+
 def _sparse_flash_attention(q, k, topk_indices, cq, ck, causal, scale):
     """Absorbed MLA: q = [q_nope(512) | q_rope(64)] per head, k = [latent(512) | k_rope(64)] one head,
     v = the latent part of k."""
@@ -284,6 +316,7 @@ def _sparse_flash_attention(q, k, topk_indices, cq, ck, causal, scale):
 
 
 _INDEXER_SPARSE_COUNTS = set(range(1, 2049)) | {3072, 4096, 5120, 6144, 7168, 8192}
+_INDEXER_950_HEADS = (8, 16, 24, 32, 64)  # Ascend 950: the only query head counts the indexer takes
 
 
 def lightning_indexer(
@@ -303,6 +336,10 @@ def lightning_indexer(
         and q.shape[1] <= 64 and q.dtype in LOW_PRECISION and k3.dtype == q.dtype and int(topk) in _INDEXER_SPARSE_COUNTS
         and scale > 0 and q.shape[0] > 0 and k3.shape[0] > 0 and weights.shape == q.shape[:2]
     )
+    if takes and is_950(current_soc()) and q.shape[1] not in _INDEXER_950_HEADS:
+        _unsupported("lightning_indexer", f"npu_lightning_indexer on {current_soc()} takes {_INDEXER_950_HEADS} "
+                     f"query heads, got {q.shape[1]}")
+        takes = False
     if not takes:
         return reference.lightning_indexer(q, k, weights, cu_seqlens_q, cu_seqlens_k, topk, causal, softmax_scale)
     seq_q = _host_offsets(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
@@ -312,7 +349,8 @@ def lightning_indexer(
     # Tie order is the kernel's, not the reference's lowest-position rule (docs/ops.md): which of several
     # exactly equal scores survive the cut is not documented, and canonicalising would need every key's
     # score, the [Tq, Tk] matrix the kernel exists to avoid. The kernel has no scale: relu(s * q.k) =
-    # s * relu(q.k) for s > 0, so fold s into the weights.
+    # s * relu(q.k) for s > 0, so fold s into the weights. The weights go in q's dtype: the Ascend 950
+    # refuses float32 weights.
     w = (weights.float() * scale).to(q.dtype).contiguous()
     with torch.no_grad():
         indices = _kernel("npu_lightning_indexer")(
@@ -454,8 +492,41 @@ IMPLEMENTATIONS: dict[str, Callable] = {
 }
 
 
+_PROBED: dict[str, str] = {}  # op -> '' (probe passed) or why it failed; one probe per op and process
+
+
+def _probe_once(op_name: str, acc, kernel: str) -> str:
+    if op_name not in _PROBED:
+        _PROBED[op_name] = probes.probe(op_name, IMPLEMENTATIONS[op_name], acc.device(), KERNEL_CALLS, kernel)
+    return _PROBED[op_name]
+
+
+def _prepare(op_name: str, acc, version: str) -> None:
+    """Release- and SoC-dependent switches inside a mapping, decided before its probe."""
+    if op_name == "apply_rotary":
+        _ROTARY_INTERLEAVE_OK[0] = _at_least("7.0.0")
+    elif op_name == "moe_route":
+        _NATIVE_GATING_BACKWARD[0] = _at_least("26.1.0") and has_kernel("npu_moe_gating_top_k_backward")
+        if not _NATIVE_GATING_BACKWARD[0]:
+            log_once(f"ops[npu].moe_route: torch_npu {version} has no npu_moe_gating_top_k backward (needs "
+                     f"{requirement('26.1.0')}); forward on the kernel, backward by the reference")
+    elif op_name == "sparse_attention":
+        _SFA_OK[0] = _at_least("7.3.0") and has_kernel("npu_sparse_flash_attention")
+        if _SFA_OK[0]:
+            if "sparse_attention_absorbed" not in _PROBED:
+                _PROBED["sparse_attention_absorbed"] = probes.probe(
+                    "sparse_attention_absorbed", sparse_attention, acc.device(), KERNEL_CALLS, "npu_sparse_flash_attention")
+            why = _PROBED["sparse_attention_absorbed"]
+            if why:
+                _SFA_OK[0] = False
+                log_once(f"ops[npu].sparse_attention: npu_sparse_flash_attention failed its probe on {current_soc()} "
+                         f"({why}); absorbed-MLA shapes use npu_fusion_attention per sequence")
+
+
 def resolve(op_name: str, acc) -> DeviceOp | None:
-    """Provider hook for slime.accelerator.ops: the Ascend implementation of `op_name`, or why not."""
+    """Provider hook for slime.accelerator.ops: the Ascend implementation of `op_name`, or why not.
+    Order: torch_npu imports; its release is at least the mapping's `since`; the kernels exist; the
+    one-time probe passes on this SoC."""
     mapping = MAPPINGS.get(op_name)
     if mapping is None:
         return None  # no fused kernel worth it (token_log_probs: the chunked torch reference)
@@ -463,16 +534,33 @@ def resolve(op_name: str, acc) -> DeviceOp | None:
         npu = torch_npu()
     except Exception as e:
         return DeviceOp(None, "", f"import torch_npu failed: {type(e).__name__}: {e}")
+    version = str(getattr(npu, "__version__", "unknown"))
+    release = release_of(version)
+    if release is None:
+        return DeviceOp(None, "", f"torch_npu {version} is not in slime's release table "
+                                  f"(slime/accelerator/ascend/support.py); {op_name} ({', '.join(mapping.kernels)}) "
+                                  f"needs {mapping.requirement()}")
+    if release_key(release) < release_key(mapping.since):
+        return DeviceOp(None, "", f"torch_npu {version} is Ascend PyTorch {release}; {op_name} "
+                                  f"({', '.join(mapping.kernels)}) needs {mapping.requirement()}")
     missing = [k for k in mapping.kernels if not has_kernel(k)]
     if missing:
-        version = getattr(npu, "__version__", "unknown")
         return DeviceOp(None, "", f"torch_npu {version} lacks {', '.join(missing)}; needs {mapping.requirement()}")
-    if op_name == "moe_route":
-        _NATIVE_GATING_BACKWARD[0] = has_kernel("npu_moe_gating_top_k_backward")
-        if not _NATIVE_GATING_BACKWARD[0]:
-            log_once(
-                f"ops[npu].moe_route: torch_npu {getattr(npu, '__version__', 'unknown')} has no "
-                f"npu_moe_gating_top_k backward (needs {NpuMapping('', (), '26.1.0', '').requirement()}); "
-                "forward on the kernel, backward by the reference"
-            )
-    return DeviceOp(IMPLEMENTATIONS[op_name], "torch_npu." + mapping.kernels[0])
+    if not _SOC:
+        _SOC.append(soc_of(acc.device_name()))
+    soc = current_soc()
+    _prepare(op_name, acc, version)
+    kernel = mapping.kernels[0]
+    why = _probe_once(op_name, acc, kernel)
+    if why:
+        return DeviceOp(None, "", f"probe of torch_npu.{kernel} on {soc} failed: {why}")
+    if not documented_on(kernel, soc):
+        log_once(f"ops[npu].{op_name}: torch_npu.{kernel} is not documented for {soc}; its probe passed, using it")
+    return DeviceOp(IMPLEMENTATIONS[op_name], "torch_npu." + kernel)
+
+
+def forget_probes() -> None:
+    """Forget the per-process probe results and SoC (tests switch simulated releases and SoCs)."""
+    _PROBED.clear()
+    _SOC.clear()
+    _SFA_OK[0] = False

@@ -8,16 +8,24 @@ documented-contract violation raises, as the real kernels do. Importing it insta
 `torch.npu` runtime stand-in (torch.cuda-like API), as importing the real package installs torch.npu.
 
 `simulate_release("7.2.0")` makes it behave like an older Ascend PyTorch release: ops added later
-disappear and derivatives added later raise on backward (see _RELEASE_OF).
+disappear, derivatives added later raise on backward (see _RELEASE_OF), and 6.0.0's npu_grouped_matmul
+has that release's signature. `simulate_soc("950PR")` (or SLIME_NPU_SIM_SOC in a fresh process) picks the
+SoC: torch.npu.get_device_name() names it, and kernels whose docs leave it out raise when called, as
+aclnn-only SoCs do; the Ascend 950 indexer takes only 8/16/24/32/64 query heads and no float32 weights.
+The default SoC is an Atlas A3, where every simulated kernel is documented.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from . import _common, _runtime
 from ._attention import npu_fusion_attention, npu_lightning_indexer, npu_sparse_flash_attention
-from ._moe import npu_grouped_matmul, npu_moe_gating_top_k, npu_moe_token_permute, npu_moe_token_unpermute
+from ._moe import (
+    npu_grouped_matmul, npu_grouped_matmul_6_0, npu_moe_gating_top_k, npu_moe_token_permute,
+    npu_moe_token_unpermute,
+)
 from ._nn import npu_rms_norm, npu_rotary_mul, npu_swiglu
 
 SIMULATED = True
@@ -69,7 +77,18 @@ def simulate_release(release: str | None = None) -> None:
             setattr(module, name, fn)
         elif hasattr(module, name):
             delattr(module, name)
+    if not _common.at_least("7.0.0"):
+        module.npu_grouped_matmul = npu_grouped_matmul_6_0
     __version__ = _common.RELEASE_WHEELS[release] + "+sim"
+
+
+def simulate_soc(name: str | None = None) -> None:
+    """Behave like SoC `name` ("A2", "A3", "950PR", "950DT"; None = the default, A3)."""
+    _common.set_soc(name or _common.DEFAULT_SOC)
+
+
+def current_soc() -> str:
+    return _common.soc()
 
 
 def current_release() -> str:
@@ -79,5 +98,6 @@ def current_release() -> str:
 install_runtime = _runtime.install
 uninstall_runtime = _runtime.uninstall
 if __name__ == "torch_npu":  # imported as the package itself (PYTHONPATH=tests/npu_sim): act like it
+    simulate_soc(os.environ.get("SLIME_NPU_SIM_SOC") or None)
     npu = _runtime.install()
 # Imported as npu_sim.torch_npu (in-process tests): npu_sim.activate() installs and restores.

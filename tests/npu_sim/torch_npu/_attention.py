@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import check, check_contiguous, f64, fail
+from ._common import check, check_contiguous, f64, fail, is_950, require_soc, soc
 
 _MAX_INT32 = 2147483647
 _MAX_INT64 = 9223372036854775807
@@ -77,6 +77,7 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, pa
                          seed=0, offset=0):
     """-> (attention_out, softmax_max, softmax_sum, reserved, seed, offset, numels). scale defaults to 1.0."""
     op = "npu_fusion_attention"
+    require_soc(op)
     check(input_layout in ("TND", "BSND", "BNSD", "BSH", "SBH"), op, f"unknown input_layout {input_layout!r}")
     check(input_layout in ("TND", "BSND", "BNSD"), op, f"layout {input_layout} is not simulated")
     check(pse is None and padding_mask is None and prefix is None and sink is None and dropout_mask is None, op,
@@ -194,6 +195,9 @@ def npu_lightning_indexer(query, key, weights, *, actual_seq_lengths_query=None,
     n1, n2, d = query.shape[-2], key.shape[-2], query.shape[-1]
     check(n2 == 1, op, f"key must have exactly 1 head (N2 == 1), got {n2}")
     check(n1 <= 64, op, f"query heads N1 must be <= 64, got {n1}")
+    if is_950():
+        check(n1 in (8, 16, 24, 32, 64), op, f"on {soc()} query heads N1 must be 8, 16, 24, 32 or 64, got {n1}")
+        check(weights.dtype != torch.float32, op, f"on {soc()} weights must not be float32")
     check(d == 128 and key.shape[-1] == 128, op, f"head dim D must be 128, got {d}/{key.shape[-1]}")
     check(tuple(weights.shape) == tuple(query.shape[:-1]), op, f"weights must be {tuple(query.shape[:-1])}")
     if tnd:
@@ -247,6 +251,11 @@ def npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *
           "query/key/value/ropes must share a bfloat16/float16 dtype")
     check(query.dim() == 3 and key.dim() == 3 and value.dim() == 3, op, "TND needs 3-D query/key/value")
     check(key.shape[1] == 1 and value.shape == key.shape, op, "key/value must be [T2, 1, D] and identical in shape")
+    n1 = query.shape[1]
+    if is_950():
+        check(1 <= n1 <= 128, op, f"on {soc()} query heads must be 1..128, got {n1}")
+    else:
+        check(1 <= n1 <= 128 and n1 & (n1 - 1) == 0, op, f"on {soc()} query heads must be a power of two <= 128, got {n1}")
     check(query.shape[-1] == 512 and key.shape[-1] == 512, op, "D of query/key/value must be 512")
     check(query_rope.shape[-1] == 64 and key_rope.shape[-1] == 64, op, "D of query_rope/key_rope must be 64")
     check(query_rope.shape[:-1] == query.shape[:-1] and key_rope.shape[:-1] == key.shape[:-1], op, "rope shapes mismatch")

@@ -12,6 +12,41 @@ RELEASE_WHEELS = {
 }
 _release = [NEWEST_RELEASE]
 
+# Simulated SoCs and the device names torch.npu.get_device_name() reports for them.
+SOC_DEVICE_NAMES = {"A2": "Ascend910B3", "A3": "Ascend910_9392", "950PR": "Ascend950PR", "950DT": "Ascend950DT"}
+DEFAULT_SOC = "A3"
+_soc = [DEFAULT_SOC]
+# Kernels whose torch_npu API page lists only some SoCs (the docs' "supported products"). On a SoC not
+# listed the kernel is missing: 950-class SoCs run aclnn-only, so the call fails at run time.
+DOCUMENTED_SOCS = {
+    "npu_rms_norm": ("A2", "A3"),
+    "npu_rotary_mul": ("A2", "A3"),
+    "npu_moe_gating_top_k": ("A2", "A3"),
+    "npu_fusion_attention": ("A2", "A3", "950DT"),
+}
+
+
+def soc() -> str:
+    return _soc[0]
+
+
+def is_950() -> bool:
+    return _soc[0].startswith("950")
+
+
+def set_soc(name: str) -> None:
+    if name not in SOC_DEVICE_NAMES:
+        raise ValueError(f"unknown simulated SoC {name!r}; known: {', '.join(SOC_DEVICE_NAMES)}")
+    _soc[0] = name
+
+
+def require_soc(op: str) -> None:
+    """Raise as a kernel without a build for the simulated SoC does (at call time, not at import)."""
+    socs = DOCUMENTED_SOCS.get(op)
+    if socs is not None and _soc[0] not in socs:
+        raise fail(op, f"no kernel for {SOC_DEVICE_NAMES[_soc[0]]} (aclnn-only SoC; the op is documented for "
+                       f"{', '.join(socs)} only)")
+
 
 def release() -> tuple[int, ...]:
     return tuple(int(p) for p in _release[0].split("."))

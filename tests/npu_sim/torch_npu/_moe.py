@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import at_least, check, f64, fail, without_derivative
+from ._common import at_least, check, f64, fail, require_soc, without_derivative
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -15,6 +15,7 @@ def npu_moe_gating_top_k(x, k, *, bias=None, k_group=1, group_count=1, group_sel
     top-2 (mode 1); stable descending sorts (lower index wins ties); sigmoid weights divided by
     (sum + eps); times routed_scaling_factor. -> (y in x.dtype, expert_idx int32, norm_out float32)."""
     op = "npu_moe_gating_top_k"
+    require_soc(op)
     check(x.dim() == 2, op, f"x must be 2-D, got {x.dim()}-D")
     check(x.dtype in _FLOATS, op, f"unsupported dtype {x.dtype}")
     e = x.shape[1]
@@ -112,7 +113,7 @@ def _group_bounds(op, group_list, group_list_type, groups, extent):
         ends = list(torch.tensor(vals).cumsum(0).tolist())
     else:
         raise fail(op, f"group_list_type {group_list_type} is not simulated")
-    check(ends[-1] <= extent, op, f"groups cover {ends[-1]} rows but the grouped axis has {extent}")
+    check(ends[-1] == extent, op, f"group_list[-1] must equal the grouped axis ({extent}), got {ends[-1]}")
     return list(zip([0] + ends[:-1], ends))
 
 
@@ -159,3 +160,27 @@ def npu_grouped_matmul(x, weight, *, bias=None, scale=None, offset=None, antiqua
     with torch.no_grad():
         out = y.to(xt.dtype)
     return [without_derivative(op, out, xt, wt)]
+
+
+def npu_grouped_matmul_6_0(x, weight, *, bias=None, scale=None, offset=None, antiquant_scale=None,
+                           antiquant_offset=None, group_list=None, split_item=0, output_dtype=None):
+    """Ascend PyTorch 6.0.0's signature: group_list is a host int list of cumulative row ends, weights
+    are a list of 2-D tensors (one per group); there is no group_type / group_list_type."""
+    op = "npu_grouped_matmul"
+    check(isinstance(x, (list, tuple)) and isinstance(weight, (list, tuple)), op, "x and weight must be lists of tensors")
+    check(all(a is None for a in (bias, scale, offset, antiquant_scale, antiquant_offset)), op,
+          "quantization / bias inputs are not simulated")
+    check(all(w.dim() == 2 for w in weight), op, "each weight must be 2-D in this release")
+    if group_list is None:
+        check(len(x) == len(weight), op, "without group_list, pass equal-length x and weight lists")
+        return [without_derivative(op, (f64(a) @ f64(b)).to(a.dtype), a, b) for a, b in zip(x, weight)]
+    check(isinstance(group_list, (list, tuple)) and all(isinstance(v, int) for v in group_list), op,
+          "group_list must be a host list of ints in this release")
+    check(len(x) == 1 and len(group_list) == len(weight), op, "one x, one group_list entry per weight")
+    xt = x[0]
+    check(group_list[-1] == xt.shape[0], op, f"group_list[-1] must equal the rows of x ({xt.shape[0]})")
+    bounds = list(zip([0] + list(group_list[:-1]), group_list))
+    outs = [f64(xt[a:b]) @ f64(w) for (a, b), w in zip(bounds, weight)]
+    if split_item in (2, 3):
+        return [without_derivative(op, torch.cat(outs).to(xt.dtype), xt, *weight)]
+    return [without_derivative(op, o.to(xt.dtype), xt, *weight) for o in outs]

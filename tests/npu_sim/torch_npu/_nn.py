@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import at_least, check, check_contiguous, f64, fail
+from ._common import at_least, check, check_contiguous, f64, fail, require_soc
 
 _RMS_DTYPES = {(d, d) for d in (torch.float16, torch.bfloat16, torch.float32)} | {
     (torch.float16, torch.float32), (torch.bfloat16, torch.float32)}
@@ -13,7 +13,8 @@ _RMS_DTYPES = {(d, d) for d in (torch.float16, torch.bfloat16, torch.float32)} |
 def npu_rms_norm(self: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-6):
     """-> (y in self.dtype, rstd float32). gamma's shape must equal the trailing dims of self."""
     op = "npu_rms_norm"
-    check(2 <= self.dim() + 1 <= 9, op, f"self must have 1..8 dims, got {self.dim()}")
+    require_soc(op)
+    check(2 <= self.dim() <= 8, op, f"self must have 2..8 dims (1-D input is refused), got {self.dim()}")
     check((self.dtype, gamma.dtype) in _RMS_DTYPES, op, f"unsupported dtype pair self={self.dtype}, gamma={gamma.dtype}")
     n = gamma.dim()
     check(n <= self.dim() and tuple(self.shape[self.dim() - n:]) == tuple(gamma.shape), op,
@@ -32,6 +33,7 @@ def npu_rotary_mul(self: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor, rotar
     """x * r1 + rotate(x) * r2 over the whole last dim; r1/r2 at full width D.
     "half": rotate(x) = cat(-x2, x1); "interleave": pairs (2i, 2i+1) -> (-x_{2i+1}, x_{2i})."""
     op = "npu_rotary_mul"
+    require_soc(op)
     if rotary_mode is not _UNSET and not at_least("7.0.0"):
         raise TypeError("npu_rotary_mul() got an unexpected keyword argument 'rotary_mode'")
     mode = "half" if rotary_mode is _UNSET else rotary_mode

@@ -13,7 +13,8 @@ import types
 
 import torch
 
-DEVICE_NAME = "Ascend950PR (simulated)"
+from . import _common
+
 _state = {"device": 0, "count": 1, "peak": 0}
 
 
@@ -132,7 +133,7 @@ def build_module() -> types.ModuleType:
     m.get_rng_state = lambda device="npu": torch.get_rng_state()
     m.set_rng_state = lambda state, device="npu": torch.set_rng_state(state)
     m.is_bf16_supported = lambda: True
-    m.get_device_name = lambda device=None: DEVICE_NAME
+    m.get_device_name = lambda device=None: f"{_common.SOC_DEVICE_NAMES[_common.soc()]} (simulated)"
     m.get_device_capability = lambda device=None: (9, 5)
     return m
 
