@@ -136,6 +136,26 @@ def mtp_build_error(ckpt: str) -> str:
     return "built"
 
 
+def trainer_side_step(actor, args, world: int) -> dict:
+    """A second step through train_rollout (the production path): old/reference log-probs, advantages and
+    training on each rank from the payload; reinforce++ with a KL reward term needs the old and reference
+    log-probs on every pipeline stage. Returns the metrics every rank reports (train/ and the mismatch)."""
+    from types import SimpleNamespace
+
+    from slime.backends.megatron.rollout_data import pack_samples
+
+    b = batch()
+    gen = torch.Generator().manual_seed(9)
+    samples = [SimpleNamespace(tokens=t, response_length=r, reward=float(torch.rand((), generator=gen)), loss_mask=m,
+                               rollout_log_probs=(-torch.rand(r, generator=gen)).tolist())
+               for t, r, m in zip(b.tokens, b.response_lengths, b.loss_masks)]
+    args.advantage_estimator, args.kl_coef = "reinforce_plus_plus", 0.05
+    metrics = actor.train_rollout(1, pack_samples(samples), False)
+    everyone = [None] * world
+    dist.all_gather_object(everyone, {k: v for k, v in metrics.items() if k.startswith("train")})
+    return everyone
+
+
 def run(rank: int, world: int, port: int, ckpt: str, layouts: list[dict], out_dir: str, engine: dict | None) -> None:
     try:
         _run(rank, world, port, ckpt, layouts, out_dir, engine)
@@ -161,6 +181,7 @@ def _run(rank: int, world: int, port: int, ckpt: str, layouts: list[dict], out_d
         if engine is not None and i == 0:
             result["sync"] = sync_to_engine(actor, args, rank, engine)
             result["mtp"] = mtp_build_error(ckpt)
+        result["step2"] = trainer_side_step(actor, args, world)
         if rank == 0:
             torch.save(result, os.path.join(out_dir, f"{layout['name']}.pt"))
         dist.barrier()

@@ -110,6 +110,10 @@ def _assert_same_step(got, ref, name):
             assert got[when][key].keys() == ref[when][key].keys(), f"{name}: samples of {when} {key}"
             for i, lp in ref[when][key].items():
                 torch.testing.assert_close(got[when][key][i], lp, rtol=0, atol=1e-5, msg=f"{name}: {when} {key} {i}")
+    # second step via train_rollout (advantages with a KL reward on every stage's share)
+    assert all(x == got["step2"][0] for x in got["step2"]), f"{name}: ranks report different step-2 metrics"
+    for key in ("train/loss", "train/grad_norm", "train/advantage_abs_mean", "train_rollout_logprob_abs_diff"):
+        assert got["step2"][0][key] == pytest.approx(ref["step2"][0][key], rel=1e-5), f"{name}: step 2 {key}"
     assert got["weights"].keys() == ref["weights"].keys(), f"{name}: the stages' exports miss tensors"
     for n, w in ref["weights"].items():
         scale = float(w.abs().max())
