@@ -164,3 +164,65 @@ def run(rank: int, port: int, ckpt: str, data: str, out: str) -> None:
             assert len(differ) > len(moments) // 2, f"only {len(differ)} of {len(moments)} moments differ"
     dist.barrier()
     dist.destroy_process_group()
+
+
+# --- state round trip through layouts (checkpoint level, no trainer) ------------------------------------
+
+CHAIN = [  # (tp, ep, pp, distributed optimizer)
+    (1, 1, 1, False), (1, 1, 2, False), (2, 1, 1, True), (1, 2, 1, True), (1, 1, 1, False)]
+
+
+def _plain(path: str) -> dict[str, torch.Tensor]:
+    from megatron.core import dist_checkpointing
+
+    flat = {}
+
+    def walk(prefix, value):
+        if isinstance(value, (dict, list)):
+            for k, v in (value.items() if isinstance(value, dict) else enumerate(value)):
+                walk(f"{prefix}{k}.", v)
+        elif isinstance(value, torch.Tensor):
+            flat[prefix[:-1]] = value
+
+    walk("", dist_checkpointing.load_plain_tensors(path))
+    return flat
+
+
+def run_chain(rank: int, port: int, ckpt: str, out: str) -> None:
+    """One Adam step at DP2, saved; then each layout of CHAIN loads the previous layout's checkpoint and
+    saves it again. Every checkpoint's tensors (weights, Adam moments) must be bit-identical to the first:
+    a load at any layout followed by a save writes back exactly what was read."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    from slime.backends.megatron import build_optimizer, checkpoint, load_hf_model
+
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, 512, (2, 12), generator=g)
+    pos = torch.arange(12).expand(2, 12).contiguous()
+    first = None
+    for i, (tp, ep, pp, distributed) in enumerate(CHAIN):
+        layout = {"world_size": 2, "tp": tp, "ep": ep, "pp": pp}
+        model = load_hf_model(ckpt, tp=tp, ep=ep, pp=pp)
+        ddp, opt = build_optimizer(model, lr=1e-2, use_distributed_optimizer=distributed)
+        if i == 0:
+            ddp.zero_grad_buffer()
+            (ddp(ids, pos).float().pow(2).mean()).backward()
+            ddp.finish_grad_sync()
+            assert opt.step()[0]
+        else:
+            resumed = checkpoint.load(os.path.join(out, f"chain{i - 1}"), ddp, opt, rank, layout)
+            assert resumed.start_rollout_id == i and "optimizer" in resumed.restored
+        checkpoint.save(os.path.join(out, f"chain{i}"), i, ddp, opt, rank, layout, {})
+        tensors = _plain(checkpoint.iter_dir(os.path.join(out, f"chain{i}"), i))
+        if first is None:
+            first = tensors
+            assert any(k.startswith("optimizer.state.exp_avg.") and v.abs().sum() > 0 for k, v in first.items())
+            continue
+        name = f"tp{tp} ep{ep} pp{pp}{' dist-opt' if distributed else ''}"
+        missing = sorted(set(first) - set(tensors))
+        assert not missing, f"{name}: checkpoint lacks {missing[:3]}"
+        changed = [k for k in first if not torch.equal(first[k], tensors[k])]
+        assert not changed, f"{name}: {len(changed)} tensors changed in the round trip, e.g. {changed[:3]}"
+    dist.barrier()
+    dist.destroy_process_group()

@@ -6,10 +6,11 @@ as Megatron lays them out. Inside, megatron's torch_dist files: every tensor is 
 (and PP) layout:
 - `model`: the GLM model's sharded_state_dict (TP-split linears, EP-split experts, layers by global index);
 - `optimizer`: the Megatron optimizer's sharded state in model space (the distributed optimizer's shards
-  included: `fully_sharded_model_space`), Adam moments following their parameters' sharding;
+  included: `fully_reshardable`), Adam moments following their parameters' sharding;
 - `rng_state`: each rank's RNG states (restored only at the layout that wrote them, as Megatron does);
 - common values (written by rank 0): `iteration`, `checkpoint_version`, and `slime`: the rollout id, the
-  run's extra state (data-source position) and the layout that wrote it.
+  run's extra state (data-source position), the layout that wrote it and the optimizer's step count
+  (the optimizer's non-tensor state is not stored: hyperparameters come from this run's flags).
 All-or-nothing: written into ROOT/.tmp_iter_XXXXXXX, renamed into place, then the tracker is replaced
 atomically, so a crash mid-save leaves the previous checkpoint loadable and the tracker pointing at it.
 The former per-rank format (iter_*/rank_XXXXX.pt) is still read, at the layout that wrote it.
@@ -31,7 +32,11 @@ from slime.backends.megatron.rng_state import rng_state, seed_everything, set_rn
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_VERSION = 3.0  # megatron's current checkpoint_version
-OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_sharded_model_space", "chained_optim_avoid_prefix": True}
+# fully_reshardable: the distributed optimizer's shards in model space (per parameter, like the plain optimizer),
+# loadable at any TP / EP / DP / PP layout (its flattened-range variant is unsupported in megatron-core 0.16);
+# mem_efficient: gathered on DP rank 0 in host memory over the gloo DP group, not all-gathered on every rank.
+OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True,
+                      "distrib_optim_fully_reshardable_mem_efficient": True}
 
 
 @dataclass(frozen=True)
@@ -87,12 +92,111 @@ def _rng_object(state: Any, world: int, rank: int):
     return ShardedObject("rng_state", state, (world,), (rank,), replica_id=0)
 
 
-def _sharded_state(model, optimizer, *, is_loading: bool, with_optimizer: bool) -> dict[str, Any]:
+def _sharded_state(model, optimizer, *, is_loading: bool, with_optimizer: bool) -> tuple[dict[str, Any], Any]:
+    """({"model": ..., "optimizer": its ShardedTensors}, this rank's non-tensor optimizer state).
+
+    Only the optimizer's tensors go into the checkpoint: its non-tensor part (param groups, the chained
+    optimizers' structure) depends on which parameters a rank holds (a pipeline stage without experts has
+    no expert optimizer), so a load at another layout keeps its own and takes the step count from `slime`."""
+    from megatron.core.dist_checkpointing.utils import extract_sharded_base
+
     state: dict[str, Any] = {"model": _unwrap(model).sharded_state_dict()}
+    local = None
     if with_optimizer and optimizer is not None:
-        state["optimizer"] = optimizer.sharded_state_dict(state["model"], is_loading=is_loading,
-                                                          metadata=OPTIMIZER_METADATA)
+        if is_loading:
+            _init_optimizer_state(optimizer)
+        full = optimizer.sharded_state_dict(state["model"], is_loading=is_loading, metadata=OPTIMIZER_METADATA)
+        state["optimizer"], local = extract_sharded_base(full)
+    return state, local
+
+
+# The same main (fp32) parameters under the names each optimizer gives them: the distributed optimizer's
+# `param`, the bf16 optimizer's `fp32_param`, and (float32 training) the model weight itself.
+_MAIN_PARAM_PREFIXES = ("optimizer.state.param.", "optimizer.state.fp32_param.", "")
+
+
+def _alias_main_params(optimizer_request, checkpoint_dir: str) -> None:
+    """Switching between the distributed and the plain optimizer: a main-parameter tensor the checkpoint lacks
+    is read under one of its other names (e.g. a plain float32 optimizer stores none: the weights are)."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+
+    saved = set(dist_checkpointing.load_tensors_metadata(checkpoint_dir))
+    for sh in nested_values(optimizer_request):
+        key = getattr(sh, "key", None)
+        if key is None or key in saved or not key.startswith(_MAIN_PARAM_PREFIXES[:2]):
+            continue
+        name = key.split(".", 3)[3]
+        for prefix in _MAIN_PARAM_PREFIXES:
+            if prefix + name in saved:
+                sh.key = prefix + name
+                if not prefix:  # the model reads the same shard: mark this read as a replica for the validation
+                    rid = sh.replica_id
+                    sh.replica_id = (1, *rid[1:]) if isinstance(rid, tuple) else 1
+                break
+
+
+def _init_optimizer_state(optimizer) -> None:
+    """Zero Adam state (step 0) where none exists yet: the load fills it in place, and the distributed
+    optimizer's state_dict needs a step (megatron initializes it the same way, with a dummy step)."""
+    import torch
+
+    for sub in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner, init = getattr(sub, "optimizer", None), getattr(sub, "init_state_fn", None)
+        if inner is None or init is None or inner.state:
+            continue
+        init(inner, sub.config)
+        for st in inner.state.values():
+            st.setdefault("step", torch.tensor(0.0))
+
+
+def _inner_optimizers(optimizer):
+    for sub in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if getattr(sub, "optimizer", None) is not None:
+            yield sub.optimizer
+
+
+def optimizer_step(optimizer) -> int:
+    """Adam steps taken (the same for every parameter), agreed over the trainer ranks."""
+    import torch
+    import torch.distributed as dist
+
+    steps = [float(st["step"]) for inner in _inner_optimizers(optimizer) for st in inner.state.values() if "step" in st]
+    steps += [float(g["step"]) for inner in _inner_optimizers(optimizer) for g in inner.param_groups
+              if g.get("step") is not None and g["params"]]
+    step = torch.tensor([max(steps, default=0.0)], dtype=torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(step, op=dist.ReduceOp.MAX)
+    return int(step.item())
+
+
+def _with_step(state: Any, step: int) -> Any:
+    """Put the saved step where Megatron's optimizers read it in a state dict: state['common_step'] (FP32 /
+    Float16 optimizers) and param_groups[i]['step'] (the distributed optimizer, TE's FusedAdam)."""
+    import torch
+
+    if isinstance(state, dict):
+        if isinstance(state.get("param_groups"), list):
+            if isinstance(state.get("state"), dict) and state["state"]:
+                state["state"]["common_step"] = torch.tensor(float(step))
+            for g in state["param_groups"]:
+                if isinstance(g, dict) and "step" in g:
+                    g["step"] = step
+        for v in state.values():
+            _with_step(v, step)
     return state
+
+
+def _set_optimizer_step(optimizer, step: int) -> None:
+    import torch
+
+    for inner in _inner_optimizers(optimizer):
+        for st in inner.state.values():
+            if st:
+                st["step"] = torch.tensor(float(step), dtype=torch.float32)
+        for g in inner.param_groups:
+            if "step" in g:  # optimizers that count per group (TE's FusedAdam)
+                g["step"] = step
 
 
 def _publish(tmp: str, final: str) -> None:
@@ -118,10 +222,11 @@ def save(root: str, rollout_id: int, model, optimizer, rank: int, layout: dict[s
         shutil.rmtree(tmp, ignore_errors=True)  # a save that crashed earlier
         os.makedirs(tmp)
     _barrier()
-    state = _sharded_state(model, optimizer, is_loading=False, with_optimizer=True)
+    state, _ = _sharded_state(model, optimizer, is_loading=False, with_optimizer=True)
     state["rng_state"] = _rng_object(rng_state(), int(layout["world_size"]), _rank())
     state.update(iteration=rollout_id, checkpoint_version=CHECKPOINT_VERSION,
-                 slime={"rollout_id": rollout_id, "extra": extra_state, "layout": dict(layout)})
+                 slime={"rollout_id": rollout_id, "extra": extra_state, "layout": dict(layout),
+                        "optimizer_step": optimizer_step(optimizer) if optimizer is not None else 0})
     dist_checkpointing.save(state, tmp)
     _barrier()
     if rank == 0:
@@ -154,14 +259,22 @@ def load(root: str, model, optimizer, rank: int, layout: dict[str, int],
         logger.info("checkpoint %s was written at layout %s, this run uses %s: RNG state not restored (as Megatron "
                     "does after a TP/PP change); model and optimizer are resharded", found.path, saved_layout, layout)
         want_rng = False
-    state = _sharded_state(model, optimizer, is_loading=True, with_optimizer=want_optimizer)
+    state, local = _sharded_state(model, optimizer, is_loading=True, with_optimizer=want_optimizer)
+    if want_optimizer:
+        _alias_main_params(state["optimizer"], found.path)
     if want_rng:
         state["rng_state"] = _rng_object(None, int(layout["world_size"]), _rank())
     loaded = dist_checkpointing.load(state, found.path)
     _unwrap(model).load_state_dict(loaded["model"])
     restored = ["model"]
     if want_optimizer:
-        optimizer.load_state_dict(loaded["optimizer"])
+        from megatron.core.dist_checkpointing.dict_utils import dict_list_map_inplace, merge
+        from megatron.core.dist_checkpointing.mapping import LocalNonpersistentObject
+
+        dict_list_map_inplace(lambda v: v.unwrap() if isinstance(v, LocalNonpersistentObject) else v, local)
+        step = int(meta.get("optimizer_step", 0))
+        optimizer.load_state_dict(_with_step(merge(local, loaded["optimizer"]), step))
+        _set_optimizer_step(optimizer, step)
         restored.append("optimizer")
     elif optimizer is not None and hasattr(optimizer, "reload_model_params"):
         optimizer.reload_model_params()  # main (fp32) params follow the loaded weights
@@ -187,6 +300,6 @@ def load_model_weights(path: str, model, flag: str = "--ref-load") -> int:
     if found.kind != L.TORCH_DIST:
         raise L.CheckpointFormatError(f"{flag} {path} is not a torch_dist checkpoint ({TRACKER} + iter_XXXXXXX/ "
                                       "with metadata.json)")
-    state = _sharded_state(model, None, is_loading=True, with_optimizer=False)
+    state, _ = _sharded_state(model, None, is_loading=True, with_optimizer=False)
     _unwrap(model).load_state_dict(dist_checkpointing.load(state, found.path)["model"])
     return int(found.iteration or 0)
