@@ -1,6 +1,7 @@
 """torch_dist checkpoints reshard (2 trainer ranks over gloo, spawned here; float32, the tiny GLM-5 with MoE
 and DSA dropping keys: prompt + response longer than index_topk). A checkpoint written at DP2 resumes at
-TP2, and one written at TP2 resumes at EP2 x DP1 (expert-data-parallel 1): the resumed rollout's rewards,
+TP2, one written at TP2 resumes at EP2 x DP1 (expert-data-parallel 1), and one written at PP2 resumes at
+PP1 x TP2: the resumed rollout's rewards,
 per-token old / reference log-probs (abs 1e-5), train metrics (loss, pg_loss, KL, entropy, grad norm; rel
 1e-5) and the checkpoint written after its step (weights and Adam moments, rel 1e-5) equal those of the run
 that continued without stopping. A resume with --no-load-optim must miss those moments (the check can fail).
@@ -17,7 +18,7 @@ from slime.utils.net import free_port
 
 
 @pytest.mark.timeout(600)
-def test_torch_dist_checkpoint_reshards_dp2_to_tp2_and_tp2_to_ep2(tmp_path):
+def test_torch_dist_checkpoint_reshards_dp2_to_tp2_tp2_to_ep2_and_pp2_to_tp2(tmp_path):
     from glm5_helpers import write_checkpoint
     from slime.rollout.synthetic import make_dataset
 
