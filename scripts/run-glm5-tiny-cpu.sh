@@ -8,6 +8,8 @@
 #
 # Environment knobs: RUN_DIR (outputs, default outputs/glm5-tiny), NUM_ROLLOUT (default 60).
 # Extra arguments are passed to train.py (e.g. --num-rollout 10).
+# Re-running resumes from RUN_DIR/ckpt (train.py says so); a RUN_DIR whose run has metrics but no
+# checkpoint yet is refused (one line): pick a fresh RUN_DIR or pass --overwrite-output.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup-venv.sh"
@@ -39,7 +41,7 @@ mkdir -p "$RUN_DIR"
   --advantage-estimator grpo --eps-clip 0.2 --eps-clip-high 0.28 \
   --lr 5e-3 --weight-decay 0.0 --clip-grad 1.0 --adam-beta1 0.9 --adam-beta2 0.98 --seed 1234 \
   --update-weight-mode auto --update-weight-buffer-size $((64 * 1024 * 1024)) \
-  --save "$RUN_DIR/ckpt" --save-interval 20 \
+  --save "$RUN_DIR/ckpt" --load "$RUN_DIR/ckpt" --save-interval 20 \
   --output-dir "$RUN_DIR/run" --num-cpus "$(nproc)" \
   "$@"
 

@@ -3,22 +3,29 @@
 # Idempotent: re-running only reinstalls when pyproject.toml or the constraints changed.
 # The CPU torch wheel is installed FIRST and pinned by constraints/cpu.txt, so no other
 # package can pull a CUDA build of torch. Never installs torch-npu (it breaks `import torch`
-# on a machine without CANN).
+# on a machine without CANN). Prints each step, what it installs and how long it took.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${SLIME_VENV:-$ROOT/.venv}"
 PY="${PYTHON:-python3}"
 CONSTRAINTS="$ROOT/constraints/cpu.txt"
 
+STAMP="$VENV/.slime-installed"
+WANT="$(cat "$ROOT/pyproject.toml" "$CONSTRAINTS" | sha256sum | cut -d' ' -f1)"
+if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
+  exit 0
+fi
+pin() { grep -E "^$1==" "$CONSTRAINTS" | cut -d= -f3; }
+START=$SECONDS
+step() { echo "[setup $((SECONDS - START))s] $*"; }
+step "installing into $VENV: about 1.4 GB, typically 2-4 minutes on a fresh machine (pip's own output is quiet)"
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
-STAMP="$VENV/.slime-installed"
-WANT="$(cat "$ROOT/pyproject.toml" "$CONSTRAINTS" | sha256sum | cut -d' ' -f1)"
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
-  exit 0
-fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
-"${PIP[@]}" install "torch==$(grep -E '^torch==' "$CONSTRAINTS" | cut -d= -f3)"
+step "1/2 torch $(pin torch) (CPU wheel, ~200 MB download, ~40 s)"
+"${PIP[@]}" install "torch==$(pin torch)"
+step "2/2 slime (editable) with ray $(pin ray), megatron-core $(pin megatron-core), transformers $(pin transformers), pytest and their dependencies (~1-2 min)"
 "${PIP[@]}" install -c "$CONSTRAINTS" -e "$ROOT[test]"
 echo "$WANT" > "$STAMP"
+step "done: $VENV"

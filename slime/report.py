@@ -13,7 +13,29 @@ from slime.utils.metrics import read_metrics
 PHASES = ("time/rollout", "time/log_probs", "time/train", "time/weight_sync", "time/save")
 
 
-def plot(records: list[dict], out_png: str) -> None:
+OUTLIER_FACTOR = 3.0  # an iteration taking this many times the median is drawn clipped and marked
+
+
+def run_name(run_dir: str) -> str:
+    """The last two parts of the run dir (the quick start's is RUN_DIR/run: "glm5-tiny/run")."""
+    parts = os.path.abspath(run_dir).rstrip(os.sep).split(os.sep)
+    return "/".join(parts[-2:])
+
+
+def timing_limits(totals: list[float]) -> tuple[float | None, list[int]]:
+    """(y limit of the timing panel, indices of the outliers above it): iterations over OUTLIER_FACTOR x the
+    median are clipped so that one slow iteration (a first-step warm-up, a save) does not flatten the rest."""
+    if len(totals) < 3:
+        return None, []
+    med = statistics.median(totals)
+    outliers = [i for i, t in enumerate(totals) if med > 0 and t > OUTLIER_FACTOR * med]
+    if not outliers:
+        return None, []
+    rest = [t for i, t in enumerate(totals) if i not in outliers]
+    return 1.25 * max(rest), outliers
+
+
+def plot(records: list[dict], out_png: str, title: str = "") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -21,6 +43,8 @@ def plot(records: list[dict], out_png: str) -> None:
 
     ids = [r["rollout_id"] for r in records]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    if title:
+        fig.suptitle(title)
     mean = [r.get("rollout/reward_mean", float("nan")) for r in records]
     std = [r.get("rollout/reward_std", 0.0) for r in records]
     ax1.plot(ids, mean, marker="o", label="reward mean")
@@ -35,9 +59,18 @@ def plot(records: list[dict], out_png: str) -> None:
         values = [r.get(phase, 0.0) for r in records]
         ax2.bar(ids, values, bottom=bottom, label=phase.split("/")[1])
         bottom = [b + v for b, v in zip(bottom, values)]
+    top, outliers = timing_limits(bottom)
+    panel = "time per phase"
+    if top is not None:
+        ax2.set_ylim(0, top)
+        for i in outliers:  # clipped bar: a marker at the top edge with its real height
+            ax2.plot([ids[i]], [top * 0.97], marker="^", color="black", markersize=7, clip_on=False)
+            ax2.annotate(f"{bottom[i]:.1f}s", (ids[i], top * 0.97), textcoords="offset points", xytext=(4, -10),
+                         fontsize=8)
+        panel += f" ({len(outliers)} outlier{'s' if len(outliers) > 1 else ''} clipped, marked ▲)"
     ax2.set_xlabel("rollout")
     ax2.set_ylabel("seconds")
-    ax2.set_title("time per phase")
+    ax2.set_title(panel)
     ax2.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out_png, dpi=100)
@@ -52,7 +85,7 @@ def _mean(records: list[dict], key: str) -> float:
 def summary(records: list[dict], run_dir: str) -> str:
     first, last = records[0], records[-1]
     lines = [
-        f"# Run report: {os.path.abspath(run_dir)}",
+        f"# Run report: {run_name(run_dir)} ({os.path.abspath(run_dir)})",
         "",
         f"Iterations: {len(records)} (rollout {first['rollout_id']} .. {last['rollout_id']})",
         "",
@@ -83,7 +116,7 @@ def write_report(run_dir: str) -> tuple[str, str]:
     if not records:
         raise ValueError(f"{run_dir}/metrics.jsonl has no iterations yet; run training first")
     png, md = os.path.join(run_dir, "report.png"), os.path.join(run_dir, "report.md")
-    plot(records, png)
+    plot(records, png, title=f"run {run_name(run_dir)}: rollouts {records[0]['rollout_id']}..{records[-1]['rollout_id']}")
     with open(md, "w") as f:
         f.write(summary(records, run_dir))
     return png, md

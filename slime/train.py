@@ -11,10 +11,6 @@ import sys
 import time
 from typing import Any, Sequence
 
-import torch
-
-from slime.accelerator.cli import one_line_errors
-
 logger = logging.getLogger("slime.train")
 
 
@@ -53,6 +49,8 @@ def add_advantages(args, batch) -> dict[str, float]:
 
 
 def rollout_metrics(batch, elapsed: float) -> dict[str, float]:
+    import torch
+
     rewards = torch.tensor(batch.rewards, dtype=torch.float64)
     lengths = torch.tensor(batch.response_lengths, dtype=torch.float64)
     return {
@@ -113,23 +111,35 @@ def train(args) -> list[dict[str, Any]]:
 
 
 def _cleanup(actor, rollout, slots) -> None:
-    """Stop engines and trainer actors and free the placement group (the Ray session may go on)."""
+    """Stop engines and trainer actors, free the placement group and the trainer ranks' shared memory
+    (the Ray session may go on). Runs after success, errors and signals alike; a second signal
+    meanwhile does not cut it short."""
     import ray
     from ray.util.placement_group import remove_placement_group
 
-    if actor is not None:
-        actor.shutdown()
-    if rollout is not None:
+    from slime.accelerator import get_accelerator
+    from slime.utils.exits import signals_deferred
+
+    with signals_deferred():
+        if actor is not None:  # first: a distributed weight sync tells the engines to leave its group
+            actor.shutdown()
+        if rollout is not None:
+            try:
+                ray.get(rollout.shutdown.remote(), timeout=60)
+            except Exception as e:
+                logger.warning("rollout shutdown: %s", str(e).splitlines()[0] if str(e) else e)
+            ray.kill(rollout)
         try:
-            ray.get(rollout.shutdown.remote(), timeout=60)
+            remove_placement_group(slots["actor"].pg)
         except Exception as e:
-            logger.warning("rollout shutdown: %s", e)
-        ray.kill(rollout)
-    remove_placement_group(slots["actor"].pg)
+            logger.warning("placement group removal: %s", e)
+        if actor is not None:
+            get_accelerator().release_ipc_memory(actor.pids)
 
 
 def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
     import ray
+    import torch
 
     from slime.ray.rollout import create_rollout_manager
     from slime.utils.metrics import MetricsLogger, console_line
@@ -145,6 +155,8 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
             ray.get(rollout.load_state.remote(extra["data_source"]))
     mode = actor.connect_rollout_engines(ray.get(rollout.engines.remote()))
     logger.info("weight sync mode: %s", mode)
+    # An engine restarted mid-rollout gets the trainer's current weights before it serves again.
+    ray.get(rollout.set_weight_source.remote(actor.actors, bool(args.offload_train)))
     if args.load:  # engines start from --hf-checkpoint; weights from --load (resume, --finetune, HF) may differ
         actor.update_weights(start_rollout_id, ray.get(rollout.engines.remote()))
 
@@ -173,8 +185,12 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
         metrics["time/train_call"] = time.perf_counter() - t_call
         if args.offload_rollout:
             ray.get(rollout.onload.remote())
-        # The engine list after the rollout (an engine restarted during it may have a new port).
-        engines = result["engines"] if "engines" in result else ray.get(rollout.engines.remote())
+        # Engines that died since the rollout are restarted now (this sync gives them the weights); the
+        # list may differ from the rollout's (a restarted engine may have a new port).
+        health = ray.get(rollout.check_engines.remote())
+        engines = health.pop("engines")
+        for key, value in health.items():
+            metrics[key] = metrics.get(key, 0.0) + value
         t_call = time.perf_counter()
         metrics.update(actor.update_weights(rollout_id + 1, engines))
         metrics["time/weight_sync_call"] = time.perf_counter() - t_call
@@ -194,20 +210,67 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
     return records
 
 
-@one_line_errors  # an unmet device request or a stale patch set: one line, exit 2
 def main(argv: Sequence[str] | None = None) -> int:
+    """Exit status: 0 done, 1 error (one line; SLIME_DEBUG=1 for the traceback), 2 bad input found
+    before Ray starts, 130/143 after SIGINT/SIGTERM (engines, trainer ranks and shared memory released)."""
+    from slime.utils import exits
     from slime.utils.arguments import parse_args
+    from slime.utils.preflight import PreflightError, run_preflight
 
     _setup_logging()
     args = parse_args(argv)
-    records = train(args)
+    try:
+        preflight = run_preflight(args)
+    except PreflightError as e:
+        print(f"train.py: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    for line in preflight.lines(args):
+        print(line, flush=True)
+    if not exits.debug():
+        os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")  # errors reach the console once, below
+    exits.install_signal_handlers()
+    started_ray = False
+    try:
+        import ray
+
+        started_ray = not ray.is_initialized() and not os.environ.get("RAY_ADDRESS")
+        records = train(args)
+    except exits.Interrupted as e:
+        print(f"train.py: {e.name}: stopped the engines and trainer ranks, released their shared memory; "
+              f"exit {e.exit_code}", file=sys.stderr, flush=True)
+        return e.exit_code
+    except Exception as e:
+        if exits.debug():
+            raise
+        for line in exits.describe_error(e):
+            print(f"train.py: error: {line}" if not line.startswith("  |") else line, file=sys.stderr, flush=True)
+        return 1
+    finally:
+        if started_ray:
+            _shutdown_ray()
     if records:
         rewards = [r["rollout/reward_mean"] for r in records]
         k = max(1, min(5, len(rewards) // 4))
         print(f"reward: first {rewards[0]:.3f} -> last {rewards[-1]:.3f} (mean of first {k}: "
               f"{sum(rewards[:k]) / k:.3f}, last {k}: {sum(rewards[-k:]) / k:.3f}) over {len(records)} iterations; "
               f"metrics in {os.path.join(args.output_dir, 'metrics.jsonl')}", flush=True)
+    elif preflight.resume_iteration is not None and preflight.resume_iteration + 1 >= args.num_rollout:
+        print(f"nothing to do: {args.load} already holds rollout {preflight.resume_iteration} (--num-rollout "
+              f"{args.num_rollout}); raise --num-rollout to continue", flush=True)
     return 0
+
+
+def _shutdown_ray() -> None:
+    """Stop the local Ray session this process started (its raylet, object store and agents)."""
+    import ray
+
+    from slime.utils.exits import signals_deferred
+
+    with signals_deferred():
+        try:
+            ray.shutdown()
+        except Exception as e:  # noqa: BLE001 - exiting anyway
+            logger.warning("ray shutdown: %s", e)
 
 
 if __name__ == "__main__":

@@ -31,11 +31,30 @@ def test_logger_resume_truncates_and_report(tmp_path):
     assert "Peak trainer memory: 3.0 MiB" in md
 
 
-def test_console_line_compact():
-    line = console_line(_record(4, 0.25), num_rollout=10)
-    assert line.startswith("[rollout 5/10] reward 0.250±0.100") and "\n" not in line
+def test_console_line_fits_and_counts_from_zero():
+    r = _record(4, 0.25)
+    r.update({"train/loss": -12345.678, "train/kl": 1.5e-300, "time/iteration": 12345.6, "time/rollout": 9999.9,
+              "time/train": 9999.9, "time/weight_sync": 999.9, "time/save": 999.9, "rollout/engine_restarts": 3})
+    line = console_line(r, num_rollout=1000)
+    assert line.startswith("[rollout   4/999] reward 0.250±0.100") and "\n" not in line
+    assert len(line) <= 120 and line.endswith("| restarts 3")
+    assert console_line(_record(0, 0.5), num_rollout=1).startswith("[rollout 0/0]")
 
 
 def test_report_missing_dir(tmp_path, capsys):
     assert report.main([str(tmp_path / "none")]) == 2
     assert "no metrics.jsonl" in capsys.readouterr().err
+
+
+def test_timing_panel_clips_an_outlier_and_names_the_run(tmp_path):
+    top, outliers = report.timing_limits([2.0, 2.5, 17.0, 2.2, 1.9])
+    assert outliers == [2] and top == pytest.approx(1.25 * 2.5)
+    assert report.timing_limits([2.0, 2.5, 3.0, 2.2]) == (None, [])
+    run = tmp_path / "glm5-tiny" / "run"
+    log = MetricsLogger(str(run))
+    for i in range(5):
+        r = _record(i, 0.1 * i)
+        r["time/train"] = 17.0 if i == 2 else 2.0
+        log.log(r)
+    assert report.main([str(run)]) == 0
+    assert (run / "report.md").read_text().startswith("# Run report: glm5-tiny/run (")

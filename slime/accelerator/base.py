@@ -196,6 +196,12 @@ class Accelerator(ABC):
     def ipc_rebuild_allowlist(self) -> frozenset[tuple[str, str]]:
         """(module, name) globals a tensor handle of this device may reference."""
 
+    def release_ipc_memory(self, pids: Sequence[int]) -> int:
+        """Free host-wide IPC memory that processes `pids` shared and can no longer free themselves (they
+        were killed, or exited without closing it). Returns how many segments were freed; device IPC
+        handles die with their process, so the default frees nothing."""
+        return 0
+
     # --- rollout engine -------------------------------------------------------------------
     def sglang_server_args(self) -> list[str]:
         """Device flags `sglang.launch_server` needs on this accelerator (beyond model/port/tp)."""

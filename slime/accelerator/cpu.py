@@ -118,6 +118,22 @@ class CpuAccelerator(Accelerator):
             t.share_memory_()
         return reductions.reduce_tensor(t)
 
+    def release_ipc_memory(self, pids: Sequence[int]) -> int:
+        # torch's file_system strategy names its segments /dev/shm/torch_<creating pid>_<random>_<n>; a
+        # process killed by Ray (or exiting before torch's shm manager sweeps) leaves them behind. An engine
+        # that still maps one keeps its mapping; only the name goes.
+        import glob
+
+        removed = 0
+        for pid in pids:
+            for path in glob.glob(f"/dev/shm/torch_{int(pid)}_*"):
+                try:
+                    os.remove(path)
+                    removed += 1
+                except OSError:
+                    pass
+        return removed
+
     def sglang_server_args(self) -> list[str]:
         return ["--device", "cpu"]
 

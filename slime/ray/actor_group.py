@@ -7,6 +7,12 @@ from typing import Any
 from slime.ray.placement_group import DeviceSlots
 
 
+def _pid(_actor) -> int:
+    import os
+
+    return os.getpid()
+
+
 class RayTrainGroup:
     """Creates `len(slots)` trainer actors, rank i on bundle i; methods call every rank and return
     rank 0's result (ranks hold identical metrics after their own all-reduces)."""
@@ -28,6 +34,8 @@ class RayTrainGroup:
             if rank == 0:
                 master = ray.get(actor.get_master_addr_port.remote())
             self.actors.append(actor)
+        # process ids, to release what a killed rank leaves behind (its shared-memory files)
+        self.pids: list[int] = ray.get([a.__ray_call__.remote(_pid) for a in self.actors])
 
     def _all(self, method: str, *args, **kwargs) -> list[Any]:
         import ray

@@ -10,8 +10,11 @@ with checkpoints), `shutdown()`.
 Engine death: a request that cannot reach its engine makes the manager look at the engine's
 process; it logs (and keeps in `failures()`) which engine died, its exit code and log tail,
 restarts it (at most `--rollout-engine-max-restarts` times) and the lost requests are re-issued.
-A restarted engine serves the checkpoint's initial weights; if other engines already hold newer
-weights it is kept out of routing until the trainer syncs it (its `weight_version` matches again).
+A restarted engine serves the checkpoint's initial weights; when the run is past them it is kept out
+of routing until it holds the run's weights again: with the trainer registered (`set_weight_source`),
+the manager has the trainer push its current weights to that engine at once (the usual sync path,
+checksum-verified), else the trainer's next sync does. Metrics: rollout/engine_restarts,
+rollout/engine_restart_seconds (from the failure to the engine serving again), rollout/engine_resyncs.
 """
 
 from __future__ import annotations
@@ -83,6 +86,10 @@ class RolloutManager:
         self._unpaused.set()
         self._progress: _Counters | None = None
         self._rollout_id: int | None = None
+        self._trainer: list = []  # trainer rank actors: a restarted engine gets their weights (set_weight_source)
+        self._offload_train = False
+        self._restart_seconds = 0.0
+        self._resyncs = 0
         logger.info("%d %s rollout engine(s) up: %s (logs in %s)", self.n, self.kind, self.urls, self.log_dir)
 
     # ------------------------------------------------------------------ set-up
@@ -178,16 +185,45 @@ class RolloutManager:
         if self.data_source is None:
             raise RolloutError("no prompts: pass --prompt-data")
         self._refresh_versions()
+        self._note_current_versions()
         self._rollout_id = rollout_id
         self._progress = _Counters()
-        restarts_before = sum(self._restarts)
+        before = self._restart_counters()
         samples, metrics = generate_rollout(self.args, self, self.data_source, self.tokenizer, self.reward_fn,
                                             self._progress)
-        metrics["rollout/engine_restarts"] = float(sum(self._restarts) - restarts_before)
+        metrics.update(self._restart_metrics(before))
         if self.reward_fn is not None:
             rewards = [s.reward for s in samples]
             metrics["rollout/raw_reward_mean"] = sum(rewards) / len(rewards)
         return samples, metrics
+
+    def _restart_counters(self) -> tuple[int, float, int]:
+        return sum(self._restarts), self._restart_seconds, self._resyncs
+
+    def _restart_metrics(self, before: tuple[int, float, int]) -> dict[str, float]:
+        restarts, seconds, resyncs = self._restart_counters()
+        return {"rollout/engine_restarts": float(restarts - before[0]),
+                "rollout/engine_restart_seconds": seconds - before[1],
+                "rollout/engine_resyncs": float(resyncs - before[2])}
+
+    def set_weight_source(self, trainer_actors: list, offload_train: bool = False) -> None:
+        """The trainer rank actors: an engine restarted during a rollout gets their current weights through
+        their `update_weights` (they are idle while the rollout runs)."""
+        self._trainer = list(trainer_actors)
+        self._offload_train = bool(offload_train)
+
+    def check_engines(self) -> dict[str, Any]:
+        """Between rollouts (before a weight sync): restart engines whose process died since; the sync that
+        follows gives them the current weights. Returns {"engines": engines(), **restart metrics}."""
+        before = self._restart_counters()
+        for idx in range(self.n):
+            if idx in self._down:
+                continue
+            status = self._ray().get(self.actors[idx].status.remote())
+            if not status["running"]:
+                self.report_failure(idx, self._generation[idx], RuntimeError("engine process not running"),
+                                    resync=False)
+        return {"engines": self.engines(), **self._restart_metrics(before)}
 
     def progress(self) -> dict[str, Any]:
         p = self._progress
@@ -276,10 +312,11 @@ class RolloutManager:
         if version is not None:
             self._versions[idx] = version
 
-    def report_failure(self, idx: int, generation: int, error: BaseException) -> None:
+    def report_failure(self, idx: int, generation: int, error: BaseException, resync: bool = True) -> None:
         """A request could not reach engine `idx`. Restart it once per failure (other threads that saw the
         same failure wait here, then retry); raise RolloutError when restarts are used up and no engine is left."""
         ray = self._ray()
+        t0 = time.perf_counter()
         with self._engine_locks[idx]:
             if self._generation[idx] != generation:
                 return  # already handled by another request's report
@@ -317,11 +354,16 @@ class RolloutManager:
             self.urls[idx] = url
             self.clients[idx] = EngineClient(url, self._token)
             self._generation[idx] += 1
-            self._admit_restarted(idx)
+            try:
+                self._admit_restarted(idx, resync)
+            finally:
+                self._restart_seconds += time.perf_counter() - t0
 
-    def _admit_restarted(self, idx: int) -> None:
+    def _admit_restarted(self, idx: int, resync: bool = True) -> None:
         before = self._versions[idx]
         now = self._health_version(idx)
+        if now is not None and before is not None and now != before and resync and self._trainer:
+            now = self._resync(idx, before) or now
         if now is None:
             logger.warning("rollout engine %d: weight version unknown after restart; admitted as is", idx)
         elif before is not None and now != before:
@@ -336,6 +378,28 @@ class RolloutManager:
         self._versions[idx] = now
         self.router.set_usable(idx, True)
 
+    def _resync(self, idx: int, version: str) -> str | None:
+        """Have the trainer push its current weights (`version`) to restarted engine `idx` alone, verified
+        by checksum like every sync; returns the engine's weight version afterwards (None if it failed)."""
+        ray = self._ray()
+        engine = [e for e in self.engines() if e["url"] == self.urls[idx]]
+        try:
+            if self._offload_train:
+                ray.get([a.onload.remote() for a in self._trainer])
+            replies = ray.get([a.update_weights.remote(int(version) if version.isdigit() else 0, engine)
+                               for a in self._trainer])
+            if self._offload_train:
+                ray.get([a.offload.remote() for a in self._trainer])
+        except Exception as e:
+            logger.error("rollout engine %d: re-sync of the trainer's weights failed: %s", idx,
+                         str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__)
+            return None
+        self._resyncs += 1
+        checked = int(replies[0].get("weight_sync/checked_tensors", 0))
+        logger.warning("rollout engine %d restarted and re-synced to the trainer's weights (version %s, %d tensors "
+                       "checksum-verified)", idx, version, checked)
+        return self._health_version(idx)
+
     def _health_version(self, idx: int) -> str | None:
         """The engine's weight version: in the embedded engine's /health reply, or SGLang's /get_weight_version."""
         for path in ("/health", "/get_weight_version"):
@@ -346,6 +410,13 @@ class RolloutManager:
             if isinstance(reply, dict) and reply.get("weight_version") is not None:
                 return str(reply["weight_version"])
         return None
+
+    def _note_current_versions(self) -> None:
+        """The weight version each serving engine holds now (the trainer synced it after the last rollout):
+        an engine that dies before answering anything in this rollout is still known to be behind."""
+        for idx in range(self.n):
+            if idx not in self._down and idx not in self._stale:
+                self.note_version(idx, self._health_version(idx))
 
     def _refresh_versions(self) -> None:
         """Before a rollout: re-admit restarted engines whose weights the trainer has synced since."""

@@ -10,6 +10,8 @@ import argparse
 import os
 from typing import Sequence
 
+from slime.utils.help_format import DefaultsOnceFormatter
+
 ADVANTAGE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
 KL_LOSS_TYPES = ("k1", "k2", "k3", "low_var_kl")
 UPDATE_WEIGHT_MODES = ("auto", "ipc", "distributed")
@@ -213,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="train.py",
         description="slime RL training: rollout -> reward -> policy update -> weight sync, on GPU, NPU or CPU.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsOnceFormatter,
     )
     _add_cluster_arguments(parser)
     _add_checkpoint_arguments(parser)
@@ -226,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_weight_sync_arguments(parser)
     _add_algorithm_arguments(parser)
     _add_output_arguments(parser)
+    from slime.utils.preflight import add_preflight_arguments
+
+    add_preflight_arguments(parser)  # --overwrite-output (checked before Ray by slime.utils.preflight)
     return parser
 
 
@@ -273,6 +278,7 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
 
     rollout_batch = getattr(args, "rollout_batch_size", None)
     n_samples = getattr(args, "n_samples_per_prompt", 1) or 1
+    _require(rollout_batch is None or rollout_batch >= 1, f"--rollout-batch-size must be >= 1, got {rollout_batch}")
     if args.global_batch_size is None:
         _require(rollout_batch is not None, "--global-batch-size is required when the rollout flags are unavailable")
         total = rollout_batch * n_samples

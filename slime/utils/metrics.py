@@ -27,19 +27,26 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.1f}T"
 
 
+CONSOLE_WIDTH = 120
+
+
 def console_line(m: dict[str, Any], num_rollout: int) -> str:
+    """One line per rollout, at most CONSOLE_WIDTH columns (the other phases' seconds, grad norm, clip fraction,
+    throughput and memory are in metrics.jsonl and the report). The rollout
+    id counts from 0, as in metrics.jsonl, checkpoints and reports: `[rollout 4/9]` is id 4 of ids 0..9."""
     g = m.get
-    return (
-        f"[rollout {m['rollout_id'] + 1}/{num_rollout}] reward {g('rollout/reward_mean', math.nan):.3f}"
+    width = len(str(max(num_rollout - 1, 0)))
+    line = (
+        f"[rollout {m['rollout_id']:>{width}}/{num_rollout - 1}] reward {g('rollout/reward_mean', math.nan):.3f}"
         f"±{g('rollout/reward_std', math.nan):.3f} len {g('rollout/response_len_mean', math.nan):.1f}"
-        f" | loss {g('train/loss', math.nan):.4f} kl {g('train/kl', math.nan):.2e} ent {g('train/entropy', math.nan):.3f}"
-        f" clip {g('train/clip_frac', math.nan):.3f} gnorm {g('train/grad_norm', math.nan):.3f}"
-        f" |dlp| {g('train_rollout_logprob_abs_diff', math.nan):.1e}"
-        f" | t roll {g('time/rollout', 0):.1f}s lp {g('time/log_probs', 0):.1f}s train {g('time/train', 0):.1f}s"
-        f" sync {g('time/weight_sync', 0):.1f}s save {g('time/save', 0):.1f}s"
-        f" | tok/s roll {g('perf/rollout_tokens_per_s', 0):.0f} train {g('perf/train_tokens_per_s', 0):.0f}"
-        f" | mem {_fmt_bytes(g('memory/train_peak_bytes', 0))}"
+        f" | loss {g('train/loss', math.nan):+.3f} kl {g('train/kl', math.nan):.0e} ent {g('train/entropy', math.nan):.2f}"
+        f" dlp {g('train_rollout_logprob_abs_diff', math.nan):.0e}"
+        f" | {g('time/iteration', 0):.1f}s: roll {g('time/rollout', 0):.1f} train {g('time/train', 0):.1f}"
     )
+    if g("time/save", 0) >= 0.05:
+        line += f" save {g('time/save', 0):.1f}"
+    suffix = f" | restarts {int(g('rollout/engine_restarts'))}" if g("rollout/engine_restarts", 0) else ""
+    return line[:CONSOLE_WIDTH - len(suffix)] + suffix
 
 
 class MetricsLogger:

@@ -1,0 +1,354 @@
+"""Checks of a run's inputs and outputs before Ray starts (`train.py` calls `run_preflight`).
+
+What is checked, each failure one line naming the file or flag and the fix (`PreflightError`):
+- `--hf-checkpoint`: config.json parses, its model_type is supported, every safetensors shard's header
+  is readable and its tensors' byte ranges match the dtype/shape and the file size (no weight is read);
+- `--prompt-data`: every line is a JSON object with `--input-key`; a rule reward (`--rm-type`) also needs
+  `--label-key` on every line; the prompt count is reported;
+- rollout flags (`--rollout-batch-size` ...) via `validate_rollout_args`, so they fail here, not in an actor;
+- `--save`, `--output-dir`, `--save-hf`: writable (a probe file in the nearest existing directory, removed);
+- `--load`: its tracker names an iteration whose files are readable (per-rank `rank_*.pt` zip archives, or a
+  torch_dist `.metadata` whose storage ranges fit the `.distcp` files);
+- runs are never overwritten: an output dir holding metrics.jsonl, or a `--save` dir holding checkpoints,
+  is refused unless `--load` resumes from it or `--overwrite-output` is given.
+Nothing is created: the probes are removed before returning, directories are made later by the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import struct
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from typing import Any
+
+TRACKER = "latest_checkpointed_iteration.txt"  # same name as slime.backends.megatron.checkpoint.TRACKER
+METRICS_FILE = "metrics.jsonl"
+# Rewards that score a response against the prompt's label.
+LABELLED_REWARDS = ("math", "synthetic")
+# Bytes per element of the safetensors dtypes.
+_SAFETENSORS_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2,
+                            "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+_MAX_HEADER_BYTES = 100 << 20
+
+
+class PreflightError(ValueError):
+    """An input or output that would fail the run later. One line: the file or flag, and the fix."""
+
+
+@dataclass
+class PreflightReport:
+    prompts: int = 0
+    labelled: int = 0
+    resume_iteration: int | None = None  # the --load iteration the run will resume after
+
+    def lines(self, args: Any) -> list[str]:
+        out = []
+        if getattr(args, "prompt_data", None):
+            out.append(f"prompts: {self.prompts} in {args.prompt_data} ({self.labelled} with a label)")
+        if self.resume_iteration is not None:
+            out.append(f"resuming from {args.load} after rollout {self.resume_iteration}")
+        return out
+
+
+def add_preflight_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("run safety")
+    if "--overwrite-output" not in parser._option_string_actions:
+        g.add_argument("--overwrite-output", action="store_true",
+                       help="allow writing into an output/--save dir that holds another run's metrics or checkpoints")
+
+
+# ------------------------------------------------------------------ model
+def supported_model_types() -> tuple[str, ...]:
+    """Model types the trainer can build: the model registry's when present, else the GLM-5 backend's."""
+    try:
+        from slime_plugins.models import registry  # type: ignore[attr-defined]
+
+        return tuple(registry.supported_model_types())
+    except (ImportError, AttributeError):
+        from slime_plugins.models.glm5.config import SUPPORTED_MODEL_TYPES
+
+        return tuple(SUPPORTED_MODEL_TYPES)
+
+
+def check_safetensors(path: str) -> int:
+    """Validate a safetensors file from its header alone; returns the number of tensors."""
+    name = f"--hf-checkpoint shard {path}"
+    size = os.path.getsize(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise PreflightError(f"{name} is truncated ({size} bytes, no header); re-copy or re-download it")
+            (n,) = struct.unpack("<Q", head)
+            if n > min(size - 8, _MAX_HEADER_BYTES):
+                raise PreflightError(f"{name}: header length {n} exceeds the file ({size} bytes): truncated or not "
+                                     "safetensors; re-copy or re-download it")
+            header = json.loads(f.read(n))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PreflightError(f"{name}: unreadable header ({e}); re-copy or re-download it") from e
+    data = size - 8 - n
+    end_max = 0
+    for tensor, meta in header.items():
+        if tensor == "__metadata__":
+            continue
+        try:
+            begin, end = (int(x) for x in meta["data_offsets"])
+            itemsize = _SAFETENSORS_DTYPE_BYTES[meta["dtype"]]
+            numel = math.prod(int(d) for d in meta["shape"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise PreflightError(f"{name}: tensor {tensor} has a malformed header entry ({e!r}); re-export it") from e
+        if end - begin != numel * itemsize:
+            raise PreflightError(f"{name}: tensor {tensor} spans {end - begin} bytes but {meta['dtype']}{meta['shape']} "
+                                 f"needs {numel * itemsize}; re-export it")
+        end_max = max(end_max, end)
+    if end_max > data:
+        raise PreflightError(f"{name} is truncated: its tensors need {end_max} data bytes, the file holds {data}; "
+                             "re-copy or re-download it")
+    return len(header) - ("__metadata__" in header)
+
+
+def check_hf_checkpoint(hf_dir: str) -> dict[str, Any]:
+    flag = f"--hf-checkpoint {hf_dir}"
+    if not os.path.isdir(hf_dir):
+        raise PreflightError(f"{flag} is not a directory; pass an HF model dir (config.json + *.safetensors)")
+    config_path = os.path.join(hf_dir, "config.json")
+    if not os.path.isfile(config_path):
+        raise PreflightError(f"{flag}: no config.json; pass an HF model directory (config.json + *.safetensors)")
+    try:
+        with open(config_path) as f:
+            config = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PreflightError(f"{config_path} is not valid JSON ({e}); fix or re-download it") from e
+    supported = supported_model_types()
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if model_type not in supported:
+        raise PreflightError(f"{config_path}: model_type {model_type!r} is not supported; supported: "
+                             f"{', '.join(supported)}")
+    index = os.path.join(hf_dir, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        try:
+            with open(index) as f:
+                shards = sorted(set(json.load(f)["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise PreflightError(f"{index} is unreadable or has no weight_map ({e!r}); fix or re-download it") from e
+        missing = [s for s in shards if not os.path.isfile(os.path.join(hf_dir, s))]
+        if missing:
+            raise PreflightError(f"{index} lists missing shard files {', '.join(missing[:5])}; download them")
+    else:
+        shards = sorted(os.path.basename(p) for p in glob.glob(os.path.join(hf_dir, "*.safetensors")))
+        if not shards:
+            raise PreflightError(f"{flag}: no *.safetensors weights; convert the checkpoint to safetensors")
+    for shard in shards:
+        check_safetensors(os.path.join(hf_dir, shard))
+    return config
+
+
+# ------------------------------------------------------------------ prompts and reward
+def check_prompts(args: Any, report: PreflightReport) -> None:
+    path = args.prompt_data
+    input_key, label_key = args.input_key, getattr(args, "label_key", None)
+    rule_reward = not getattr(args, "custom_rm_path", None) and getattr(args, "rm_type", None) in LABELLED_REWARDS
+    try:
+        f = open(path, encoding="utf-8")
+    except OSError as e:
+        raise PreflightError(f"--prompt-data {path} cannot be read ({e.strerror}); pass a JSONL file") from e
+    count = labelled = 0
+    with f:
+        try:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise PreflightError(f"{path}:{lineno} is not valid JSON ({e.msg}); write one JSON object per "
+                                         "line") from e
+                if not isinstance(rec, dict) or input_key not in rec:
+                    raise PreflightError(f"{path}:{lineno} has no key {input_key!r}; set --input-key to the prompt's "
+                                         "key")
+                has_label = label_key is not None and rec.get(label_key) is not None
+                if rule_reward and not has_label:
+                    raise PreflightError(f"{path}:{lineno} has no label {label_key!r}, which --rm-type {args.rm_type} "
+                                         "scores against; set --label-key or add labels")
+                count += 1
+                labelled += has_label
+        except UnicodeDecodeError as e:
+            raise PreflightError(f"--prompt-data {path} is not UTF-8 text ({e.reason}); pass a JSONL file") from e
+    if not count:
+        raise PreflightError(f"--prompt-data {path} holds no prompts; pass a JSONL file with one object per line")
+    report.prompts, report.labelled = count, labelled
+
+
+def check_reward(args: Any) -> None:
+    custom = getattr(args, "custom_rm_path", None)
+    if custom:
+        import importlib.util
+
+        module = custom.replace(":", ".").rsplit(".", 1)[0]
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise PreflightError(f"--custom-rm-path {custom}: module {module!r} is not importable; check the name "
+                                 "and PYTHONPATH")
+        return
+    rm_type = getattr(args, "rm_type", None)
+    if rm_type is not None and rm_type not in LABELLED_REWARDS:
+        raise PreflightError(f"--rm-type {rm_type!r} is unknown; choose one of {', '.join(LABELLED_REWARDS)} or pass "
+                             "--custom-rm-path module.fn")
+
+
+# ------------------------------------------------------------------ outputs
+def _nearest_existing(path: str) -> str:
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
+
+
+def check_writable(path: str, flag: str) -> None:
+    """A probe file in `path` (or the nearest existing directory above it), removed at once."""
+    base = _nearest_existing(path)
+    if not os.path.isdir(base):
+        raise PreflightError(f"{flag} {path}: {base} is a file, not a directory; pass a directory path")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".slime-probe-", dir=base)
+    except OSError as e:
+        raise PreflightError(f"{flag} {path} is not writable ({e.strerror} in {base}); pass a writable directory") from e
+    os.close(fd)
+    os.remove(probe)
+
+
+def _read_tracker(root: str) -> int | None:
+    path = os.path.join(root, TRACKER)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError as e:
+        raise PreflightError(f"{path} cannot be read ({e.strerror}); fix its permissions") from e
+    if not text.isdigit():
+        raise PreflightError(f"{path} should hold a rollout id, got {text!r}; delete it or fix --load")
+    return int(text)
+
+
+def check_rank_file(path: str) -> None:
+    """A torch.save zip archive: its central directory (at the end of the file) and every member's range."""
+    size = os.path.getsize(path)
+    try:
+        with zipfile.ZipFile(path) as z:
+            for info in z.infolist():
+                if info.header_offset + info.compress_size > size:
+                    raise PreflightError(f"--load file {path} is truncated (member {info.filename}); restore it or "
+                                         "resume from an earlier iteration")
+    except (zipfile.BadZipFile, OSError) as e:
+        raise PreflightError(f"--load file {path} is not a readable checkpoint ({e}); restore it or resume from an "
+                             "earlier iteration") from e
+
+
+def check_torch_dist(iter_dir: str) -> None:
+    """A torch_dist (torch.distributed.checkpoint) directory: .metadata readable, storage ranges inside files."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        metadata = FileSystemReader(iter_dir).read_metadata()
+    except Exception as e:
+        raise PreflightError(f"--load {iter_dir}/.metadata is unreadable ({type(e).__name__}: {e}); restore it or "
+                             "resume from an earlier iteration") from e
+    sizes: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        rel = info.relative_path
+        if rel not in sizes:
+            p = os.path.join(iter_dir, rel)
+            if not os.path.isfile(p):
+                raise PreflightError(f"--load {iter_dir}: data file {rel} is missing; restore it or resume from an "
+                                     "earlier iteration")
+            sizes[rel] = os.path.getsize(p)
+        if info.offset + info.length > sizes[rel]:
+            raise PreflightError(f"--load file {os.path.join(iter_dir, rel)} is truncated; restore it or resume from "
+                                 "an earlier iteration")
+
+
+def check_load(load: str, report: PreflightReport) -> None:
+    if os.path.exists(load) and not os.path.isdir(load):
+        raise PreflightError(f"--load {load} is a file; pass the directory written by --save")
+    if not os.path.isdir(load):
+        return  # nothing to resume: the run starts from --hf-checkpoint (and may save here)
+    it = _read_tracker(load)
+    if it is None:
+        if glob.glob(os.path.join(load, "iter_*")):
+            raise PreflightError(f"--load {load} has iter_* directories but no {TRACKER}; write the iteration to "
+                                 "resume into it")
+        return
+    d = os.path.join(load, f"iter_{it:07d}")
+    if not os.path.isdir(d):
+        raise PreflightError(f"--load {load}: {TRACKER} names rollout {it} but {d} is missing; fix the tracker")
+    if os.path.isfile(os.path.join(d, ".metadata")):
+        check_torch_dist(d)
+    else:
+        ranks = sorted(glob.glob(os.path.join(d, "rank_*.pt")))
+        if not ranks:
+            raise PreflightError(f"--load {d} holds neither rank_*.pt files nor a torch_dist .metadata; restore it")
+        for p in ranks + [q for q in (os.path.join(d, "extra.pt"),) if os.path.exists(q)]:
+            check_rank_file(p)
+        meta = os.path.join(d, "meta.json")
+        if os.path.exists(meta):
+            try:
+                with open(meta) as f:
+                    json.load(f)
+            except (OSError, ValueError) as e:
+                raise PreflightError(f"--load file {meta} is unreadable ({e}); restore it") from e
+    report.resume_iteration = it
+
+
+def check_no_overwrite(args: Any, report: PreflightReport) -> None:
+    """Refuse to write into another run's output or checkpoint dir (unless resuming it or told to)."""
+    if getattr(args, "overwrite_output", False):
+        return
+    resuming = report.resume_iteration is not None
+    metrics = os.path.join(args.output_dir, METRICS_FILE) if args.output_dir else None
+    if metrics and os.path.isfile(metrics) and os.path.getsize(metrics) > 0 and not resuming:
+        raise PreflightError(f"--output-dir {args.output_dir} holds another run's {METRICS_FILE}; resume it with "
+                             "--load CKPT_DIR, pass --overwrite-output, or choose a fresh --output-dir")
+    save = getattr(args, "save", None)
+    if save and _read_tracker(save) is not None:
+        same = getattr(args, "load", None) and os.path.realpath(args.load) == os.path.realpath(save)
+        if not same:
+            raise PreflightError(f"--save {save} holds another run's checkpoints; resume with --load {save}, pass "
+                                 "--overwrite-output, or choose a fresh --save dir")
+
+
+# ------------------------------------------------------------------ all
+def run_preflight(args: Any) -> PreflightReport:
+    """Every check above, in order of what a user most likely got wrong; raises PreflightError."""
+    from slime.rollout.arguments import RolloutArgumentError, validate_rollout_args
+
+    report = PreflightReport()
+    if getattr(args, "hf_checkpoint", None):
+        check_hf_checkpoint(args.hf_checkpoint)
+    try:
+        validate_rollout_args(args)
+    except RolloutArgumentError as e:
+        raise PreflightError(str(e)) from e
+    check_reward(args)
+    if getattr(args, "prompt_data", None):
+        check_prompts(args, report)
+    if getattr(args, "load", None):
+        check_load(args.load, report)
+    for flag in ("output_dir", "save", "save_hf"):
+        value = getattr(args, flag, None)
+        if value:
+            check_writable(value.replace("{rollout_id}", "0"), "--" + flag.replace("_", "-"))
+    check_no_overwrite(args, report)
+    return report

@@ -1,0 +1,55 @@
+"""slime.utils.exits: Ray errors to one console line, signals to `Interrupted`, deferred signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from slime.utils import exits
+
+
+def _ray_task_error(cause: BaseException, pid: int = 4242):
+    from ray.exceptions import RayTaskError
+
+    return RayTaskError("RolloutManager.generate", "Traceback (most recent call last):\n  ...\n" * 40, cause,
+                        proctitle="ray::RolloutManager.generate", pid=pid, ip="127.0.0.1")
+
+
+def test_actor_error_is_one_line_with_its_log(tmp_path):
+    log = tmp_path / "worker-abc-01000000-4242.err"
+    log.write_text("boom\n")
+    lines = exits.describe_error(_ray_task_error(ValueError("--prompt-data x.jsonl:3 has no key 'prompt'")),
+                                 logs_dir=str(tmp_path))
+    assert lines == [f"--prompt-data x.jsonl:3 has no key 'prompt' (actor log: {log})"]
+
+
+def test_engine_report_keeps_its_log_tail():
+    from slime.rollout.generate import RolloutError
+
+    report = "rollout engine 0 (http://x, pid 7) was killed by signal 9; log /l/engine-0.log, last lines:\nA\nB"
+    lines = exits.describe_error(_ray_task_error(RolloutError(f"restarts used up; no engine left. {report}")))
+    assert lines[0].startswith("restarts used up") and lines[0].endswith("last lines:")
+    assert lines[1:] == ["  | A", "  | B"]
+
+
+def test_nested_ray_errors_unwrap_to_the_cause():
+    inner = KeyError("w")
+    assert exits.root_cause(_ray_task_error(_ray_task_error(inner))) is inner
+
+
+def test_sigterm_raises_interrupted_and_deferral_records_signals():
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        exits.install_signal_handlers()
+        with pytest.raises(exits.Interrupted) as e:
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert e.value.exit_code == 143 and e.value.name == "SIGTERM"
+        with exits.signals_deferred() as seen:
+            os.kill(os.getpid(), signal.SIGINT)  # recorded, not raised: cleanup goes on
+        assert seen == [signal.SIGINT]
+        assert exits.Interrupted(signal.SIGINT).exit_code == 130
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)

@@ -1,0 +1,169 @@
+"""Run-level reliability on CPU, through the real entry points (train.py and the quick-start script):
+
+- the rollout engine process is SIGKILLed during a rollout: the engine is restarted, gets the trainer's
+  current weights through the weight sync (checksum-verified), the lost samples are generated again,
+  the run finishes every rollout and metrics.jsonl records the restart;
+- the quick start run twice: the second run resumes from the first's checkpoint (says so) and no metrics
+  record is lost; a run dir with metrics but no checkpoint is refused with one line;
+- Ctrl-C (SIGINT to the process group, as a terminal sends it): exit 130 with one line, no process of the
+  run left, no shared-memory file of its trainer ranks left in /dev/shm.
+
+Sizes are tiny (2-3 rollouts of 2 prompts x 4 samples).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+psutil = pytest.importorskip("psutil")
+
+from slime.utils.metrics import read_metrics  # noqa: E402
+
+pytestmark = pytest.mark.timeout(600)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = ["--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "6",
+         "--global-batch-size", "8", "--max-tokens-per-gpu", "1024", "--save-interval", "100"]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+               RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", SLIME_VENV=sys.prefix)
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def _quick_start(run_dir, num_rollout: int, *extra: str, **popen) -> subprocess.Popen:
+    env = dict(_env(), RUN_DIR=str(run_dir), NUM_ROLLOUT=str(num_rollout))
+    return subprocess.Popen(["bash", os.path.join(ROOT, "scripts", "run-glm5-tiny-cpu.sh"), *SMALL, *extra],
+                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def _records(run_dir) -> list[dict]:
+    try:
+        return read_metrics(os.path.join(run_dir, "run"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return []
+
+
+def _wait_for_records(proc, run_dir, n: int, timeout: float = 400.0) -> None:
+    deadline = time.monotonic() + timeout
+    while len(_records(run_dir)) < n:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no metrics record in time"
+        time.sleep(0.1)
+
+
+def _descendants(proc) -> list:
+    try:
+        return psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _engine_process(proc):
+    for p in _descendants(proc):
+        try:
+            if "slime.backends.embedded" in " ".join(p.cmdline()):
+                return p
+        except psutil.Error:
+            continue
+    return None
+
+
+def _trainer_pids(procs) -> list[int]:
+    out = []
+    for p in procs:
+        try:
+            if "MegatronTrainRayActor" in " ".join(p.cmdline()):
+                out.append(p.pid)
+        except psutil.Error:
+            continue
+    return out
+
+
+def _gone(procs, timeout: float = 60.0) -> list:
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    return alive
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """Quick start, 2 rollouts; the engine is killed as soon as rollout 0 is recorded (rollout 1 is then
+    generating)."""
+    run_dir = tmp_path_factory.mktemp("quick")
+    proc = _quick_start(run_dir, 2)
+    _wait_for_records(proc, run_dir, 1)
+    engine = _engine_process(proc)
+    assert engine is not None, "no embedded engine process under the run"
+    pids = [p for p in _descendants(proc)]
+    engine.kill()
+    out, err = proc.communicate(timeout=500)
+    return {"dir": run_dir, "rc": proc.returncode, "out": out, "err": err, "procs": pids, "killed": engine.pid}
+
+
+def test_engine_killed_mid_rollout_run_finishes_with_trainer_weights(quick_run):
+    assert quick_run["rc"] == 0, quick_run["err"][-3000:]
+    records = _records(quick_run["dir"])
+    assert [r["rollout_id"] for r in records] == [0, 1]
+    assert sum(r["rollout/engine_restarts"] for r in records) == 1
+    restarted = records[1]
+    # restarted during rollout 1's generation: re-synced with the trainer's weights before serving again,
+    # checksum-verified (a mismatch fails the run), and its lost requests re-issued
+    assert restarted["rollout/engine_restarts"] == 1 and restarted["rollout/engine_resyncs"] == 1
+    assert restarted["rollout/engine_restart_seconds"] > 0
+    assert restarted["rollout/samples"] == 8
+    assert "re-synced to the trainer's weights" in quick_run["err"]
+    assert all(r["weight_sync/checked_tensors"] > 0 for r in records)  # and every later sync verified too
+
+
+def test_finished_run_leaves_no_process_or_shared_memory(quick_run):
+    assert not _gone(quick_run["procs"])
+    for pid in _trainer_pids(quick_run["procs"]) or []:
+        assert not glob.glob(f"/dev/shm/torch_{pid}_*")
+
+
+def test_quick_start_again_resumes_and_keeps_metrics(quick_run):
+    before = _records(quick_run["dir"])
+    proc = _quick_start(quick_run["dir"], 3)
+    out, err = proc.communicate(timeout=500)
+    assert proc.returncode == 0, err[-3000:]
+    assert f"resuming from {quick_run['dir']}/ckpt after rollout 1" in out
+    records = _records(quick_run["dir"])
+    assert [r["rollout_id"] for r in records] == [0, 1, 2]
+    assert records[:2] == before  # the first run's records are kept as they were
+
+
+def test_run_dir_with_metrics_but_no_checkpoint_is_refused(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text(json.dumps({"rollout_id": 0}) + "\n")
+    (tmp_path / "model").mkdir()
+    proc = _quick_start(tmp_path, 2)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2
+    lines = [x for x in err.splitlines() if x.strip() and "Writing model shards" not in x]
+    assert len(lines) == 1 and "metrics.jsonl" in lines[0] and "--overwrite-output" in lines[0], err
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_ctrl_c_exits_130_and_leaves_nothing(tmp_path):
+    proc = _quick_start(tmp_path, 50, start_new_session=True)
+    _wait_for_records(proc, tmp_path, 1)
+    procs = _descendants(proc)
+    trainers = _trainer_pids(procs)
+    assert trainers and glob.glob(f"/dev/shm/torch_{trainers[0]}_*")  # the weight-sync buffers exist now
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith("train.py: SIGINT"), err[-2000:]
+    assert not _gone(procs)
+    for pid in trainers:
+        assert not glob.glob(f"/dev/shm/torch_{pid}_*")
