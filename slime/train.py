@@ -235,12 +235,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         started_ray = not ray.is_initialized() and not os.environ.get("RAY_ADDRESS")
         records = train(args)
-    except exits.Interrupted as e:
-        print(f"train.py: {e.name}: stopped the engines and trainer ranks, released their shared memory; "
-              f"exit {e.exit_code}", file=sys.stderr, flush=True)
-        return e.exit_code
-    except Exception as e:
-        if exits.debug():
+    except BaseException as e:  # noqa: BLE001 - every way out gets one line and a status
+        stop = exits.interruption(e)
+        if stop is not None:
+            print(f"train.py: {stop.name}: stopped the engines and trainer ranks, released their shared memory; "
+                  f"exit {stop.exit_code}", file=sys.stderr, flush=True)
+            return stop.exit_code
+        if exits.debug() or not isinstance(e, Exception):
             raise
         for line in exits.describe_error(e):
             print(f"train.py: error: {line}" if not line.startswith("  |") else line, file=sys.stderr, flush=True)

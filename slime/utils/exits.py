@@ -34,13 +34,30 @@ class Interrupted(BaseException):
         return 128 + self.signum
 
 
+_received: list[int] = []  # signals seen by the handler, in order
+
+
 def _raise_interrupted(signum: int, _frame) -> None:
+    _received.append(signum)
     raise Interrupted(signum)
+
+
+def interruption(e: BaseException) -> Interrupted | None:
+    """The `Interrupted` behind `e`: raised inside C code (a Ray call), the handler's exception can surface
+    wrapped (e.g. as a SystemError "returned a result with an exception set"), or a Ray error can follow
+    the signal; any exception after a handled signal counts as the interruption."""
+    seen = 0
+    while e is not None and seen < 20:
+        if isinstance(e, Interrupted):
+            return e
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return Interrupted(_received[0]) if _received else None
 
 
 def install_signal_handlers() -> None:
     """SIGINT/SIGTERM raise `Interrupted` in the main thread (Ctrl-C would otherwise be KeyboardInterrupt,
     SIGTERM an exit without cleanup)."""
+    _received.clear()
     for s in _HANDLED:
         signal.signal(s, _raise_interrupted)
 
