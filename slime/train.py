@@ -243,6 +243,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return stop.exit_code
         if exits.debug() or not isinstance(e, Exception):
             raise
+        from slime.accelerator.cli import EXIT_CODE, one_line, setup_error
+
+        if setup_error(e) is not None:  # an unmet device request or a stale patch set: set-up, exit 2
+            print(one_line(setup_error(e)), file=sys.stderr, flush=True)
+            return EXIT_CODE
         for line in exits.describe_error(e):
             print(f"train.py: error: {line}" if not line.startswith("  |") else line, file=sys.stderr, flush=True)
         return 1
