@@ -7,8 +7,9 @@ What is checked, each failure one line naming the file or flag and the fix (`Pre
   `--label-key` on every line; the prompt count is reported;
 - rollout flags (`--rollout-batch-size` ...) via `validate_rollout_args`, so they fail here, not in an actor;
 - `--save`, `--output-dir`, `--save-hf`: writable (a probe file in the nearest existing directory, removed);
-- `--load`: its tracker names an iteration whose files are readable (per-rank `rank_*.pt` zip archives, or a
-  torch_dist `.metadata` whose storage ranges fit the `.distcp` files);
+- `--load`: what the trainer will read (`checkpoint_layout.find_checkpoint`), its files intact: a torch_dist
+  iteration's `.metadata` storage ranges fit its `.distcp` files and `common.pt` is a complete archive; the
+  former per-rank `rank_*.pt` archives are complete; an HF dir passes the --hf-checkpoint checks;
 - runs are never overwritten: an output dir holding metrics.jsonl, or a `--save` dir holding checkpoints,
   is refused unless `--load` resumes from it or `--overwrite-output` is given.
 Nothing is created: the probes are removed before returning, directories are made later by the run.
@@ -46,6 +47,7 @@ class PreflightReport:
     prompts: int = 0
     labelled: int = 0
     resume_iteration: int | None = None  # the --load iteration the run will resume after
+    resume_root: str | None = None  # the checkpoint root (holding the tracker) of that iteration
 
     def lines(self, args: Any) -> list[str]:
         out = []
@@ -76,9 +78,9 @@ def supported_model_types() -> tuple[str, ...]:
         return tuple(SUPPORTED_MODEL_TYPES)
 
 
-def check_safetensors(path: str) -> int:
+def check_safetensors(path: str, flag: str = "--hf-checkpoint") -> int:
     """Validate a safetensors file from its header alone; returns the number of tensors."""
-    name = f"--hf-checkpoint shard {path}"
+    name = f"{flag} shard {path}"
     size = os.path.getsize(path)
     try:
         with open(path, "rb") as f:
@@ -113,8 +115,8 @@ def check_safetensors(path: str) -> int:
     return len(header) - ("__metadata__" in header)
 
 
-def check_hf_checkpoint(hf_dir: str) -> dict[str, Any]:
-    flag = f"--hf-checkpoint {hf_dir}"
+def check_hf_checkpoint(hf_dir: str, flag: str = "--hf-checkpoint") -> dict[str, Any]:
+    flag = f"{flag} {hf_dir}"
     if not os.path.isdir(hf_dir):
         raise PreflightError(f"{flag} is not a directory; pass an HF model dir (config.json + *.safetensors)")
     config_path = os.path.join(hf_dir, "config.json")
@@ -145,7 +147,7 @@ def check_hf_checkpoint(hf_dir: str) -> dict[str, Any]:
         if not shards:
             raise PreflightError(f"{flag}: no *.safetensors weights; convert the checkpoint to safetensors")
     for shard in shards:
-        check_safetensors(os.path.join(hf_dir, shard))
+        check_safetensors(os.path.join(hf_dir, shard), flag.split()[0])
     return config
 
 
@@ -280,36 +282,38 @@ def check_torch_dist(iter_dir: str) -> None:
                                  "an earlier iteration")
 
 
-def check_load(load: str, report: PreflightReport) -> None:
-    if os.path.exists(load) and not os.path.isdir(load):
-        raise PreflightError(f"--load {load} is a file; pass the directory written by --save")
-    if not os.path.isdir(load):
+def check_load(args: Any, report: PreflightReport) -> None:
+    """--load: what the trainer will read (slime.backends.megatron.checkpoint_layout), each file intact."""
+    from slime.backends.megatron import checkpoint_layout as L
+
+    load = args.load
+    try:
+        found = L.find_checkpoint(load, "--load")
+    except L.CheckpointFormatError as e:
+        raise PreflightError(str(e)) from e
+    if found.kind == L.NONE:
         return  # nothing to resume: the run starts from --hf-checkpoint (and may save here)
-    it = _read_tracker(load)
-    if it is None:
-        if glob.glob(os.path.join(load, "iter_*")):
-            raise PreflightError(f"--load {load} has iter_* directories but no {TRACKER}; write the iteration to "
-                                 "resume into it")
+    if found.kind == L.HF:
+        check_hf_checkpoint(found.path, flag="--load")
         return
-    d = os.path.join(load, f"iter_{it:07d}")
-    if not os.path.isdir(d):
-        raise PreflightError(f"--load {load}: {TRACKER} names rollout {it} but {d} is missing; fix the tracker")
-    if os.path.isfile(os.path.join(d, ".metadata")):
-        check_torch_dist(d)
+    d = found.path
+    if found.kind == L.TORCH_DIST:
+        if os.path.isfile(os.path.join(d, ".metadata")):
+            check_torch_dist(d)
+        if os.path.isfile(os.path.join(d, "common.pt")):
+            check_rank_file(os.path.join(d, "common.pt"))
     else:
-        ranks = sorted(glob.glob(os.path.join(d, "rank_*.pt")))
-        if not ranks:
-            raise PreflightError(f"--load {d} holds neither rank_*.pt files nor a torch_dist .metadata; restore it")
-        for p in ranks + [q for q in (os.path.join(d, "extra.pt"),) if os.path.exists(q)]:
+        for p in sorted(glob.glob(os.path.join(d, "rank_*.pt"))) + glob.glob(os.path.join(d, "extra.pt")):
             check_rank_file(p)
         meta = os.path.join(d, "meta.json")
-        if os.path.exists(meta):
-            try:
-                with open(meta) as f:
-                    json.load(f)
-            except (OSError, ValueError) as e:
-                raise PreflightError(f"--load file {meta} is unreadable ({e}); restore it") from e
-    report.resume_iteration = it
+        try:
+            with open(meta) as f:
+                json.load(f)
+        except (OSError, ValueError) as e:
+            raise PreflightError(f"--load file {meta} is unreadable ({e}); restore it") from e
+    if not getattr(args, "finetune", False):
+        report.resume_iteration = found.iteration
+        report.resume_root = os.path.dirname(os.path.normpath(d))
 
 
 def check_no_overwrite(args: Any, report: PreflightReport) -> None:
@@ -323,7 +327,7 @@ def check_no_overwrite(args: Any, report: PreflightReport) -> None:
                              "--load CKPT_DIR, pass --overwrite-output, or choose a fresh --output-dir")
     save = getattr(args, "save", None)
     if save and _read_tracker(save) is not None:
-        same = getattr(args, "load", None) and os.path.realpath(args.load) == os.path.realpath(save)
+        same = resuming and os.path.realpath(report.resume_root) == os.path.realpath(save)
         if not same:
             raise PreflightError(f"--save {save} holds another run's checkpoints; resume with --load {save}, pass "
                                  "--overwrite-output, or choose a fresh --save dir")
@@ -345,7 +349,7 @@ def run_preflight(args: Any) -> PreflightReport:
     if getattr(args, "prompt_data", None):
         check_prompts(args, report)
     if getattr(args, "load", None):
-        check_load(args.load, report)
+        check_load(args, report)
     for flag in ("output_dir", "save", "save_hf"):
         value = getattr(args, flag, None)
         if value:
