@@ -106,10 +106,16 @@ def _case(name, tmp_path, model):
         it = load / "iter_0000003"
         it.mkdir(parents=True)
         (load / P.TRACKER).write_text("3")
+        (it / "meta.json").write_text("{}")
         with zipfile.ZipFile(it / "rank_00000.pt", "w") as z:
             z.writestr("archive/data.pkl", b"x" * 4096)
         _truncate(it / "rank_00000.pt", 2000)
         return _argv(model, good, out, "--load", str(load)), "rank_00000.pt"
+    if name == "truncated_torch_dist":
+        load = _torch_dist(tmp_path / "ckpt", 2)
+        shard = sorted((load / "iter_0000002").glob("*.distcp"))[0]
+        _truncate(shard, shard.stat().st_size // 2)
+        return _argv(model, good, out, "--load", str(load)), shard.name
     if name == "other_runs_metrics":
         os.makedirs(out)
         with open(os.path.join(out, P.METRICS_FILE), "w") as f:
@@ -119,7 +125,21 @@ def _case(name, tmp_path, model):
 
 
 CASES = ("no_config", "model_type", "truncated_safetensors", "malformed_prompts", "keyless_prompts",
-         "unlabelled_prompts", "batch_size_zero", "unwritable_save", "truncated_rank_file", "other_runs_metrics")
+         "unlabelled_prompts", "batch_size_zero", "unwritable_save", "truncated_rank_file", "truncated_torch_dist",
+         "other_runs_metrics")
+
+
+def _torch_dist(root, iteration: int):
+    """A torch.distributed.checkpoint directory laid out as --save writes it (tracker + iter_XXXXXXX with
+    megatron's metadata.json), from one process."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    d = root / f"iter_{iteration:07d}"
+    dcp.save({"w": torch.arange(4096, dtype=torch.float32), "b": torch.ones(8)}, checkpoint_id=str(d), no_dist=True)
+    (d / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist"}))
+    (root / P.TRACKER).write_text(str(iteration))
+    return root
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -167,13 +187,7 @@ def test_custom_reward_needs_no_label(tmp_path, model):
 def test_resume_is_allowed_and_reported(tmp_path, model):
     from slime.utils.arguments import parse_args
 
-    load = tmp_path / "ckpt"
-    it = load / "iter_0000001"
-    it.mkdir(parents=True)
-    (load / P.TRACKER).write_text("1")
-    import torch
-
-    torch.save({"model": {"w": torch.zeros(3)}}, it / "rank_00000.pt")
+    load = _torch_dist(tmp_path / "ckpt", 1)
     out = tmp_path / "run"
     out.mkdir()
     (out / P.METRICS_FILE).write_text(json.dumps({"rollout_id": 0}) + "\n")
