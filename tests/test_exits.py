@@ -53,3 +53,17 @@ def test_sigterm_raises_interrupted_and_deferral_records_signals():
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+def test_actor_creation_failure_is_its_exception_line():
+    from ray.exceptions import ActorDiedError, RayTaskError
+
+    tb = ("Traceback (most recent call last):\n  File \"x.py\", line 1, in __init__\n"
+          "slime.rollout.data_source.DataSourceError: /d.jsonl:3 is not valid JSON (Expecting value)")
+    err = ActorDiedError(RayTaskError("RolloutManager.__init__", tb, RuntimeError("x"), pid=99))
+    lines = exits.describe_error(err, logs_dir="/nonexistent")
+    assert lines == ["/d.jsonl:3 is not valid JSON (Expecting value) (raised while starting a Ray actor)"]
+
+
+def test_builtin_exceptions_keep_their_type():
+    assert exits._last_exception_line("Traceback\n  File x\nKeyError: 'w'") == "KeyError: 'w'"

@@ -7,9 +7,11 @@ Exit statuses: 0 done, 1 error, 2 bad input (before Ray), 128 + signal number wh
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import glob
 import os
+import re
 import signal
 from typing import Iterator
 
@@ -100,13 +102,23 @@ def _ray_logs_dir() -> str | None:
         return None
 
 
-def actor_log(e: BaseException, logs_dir: str | None) -> str | None:
-    """The Ray worker log (stderr) of the process that raised `e`, when Ray names its pid."""
-    pid = getattr(e, "pid", None)
+def actor_log(pid: int | None, logs_dir: str | None) -> str | None:
+    """The Ray worker log (stderr) of process `pid`."""
     if not pid or not logs_dir:
         return None
     found = sorted(glob.glob(os.path.join(logs_dir, f"worker-*-{pid}.err")))
     return found[-1] if found else None
+
+
+def _last_exception_line(text: str) -> str:
+    """The exception at the end of a formatted traceback: slime's own errors by their message (it names the
+    problem and the fix), Python's built-in ones with their type ("KeyError: 'w'")."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    m = re.match(r"^([\w.]+): (.*)$", lines[-1]) if lines else None
+    if not m:
+        return lines[-1] if lines else text
+    name = m.group(1).rsplit(".", 1)[-1]
+    return f"{name}: {m.group(2)}" if hasattr(builtins, name) else m.group(2)
 
 
 def describe_error(e: BaseException, logs_dir: str | None = None) -> list[str]:
@@ -114,11 +126,23 @@ def describe_error(e: BaseException, logs_dir: str | None = None) -> list[str]:
     log is); an engine's log tail, when the error carries one, follows indented."""
     cause = root_cause(e)
     text = str(cause).strip() or type(cause).__name__
+    pid = getattr(e, "pid", None)
+    try:
+        from ray.exceptions import RayActorError
+    except ImportError:  # pragma: no cover
+        RayActorError = ()  # type: ignore[assignment]
+    if isinstance(cause, RayActorError):
+        found = re.search(r"\bpid[:=]\s*(\d+)", text)
+        pid = int(found.group(1)) if found else pid
+        if cause.actor_init_failed:  # an actor's __init__ raised: its exception, the traceback's last line
+            text = _last_exception_line(text) + " (raised while starting a Ray actor)"
+        else:
+            text = f"{type(cause).__name__}: {' '.join(text.split())}"
+    elif "Traceback (most recent call last)" in text:  # a cause Ray could not rebuild: its formatted text
+        text = _last_exception_line(text)
     first, _, rest = text.partition("\n")
-    if type(cause).__module__.startswith("ray."):  # Ray's own errors (actor died, ...): keep their first line
-        first = f"{type(cause).__name__}: {first}"
-    log = actor_log(e, logs_dir or _ray_logs_dir())
+    log = actor_log(pid, logs_dir or _ray_logs_dir())
     lines = [first + (f" (actor log: {log})" if log else "")]
-    if "last lines:" in first or "last lines:" in text:  # an engine's exit report: show the tail
+    if "last lines:" in first:  # an engine's exit report: show the tail
         lines += ["  | " + line for line in rest.splitlines()[-20:]]
     return lines
