@@ -139,7 +139,6 @@ def _cleanup(actor, rollout, slots) -> None:
 
 def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
     import ray
-    import torch
 
     from slime.ray.rollout import create_rollout_manager
     from slime.utils.metrics import MetricsLogger, console_line
