@@ -283,7 +283,7 @@ def test_reused_train_log_probs_give_the_same_step_as_a_separate_old_forward(act
     rng.setstate(rng_state)
     reused = fresh_batch(True)
     lp = actor.compute_log_probs(reused)
-    assert set(lp["log_probs"]) == {"ref_log_probs"} and lp["metrics"]["time/log_probs_old"] < 1e-3
+    assert set(lp["log_probs"]) == {"ref_log_probs"}  # no old-policy forward ran
     reused.ref_log_probs = [lp["log_probs"]["ref_log_probs"][i] for i in range(len(reused))]
     assert "train_rollout_logprob_abs_diff" not in add_advantages(args, reused)  # the trainer reports it
     m_reused = actor.train(8, reused)
