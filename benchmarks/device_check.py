@@ -171,6 +171,8 @@ def _ipc_child(handle: bytes, accelerator: str, queue) -> None:
         from slime.accelerator import get_accelerator
 
         acc = get_accelerator()
+        if acc.device_count() > 1:  # open from another current device: the handle names its own device
+            acc.set_device((int(os.environ.get("SLIME_IPC_SOURCE_INDEX", "0")) + 1) % acc.device_count())
         t = acc.open_tensor(handle)
         queue.put(("sum", float(t.double().sum().item()), str(t.device)))
         t.mul_(2)  # visible to the parent only when the memory is really shared
@@ -183,12 +185,14 @@ def _ipc_child(handle: bytes, accelerator: str, queue) -> None:
 def run_ipc(acc, s: Section, a) -> None:
     import torch
 
-    s.lines.append(f"share_tensor -> spawned child open_tensor ({acc.name}, {a.ipc_mb} MiB float32)")
+    s.lines.append(f"share_tensor -> spawned child open_tensor ({acc.name}, {a.ipc_mb} MiB float32; the child's "
+                   "current device is another index when the machine has several)")
     if a.dry_run:
         return
     t = torch.arange(a.ipc_mb * 262144, dtype=torch.float32, device=acc.device())
     want = float(t.double().sum().item())
     handle = acc.share_tensor(t)
+    os.environ["SLIME_IPC_SOURCE_INDEX"] = str(t.device.index or 0)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     child = ctx.Process(target=_ipc_child, args=(handle, acc.name, queue))
