@@ -184,6 +184,31 @@ def test_crash_mid_save_keeps_the_previous_checkpoint(actor_and_args, monkeypatc
     ckpt.load(args.save, actor.model, actor.optimizer, 0, actor._layout())
 
 
+def test_former_per_rank_checkpoint_is_still_read(actor_and_args, tmp_path):
+    """slime's former format (iter_*/rank_00000.pt + extra.pt + meta.json) loads at the layout that wrote it;
+    at another layout it is one line naming the fix."""
+    import json
+
+    from slime.backends.megatron import checkpoint as ckpt
+    from slime.backends.megatron.model_setup import host_copy
+
+    actor, _ = actor_and_args
+    d = tmp_path / "old" / "iter_0000002"
+    d.mkdir(parents=True)
+    torch.save({"model": actor.model.state_dict(), "optimizer": actor.optimizer.state_dict(), "rng": ckpt.rng_state()},
+               d / "rank_00000.pt")
+    torch.save({"rollout_id": 2, "extra": {"data_source": {"offset": 4}}}, d / "extra.pt")
+    (d / "meta.json").write_text(json.dumps({"rollout_id": 2, "layout": actor._layout()}))
+    (tmp_path / "old" / "latest_checkpointed_iteration.txt").write_text("2")
+    saved = host_copy(actor.model)
+    _train_once(actor, 6)
+    r = ckpt.load(str(tmp_path / "old"), actor.model, actor.optimizer, 0, actor._layout())
+    assert (r.start_rollout_id, r.extra_state) == (3, {"data_source": {"offset": 4}})
+    assert all(torch.equal(saved[k], v) for k, v in host_copy(actor.model).items())
+    with pytest.raises(ValueError, match="former per-rank format.*same trainer world size"):
+        ckpt.load(str(tmp_path / "old"), actor.model, actor.optimizer, 0, {**actor._layout(), "tp": 2})
+
+
 def test_ref_load_reads_a_torch_dist_checkpoint(actor_and_args):
     """--ref-load DIR of torch_dist: the reference is the checkpoint's model, not --hf-checkpoint's."""
     import argparse
