@@ -5,6 +5,8 @@
   the run finishes every rollout and metrics.jsonl records the restart;
 - the quick start run twice: the second run resumes from the first's checkpoint (says so) and no metrics
   record is lost; a run dir with metrics but no checkpoint is refused with one line;
+- the engine dies again beyond --rollout-engine-max-restarts: the run stops with one line and the
+  engine's log tail (exit 1), nothing left running;
 - Ctrl-C (SIGINT to the process group, as a terminal sends it): exit 130 with one line, no process of the
   run left, no shared-memory file of its trainer ranks left in /dev/shm.
 
@@ -167,3 +169,22 @@ def test_ctrl_c_exits_130_and_leaves_nothing(tmp_path):
     assert not _gone(procs)
     for pid in trainers:
         assert not glob.glob(f"/dev/shm/torch_{pid}_*")
+
+
+def test_engine_death_beyond_the_restart_bound_stops_with_its_log_tail(tmp_path):
+    proc = _quick_start(tmp_path, 3, "--rollout-engine-max-restarts", "0")
+    _wait_for_records(proc, tmp_path, 1)
+    engine = _engine_process(proc)
+    assert engine is not None
+    procs = _descendants(proc)
+    engine.kill()
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("train.py: error:")]
+    assert len(errors) == 1 and "restarts are used up" in errors[0] and "killed by signal 9" in errors[0], err[-3000:]
+    lines = err.splitlines()
+    after = lines[lines.index(errors[0]) + 1:]  # Ray's forwarded worker lines may interleave later on
+    assert after and after[0].startswith("  | "), err[-3000:]  # the engine's log tail follows the one line
+    assert len(_records(tmp_path)) == 1
+    assert not _gone(procs)
