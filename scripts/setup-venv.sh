@@ -27,5 +27,17 @@ step "1/2 torch $(pin torch) (CPU wheel, ~200 MB download, ~40 s)"
 "${PIP[@]}" install "torch==$(pin torch)"
 step "2/2 slime (editable) with ray $(pin ray), megatron-core $(pin megatron-core), transformers $(pin transformers), pytest and their dependencies (~1-2 min)"
 "${PIP[@]}" install -c "$CONSTRAINTS" -e "$ROOT[test]"
+# The test-only sglang-test extra (SGLang's own classes for the wire-format tests), WITHOUT dependencies:
+# SGLang's dependencies pin a CUDA torch, which must never replace the CPU build installed above.
+mapfile -t SGLANG_TEST < <("$VENV/bin/python" - "$ROOT/pyproject.toml" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+m = re.search(r'^sglang-test = \[(.*?)\]', text, re.M | re.S)
+print("\n".join(re.findall(r'"([^"]+)"', m.group(1))) if m else "")
+PY
+)
+if [ "${#SGLANG_TEST[@]}" -gt 0 ] && [ -n "${SGLANG_TEST[0]}" ]; then
+  "${PIP[@]}" install --no-deps -c "$CONSTRAINTS" "${SGLANG_TEST[@]}"
+fi
 echo "$WANT" > "$STAMP"
 step "done: $VENV"

@@ -107,3 +107,57 @@ def deserialize_named_tensors(data: bytes, allowed: frozenset[tuple[str, str]]) 
     ):
         raise UnsafeHandleError("named-tensor payload must be a list of (str, Tensor) pairs")
     return obj
+
+
+# --- SGLang's flattened_bucket payload ------------------------------------------------------------------
+class _SGLangPickler(pickle._Pickler):
+    """ForkingPickler's reducers (tensors and storages travel as handles) in the pure-Python pickler, whose
+    `save_global` can write this project's FlattenedTensorMetadata under SGLang's global name without
+    importing SGLang. Protocol 4, as SGLang's MultiprocessingSerializer writes on Python < 3.14."""
+
+    def __init__(self, buf: io.BytesIO) -> None:
+        from multiprocessing.reduction import ForkingPickler
+
+        super().__init__(buf, protocol=4)
+        self.dispatch_table = ForkingPickler._copyreg_dispatch_table.copy()
+        self.dispatch_table.update(ForkingPickler._extra_reducers)
+
+    def save_global(self, obj: Any, name: str | None = None) -> None:
+        from slime.utils.tensor_bucket import SGLANG_METADATA_GLOBAL, FlattenedTensorMetadata
+
+        if obj is not FlattenedTensorMetadata:
+            return super().save_global(obj, name)
+        module, qualname = SGLANG_METADATA_GLOBAL
+        self.save(module)
+        self.save(qualname)
+        self.write(pickle.STACK_GLOBAL)
+        self.memoize(obj)
+
+
+def serialize_flattened_bucket(acc: Any, flat: torch.Tensor, metadata: list) -> bytes:
+    """SGLang's flattened_bucket payload (before base64) for one engine TP rank: `{"flattened_tensor": flat,
+    "metadata": metadata}` with `flat` travelling as the accelerator's IPC handle (no copy)."""
+    buf = io.BytesIO()
+    _SGLangPickler(buf).dump({"flattened_tensor": _Reduced(*acc.reduce_tensor(flat)), "metadata": list(metadata)})
+    return buf.getvalue()
+
+
+class _BucketUnpickler(AllowListUnpickler):
+    """The allow-list plus SGLang's metadata record, opened as this project's look-alike (no SGLang import)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        from slime.utils.tensor_bucket import SGLANG_METADATA_GLOBAL, FlattenedTensorMetadata
+
+        if (module, name) in (SGLANG_METADATA_GLOBAL, (FlattenedTensorMetadata.__module__, "FlattenedTensorMetadata")):
+            return FlattenedTensorMetadata
+        return super().find_class(module, name)
+
+
+def deserialize_flattened_bucket(data: bytes, allowed: frozenset[tuple[str, str]]) -> tuple[torch.Tensor, list]:
+    """(flattened_tensor, metadata) of a flattened_bucket payload, opened with the allow-list."""
+    obj = _BucketUnpickler(bytes(data), allowed).load()
+    if not isinstance(obj, dict) or set(obj) != {"flattened_tensor", "metadata"}:
+        raise UnsafeHandleError('a flattened_bucket payload must be the dict {"flattened_tensor", "metadata"}')
+    if not isinstance(obj["flattened_tensor"], torch.Tensor) or not isinstance(obj["metadata"], list):
+        raise UnsafeHandleError("flattened_tensor must be a Tensor and metadata a list")
+    return obj["flattened_tensor"], obj["metadata"]

@@ -159,7 +159,10 @@ class RolloutManager:
 
     def engines(self) -> list[dict[str, Any]]:
         """Running engines for weight sync; `instance` changes whenever the engine process was restarted."""
-        return [{"url": u, "tp_size": self.tp, "token": self._token, "instance": self._restarts[i]}
+        colocated = bool(getattr(self.args, "colocate", False))
+        return [{"url": u, "tp_size": self.tp, "token": self._token, "instance": self._restarts[i],
+                 # colocated: engine i's TP rank j shares bundle (device) i*tp + j with that trainer rank
+                 "trainer_ranks": [i * self.tp + j for j in range(self.tp)] if colocated else None}
                 for i, u in enumerate(self.urls) if i not in self._down]
 
     def generate(self, rollout_id: int, with_samples: bool = False) -> dict[str, Any]:

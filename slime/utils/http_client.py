@@ -139,13 +139,18 @@ class EngineClient:
     def update_weights_from_tensor(self, named: Sequence[tuple[str, torch.Tensor]], load_format: str | None = None,
                                    weight_version: str | None = None, flush_cache: bool = False) -> dict:
         """Send weights by IPC handle (tensors must stay alive until this returns).
-        `load_format="flattened_bucket"` packs them per dtype (embedded engine's layout; see flattened_bucket.py)."""
+        `load_format="flattened_bucket"` packs them into one SGLang FlattenedTensorBucket (see flattened_bucket.py)."""
         body: dict[str, Any] = {"load_format": load_format, "flush_cache": flush_cache, **_version(weight_version)}
         if load_format == "flattened_bucket":
-            from slime.backends.embedded.flattened_bucket import flatten_named_tensors
+            from slime.accelerator import get_accelerator
+            from slime.accelerator.ipc import serialize_flattened_bucket
+            from slime.backends.embedded.flattened_bucket import pack
 
-            named, body["flattened_bucket_meta"] = flatten_named_tensors(list(named))  # alive until the reply
-        body["serialized_named_tensors"] = [encode_named_tensors(named)]
+            flat, meta = pack(list(named))  # alive until the reply
+            body["serialized_named_tensors"] = [
+                base64.b64encode(serialize_flattened_bucket(get_accelerator(), flat, meta)).decode()]
+        else:
+            body["serialized_named_tensors"] = [encode_named_tensors(named)]
         return self.post("/update_weights_from_tensor", body)
 
     def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,

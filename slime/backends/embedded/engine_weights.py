@@ -106,14 +106,20 @@ class WeightControl:
 
         if group_name not in self._groups:
             raise BadRequest(f"no weights update group {group_name!r}; call /init_weights_update_group first")
-        if not (isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)
-                and len(names) == len(dtypes) == len(shapes) and names):
-            raise BadRequest("names, dtypes and shapes must be non-empty lists of equal length")
         try:
-            bufs = [torch.empty([int(s) for s in shape], dtype=parse_dtype(dt), device=self.device)
-                    for shape, dt in zip(shapes, dtypes)]
-        except (TypeError, ValueError) as e:
-            raise BadRequest(f"bad shapes/dtypes in update_weights_from_distributed: {e}") from e
+            if not (isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)
+                    and len(names) == len(dtypes) == len(shapes) and names):
+                raise BadRequest("names, dtypes and shapes must be non-empty lists of equal length")
+            try:
+                bufs = [torch.empty([int(s) for s in shape], dtype=parse_dtype(dt), device=self.device)
+                        for shape, dt in zip(shapes, dtypes)]
+            except (TypeError, ValueError) as e:
+                raise BadRequest(f"bad shapes/dtypes in update_weights_from_distributed: {e}") from e
+        except BadRequest as e:
+            # The sender is about to broadcast tensors this engine cannot receive: leave the group, which
+            # closes its connections, so the sender's pending broadcast fails now instead of at its timeout.
+            self.destroy_weights_update_group(group_name)
+            raise BadRequest(f"{e} (left weights update group {group_name!r})") from None
         error: BadRequest | None = None
         plan: list[PlannedCopy] = []
         try:

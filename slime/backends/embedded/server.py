@@ -222,31 +222,31 @@ def _resume_memory(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
 
 
 def _decode_named_tensors(body: dict) -> list[tuple[str, Any]]:
-    from slime.backends.embedded.flattened_bucket import unflatten_buckets
+    from slime.accelerator.ipc import deserialize_flattened_bucket
+    from slime.backends.embedded.flattened_bucket import unflatten
 
     payload = body.get("serialized_named_tensors")
     if not isinstance(payload, list) or not payload or not all(isinstance(s, str) for s in payload):
         raise BadRequest("serialized_named_tensors must be a non-empty list of base64 strings (one per TP rank)")
     if len(payload) != 1:
         raise BadRequest(f"this engine has tp_size 1 but serialized_named_tensors has {len(payload)} entries")
+    fmt = body.get("load_format")
+    if fmt not in (None, "direct", "auto", "flattened_bucket"):
+        raise BadRequest(f"load_format {fmt!r} is not supported; use null or \"flattened_bucket\"")
     try:
         data = base64.b64decode(payload[0], validate=True)
     except (binascii.Error, ValueError) as e:
         raise BadRequest(f"serialized_named_tensors[0] is not valid base64: {e}") from e
-    acc = get_accelerator()
+    allowed = get_accelerator().ipc_rebuild_allowlist()
     try:
-        named = deserialize_named_tensors(data, acc.ipc_rebuild_allowlist())
+        if fmt == "flattened_bucket":
+            return unflatten(*deserialize_flattened_bucket(data, allowed))
+        return deserialize_named_tensors(data, allowed)
     except UnsafeHandleError as e:
         raise BadRequest(f"refused tensor payload: {e}") from e
     except (pickle.UnpicklingError, EOFError, TypeError, ValueError, AttributeError, RuntimeError, OSError) as e:
-        raise BadRequest(f"cannot open tensor payload ({type(e).__name__}: {e}); build it with "
-                         "slime.accelerator.ipc.serialize_named_tensors") from e
-    fmt = body.get("load_format")
-    if fmt in (None, "direct", "auto"):
-        return named
-    if fmt == "flattened_bucket":
-        return unflatten_buckets(named, body.get("flattened_bucket_meta"))
-    raise BadRequest(f"load_format {fmt!r} is not supported; use null or \"flattened_bucket\"")
+        raise BadRequest(f"cannot open tensor payload ({type(e).__name__}: {e}); build it with SGLang's "
+                         "MultiprocessingSerializer or slime.accelerator.ipc") from e
 
 
 def _update_from_tensor(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:

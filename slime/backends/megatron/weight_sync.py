@@ -1,21 +1,28 @@
 """Trainer -> rollout engine weight sync, through the accelerator, over SGLang's HTTP protocol.
 
-ipc (colocated): the tensors of `export_hf` are copied once into flat per-dtype buffers shared with
-the engines (`shared_buckets.SharedBucketSender`: two sets, reused, one posted to
-`/update_weights_from_tensor` while the export fills the other); the engine opens the handles (no copy
-across the process boundary) and copies into its weights. Engines advertising `"flattened_bucket": true`
-get one handle per buffer (`load_format: "flattened_bucket"`); others (SGLang) get per-tensor handles
-of views into buffers that are not reused. Generation is paused and the cache flushed around the update.
+ipc (colocated): the tensors of `export_hf` are copied once into flat uint8 buffers shared with the
+engines (`shared_buckets.SharedBucketSender`: two sets, one posted while the export fills the other).
+Each post is SGLang's `/update_weights_from_tensor` with `load_format: "flattened_bucket"` and one
+payload per engine TP rank (slime.utils.tensor_bucket): payload j holds the buffer of the trainer rank
+colocated with the engine's TP rank j (its `trainer_ranks`), so every engine rank maps memory on its own
+device. Every such trainer rank packs the same export; rank 0 collects the others' payloads for each
+flush through the default group's store (`PayloadExchange`), posts, and hands the verdict back, so all
+ranks end a sync with the same outcome. Generation is paused around the update.
 
-distributed: trainer rank 0 and every engine device form one collective group on the accelerator's
-backend (`/init_weights_update_group`); per bucket, names/dtypes/shapes go over HTTP
-(`/update_weights_from_distributed`) while rank 0 broadcasts the tensors.
+distributed: trainer rank 0 and every engine device form one collective group the way SGLang's
+`init_weights_update_group` does (slime.utils.distributed); per bucket, names/dtypes/shapes go over HTTP
+(`/update_weights_from_distributed`) while rank 0 broadcasts the tensors. An engine that refuses (or a
+broadcast that does not finish within --update-weight-timeout) aborts the group on every side and the
+sync fails with one line naming the engine; the group is formed again at the next sync.
 
 Pipeline parallel: every stage exports its own layers, and one rank per stage (TP/EP/DP rank 0 of the
 stage) sends them: its own shared buffers (ipc), or its own collective group with the engines, named per
 stage (distributed). Trainer rank 0 pauses the engines before any stage sends, collects every stage's
-checksums and byte counts, then flushes, resumes and verifies them all: the engines receive each tensor
-of the model once per sync, and the check covers every stage.
+checksums, byte counts and errors, then flushes, resumes and verifies them all: the engines receive each
+tensor of the model once per sync, and the check covers every stage.
+
+Whatever fails, every engine is asked to flush its cache (retried while it is busy) and to continue
+generating before `sync` returns or raises.
 
 auto: ipc when colocated and the device supports IPC, else distributed (logged once).
 After every sync the engine's weight checksums (`/get_weights_checksum`) must equal the trainer's
@@ -54,11 +61,23 @@ class EngineEndpoint:
     tp_size: int = 1  # devices of this engine (= ranks it adds to a distributed group)
     token: str | None = None  # bearer token of the engine's control endpoints, when it requires one
     instance: int = 0  # bumped by the rollout manager at each restart: a new process, even on the same url
+    # ipc: the trainer rank colocated with each engine TP rank (whose buffers that rank maps); None: rank 0
+    trainer_ranks: list[int] | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "EngineEndpoint":
+        ranks = d.get("trainer_ranks")
         return cls(url=str(d["url"]).rstrip("/"), tp_size=int(d.get("tp_size", 1)), token=d.get("token"),
-                   instance=int(d.get("instance", 0)))
+                   instance=int(d.get("instance", 0)), trainer_ranks=None if ranks is None else [int(r) for r in ranks])
+
+    def feeder(self, tp_rank: int, world_size: int) -> int:
+        """The trainer rank whose payload engine TP rank `tp_rank` gets."""
+        if not self.trainer_ranks:
+            return 0
+        if len(self.trainer_ranks) != self.tp_size:
+            raise WeightSyncError(f"engine {self.url} has tp_size {self.tp_size} but {len(self.trainer_ranks)} "
+                                  f"colocated trainer ranks {self.trainer_ranks}; this is a placement bug")
+        return self.trainer_ranks[tp_rank] % world_size
 
 
 def default_post(endpoint: EngineEndpoint, path: str, payload: dict[str, Any] | None,
@@ -129,9 +148,59 @@ class StageRole:
         return GROUP_NAME if self.stages == 1 else f"{GROUP_NAME}_pp{self.stage}"
 
 
+def _line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
 def _check_reply(reply: dict[str, Any], what: str) -> None:
     if isinstance(reply, dict) and reply.get("success") is False:
         raise WeightSyncError(f"engine refused {what}: {reply.get('message', reply)}")
+
+
+class PayloadExchange:
+    """Per ipc flush: every other feeding trainer rank hands rank 0 its payloads, rank 0 hands back the
+    verdict ("" = posted, else the error's first line). Runs on the senders' worker threads, so it goes
+    through the default group's key-value store (thread-safe, no collective). Every wait is bounded."""
+
+    _instances = 0  # keys of a new WeightSync never meet a failed predecessor's leftovers
+
+    def __init__(self, store: Any, rank: int, timeout_s: float) -> None:
+        PayloadExchange._instances += 1
+        self.store, self.rank, self.timeout_s = store, rank, timeout_s
+        self.prefix = f"slime/weight_sync/{PayloadExchange._instances}"
+
+    def _take(self, key: str, what: str) -> str:
+        from datetime import timedelta
+
+        try:
+            self.store.wait([key], timedelta(seconds=self.timeout_s))
+        except Exception:  # the store's timeout error; one line for the user
+            raise WeightSyncError(f"weight sync: {what} did not arrive within {self.timeout_s:.0f} s "
+                                  "(--update-weight-timeout); another trainer rank failed or is stuck") from None
+        value = self.store.get(key).decode()
+        self.store.delete_key(key)
+        return value
+
+    def send_payloads(self, flush: tuple[int, int], payloads: dict[str, str]) -> str:
+        """Non-zero rank: publish this rank's payloads for `flush`, return rank 0's verdict."""
+        import json
+
+        base = f"{self.prefix}/{flush[0]}/{flush[1]}"
+        self.store.set(f"{base}/payload/{self.rank}", json.dumps(payloads))
+        return self._take(f"{base}/verdict/{self.rank}", f"rank 0's answer to flush {flush[1]}")
+
+    def collect(self, flush: tuple[int, int], ranks: list[int]) -> dict[str, str]:
+        import json
+
+        base, out = f"{self.prefix}/{flush[0]}/{flush[1]}", {}
+        for r in ranks:
+            out.update(json.loads(self._take(f"{base}/payload/{r}", f"trainer rank {r}'s payload of flush {flush[1]}")))
+        return out
+
+    def answer(self, flush: tuple[int, int], ranks: list[int], verdict: str) -> None:
+        base = f"{self.prefix}/{flush[0]}/{flush[1]}"
+        for r in ranks:
+            self.store.set(f"{base}/verdict/{r}", verdict)
 
 
 class WeightSync:
@@ -141,53 +210,55 @@ class WeightSync:
                  engines: list[EngineEndpoint], rank: int, check: bool = True,
                  post: Callable[..., dict[str, Any]] = default_post,
                  get: Callable[..., dict[str, Any]] = default_get, buffer_bytes: int = 64 << 20,
+                 world_size: int = 1, timeout_s: float = 600.0, exchange: PayloadExchange | None = None,
                  role: StageRole | None = None) -> None:
         self.mode, self.export, self.engines, self.rank = mode, export, engines, rank
         self.role = role or StageRole(sender=rank == 0)
         self.controller = rank == 0  # pauses, resumes and verifies the engines
         self.check, self.post, self.get = check, post, get
-        self.buffer_bytes = buffer_bytes  # ipc: capacity of each shared per-dtype buffer
+        self.buffer_bytes = buffer_bytes  # ipc: capacity of each shared buffer
+        self.world_size, self.timeout_s = world_size, timeout_s
+        self.exchange = exchange  # ipc with other feeding ranks: how their payloads reach rank 0
         self.group = None
+        self._group_host = None  # distributed: the rendezvous store rank 0 hosts for the group
         self.syncs = 0
         self._checksum_support: dict[str, bool] = {}  # per engine url: serves /get_weights_checksum
         self._info: dict[str, dict[str, Any]] = {}  # per engine url: its /get_model_info (asked once)
         self._reported: dict[str, dict[str, list[int]]] = {}  # this sync: checksums engines sent with updates
         self._sender = None  # ipc: SharedBucketSender, kept across syncs while the engines take flat buffers
+        self._failed: BaseException | None = None  # this sync's first failure (the rest of it only drains)
         self.last_split: dict[str, float] = {}  # seconds of the last sync's parts (see sync)
 
     # --- set-up ---------------------------------------------------------------------------
     def connect(self) -> None:
+        """distributed: form the weight-update group with every engine (rank 0)."""
         if self.mode != "distributed" or not self.role.sender:
             return
         from slime.backends.megatron.actor import _node_ip
+        from slime.utils.distributed import GroupHost
         from slime.utils.net import free_port
-        from slime.utils.distributed import init_custom_process_group
 
         addr, port = _node_ip(), free_port("")
         world = 1 + sum(e.tp_size for e in self.engines)
         backend = get_accelerator().process_group_backend()
-        errors: list[BaseException] = []
-
-        def ask(engine: EngineEndpoint, offset: int) -> None:
-            try:
-                _check_reply(self.post(engine, "/init_weights_update_group", {
-                    "master_address": addr, "master_port": port, "rank_offset": offset, "world_size": world,
-                    "group_name": self.role.group_name, "backend": backend}), "init_weights_update_group")
-            except BaseException as e:  # reported after the group forms or times out
-                errors.append(e)
-
-        threads, offset = [], 1
+        host = GroupHost(addr, port, world, self.role.group_name, backend, self.timeout_s)
+        calls, offset = [], 1
         for engine in self.engines:
-            threads.append(threading.Thread(target=ask, args=(engine, offset), daemon=True))
+            calls.append((engine, "/init_weights_update_group", {
+                "master_address": addr, "master_port": port, "rank_offset": offset, "world_size": world,
+                "group_name": self.role.group_name, "backend": backend}))
             offset += engine.tp_size
-        for t in threads:
-            t.start()
-        self.group = init_custom_process_group(addr, port, world_size=world, rank=0,
-                                               group_name=self.role.group_name, backend=backend)
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+        threads = _EngineCalls(self, calls)
+        try:
+            self.group = host.join(refused=threads.first_error)
+        except BaseException:
+            host.abort()
+            threads.wait(30)
+            self._destroy_on_engines()
+            raise
+        threads.wait(self.timeout_s)
+        self._group_host = host
+        threads.raise_first()
 
     def set_engines(self, engines: list[EngineEndpoint]) -> bool:
         """Take the rollout manager's current engine list (asked before every sync): an engine restarted
@@ -203,7 +274,7 @@ class WeightSync:
                     ", ".join(f"{e.url}#{e.instance}" + ("" if (e.url, e.instance) in old else " new") for e in engines))
         regroup = self.mode == "distributed" and self.role.sender and self.group is not None
         if regroup:
-            self.close()
+            self._drop_group()
         self.engines = list(engines)
         for e in engines:
             if (e.url, e.instance) not in old:
@@ -213,26 +284,81 @@ class WeightSync:
             self.connect()
         return True
 
+    def _destroy_on_engines(self) -> None:
+        for engine in self.engines:
+            try:
+                self.post(engine, "/destroy_weights_update_group", {"group_name": self.role.group_name}, timeout=30)
+            except Exception:
+                pass
+
+    def _drop_group(self, aborted: bool = False) -> None:
+        """Leave the weight-update group on every side. aborted: a broadcast may still be pending, so the
+        group is aborted and released in the background (releasing waits for gloo's pending work)."""
+        if self.group is None:
+            return
+        from slime.utils.distributed import destroy_custom_process_group
+
+        group, host, self.group, self._group_host = self.group, self._group_host, None, None
+        if aborted:
+            from slime.utils.distributed import abort_custom_process_group
+
+            abort_custom_process_group(group)
+        self._destroy_on_engines()
+        if aborted:
+            threading.Thread(target=destroy_custom_process_group, args=(group,), daemon=True,
+                             name="weight-sync-group-release").start()
+        else:
+            destroy_custom_process_group(group)
+        if host is not None:
+            host.close()
+
     def close(self) -> None:
         if self._sender is not None:
             self._sender.close()
             self._sender = None
-        if self.group is not None and self.role.sender:
-            for engine in self.engines:
-                try:
-                    self.post(engine, "/destroy_weights_update_group", {"group_name": self.role.group_name},
-                              timeout=30)
-                except Exception:
-                    pass
-            from slime.utils.distributed import destroy_custom_process_group
-
-            destroy_custom_process_group(self.group)
-            self.group = None
+        if self.role.sender:
+            self._drop_group()
 
     # --- one sync -------------------------------------------------------------------------
     def _all_engines(self, path: str, payload: dict[str, Any]) -> None:
         for engine in self.engines:
             _check_reply(self.post(engine, path, payload), path)
+
+    def _resume_all(self) -> None:
+        """Flush the cache (retried while the engine is busy) and continue generation on every engine; every
+        engine is asked even when another fails. Raises the first failure afterwards."""
+        errors: list[BaseException] = []
+        for engine in self.engines:
+            for step in (self._flush_cache, lambda e: _check_reply(self.post(e, "/continue_generation", {}, timeout=60),
+                                                                   "/continue_generation")):
+                try:
+                    step(engine)
+                except Exception as e:  # noqa: BLE001 - reported after every engine was asked
+                    errors.append(e)
+        if errors:
+            raise errors[0]
+
+    def _flush_cache(self, engine: EngineEndpoint, budget_s: float = 60.0) -> None:
+        """SGLang answers /flush_cache with a non-200 while requests are in flight: retry until idle (bounded)."""
+        deadline = time.monotonic() + budget_s
+        while True:
+            try:
+                _check_reply(self.post(engine, "/flush_cache", {}, timeout=30), "/flush_cache")
+                return
+            except WeightSyncError as e:
+                if time.monotonic() > deadline:
+                    raise WeightSyncError(f"{engine.url}/flush_cache still refused after {budget_s:.0f} s: "
+                                          f"{str(e).splitlines()[0]}") from None
+                time.sleep(0.2)
+
+    def _feeds(self, rank: int) -> list[tuple[int, int]]:
+        """(engine index, engine TP rank) pairs whose payload trainer rank `rank` provides (ipc). Under pipeline
+        parallel each stage's sender feeds every engine rank with its stage's tensors."""
+        if self.role.stages > 1:
+            return [(i, j) for i, e in enumerate(self.engines) for j in range(e.tp_size)] \
+                if rank == self.rank and self.role.sender else []
+        return [(i, j) for i, e in enumerate(self.engines) for j in range(e.tp_size)
+                if e.feeder(j, self.world_size) == rank]
 
     def sync(self, version: int, engines: list[EngineEndpoint] | None = None) -> dict[str, float]:
         """Push the current weights to every engine (`engines`: the manager's current list, see
@@ -241,57 +367,80 @@ class WeightSync:
         time/weight_sync_wait (waiting for the engines after the export), time/weight_sync_control
         (pause/flush/continue) and time/weight_sync_verify (engine checksums and the comparison).
         With --check-weight-sync, engines that can answer an update with the checksums of the weights it
-        changed (`"update_checksums": true`) are asked to; others are asked with /get_weights_checksum."""
+        changed (`"update_checksums": true`) are asked to; others are asked with /get_weights_checksum.
+        A failure anywhere still drains the export (its collectives) and resumes every engine, then raises."""
         t0 = time.perf_counter()
         leader = self.role.sender
         if engines is not None:
             self.set_engines(engines)
-        sent_bytes, expected = 0, {}
-        control = 0.0
-        self._reported = {}
-        if self.controller:  # (the cache is flushed once, after the update, before generation continues)
-            control = self._timed(lambda: self._all_engines("/pause_generation", {}))
+        sent_bytes, expected, control, verify = 0, {}, 0.0, 0.0
+        self._reported, self._failed = {}, None
+        metrics: dict[str, float] = {}
+        t_export = t_wait = t_done = time.perf_counter()
+        error: BaseException | None = None
+        try:
+            if self.controller:  # (the cache is flushed once, after the update, before generation continues)
+                control = self._timed(lambda: self._all_engines("/pause_generation", {}))
+        except BaseException as e:  # noqa: BLE001 - the other ranks still meet at the barrier and the gather
+            error = e
         self.role.barrier()  # every stage sends only once the engines are paused
-        sender = self._ipc_sender(version) if leader and self.mode == "ipc" else None
-        t_export = time.perf_counter()
-        for bucket in self.export():
-            if not leader:
-                continue  # other ranks only take part in the export's collectives
-            sent_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
+        try:
+            packs = self.mode == "ipc" and (leader or bool(self._feeds(self.rank)))
+            sender = self._ipc_sender(version) if packs else None
+            t_export = time.perf_counter()
+            for bucket in self.export():
+                if sender is not None:  # also after a failure: every feeding rank packs the same flushes
+                    sent_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
+                    for name, t in bucket:
+                        sender.add(name, t)
+                elif leader and self.mode == "distributed" and self._failed is None and error is None:
+                    sent_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
+                    if self.check:
+                        expected.update(weight_checksum.named_checksums(bucket))
+                    try:
+                        self._send_distributed(bucket, version)
+                    except BaseException as e:  # keep iterating: the other ranks are in the export's collectives
+                        self._failed = e
+                del bucket
+            t_wait = time.perf_counter()
             if sender is not None:
-                for name, t in bucket:
-                    sender.add(name, t)
-            else:
-                if self.check:
-                    expected.update(weight_checksum.named_checksums(bucket))
-                self._send_distributed(bucket, version)
-            del bucket
-        t_wait = time.perf_counter()
-        if sender is not None:
-            try:
-                expected = sender.finish()
-            finally:
-                if not sender.reuse:
-                    sender.close()
-                    self._sender = None
-        t_done = time.perf_counter()
-        parts = self.role.gather((sent_bytes, expected if leader else {}, self._reported))
-        if self.controller:  # every stage's tensors, checksums and engine replies
-            sent_bytes, expected, self._reported = 0, {}, {}
-            for part_bytes, part_expected, part_reported in parts:
-                sent_bytes += part_bytes
-                expected.update(part_expected)
-                for url, sums in part_reported.items():
-                    self._reported.setdefault(url, {}).update(sums)
-        metrics = {"weight_sync/bytes": float(sent_bytes)}
-        verify = 0.0
-        if self.controller:
-            control += self._timed(lambda: (self._all_engines("/flush_cache", {}),
-                                            self._all_engines("/continue_generation", {})))
-            if self.check:
-                t_verify = time.perf_counter()
-                metrics["weight_sync/checked_tensors"] = float(self.verify(expected))
-                verify = time.perf_counter() - t_verify
+                try:
+                    expected = sender.finish()
+                finally:
+                    if not sender.reuse:
+                        sender.close()
+                        self._sender = None
+            if self._failed is not None:
+                raise self._failed
+            t_done = time.perf_counter()
+        except BaseException as e:  # noqa: BLE001 - gathered below, so every rank ends the same way
+            error = error or e
+        parts = self.role.gather((sent_bytes, expected if leader else {}, self._reported,
+                                  None if error is None else _line(error)))
+        try:
+            if self.controller and parts:  # every stage's tensors, checksums, engine replies and errors
+                sent_bytes, expected, self._reported = 0, {}, {}
+                for part_bytes, part_expected, part_reported, part_error in parts:
+                    sent_bytes += part_bytes
+                    expected.update(part_expected)
+                    for url, sums in part_reported.items():
+                        self._reported.setdefault(url, {}).update(sums)
+                    if error is None and part_error is not None:
+                        error = WeightSyncError(part_error)
+            if error is not None:
+                raise error
+        finally:
+            if self.controller:
+                t_resume = time.perf_counter()
+                try:
+                    self._resume_all()
+                finally:
+                    control += time.perf_counter() - t_resume
+        metrics["weight_sync/bytes"] = float(sent_bytes)
+        if self.controller and self.check:
+            t_verify = time.perf_counter()
+            metrics["weight_sync/checked_tensors"] = float(self.verify(expected))
+            verify = time.perf_counter() - t_verify
         self.syncs += 1
         metrics["time/weight_sync"] = time.perf_counter() - t0
         metrics.update({"time/weight_sync_export": t_wait - t_export, "time/weight_sync_wait": t_done - t_wait,
@@ -318,93 +467,109 @@ class WeightSync:
         return info
 
     def takes_flat_buffers(self, engine: EngineEndpoint) -> bool:
-        """Whether the engine takes slime's flattened_bucket layout and has read the buffers when it replies."""
+        """Whether the engine has read the shared buffers when it replies (`"flattened_bucket": true`), so they
+        can be refilled; SGLang engines get new buffers for every flush."""
         return self.engine_info(engine).get("flattened_bucket") is True
 
     def _ipc_sender(self, version: int):
-        """The shared-buffer sender for this sync: reused across syncs while every engine takes flat buffers
-        (the embedded engine); a fresh one, not reusing buffers, when any engine wants per-tensor handles."""
+        """The shared-buffer sender for this sync: reused across syncs while every engine reads synchronously
+        (the embedded engine); a fresh one, not reusing buffers, otherwise."""
         from slime.backends.megatron.shared_buckets import SharedBucketSender
 
         acc = get_accelerator()
-        flat = {e.url: self.takes_flat_buffers(e) for e in self.engines}
-        reuse = all(flat.values())
+        reuse = all(self.takes_flat_buffers(e) for e in self.engines)
         if self._sender is None or self._sender.reuse != reuse:
             if self._sender is not None:
                 self._sender.close()
             share = acc.reduce_tensor if acc.device_type == "cpu" else None  # into shared memory once, at allocation
             self._sender = SharedBucketSender(self.buffer_bytes, acc.device(), self._post_packed, reuse=reuse,
                                               share=share)
-        self._sender.checksums = self.check
-        self._version, self._flat_engines = version, flat
+        self._sender.checksums = self.check and self.role.sender
+        self._sender.flushes = 0  # flush numbers key the payload exchange: the same on every rank
+        self._version = version
         return self._sender
 
     def _post_packed(self, packed) -> None:
-        """Post one packed set to every engine (called from the sender's worker thread)."""
+        """One flush (on the sender's worker thread): this rank's payloads for the engine TP ranks it feeds;
+        rank 0 adds the other ranks' (PayloadExchange) and posts every engine its list, one per TP rank."""
         acc = get_accelerator()
+        flush = (self.syncs, packed.index)
+        mine = {f"{i}/{j}": packed.flattened_payload(acc) for i, j in self._feeds(self.rank)}
+        if not self.role.sender:
+            verdict = self.exchange.send_payloads(flush, mine) if self.exchange is not None else ""
+            if verdict:
+                raise WeightSyncError(verdict)
+            return
+        others = sorted({r for r in range(self.world_size) if r != self.rank and self._feeds(r)})
+        if others and self.exchange is None:
+            raise WeightSyncError("engines are colocated with trainer ranks other than 0 but no payload exchange is "
+                                  "set up (create_weight_sync sets one when torch.distributed is initialized)")
+        verdict = ""
+        try:
+            payloads = {**mine, **(self.exchange.collect(flush, others) if others else {})}
+            if self._failed is None:
+                self._post_all(packed, payloads)
+        except BaseException as e:
+            self._failed = self._failed or e
+            raise
+        finally:
+            if self._failed is not None:
+                verdict = str(self._failed).splitlines()[0] if str(self._failed) else type(self._failed).__name__
+            if others:
+                self.exchange.answer(flush, others, verdict)
+        if self._failed is not None:
+            raise self._failed
 
-        def post(engine: EngineEndpoint) -> None:
-            body: dict[str, Any] = {"flush_cache": False, "weight_version": str(self._version)}
+    def _post_all(self, packed, payloads: dict[str, str]) -> None:
+        def post(i: int, engine: EngineEndpoint) -> None:
+            body: dict[str, Any] = {"flush_cache": False, "weight_version": str(self._version),
+                                    "load_format": "flattened_bucket",
+                                    "serialized_named_tensors": [payloads[f"{i}/{j}"] for j in range(engine.tp_size)]}
             if self.check and self.engine_info(engine).get("update_checksums") is True:
                 body["return_checksums"] = True
-            if self._flat_engines.get(engine.url):
-                payloads, meta = zip(*(packed.flattened_payload(acc) for _ in range(engine.tp_size)))
-                body.update(serialized_named_tensors=list(payloads), load_format="flattened_bucket",
-                            flattened_bucket_meta=meta[0])
-            else:  # one serialization per receiving process (see PackedSend)
-                body.update(serialized_named_tensors=[packed.per_tensor_payload(acc) for _ in range(engine.tp_size)],
-                            load_format=None)
             reply = self.post(engine, "/update_weights_from_tensor", body)
-            _check_reply(reply, "update_weights_from_tensor")
+            _check_reply(reply, f"update_weights_from_tensor ({engine.url})")
             if body.get("return_checksums") and isinstance(reply, dict) and isinstance(reply.get("checksums"), dict):
                 self._reported.setdefault(engine.url, {}).update(reply["checksums"])
 
         if len(self.engines) == 1:
-            post(self.engines[0])
+            post(0, self.engines[0])
             return
-        errors: list[BaseException] = []
-
-        def guarded(engine: EngineEndpoint) -> None:
-            try:
-                post(engine)
-            except BaseException as e:  # reported once every engine has answered
-                errors.append(e)
-
-        threads = [threading.Thread(target=guarded, args=(e,), daemon=True) for e in self.engines]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+        _EngineCalls(self, [(e, None, i) for i, e in enumerate(self.engines)], fn=post).wait(None).raise_first()
 
     def _send_distributed(self, bucket: list[tuple[str, torch.Tensor]], version: int) -> None:
-        from slime.utils.distributed import broadcast
+        """Post the bucket's names to every engine and broadcast its tensors. An engine that refuses (its
+        reply comes back while the broadcast is pending) or a broadcast still pending after the timeout
+        aborts the group everywhere; the next sync forms it again."""
+        from slime.utils.distributed import broadcast_async
 
+        if self.group is None:
+            self.connect()
         device = get_accelerator().device()
         tensors = [t.detach().to(device).contiguous() for _, t in bucket]
         payload = {"names": [n for n, _ in bucket], "dtypes": [str(t.dtype).removeprefix("torch.") for t in tensors],
                    "shapes": [list(t.shape) for t in tensors], "group_name": self.role.group_name, "flush_cache": False,
                    "weight_version": str(version)}
-        errors: list[BaseException] = []
-
-        def ask(engine: EngineEndpoint) -> None:
-            try:
-                _check_reply(self.post(engine, "/update_weights_from_distributed", payload),
-                             "update_weights_from_distributed")
-            except BaseException as e:
-                errors.append(e)
-
         # The engines block in the broadcast until rank 0 sends, so their HTTP calls run alongside.
-        threads = [threading.Thread(target=ask, args=(e,), daemon=True) for e in self.engines]
-        for t in threads:
-            t.start()
-        for t in tensors:
-            broadcast(t, src=0, group=self.group)
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+        calls = _EngineCalls(self, [(e, "/update_weights_from_distributed", payload) for e in self.engines])
+        works = [broadcast_async(t, src=0, group=self.group) for t in tensors]
+        deadline = time.monotonic() + self.timeout_s
+        while not all(w.is_completed() for w in works):
+            refused = calls.first_error()
+            if refused is not None or time.monotonic() > deadline:
+                self._drop_group(aborted=True)
+                calls.wait(30)
+                if refused is None:
+                    raise WeightSyncError(f"weight broadcast not received by every engine within {self.timeout_s:.0f} s "
+                                          f"(--update-weight-timeout); pending engines: {calls.pending_urls()}; "
+                                          "the weight-update group was aborted and is formed again at the next sync")
+                raise WeightSyncError(f"{str(refused).splitlines()[0]}; the weight-update group was aborted on every "
+                                      "engine and is formed again at the next sync") from None
+            time.sleep(0.01)
+        for w in works:
+            w.wait()
+        calls.wait(self.timeout_s).raise_first()
+
 
     def serves_checksums(self, engine: EngineEndpoint) -> bool:
         """Whether the engine advertises `/get_weights_checksum` (`"weights_checksum": true` in
@@ -445,18 +610,65 @@ class WeightSync:
         return checked
 
 
+class _EngineCalls:
+    """HTTP calls to several engines on their own threads; errors are kept (first one raised on demand)."""
+
+    def __init__(self, ws: WeightSync, calls: list[tuple], fn: Callable[..., None] | None = None) -> None:
+        self.errors: list[BaseException] = []
+        self.threads: dict[str, threading.Thread] = {}
+
+        def run(engine: EngineEndpoint, path: str | None, arg: Any) -> None:
+            try:
+                if fn is not None:
+                    fn(arg, engine)
+                else:
+                    _check_reply(ws.post(engine, path, arg), f"{path.lstrip('/')} ({engine.url})")
+            except BaseException as e:  # noqa: BLE001 - reported by the caller
+                self.errors.append(e)
+
+        for engine, path, arg in calls:
+            t = threading.Thread(target=run, args=(engine, path, arg), daemon=True)
+            self.threads[engine.url] = t
+            t.start()
+
+    def first_error(self) -> BaseException | None:
+        return self.errors[0] if self.errors else None
+
+    def pending_urls(self) -> list[str]:
+        return [u for u, t in self.threads.items() if t.is_alive()]
+
+    def wait(self, timeout: float | None) -> "_EngineCalls":
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for t in self.threads.values():
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return self
+
+    def raise_first(self) -> None:
+        if self.errors:
+            raise self.errors[0]
+
 def create_weight_sync(args, model, engines: list[dict[str, Any]], rank: int) -> WeightSync:
     from slime.backends.megatron import model_setup
 
     acc = get_accelerator()
     mode = resolve_mode(args.update_weight_mode, args.colocate, acc.capabilities.ipc)
     endpoints = [EngineEndpoint.from_dict(e) for e in engines]
+    timeout = float(getattr(args, "update_weight_timeout", 600.0))
+    world, exchange = 1, None
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        from slime.utils.distributed import default_store
+
+        world = dist.get_world_size()
+        exchange = PayloadExchange(default_store(), rank, timeout) if mode == "ipc" and world > 1 else None
 
     def export():
         return model_setup.export_hf(model, args.update_weight_buffer_size)
 
     return WeightSync(mode, export, endpoints, rank, check=bool(args.check_weight_sync),
-                      buffer_bytes=args.update_weight_buffer_size, role=stage_role(rank))
+                      buffer_bytes=args.update_weight_buffer_size, world_size=world, timeout_s=timeout,
+                      exchange=exchange, role=stage_role(rank))
 
 
 def stage_role(rank: int) -> StageRole:
