@@ -543,3 +543,27 @@ def test_weight_sync_group_leaves_the_default_group_alone(tmp_path):
         assert p.wait(timeout=120) == 0, (tmp_path / f"out{rank}").read_text()[-2000:]
         out.close()
         assert f"ok {rank}" in (tmp_path / f"out{rank}").read_text()
+
+
+def test_sglang_generate_extras_and_get_weights_by_name(served, ckpts):
+    """SGLang's custom_params are accepted (ignored without a processor, as SGLang does); a custom logit
+    processor and return_routed_experts get one clear 400; /get_weights_by_name answers as SGLang does
+    (float32 nested lists, first dimension truncated), by HF name."""
+    server, client = served
+    prompt = _prompts(3, lengths=(5,))[0]
+    greedy = {"max_new_tokens": 4, "temperature": 0}
+    plain = client.generate(prompt, greedy)
+    custom = client.generate(prompt, {**greedy, "custom_params": {"thinking_budget": 3}})
+    assert custom["output_ids"] == plain["output_ids"]
+    for extra, needle in (({"custom_logit_processor": "x"}, "custom_logit_processor is not supported"),
+                          ({"return_routed_experts": True}, "return_routed_experts is not supported"),
+                          ({"sampling_params": {"custom_params": 3}}, "custom_params must be a JSON object")):
+        with pytest.raises(EngineError) as e:
+            client.post("/generate", {"input_ids": prompt, "sampling_params": greedy, **extra})
+        assert e.value.status == 400 and needle in e.value.message
+    ref = _hf(ckpts["lite0"]).get_parameter("model.embed_tokens.weight").detach()
+    got = client.post("/get_weights_by_name", {"name": "model.embed_tokens.weight", "truncate_size": 3})
+    assert torch.equal(torch.tensor(got), ref[:3].float())
+    with pytest.raises(EngineError) as e:
+        client.post("/get_weights_by_name", {"name": "no.such.weight"})
+    assert e.value.status == 400 and "unknown weight" in e.value.message

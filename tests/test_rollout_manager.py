@@ -26,7 +26,10 @@ def manager(tmp_path_factory):
     args = rollout_defaults(hf_checkpoint=ckpt, prompt_data=str(data), apply_chat_template=True, rollout_shuffle=True,
                             rollout_batch_size=6, n_samples_per_prompt=4, rollout_max_response_len=6,
                             rm_type="synthetic", rollout_num_gpus=2, max_concurrency=8, output_dir=str(base / "out"),
-                            rollout_engine_max_restarts=1)
+                            rollout_engine_max_restarts=1,
+                            # per-engine routing here, so a request's engine is known (the in-process fallback);
+                            # the real sglang-router is exercised by tests/test_sglang_router.py and the e2e runs
+                            rollout_router="in-process")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     started = not ray.is_initialized()
     if started:

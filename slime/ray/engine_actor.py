@@ -43,17 +43,21 @@ class RolloutEngineActor:
 
         s = self.spec
         log = os.path.join(s.log_dir, f"engine-{s.index}.log")
-        url = f"http://127.0.0.1:{port}"
+        from slime.utils.net import bind_host
+
+        host = bind_host()
+        url = f"http://{host}:{port}"
         if s.kind == "sglang":
             from slime.backends.sglang.launcher import SGLangLaunchSpec, sglang_command, sglang_env
 
             launch = SGLangLaunchSpec(model_path=s.model_path, port=port, tp_size=s.tp_size, device_ids=s.device_ids,
-                                      token=s.token, extra_args=s.sglang_args, memory_saver=s.memory_saver)
+                                      token=s.token, extra_args=s.sglang_args, memory_saver=s.memory_saver, host=host)
             cmd, env = sglang_command(launch), sglang_env(launch)
         elif s.kind == "embedded":
             from slime.backends.embedded.launcher import embedded_command, embedded_env
 
-            cmd = embedded_command(s.model_path, port, s.max_running_requests, s.context_length, s.dtype, s.random_seed)
+            cmd = embedded_command(s.model_path, port, s.max_running_requests, s.context_length, s.dtype, s.random_seed,
+                                   host=host)
             env = embedded_env(s.token, device_ids=s.device_ids)
         else:
             raise ValueError(f"unknown rollout engine kind {s.kind!r}; use embedded or sglang")

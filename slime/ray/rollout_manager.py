@@ -74,7 +74,10 @@ class RolloutManager:
         self.actors = [self._create_actor(i, slots) for i in range(self.n)]
         self.urls = self._ray().get([a.start.remote() for a in self.actors])
         self.clients = [EngineClient(u, self._token) for u in self.urls]
-        self.router = Router(self.n)
+        self.router = Router(self.n)  # in-flight accounting per engine; the routing itself, see _start_router
+        self.sglang_router, self._router_client = self._start_router(), None
+        if self.sglang_router is not None:
+            self._router_client = EngineClient(self.sglang_router.url, self._token)
         self._generation = [0] * self.n
         self._restarts = [0] * self.n
         self._down: set[int] = set()  # restarts used up or failed: left out of engines()
@@ -146,6 +149,30 @@ class RolloutManager:
                                    f"{ray.cluster_resources()}); lower --rollout-num-gpus")
         return {"num_cpus": 1, "scheduling_strategy": PlacementGroupSchedulingStrategy(
             placement_group=self._pg, placement_group_bundle_index=i), **device_request(self.tp)}
+
+    def _start_router(self):
+        """The real sglang-router in front of the engines (started here, or the one --sglang-router-ip/port name),
+        as upstream; without the package (or with --rollout-router in-process) requests are routed here."""
+        from slime.rollout.sglang_router import SGLangRouter, router_available
+
+        a, mode = self.args, getattr(self.args, "rollout_router", "auto") or "auto"
+        if mode == "in-process" or (mode == "auto" and not router_available()):
+            logger.info("rollout requests are routed in-process (%s)", "--rollout-router in-process"
+                        if mode == "in-process" else "the sglang-router package is not installed")
+            return None
+        if not router_available():
+            raise RolloutError("--rollout-router sglang-router but the sglang-router package is not installed; "
+                               "pip install sglang-router, or use --rollout-router in-process")
+        timeout = float(a.rollout_engine_startup_timeout)
+        if getattr(a, "sglang_router_ip", None):
+            router = SGLangRouter.external(a.sglang_router_ip, a.sglang_router_port, self.urls, timeout)
+        else:
+            from slime.backends.sglang.launcher import bind_host
+
+            router = SGLangRouter.start(self.urls, bind_host(), os.path.join(self.log_dir, "sglang-router.log"), timeout,
+                                        api_key=self._token if self.kind == "sglang" else None)
+        logger.info("rollout requests go through sglang-router at %s (%d engines registered)", router.url, self.n)
+        return router
 
     # ------------------------------------------------------------------ trainer API
     def ready(self) -> bool:
@@ -281,6 +308,8 @@ class RolloutManager:
 
     def shutdown(self) -> None:
         ray = self._ray()
+        if self.sglang_router is not None:
+            self.sglang_router.stop()
         try:
             ray.get([a.stop.remote() for a in self.actors], timeout=60)
         finally:
@@ -304,6 +333,10 @@ class RolloutManager:
 
     def client(self, idx: int) -> EngineClient:
         return self.clients[idx]
+
+    def generation_client(self, idx: int) -> EngineClient:
+        """Where generation requests go: the sglang-router when one is in front of the engines."""
+        return self._router_client if self._router_client is not None else self.clients[idx]
 
     def generation(self, idx: int) -> int:
         return self._generation[idx]
@@ -354,6 +387,8 @@ class RolloutManager:
                     raise RolloutError(f"rollout engine {idx} could not be restarted: {e}") from e
                 logger.error("rollout engine %d could not be restarted: %s", idx, e)
                 return
+            if self.sglang_router is not None:
+                self.sglang_router.replace_worker(self.urls[idx], url)
             self.urls[idx] = url
             self.clients[idx] = EngineClient(url, self._token)
             self._generation[idx] += 1

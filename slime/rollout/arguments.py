@@ -72,6 +72,12 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     for name in SGLANG_FLAGS:
         _add(g, parser, f"--sglang-{name}", action="store_true", help=f"SGLang --{name}")
     _add(g, parser, "--sglang-server-args", type=str, default="", help="extra sglang.launch_server arguments, verbatim")
+    g = parser.add_argument_group("rollout router")
+    _add(g, parser, "--rollout-router", choices=("auto", "sglang-router", "in-process"), default="auto",
+         help="auto: the sglang-router package when installed (as upstream), else in-process routing")
+    _add(g, parser, "--sglang-router-ip", type=str, default=None,
+         help="a running sglang-router to register the engines with (default: start one)")
+    _add(g, parser, "--sglang-router-port", type=int, default=None, help="port of --sglang-router-ip")
     return parser
 
 

@@ -212,12 +212,11 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
             s.attempts += 1
         params = [sampling_params(args, sample_seed(args, s.index)) for s in batch]
         try:
+            client = getattr(fleet, "generation_client", fleet.client)(idx)  # the sglang-router, when in front
             if len(batch) == 1:
-                outs = [fleet.client(idx).generate(batch[0].prompt_tokens, params[0], return_logprob=True,
-                                                   timeout=timeout)]
+                outs = [client.generate(batch[0].prompt_tokens, params[0], return_logprob=True, timeout=timeout)]
             else:
-                outs = fleet.client(idx).generate([s.prompt_tokens for s in batch], params, return_logprob=True,
-                                                  timeout=timeout)
+                outs = client.generate([s.prompt_tokens for s in batch], params, return_logprob=True, timeout=timeout)
         except EngineUnreachable as e:
             fleet.release(idx, served=False)
             for s in batch:

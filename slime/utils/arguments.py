@@ -173,6 +173,9 @@ def _add_weight_sync_arguments(parser: argparse.ArgumentParser) -> None:
               "auto: ipc when colocated and the device supports it")
     _add(g, parser, "--check-weight-sync", type=int, choices=(0, 1), default=1,
          help="compare a weight checksum on trainer and engine after every sync (1 = on)")
+    _add(g, parser, "--update-weight-timeout", type=float, default=600.0,
+         help="seconds a weight-update group may take to form or a broadcast / payload hand-over to finish "
+              "before the sync is aborted (every engine is resumed either way)")
 
 
 def _add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:

@@ -23,7 +23,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m slime.backends.embedded", description=__doc__.splitlines()[0])
     ap.add_argument("--model-path", required=True, help="HF checkpoint directory")
     ap.add_argument("--tokenizer-path", default=None)
-    ap.add_argument("--port", type=int, default=30000, help="port on 127.0.0.1 (0 = any free port)")
+    ap.add_argument("--port", type=int, default=30000, help="port (0 = any free port)")
+    ap.add_argument("--host", default="127.0.0.1", help="address to listen on (a multi-node run: the node's)")
     ap.add_argument("--dtype", default="auto", help="auto (float32 on CPU, checkpoint dtype on a device) or a dtype")
     ap.add_argument("--max-running-requests", type=int, default=64)
     ap.add_argument("--context-length", type=int, default=None)
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
         token = secrets.token_hex(16)
         print(f"engine token (send as 'Authorization: Bearer <token>'): {token}", flush=True)
     # Bind first: a taken port fails in a second, not after loading the model; /health is 503 meanwhile.
-    server = EngineHTTPServer(None, token, args.port)
+    server = EngineHTTPServer(None, token, args.port, host=args.host)
     server.start_in_thread()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

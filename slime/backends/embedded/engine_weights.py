@@ -160,6 +160,15 @@ class WeightControl:
         with self._model_lock:
             return named_checksums((n, self.name_map.resolve(n)) for n in names)
 
+    def weights_by_name(self, name: str, truncate_size: int) -> list:
+        """A weight (HF or runtime name) as float32 nested lists, first dimension cut to `truncate_size`."""
+        self._require_weights()
+        if name not in self.name_map:
+            raise BadRequest(f"unknown weight {name!r}; use an HF checkpoint name or a runtime parameter name")
+        with self._model_lock:
+            t = self.name_map.resolve(name).detach().to("cpu", torch.float32)
+        return t.numpy().tolist()[:truncate_size] if t.dim() else t.item()
+
     def model_info(self) -> dict[str, Any]:
         main = self._main_dtype()
         return {

@@ -59,6 +59,11 @@ class SamplingParams:
             if d.get("sampling_seed") is not None and d["sampling_seed"] != d["seed"]:
                 raise BadRequest("sampling_params has both seed and sampling_seed with different values; send one")
             d["sampling_seed"] = d.pop("seed")
+        # SGLang's per-request parameters of a custom logit processor: without a processor (this engine runs
+        # none; /generate refuses `custom_logit_processor`) SGLang ignores them too.
+        custom = d.pop("custom_params", None)
+        if custom is not None and not isinstance(custom, dict):
+            raise BadRequest(f"sampling_params.custom_params must be a JSON object, got {type(custom).__name__}")
         known = set(cls.__dataclass_fields__) | _ACCEPTED_NOOP_KEYS
         unknown = sorted(set(d) - known)
         if unknown:

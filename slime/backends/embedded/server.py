@@ -1,4 +1,5 @@
-"""HTTP front of the embedded engine: SGLang's endpoints on 127.0.0.1 (stdlib ThreadingHTTPServer).
+"""HTTP front of the embedded engine: SGLang's endpoints (stdlib ThreadingHTTPServer) on 127.0.0.1, or the
+node's address in a multi-node run (slime.utils.net.bind_host).
 
 Weight, memory and scheduling-control endpoints need `Authorization: Bearer <token>` (the run's
 token; SGLang's `--api-key` uses the same header). Malformed requests get HTTP 400 with
@@ -41,14 +42,15 @@ class EngineHTTPServer(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 1024  # socketserver's default backlog of 5 resets bursts of concurrent clients
 
-    def __init__(self, engine: EmbeddedEngine | None, token: str, port: int = 0) -> None:
+    def __init__(self, engine: EmbeddedEngine | None, token: str, port: int = 0, host: str = HOST) -> None:
         """`engine` may be attached later (bind the port first, then load the model): until then every
         endpoint answers 503, so /health pollers keep waiting."""
         if not token:
             raise ValueError("the engine server needs a non-empty token")
         self.engine = engine
         self.token = token
-        super().__init__((HOST, port), _Handler)
+        self.host = host
+        super().__init__((host, port), _Handler)
 
     @property
     def port(self) -> int:
@@ -56,7 +58,7 @@ class EngineHTTPServer(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def start_in_thread(self) -> threading.Thread:
         t = threading.Thread(target=self.serve_forever, name="embedded-engine-http", daemon=True)
@@ -126,7 +128,7 @@ class _Handler(BaseHTTPRequestHandler):
         generation = path == "/generate"
         try:
             # Read the body first so keep-alive connections stay in sync even on errors.
-            body = self._body() if self.command == "POST" else {}
+            body = self._body() if self.command == "POST" or self.headers.get("Content-Length") else {}
             if route is None:
                 raise NotFound(f"no endpoint {path}")
             if self.server.engine is None:
@@ -156,6 +158,13 @@ def _health(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
 
 
 def _generate(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
+    if body.get("custom_logit_processor"):
+        raise BadRequest("custom_logit_processor is not supported by the embedded engine (it runs no custom logit "
+                         "processors); drop it, or use an SGLang engine started with --enable-custom-logit-processor")
+    if any(body.get("return_routed_experts") if isinstance(body.get("return_routed_experts"), list)
+           else [body.get("return_routed_experts")]):
+        raise BadRequest("return_routed_experts is not supported by the embedded engine (it does not record the "
+                         "router's choices); drop it, or use an SGLang engine for routing replay")
     input_ids, text = body.get("input_ids"), body.get("text")
     if input_ids is None and text is None:
         raise BadRequest("send input_ids (list of ints, or list of lists for a batch) or text")
@@ -242,6 +251,8 @@ def _decode_named_tensors(body: dict) -> list[tuple[str, Any]]:
         if fmt == "flattened_bucket":
             return unflatten(*deserialize_flattened_bucket(data, allowed))
         return deserialize_named_tensors(data, allowed)
+    except BadRequest:
+        raise
     except UnsafeHandleError as e:
         raise BadRequest(f"refused tensor payload: {e}") from e
     except (pickle.UnpicklingError, EOFError, TypeError, ValueError, AttributeError, RuntimeError, OSError) as e:
@@ -280,6 +291,17 @@ def _update_from_distributed(engine: EmbeddedEngine, body: dict) -> tuple[int, A
     return _ok(f"updated {n} weights", weight_version=engine.weight_version)
 
 
+def _weights_by_name(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
+    """SGLang's /get_weights_by_name: the parameter as float32 nested lists, its first dimension cut to
+    `truncate_size` rows (SGLang: `param.cpu().to(torch.float32).numpy().tolist()[:truncate_size]`)."""
+    name, size = body.get("name"), body.get("truncate_size", 100)
+    if not isinstance(name, str) or not name:
+        raise BadRequest("get_weights_by_name needs name: the parameter's name")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise BadRequest(f"truncate_size must be a non-negative int, got {size!r}")
+    return 200, engine.weights_by_name(name, size)
+
+
 def _weights_checksum(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
     return _ok("checksums", checksums=engine.weights_checksum(body.get("names")))
 
@@ -294,6 +316,9 @@ _ROUTES: dict[str, Callable[[EmbeddedEngine, dict], tuple[int, Any]]] = {
     "/health_generate": _health,
     "/generate": _generate,
     "/get_model_info": _model_info,
+    "/model_info": _model_info,  # the names sglang-router probes first
+    "/server_info": _model_info,
+    "/get_server_info": _model_info,
     "/flush_cache": _flush_cache,
     "/pause_generation": _pause,
     "/continue_generation": _continue,
@@ -306,4 +331,5 @@ _ROUTES: dict[str, Callable[[EmbeddedEngine, dict], tuple[int, Any]]] = {
     "/update_weights_from_distributed": _update_from_distributed,
     "/destroy_weights_update_group": _destroy_group,
     "/get_weights_checksum": _weights_checksum,
+    "/get_weights_by_name": _weights_by_name,
 }

@@ -25,6 +25,11 @@ class SGLangLaunchSpec:
     token: str | None = None  # served as --api-key: every endpoint then needs "Authorization: Bearer <token>"
     extra_args: list[str] = field(default_factory=list)  # from --sglang-* flags
     memory_saver: bool = False  # release/resume_memory_occupation (colocated training)
+    host: str = HOST  # slime.utils.net.bind_host(): the node's address in a multi-node run
+    # An engine spanning nodes (SGLang's --nnodes/--node-rank/--dist-init-addr): one server per node, node 0 serves
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None
 
 
 def sglang_available() -> bool:
@@ -52,8 +57,13 @@ def sglang_command(spec: SGLangLaunchSpec, acc: Any = None, python: str = sys.ex
     acc = acc or get_accelerator()
     if spec.tp_size < 1:
         raise ValueError(f"tp_size must be >= 1, got {spec.tp_size}")
-    defaults = ["--model-path", spec.model_path, "--host", HOST, "--port", str(spec.port),
+    defaults = ["--model-path", spec.model_path, "--host", spec.host, "--port", str(spec.port),
                 "--tp-size", str(spec.tp_size)] + device_flags(acc)
+    if spec.nnodes > 1:
+        if not spec.dist_init_addr:
+            raise ValueError(f"an engine over {spec.nnodes} nodes needs dist_init_addr (node 0's host:port)")
+        defaults += ["--nnodes", str(spec.nnodes), "--node-rank", str(spec.node_rank),
+                     "--dist-init-addr", spec.dist_init_addr]
     if spec.token:
         defaults += ["--api-key", spec.token]
     if spec.memory_saver:
@@ -69,3 +79,9 @@ def sglang_env(spec: SGLangLaunchSpec, acc: Any = None, base: dict[str, str] | N
             raise ValueError(f"engine has tp_size {spec.tp_size} but {len(spec.device_ids)} device ids {spec.device_ids}")
         env.update({k: str(v) for k, v in acc.worker_env(spec.device_ids).items()})
     return env
+
+
+def bind_host() -> str:
+    from slime.utils.net import bind_host as _bind_host
+
+    return _bind_host()

@@ -1,0 +1,132 @@
+"""The real sglang-router (PyPI `sglang-router`, a Rust binary that runs on CPU too) in front of the engines,
+as upstream slime runs it: started here (`python -m sglang_router.launch_router`) unless
+--sglang-router-ip/--sglang-router-port name one already running; every engine is registered as a worker
+(`POST /add_worker?url=...`, `/remove_worker` when a restarted engine moved). Generation then goes to the
+router's `/generate`, which forwards the body unchanged (SGLang's protocol; the embedded engine serves it).
+Without the package the rollout manager routes in-process (slime.rollout.router) and logs that once.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
+
+
+def router_available() -> bool:
+    return importlib.util.find_spec("sglang_router") is not None
+
+
+class RouterError(RuntimeError):
+    pass
+
+
+@dataclass
+class SGLangRouter:
+    url: str  # http://host:port
+    process: object | None = None  # ServerProcess when started here
+    workers: list[str] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, worker_urls: list[str], host: str, log_path: str, timeout_s: float = 300.0,
+              api_key: str | None = None, policy: str = "round_robin") -> "SGLangRouter":
+        """Launch the router on a free port with every worker; returns once it forwards to all of them."""
+        from slime.backends.sglang.process import ServerProcess
+        from slime.utils.net import free_port
+
+        port = free_port()
+        cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", host, "--port", str(port),
+               "--worker-urls", *worker_urls, "--policy", policy, "--log-level", "warn",
+               # default 30 s between start-up checks of the workers: the engines are already healthy
+               "--worker-startup-check-interval", "1"] + (["--api-key", api_key] if api_key else [])
+        proc = ServerProcess(name="sglang-router", cmd=cmd, env=dict(os.environ), log_path=log_path,
+                             url=f"http://{host}:{port}")
+        proc.start()
+        router = cls(url=proc.url, process=proc, workers=list(worker_urls))
+        try:
+            router.wait_ready(timeout_s)
+        except BaseException:
+            proc.stop()
+            raise
+        return router
+
+    @classmethod
+    def external(cls, ip: str, port: int, worker_urls: list[str], timeout_s: float = 300.0) -> "SGLangRouter":
+        """A router started by the user (--sglang-router-ip/--sglang-router-port): register the workers."""
+        router = cls(url=f"http://{ip}:{int(port)}")
+        for u in worker_urls:
+            router.add_worker(u)
+        router.wait_ready(timeout_s)
+        return router
+
+    def _call(self, method: str, path: str, timeout: float = 30.0) -> tuple[int, bytes]:
+        req = urllib.request.Request(self.url + path, method=method, data=b"" if method == "POST" else None)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Until the router answers /get_model_info through a worker (it registers workers asynchronously)."""
+        deadline = time.monotonic() + timeout_s
+        last = "no answer"
+        while time.monotonic() < deadline:
+            if self.process is not None and not self.process.running():
+                raise RouterError(f"sglang-router exited: {self.process.describe_exit()}")
+            try:
+                status, body = self._call("GET", "/get_model_info", timeout=10)
+                if status == 200:
+                    return
+                last = f"HTTP {status}: {body[:200]!r}"
+            except (urllib.error.URLError, OSError) as e:
+                last = str(e)
+            time.sleep(0.5)
+        raise RouterError(f"sglang-router at {self.url} does not reach its workers after {timeout_s:.0f} s ({last})")
+
+    def add_worker(self, url: str) -> None:
+        """Register a worker: sglang-router >= 0.3 takes `POST /workers {"url"}`; older ones `/add_worker?url=`."""
+        import json
+
+        req = urllib.request.Request(self.url + "/workers", data=json.dumps({"url": url}).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30):
+                pass
+        except urllib.error.HTTPError as e:
+            if e.code not in (404, 405):
+                raise RouterError(f"sglang-router {self.url} refused worker {url}: HTTP {e.code}: {e.read()[:200]!r}")
+            status, body = self._call("POST", "/add_worker?url=" + urllib.parse.quote(url, safe=""))
+            if status >= 300:
+                raise RouterError(f"sglang-router {self.url} refused worker {url}: HTTP {status}: {body[:200]!r}")
+        if url not in self.workers:
+            self.workers.append(url)
+
+    def remove_worker(self, url: str) -> None:
+        import json
+
+        status, body = self._call("GET", "/workers")
+        ids = [w.get("id") for w in (json.loads(body).get("workers", []) if status == 200 else []) if w.get("url") == url]
+        for wid in ids:
+            self._call("DELETE", f"/workers/{wid}")
+        if status != 200:
+            self._call("POST", "/remove_worker?url=" + urllib.parse.quote(url, safe=""))
+        if url in self.workers:
+            self.workers.remove(url)
+
+    def replace_worker(self, old: str, new: str) -> None:
+        if old != new:
+            self.remove_worker(old)
+            self.add_worker(new)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
