@@ -78,3 +78,13 @@ def common() -> types.ModuleType:
     exec(compile(ast.Module(body=picked, type_ignores=[]), path, "exec"), mod.__dict__)
     sys.modules[name] = mod
     return mod
+
+
+def unload() -> None:
+    """Take the modules entered above out of sys.modules again (other tests check that sglang is not imported)."""
+    for name in ("sglang.srt.weight_sync.tensor_bucket", "sglang.srt.weight_sync", "sglang.srt", "sglang",
+                 "sglang_reference_common"):
+        mod = sys.modules.get(name)
+        if mod is not None and (name == "sglang_reference_common" or getattr(mod, "__file__", None) is None
+                                or name.endswith("tensor_bucket")):
+            sys.modules.pop(name, None)

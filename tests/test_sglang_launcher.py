@@ -76,7 +76,7 @@ def test_cpu_env_and_embedded_command_keep_token_off_argv():
     env = sglang_env(SGLangLaunchSpec("/m", 1), CpuAccelerator(), base={"A": "1"})
     assert env == {"A": "1"}
     cmd = embedded_command("/m", 4242, max_running_requests=8, random_seed=3, python="py")
-    assert cmd == ["py", "-m", "slime.backends.embedded", "--model-path", "/m", "--port", "4242",
+    assert cmd == ["py", "-m", "slime.backends.embedded", "--model-path", "/m", "--port", "4242", "--host", "127.0.0.1",
                    "--max-running-requests", "8", "--random-seed", "3"]
     env = embedded_env("secret", CpuAccelerator(), base={})
     assert env["SLIME_ENGINE_TOKEN"] == "secret" and "secret" not in cmd
@@ -193,3 +193,21 @@ def test_engine_actor_moves_to_another_port_when_its_port_is_taken(tmp_path):
     finally:
         actor.stop()
         blocker.close()
+
+
+def test_multi_node_engine_flags_and_bind_address(monkeypatch):
+    """An SGLang engine over several nodes gets SGLang's --nnodes/--node-rank/--dist-init-addr and listens on
+    the node's address; without dist_init_addr it is one clear error."""
+    from slime.utils.net import bind_host
+
+    spec = SGLangLaunchSpec("/m", 31000, tp_size=16, host="10.0.0.5", nnodes=2, node_rank=1,
+                            dist_init_addr="10.0.0.4:5000")
+    cmd = sglang_command(spec, CpuAccelerator(), python="py")
+    assert (_flag(cmd, "--host"), _flag(cmd, "--nnodes"), _flag(cmd, "--node-rank"), _flag(cmd, "--dist-init-addr")) == \
+        ("10.0.0.5", "2", "1", "10.0.0.4:5000")
+    with pytest.raises(ValueError, match="needs dist_init_addr"):
+        sglang_command(SGLangLaunchSpec("/m", 1, nnodes=2), CpuAccelerator(), python="py")
+    monkeypatch.delenv("SLIME_BIND_HOST", raising=False)
+    assert bind_host() == "127.0.0.1"  # no multi-node Ray cluster here
+    monkeypatch.setenv("SLIME_BIND_HOST", "10.0.0.9")
+    assert bind_host() == "10.0.0.9"

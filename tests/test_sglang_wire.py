@@ -22,6 +22,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "sglang_wire_worker.py")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _sglang_modules_out_afterwards():
+    yield
+    ref.unload()
+
+
 def _env():
     return {**os.environ, "PYTHONPATH": ROOT, "RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1"}
 

@@ -13,7 +13,7 @@ import torch
 from slime.accelerator import get_accelerator
 from slime.accelerator.ipc import deserialize_flattened_bucket, deserialize_named_tensors
 from slime.utils.tensor_bucket import FlattenedTensorMetadata, reconstruct
-from slime.backends.megatron.weight_sync import EngineEndpoint, WeightSync, WeightSyncError, resolve_mode
+from slime.backends.megatron.weight_sync import EngineEndpoint, WeightSync, WeightSyncError, default_get, resolve_mode
 from slime.utils import weight_checksum
 
 
@@ -412,3 +412,55 @@ def test_engine_keeps_the_last_received_buffers_open_and_drops_them_on_release()
     assert not held & {flats[i][1].data_ptr() for i in (0, 1, 3)}
     fb.drop_open()
     assert not fb._open
+
+
+@pytest.mark.timeout(600)
+def test_distributed_sync_with_a_refusing_engine_aborts_resumes_every_engine_and_blocks_nothing():
+    """Two engine processes join the weight-update group; one refuses the update without joining the
+    broadcast. The sync fails with one error naming that engine (long before the 600 s timeout: the test's
+    own limit would stop a hang), every engine is resumed, the other engine's update call returns, and
+    the next sync forms the group again and goes through once the engine accepts."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1"}
+    worker = os.path.join(root, "tests", "weight_sync_engine_worker.py")
+    procs = [subprocess.Popen([sys.executable, worker, mode], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True) for mode in ("receive", "refuse")]
+    try:
+        urls = [f"http://127.0.0.1:{int(p.stdout.readline())}" for p in procs]
+        weights = {"a.weight": torch.randn(64, 32), "b.bias": torch.randn(7)}
+        ws = WeightSync("distributed", lambda: iter([list(weights.items())]), [EngineEndpoint(u) for u in urls],
+                        rank=0, check=False)
+        ws.connect()
+        with pytest.raises(WeightSyncError) as e:
+            ws.sync(version=1)
+        message = str(e.value)
+        assert urls[1] in message and "refusing: weights are locked" in message and "aborted" in message
+        assert "\n" not in message
+        calls = [default_get(EngineEndpoint(u), "/calls")["calls"] for u in urls]
+        for c in calls:  # paused, then resumed after the failure
+            assert c[:2] == ["/init_weights_update_group", "/pause_generation"], c
+            assert c[-1] == "/continue_generation" and "/flush_cache" in c, c
+            assert "/destroy_weights_update_group" in c and "update_done" in c  # the receiver is not blocked
+        assert ws.group is None
+        procs[1].stdin.close()
+        procs[1].wait(60)
+        procs[1] = subprocess.Popen([sys.executable, worker, "receive"], env=env, stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, text=True)
+        urls[1] = f"http://127.0.0.1:{int(procs[1].stdout.readline())}"
+        ws.sync(version=2, engines=[EngineEndpoint(urls[0]), EngineEndpoint(urls[1], instance=1)])
+        assert ws.group is not None
+        for u in urls:
+            assert default_get(EngineEndpoint(u), "/calls")["calls"][-1] == "/continue_generation"
+        ws.close()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.stdin.close()
+                try:
+                    p.wait(30)
+                except subprocess.TimeoutExpired:
+                    p.kill()

@@ -251,11 +251,12 @@ class WeightSync:
         threads = _EngineCalls(self, calls)
         try:
             self.group = host.join(refused=threads.first_error)
-        except BaseException:
-            host.abort()
+        except BaseException as e:
+            host.abort()  # stops the store: rendezvous still waiting on it fail, here and in the engines
             threads.wait(30)
             self._destroy_on_engines()
-            raise
+            raise WeightSyncError(f"weight-update group not formed: {str(e).splitlines()[0] if str(e) else e!r}; "
+                                  "every engine was asked to destroy it") from None
         threads.wait(self.timeout_s)
         self._group_host = host
         threads.raise_first()
