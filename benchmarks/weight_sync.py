@@ -12,10 +12,10 @@ the stored tensors themselves, expert weights as transposed views of megatron's 
 fresh contiguous copy of every tensor, as the GLM export did before; --export view: all stored contiguous).
 Modes:
   ipc          WeightSync's colocated path to the embedded engine: the export's tensors copied once into
-               reused, double-buffered per-dtype shared buffers (shared_buckets.py), posted as
+               reused, double-buffered shared uint8 buffers (shared_buckets.py), posted as SGLang's
                load_format "flattened_bucket" (one handle per buffer)
-  ipc-handles  the same sender as an SGLang engine gets it: per-tensor handles (views into the buffers),
-               buffers not reused
+  ipc-handles  the same sender as an SGLang engine gets it: the same format, new buffers for every post
+               (not reused)
   distributed  /init_weights_update_group once, then per bucket /update_weights_from_distributed + broadcast
                over get_accelerator().process_group_backend()
 Reference: `dst.copy_(src)` of the same number of bytes on the same device (best of 5), measured in this run.
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> None:
         endpoint = EngineEndpoint(url=engine.url, token=engine.token)
         syncs = {m: WeightSync("distributed" if m == "distributed" else "ipc", lambda: iter(()), [endpoint], rank=0,
                                check=bool(a.check), buffer_bytes=a.update_weight_buffer_size) for m in a.modes}
-        if "ipc-handles" in syncs:  # as an engine without the flattened_bucket capability (SGLang) is served
+        if "ipc-handles" in syncs:  # as an engine without the read-before-reply promise (SGLang) is served
             syncs["ipc-handles"].takes_flat_buffers = lambda engine: False
         if "distributed" in syncs:
             t0 = time.perf_counter()

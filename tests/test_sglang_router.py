@@ -64,7 +64,7 @@ class _Worker:
 @pytest.mark.skipif(not router_available(), reason="sglang-router is not installed")
 @pytest.mark.timeout(600)
 def test_generation_goes_through_the_real_router_to_every_worker(tmp_path):
-    """The router forwards SGLang's /generate body unchanged, spreads requests over the registered workers,
+    """The router forwards SGLang's /generate request (with its own defaults filled in), spreads requests over the workers,
     and takes a worker moved to a new address (an engine restarted on another port)."""
     a, b, moved = _Worker("a"), _Worker("b"), _Worker("moved")
     router = SGLangRouter.start([a.url, b.url], "127.0.0.1", str(tmp_path / "router.log"), timeout_s=300)

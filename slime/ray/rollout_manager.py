@@ -334,6 +334,11 @@ class RolloutManager:
     def client(self, idx: int) -> EngineClient:
         return self.clients[idx]
 
+    def batched_requests(self) -> bool:
+        """Whether a /generate request may carry several samples: sglang-router (0.3) accepts one
+        sampling_params object per request only, and every sample has its own seed."""
+        return self._router_client is None
+
     def generation_client(self, idx: int) -> EngineClient:
         """Where generation requests go: the sglang-router when one is in front of the engines."""
         return self._router_client if self._router_client is not None else self.clients[idx]

@@ -147,8 +147,8 @@ def samples_per_request(args: Any, fleet: Any, num_samples: int) -> int:
     so an engine gets its whole share at once: one wave, no per-request HTTP round trips), at most
     --max-concurrency over all engines. 1 (a request per sample) for a fleet that does not say how many engines it has."""
     count = getattr(fleet, "num_engines", None)
-    if count is None:
-        return 1
+    if count is None or not getattr(fleet, "batched_requests", lambda: True)():
+        return 1  # (sglang-router takes one sampling_params object per request: a sample per request there)
     engines = max(1, int(count()))
     # every engine gets a request in flight (the router spreads them) within --max-concurrency samples
     return max(1, min(int(getattr(args, "max_concurrency", 64)) // engines, -(-num_samples // engines)))

@@ -1,8 +1,9 @@
 """The real sglang-router (PyPI `sglang-router`, a Rust binary that runs on CPU too) in front of the engines,
 as upstream slime runs it: started here (`python -m sglang_router.launch_router`) unless
 --sglang-router-ip/--sglang-router-port name one already running; every engine is registered as a worker
-(`POST /add_worker?url=...`, `/remove_worker` when a restarted engine moved). Generation then goes to the
-router's `/generate`, which forwards the body unchanged (SGLang's protocol; the embedded engine serves it).
+(`POST /workers`, removed again when a restarted engine moved). Generation then goes to the router's
+`/generate` (SGLang's protocol; the router parses the request, fills in SGLang's defaults and takes one
+`sampling_params` object per request, so callers send a sample per request).
 Without the package the rollout manager routes in-process (slime.rollout.router) and logs that once.
 """
 
