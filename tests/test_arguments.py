@@ -121,3 +121,36 @@ def test_load_dirs_that_are_accepted(tmp_path, capsys):
             parse_args(_argv(tmp_path, *extra))
         err = capsys.readouterr().err.strip()
         assert needle in err and "\n" not in err
+
+
+def test_memory_flags_defaults_and_parse(tmp_path):
+    args = parse_args(_argv(tmp_path))
+    assert args.use_distributed_optimizer is True  # on by default, as upstream slime forces it
+    assert args.recompute_granularity is None and not args.optimizer_cpu_offload
+    args = parse_args(_argv(tmp_path, "--no-use-distributed-optimizer"))
+    assert args.use_distributed_optimizer is False
+    args = parse_args(_argv(tmp_path, "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+                            "--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
+                            "2", "--optimizer-cpu-offload", "--overlap-cpu-optimizer-d2h-h2d",
+                            "--use-precision-aware-optimizer"))
+    assert args.overlap_param_gather and args.recompute_method == "block" and args.recompute_num_layers == 2
+    assert args.optimizer_offload_fraction == 1.0
+    args = parse_args(_argv(tmp_path, "--recompute-granularity", "selective", "--recompute-modules", "core_attn", "moe"))
+    assert args.recompute_modules == ["core_attn", "moe"]
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--overlap-param-gather"], "--overlap-param-gather needs --use-distributed-optimizer and --overlap-grad-reduce"),
+    (["--no-use-distributed-optimizer", "--use-precision-aware-optimizer"], "needs the distributed optimizer"),
+    (["--overlap-cpu-optimizer-d2h-h2d"], "needs --optimizer-cpu-offload"),
+    (["--recompute-granularity", "full"], "needs --recompute-method uniform|block and --recompute-num-layers"),
+    (["--recompute-method", "uniform"], "need --recompute-granularity full|selective"),
+    (["--recompute-granularity", "selective", "--recompute-num-layers", "1"], "takes --recompute-modules"),
+    (["--optimizer-cpu-offload", "--optimizer-offload-fraction", "2"], "must be in [0, 1]"),
+])
+def test_memory_flags_bad_combinations_one_line(tmp_path, extra, needle, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args(_argv(tmp_path) + extra)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err

@@ -164,6 +164,66 @@ def _add_optimizer_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--seed", type=int, default=1234)
 
 
+RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "layernorm", "mlp", "moe", "moe_act", "shared_experts")
+
+
+def _add_memory_arguments(parser: argparse.ArgumentParser) -> None:
+    """Megatron-core's memory toolkit: distributed optimizer, activation recompute, optimizer CPU offload."""
+    g = parser.add_argument_group("memory (Megatron distributed optimizer, recompute, optimizer offload)")
+    _add(g, parser, "--use-distributed-optimizer", action=argparse.BooleanOptionalAction, default=True,
+         help="shard fp32 main params and Adam state over data-parallel ranks (grads reduce-scattered, params "
+              "all-gathered); --no-use-distributed-optimizer keeps a full optimizer on every rank")
+    _add(g, parser, "--overlap-grad-reduce", action="store_true",
+         help="launch each grad bucket's reduction during backward (asynchronous collectives)")
+    _add(g, parser, "--overlap-param-gather", action="store_true",
+         help="distributed optimizer: all-gather updated params during the next forward (needs --overlap-grad-reduce)")
+    _add(g, parser, "--recompute-granularity", choices=("full", "selective"), default=None,
+         help="activation recompute: full = whole layers (with --recompute-method/--recompute-num-layers), "
+              "selective = the --recompute-modules parts of each layer")
+    _add(g, parser, "--recompute-method", choices=("uniform", "block"), default=None,
+         help="full recompute: uniform = checkpoint every chunk of --recompute-num-layers layers; block = "
+              "only the first --recompute-num-layers layers of each pipeline stage")
+    _add(g, parser, "--recompute-num-layers", type=int, default=None, help="layers per recompute chunk (see above)")
+    _add(g, parser, "--recompute-modules", nargs="+", choices=RECOMPUTE_MODULES, default=None,
+         help="selective recompute: which parts (default core_attn); mlp = dense MLPs, moe = whole MoE layers")
+    _add(g, parser, "--optimizer-cpu-offload", action="store_true",
+         help="Adam state and update on the host (Megatron's HybridDeviceOptimizer); nothing moves on the CPU device")
+    _add(g, parser, "--optimizer-offload-fraction", type=float, default=1.0,
+         help="with --optimizer-cpu-offload: fraction of the optimizer state moved to the host")
+    _add(g, parser, "--overlap-cpu-optimizer-d2h-h2d", action="store_true",
+         help="with --optimizer-cpu-offload: overlap the grad/param copies with the host optimizer (per-param streams)")
+    _add(g, parser, "--use-precision-aware-optimizer", action="store_true",
+         help="Megatron's precision-aware optimizer (main params / moments kept by the optimizer; needs the "
+              "distributed optimizer, and TransformerEngine's FusedAdam unless --optimizer-cpu-offload)")
+
+
+def _validate_memory_args(args: argparse.Namespace) -> None:
+    if args.overlap_param_gather:
+        _require(args.use_distributed_optimizer and args.overlap_grad_reduce,
+                 "--overlap-param-gather needs --use-distributed-optimizer and --overlap-grad-reduce; add them or drop it")
+    if args.use_precision_aware_optimizer:
+        _require(args.use_distributed_optimizer,
+                 "--use-precision-aware-optimizer needs the distributed optimizer; drop --no-use-distributed-optimizer")
+    if args.optimizer_cpu_offload:
+        _require(0.0 <= args.optimizer_offload_fraction <= 1.0,
+                 f"--optimizer-offload-fraction must be in [0, 1], got {args.optimizer_offload_fraction}")
+    else:
+        _require(not args.overlap_cpu_optimizer_d2h_h2d,
+                 "--overlap-cpu-optimizer-d2h-h2d needs --optimizer-cpu-offload; add it or drop the overlap flag")
+    g, method, n = args.recompute_granularity, args.recompute_method, args.recompute_num_layers
+    if g is None:
+        _require(method is None and n is None and args.recompute_modules is None,
+                 "--recompute-method/--recompute-num-layers/--recompute-modules need --recompute-granularity full|selective")
+    elif g == "full":
+        _require(method is not None and n is not None and n >= 1,
+                 "--recompute-granularity full needs --recompute-method uniform|block and --recompute-num-layers N >= 1")
+        _require(args.recompute_modules is None,
+                 "--recompute-modules is for --recompute-granularity selective; drop it with full recompute")
+    else:
+        _require(method is None and n is None,
+                 "--recompute-granularity selective takes --recompute-modules, not --recompute-method/--recompute-num-layers")
+
+
 def _add_weight_sync_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("weight sync (trainer -> engines)")
     _add(g, parser, "--update-weight-buffer-size", type=int, default=512 * 1024**2,
@@ -228,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_parallel_arguments(parser)
     _add_pipeline_arguments(parser)
     _add_optimizer_arguments(parser)
+    _add_memory_arguments(parser)
     _add_weight_sync_arguments(parser)
     _add_algorithm_arguments(parser)
     _add_output_arguments(parser)
@@ -315,6 +376,7 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
                  f"--tis-clip-low {args.tis_clip_low} must be below --tis-clip {args.tis_clip} (> 0)")
     _require(args.lr >= 0 and args.weight_decay >= 0 and args.clip_grad >= 0,
              "--lr, --weight-decay and --clip-grad must be >= 0")
+    _validate_memory_args(args)
     _require(0 <= args.adam_beta1 < 1 and 0 <= args.adam_beta2 < 1, "--adam-beta1/--adam-beta2 must be in [0, 1)")
     if args.save_interval is not None:
         _require(args.save is not None, "--save-interval needs --save DIR")

@@ -18,10 +18,10 @@ MEGATRON_VERSIONS = ">=0.16,<0.17"
 
 def common_patches() -> list[Patch]:
     """Patches every accelerator without CUDA needs (CPU, Ascend). Imports megatron.core lazily."""
-    from slime.accelerator.megatron_patches import checkpoint, comm, memory, moe, optim, pipeline, rng
+    from slime.accelerator.megatron_patches import checkpoint, comm, memory, moe, offload, optim, pipeline, rng
 
-    return [*rng.PATCHES, *memory.PATCHES, *comm.PATCHES, *moe.PATCHES, *optim.PATCHES, *pipeline.PATCHES,
-            *checkpoint.PATCHES]
+    return [*rng.PATCHES, *memory.PATCHES, *comm.PATCHES, *moe.PATCHES, *optim.PATCHES, *offload.PATCHES,
+            *pipeline.PATCHES, *checkpoint.PATCHES]
 
 
 def register_set(accelerator: str, patches: list[Patch]) -> None:

@@ -3,8 +3,8 @@
 Short functions with `device='cuda'` literals are re-implemented here; long ones whose only device
 dependence is `torch.cuda.<call>` (and the optimizers' `param.type() == 'torch.cuda.FloatTensor'`
 checks) are re-bound with `device_shim.with_accelerator_torch` instead of being copied.
-Not covered (not used by slime): fp16 grad scalers, count_zeros_fp32 (log_num_zeros_in_grad),
-optimizer CPU offload, distributed-optimizer checkpoint save/load over non-gloo paths.
+Optimizer CPU offload (HybridDeviceOptimizer) is in offload.py. Not covered (not used by slime): fp16 grad
+scalers, count_zeros_fp32 (log_num_zeros_in_grad), distributed-optimizer checkpoint save/load over non-gloo paths.
 """
 
 from __future__ import annotations
@@ -106,6 +106,38 @@ def make_mixed_precision_init(original):
     return __init__
 
 
+def make_distributed_optimizer_load_state_dict(original):
+    """DistributedOptimizer.load_state_dict, re-bound to the accelerator, then giving every parameter its own
+    Adam `step` tensor: for torch's Adam (no apex / TransformerEngine) the original stores ONE step tensor in
+    every parameter's state, which torch's Adam then increments once per parameter per step."""
+    rebound = with_accelerator_torch(original)
+
+    def load_state_dict(self, state_dict):
+        rebound(self, state_dict)
+        inner = getattr(self, "optimizer", None)
+        for opt in [inner, *getattr(inner, "sub_optimizers", [])]:
+            for state in (opt.state.values() if opt is not None else ()):
+                step = state.get("step")
+                if isinstance(step, torch.Tensor):
+                    state["step"] = step.detach().clone()
+
+    return load_state_dict
+
+
+def make_te_min_version(original):
+    """is_te_min_version that answers False when TransformerEngine is not installed (the original compares
+    None with a version and raises TypeError)."""
+
+    def is_te_min_version(version, check_equality=True):
+        from megatron.core.utils import get_te_version
+
+        if get_te_version() is None:
+            return False
+        return original(version, check_equality)
+
+    return is_te_min_version
+
+
 def _p(name, targets, replacement, why, replaces, remove_when="megatron-core's optimizer stack takes its "
        "device from the parameters / an accelerator API instead of CUDA literals"):
     return Patch(name=name, targets=tuple(targets), replacement=replacement, why=why, replaces=replaces,
@@ -150,6 +182,17 @@ PATCHES = [
        _rebind_types,
        "the distributed optimizer shards main params and optimizer state across data-parallel ranks",
        "param.type() comparisons against 'torch.cuda.*Tensor' (re-bound to this accelerator's type names)"),
+    _p("distributed_optimizer_load_state_dict", [f"{DIST_OPT}:DistributedOptimizer.load_state_dict"],
+       make_distributed_optimizer_load_state_dict,
+       "resuming a checkpoint with the distributed optimizer allocates each shard's Adam state before filling it",
+       "torch.empty(..., device=torch.cuda.current_device()) placeholders (re-bound), and the single `step` tensor "
+       "shared by every parameter's torch-Adam state (each parameter gets its own copy)",
+       remove_when="megatron-core allocates on the accelerator and gives torch Adam one step tensor per parameter"),
+    _p("te_version_without_te", ["megatron.core.optimizer.optimizer_config:is_te_min_version",
+                                 "megatron.core.optimizer:is_te_min_version"], make_te_min_version,
+       "--use-precision-aware-optimizer (OptimizerConfig and get_megatron_optimizer ask for TE's version)",
+       "get_te_version() >= Version(...) with get_te_version() None when TransformerEngine is absent (TypeError)",
+       remove_when="megatron-core's is_te_min_version handles a missing TransformerEngine"),
     _p("chained_optimizer_loss_scale", [f"{OPT}:ChainedOptimizer.get_loss_scale"], _rebind,
        "an empty chained optimizer (e.g. a pipeline stage without params) reports a unit loss scale",
        "torch.cuda.current_device() in ChainedOptimizer.get_loss_scale"),

@@ -355,6 +355,7 @@ class MegatronTrainRayActor:
             dist.all_reduce(loss_t, group=self.dp_group)
             losses.append(float(loss_t.item()) / self.dp_size)
         seconds["backward"] -= seconds["forward"]
+        model_setup.sync_params(self.model)  # --overlap-param-gather: weight sync and save read the new weights
         elapsed = time.perf_counter() - t0
 
         # Metrics: sums over this DP rank, then over the data-parallel group; the last pipeline stage computed

@@ -222,6 +222,9 @@ def save(root: str, rollout_id: int, model, optimizer, rank: int, layout: dict[s
         shutil.rmtree(tmp, ignore_errors=True)  # a save that crashed earlier
         os.makedirs(tmp)
     _barrier()
+    from slime.backends.megatron.optimizer import sync_params
+
+    sync_params(model)  # --overlap-param-gather: the saved weights are the updated ones
     state, _ = _sharded_state(model, optimizer, is_loading=False, with_optimizer=True)
     state["rng_state"] = _rng_object(rng_state(), int(layout["world_size"]), _rank())
     state.update(iteration=rollout_id, checkpoint_version=CHECKPOINT_VERSION,

@@ -23,6 +23,7 @@ def load_model(args, hf_dir: str) -> torch.nn.Module:
                       ("decoder_last_pipeline_num_layers", "num_layers_in_last_pipeline_stage")):
         if getattr(args, flag, None) is not None:
             overrides[key] = getattr(args, flag)
+    overrides.update(recompute_overrides(args))
     return load_hf_model(hf_dir, args.tensor_model_parallel_size, args.expert_model_parallel_size,
                          args.pipeline_model_parallel_size, dtype=torch.bfloat16 if args.bf16 else None,
                          gather_logits=True, seed=args.seed, **overrides)
@@ -45,12 +46,26 @@ def load_reference(args) -> torch.nn.Module:
     return model
 
 
+def recompute_overrides(args) -> dict:
+    """Activation recompute flags as Megatron TransformerConfig fields (absent: no recompute)."""
+    if getattr(args, "recompute_granularity", None) is None:
+        return {}
+    out = {"recompute_granularity": args.recompute_granularity}
+    if args.recompute_granularity == "full":
+        out.update(recompute_method=args.recompute_method, recompute_num_layers=args.recompute_num_layers)
+    elif args.recompute_modules:
+        out["recompute_modules"] = list(args.recompute_modules)
+    return out
+
+
 def wrap_and_build_optimizer(args, model: torch.nn.Module):
-    """Megatron DDP (grads reduced in fp32) + Megatron Adam with gradient clipping at --clip-grad."""
-    from slime.backends.megatron import build_optimizer
+    """Megatron DDP (grads reduced in fp32) + Megatron Adam with gradient clipping at --clip-grad, with the
+    distributed optimizer / overlap / CPU offload flags."""
+    from slime.backends.megatron.optimizer import MemoryOptions, build_optimizer
 
     return build_optimizer(model, args.lr, weight_decay=args.weight_decay, adam_beta1=args.adam_beta1,
-                           adam_beta2=args.adam_beta2, adam_eps=args.adam_eps, clip_grad=args.clip_grad)
+                           adam_beta2=args.adam_beta2, adam_eps=args.adam_eps, clip_grad=args.clip_grad,
+                           memory=MemoryOptions.from_args(args))
 
 
 def forward(model: torch.nn.Module, mb: D.PackedMicroBatch, device: torch.device) -> torch.Tensor:
@@ -74,6 +89,12 @@ def finish_step(model, optimizer) -> float:
     if not ok:
         raise RuntimeError("optimizer step skipped (non-finite gradients); lower --lr or check the data")
     return float(grad_norm) if grad_norm is not None else 0.0
+
+
+def sync_params(model) -> None:
+    from slime.backends.megatron.optimizer import sync_params as _sync
+
+    _sync(model)
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:

@@ -1,17 +1,43 @@
 """Megatron DDP + optimizer for a model built by slime (or any megatron module) on the accelerator.
 
-    ddp, opt = build_optimizer(model, lr=1e-6, clip_grad=1.0)
+    ddp, opt = build_optimizer(model, lr=1e-6, clip_grad=1.0, memory=MemoryOptions(use_distributed_optimizer=True))
     ddp.zero_grad_buffer(); opt.zero_grad()
     loss = ...(ddp(input_ids, position_ids)); loss.backward()
     ddp.finish_grad_sync()          # or megatron.core.distributed.finalize_model_grads([ddp])
     ok, grad_norm, _ = opt.step()   # grad_norm is measured before clipping
+
+Everything is Megatron's own: DistributedDataParallel, get_megatron_optimizer (DistributedOptimizer,
+HybridDeviceOptimizer for CPU offload); the accelerator's patch set supplies what a device lacks.
 """
 
 from __future__ import annotations
 
+import argparse
+import logging
+from dataclasses import dataclass, fields
+
 import torch
 
 from slime.backends.megatron.parallel import apply_megatron_patches
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    """Megatron's optimizer-memory options, named as their train.py flags."""
+
+    use_distributed_optimizer: bool = False
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    optimizer_cpu_offload: bool = False
+    optimizer_offload_fraction: float = 1.0
+    overlap_cpu_optimizer_d2h_h2d: bool = False
+    use_precision_aware_optimizer: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "MemoryOptions":
+        return cls(**{f.name: getattr(args, f.name, f.default) for f in fields(cls)})
 
 
 def _param_dtype(model: torch.nn.Module) -> torch.dtype:
@@ -23,16 +49,43 @@ def _param_dtype(model: torch.nn.Module) -> torch.dtype:
     return torch.bfloat16 if torch.bfloat16 in dtypes else torch.float32
 
 
+def _check_precision_aware(memory: MemoryOptions) -> None:
+    """Megatron's precision-aware Adam is TransformerEngine's FusedAdam, or the host optimizer under offload."""
+    if not memory.use_precision_aware_optimizer or memory.optimizer_cpu_offload:
+        return
+    try:
+        import transformer_engine.pytorch.optimizers  # noqa: F401
+    except ImportError:
+        raise ValueError("--use-precision-aware-optimizer needs TransformerEngine's FusedAdam, which is not installed "
+                         "here; add --optimizer-cpu-offload (host Adam) or drop the flag") from None
+
+
+def _note_overlap(memory: MemoryOptions) -> None:
+    from slime.accelerator import get_accelerator
+    from slime.accelerator.base import NullStream
+
+    if (memory.overlap_grad_reduce or memory.overlap_param_gather) and isinstance(
+            get_accelerator().current_stream(), NullStream):
+        logger.info("%s has no device streams: --overlap-grad-reduce/--overlap-param-gather run as asynchronous "
+                    "collectives on the backend's own threads, sharing the host cores with compute",
+                    get_accelerator().name)
+
+
 def build_optimizer(model: torch.nn.Module, lr: float, *, weight_decay: float = 0.0, adam_beta1: float = 0.9,
                     adam_beta2: float = 0.95, adam_eps: float = 1e-8, clip_grad: float = 1.0, bf16: bool | None = None,
                     use_distributed_optimizer: bool = False, overlap_grad_reduce: bool = False,
-                    min_lr: float | None = None):
+                    min_lr: float | None = None, memory: MemoryOptions | None = None):
     """Wrap `model` in megatron DDP (grads reduced in fp32) and build megatron Adam on it.
     bf16=None follows the parameters' dtype; bf16 keeps fp32 main params inside the optimizer.
-    Returns (ddp_model, optimizer)."""
+    `memory` (distributed optimizer, overlap, CPU offload, precision-aware) overrides the two shorthand
+    flags. Returns (ddp_model, optimizer)."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+    memory = memory or MemoryOptions(use_distributed_optimizer=use_distributed_optimizer,
+                                     overlap_grad_reduce=overlap_grad_reduce)
+    _check_precision_aware(memory)
+    _note_overlap(memory)
     apply_megatron_patches()
     dtype = _param_dtype(model)
     if bf16 is None:
@@ -43,13 +96,26 @@ def build_optimizer(model: torch.nn.Module, lr: float, *, weight_decay: float = 
     config.bf16, config.params_dtype = bf16, dtype
     ddp = DistributedDataParallel(
         config=config,
-        ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=overlap_grad_reduce,
-                                                 use_distributed_optimizer=use_distributed_optimizer),
+        ddp_config=DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=memory.overlap_grad_reduce,
+            overlap_param_gather=memory.overlap_param_gather,
+            use_distributed_optimizer=memory.use_distributed_optimizer),
         module=model,
     )
     opt_config = OptimizerConfig(
         optimizer="adam", lr=lr, min_lr=lr if min_lr is None else min_lr, weight_decay=weight_decay,
         adam_beta1=adam_beta1, adam_beta2=adam_beta2, adam_eps=adam_eps, clip_grad=clip_grad, bf16=bf16,
-        fp16=False, params_dtype=dtype, use_distributed_optimizer=use_distributed_optimizer,
+        fp16=False, params_dtype=dtype, use_distributed_optimizer=memory.use_distributed_optimizer,
+        optimizer_cpu_offload=memory.optimizer_cpu_offload,
+        optimizer_offload_fraction=memory.optimizer_offload_fraction if memory.optimizer_cpu_offload else 0.0,
+        overlap_cpu_optimizer_d2h_h2d=memory.overlap_cpu_optimizer_d2h_h2d,
+        use_precision_aware_optimizer=memory.use_precision_aware_optimizer,
     )
     return ddp, get_megatron_optimizer(opt_config, [ddp])
+
+
+def sync_params(model) -> None:
+    """With --overlap-param-gather the updated params are all-gathered by the next forward's hooks; anything
+    reading them before that (weight sync, export, save) needs the gather finished now."""
+    if getattr(model, "use_forward_hook", False):
+        model.start_param_sync(force_sync=True)
