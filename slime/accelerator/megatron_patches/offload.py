@@ -73,7 +73,8 @@ def make_fp32_shards_as_leaves(original):
     """DistributedOptimizer._build_model_and_main_param_groups with --optimizer-cpu-offload: the fp32 params'
     shards become detached views (leaves sharing the param's storage, as megatron already makes the bf16
     shards). HybridDeviceOptimizer is built through torch's Optimizer constructor, which rejects the
-    original's non-leaf `model_param.view(-1)[a:b]` shards."""
+    original's non-leaf `model_param.view(-1)[a:b]` shards. Registered in optim.py (same target as the
+    type-name re-binding there)."""
     func = original.__func__ if isinstance(original, classmethod) else original
 
     def build(cls, gbuf_ranges, param_gbuf_map, opt_group_ranges, config):
@@ -106,12 +107,6 @@ def _p(name, targets, replacement, why, replaces):
 
 
 PATCHES = [
-    _p("distributed_optimizer_fp32_shards_as_leaves",
-       ["megatron.core.optimizer.distrib_optimizer:DistributedOptimizer._build_model_and_main_param_groups"],
-       make_fp32_shards_as_leaves,
-       "--optimizer-cpu-offload with float32 params (the CPU tests and quick start train in float32)",
-       "non-leaf fp32 shard views handed to HybridDeviceOptimizer (torch.optim raises \"can't optimize a "
-       "non-leaf Tensor\"); applied after the re-binding of the same method in optim.py"),
     _p("hybrid_optimizer_no_pinning_on_host", [f"{HYBRID}.__init__"], make_hybrid_init,
        "--optimizer-cpu-offload on the CPU accelerator",
        "pin_cpu_grads / pin_cpu_params (pin_memory needs a device runtime; on the host there is nothing to pin)"),

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from slime.accelerator.megatron_patches import MEGATRON_VERSIONS
 from slime.accelerator.megatron_patches.device_shim import with_accelerator_torch
+from slime.accelerator.megatron_patches.offload import make_fp32_shards_as_leaves
 from slime.accelerator.patches import Patch
 
 BUFFER = "megatron.core.distributed.param_and_grad_buffer"
@@ -177,20 +178,26 @@ PATCHES = [
     _p("float16_optimizer_param_types", [f"{OPT}:Float16OptimizerWithFloat16Params.__init__"], _rebind_types,
        "bf16 training without the distributed optimizer keeps fp32 main params per bf16 param",
        "param.type() comparisons against 'torch.cuda.*Tensor' (re-bound to this accelerator's type names)"),
-    _p("distributed_optimizer_param_types", [f"{DIST_OPT}:DistributedOptimizer.__init__",
-                                             f"{DIST_OPT}:DistributedOptimizer._build_model_and_main_param_groups"],
-       _rebind_types,
+    _p("distributed_optimizer_param_types", [f"{DIST_OPT}:DistributedOptimizer.__init__"], _rebind_types,
        "the distributed optimizer shards main params and optimizer state across data-parallel ranks",
        "param.type() comparisons against 'torch.cuda.*Tensor' (re-bound to this accelerator's type names)"),
+    _p("distributed_optimizer_main_param_groups",
+       [f"{DIST_OPT}:DistributedOptimizer._build_model_and_main_param_groups"],
+       lambda orig: make_fp32_shards_as_leaves(_rebind_types(orig)),
+       "the distributed optimizer builds each rank's shard of main params (float32 ones as views of the params)",
+       "param.type() comparisons against 'torch.cuda.*Tensor' (re-bound to this accelerator's type names); with "
+       "--optimizer-cpu-offload also the non-leaf fp32 shard views, which HybridDeviceOptimizer (built through "
+       "torch's Optimizer constructor) rejects with \"can't optimize a non-leaf Tensor\": they become detached "
+       "views sharing the param's storage, as megatron already makes the bf16 shards"),
     _p("distributed_optimizer_load_state_dict", [f"{DIST_OPT}:DistributedOptimizer.load_state_dict"],
        make_distributed_optimizer_load_state_dict,
        "resuming a checkpoint with the distributed optimizer allocates each shard's Adam state before filling it",
        "torch.empty(..., device=torch.cuda.current_device()) placeholders (re-bound), and the single `step` tensor "
        "shared by every parameter's torch-Adam state (each parameter gets its own copy)",
        remove_when="megatron-core allocates on the accelerator and gives torch Adam one step tensor per parameter"),
-    _p("te_version_without_te", ["megatron.core.optimizer.optimizer_config:is_te_min_version",
-                                 "megatron.core.optimizer:is_te_min_version"], make_te_min_version,
-       "--use-precision-aware-optimizer (OptimizerConfig and get_megatron_optimizer ask for TE's version)",
+    _p("te_version_without_te", ["megatron.core.utils:is_te_min_version"], make_te_min_version,
+       "--use-precision-aware-optimizer (OptimizerConfig and get_megatron_optimizer ask for TE's version); "
+       "every binding of the function is replaced, and it only changes the answer where TE is absent",
        "get_te_version() >= Version(...) with get_te_version() None when TransformerEngine is absent (TypeError)",
        remove_when="megatron-core's is_te_min_version handles a missing TransformerEngine"),
     _p("chained_optimizer_loss_scale", [f"{OPT}:ChainedOptimizer.get_loss_scale"], _rebind,
