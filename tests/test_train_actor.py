@@ -92,10 +92,15 @@ def _optimizer_state(actor) -> dict[str, torch.Tensor]:
     names = {id(p): n for n, p in actor.model.module.named_parameters()}
     out = {}
     for sub in actor.optimizer.chained_optimizers:
-        for p, st in sub.optimizer.state.items():
-            for k, v in st.items():
+        index = getattr(sub, "model_param_group_index_map", None)  # distributed optimizer: this rank's shards
+        if index is None:
+            pairs = [(names[id(p)], p) for p in sub.optimizer.state]
+        else:
+            pairs = [(names[id(mp)], sub.optimizer.param_groups[g]["params"][o]) for mp, (g, o) in index.items()]
+        for name, p in pairs:
+            for k, v in sub.optimizer.state[p].items():
                 if torch.is_tensor(v) and v.numel() > 1:
-                    out[f"{names[id(p)]}.{k}"] = v.clone()
+                    out[f"{name}.{k}"] = v.clone()
     return out
 
 
