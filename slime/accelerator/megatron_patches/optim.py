@@ -125,6 +125,30 @@ def make_distributed_optimizer_load_state_dict(original):
     return load_state_dict
 
 
+def _fresh_torch_adam_state(opt) -> None:
+    """torch Adam's own first-step state (step 0, zero moments) for every param that has none yet: the
+    same update as torch's lazy initialisation, but present for megatron's state_dict / checkpointing."""
+    for group in opt.param_groups:
+        for p in group["params"]:
+            if not opt.state.get(p):
+                opt.state[p] = {"step": torch.tensor(0.0, dtype=torch.float32), "exp_avg": torch.zeros_like(p),
+                                "exp_avg_sq": torch.zeros_like(p)}
+
+
+def make_distributed_optimizer_state_dict(original):
+    """DistributedOptimizer.state_dict before the first step: for torch's Adam (no apex / TransformerEngine)
+    the original asserts exactly one Adam step count across the (still empty) state. Give the params torch
+    Adam's initial state first (an unchanged next step), so saving, and resuming into, a fresh optimizer work."""
+
+    def state_dict(self):
+        inner = getattr(self, "optimizer", None)
+        if isinstance(inner, torch.optim.Adam | torch.optim.AdamW) and not inner.state:
+            _fresh_torch_adam_state(inner)
+        return original(self)
+
+    return state_dict
+
+
 def make_te_min_version(original):
     """is_te_min_version that answers False when TransformerEngine is not installed (the original compares
     None with a version and raises TypeError)."""
@@ -189,6 +213,12 @@ PATCHES = [
        "--optimizer-cpu-offload also the non-leaf fp32 shard views, which HybridDeviceOptimizer (built through "
        "torch's Optimizer constructor) rejects with \"can't optimize a non-leaf Tensor\": they become detached "
        "views sharing the param's storage, as megatron already makes the bf16 shards"),
+    _p("distributed_optimizer_state_dict_before_first_step", [f"{DIST_OPT}:DistributedOptimizer.state_dict"],
+       make_distributed_optimizer_state_dict,
+       "checkpoints save, and resume into, distributed optimizers that have not stepped yet",
+       "`assert len(steps) == 1` over torch Adam's empty lazy state (megatron's apex/TE FusedAdam path has no "
+       "such state; on CPU and Ascend torch's Adam runs)",
+       remove_when="megatron-core's DistributedOptimizer.state_dict handles an unstepped torch Adam"),
     _p("distributed_optimizer_load_state_dict", [f"{DIST_OPT}:DistributedOptimizer.load_state_dict"],
        make_distributed_optimizer_load_state_dict,
        "resuming a checkpoint with the distributed optimizer allocates each shard's Adam state before filling it",
