@@ -135,14 +135,26 @@ def _fresh_torch_adam_state(opt) -> None:
                                 "exp_avg_sq": torch.zeros_like(p)}
 
 
+def _state_dict_without_params(self, inner) -> dict:
+    """The original's layout (param groups without params, step 0, grad scaler) for a shard holding no params."""
+    groups = [{k: v for k, v in g.items() if k != "params"} | {"step": 0} for g in inner.state_dict()["param_groups"]]
+    out = {"optimizer": {"param_groups": groups}}
+    if self.grad_scaler:
+        out["grad_scaler"] = self.grad_scaler.state_dict()
+    return out
+
+
 def make_distributed_optimizer_state_dict(original):
-    """DistributedOptimizer.state_dict before the first step: for torch's Adam (no apex / TransformerEngine)
-    the original asserts exactly one Adam step count across the (still empty) state. Give the params torch
-    Adam's initial state first (an unchanged next step), so saving, and resuming into, a fresh optimizer work."""
+    """DistributedOptimizer.state_dict before the first step, or of a shard without params: for torch's Adam
+    (no apex / TransformerEngine) the original asserts exactly one Adam step count across the (empty) state.
+    Give the params torch Adam's initial state first (an unchanged next step), so saving, and resuming into,
+    a fresh optimizer work; a shard without params gets the original's layout with step 0."""
 
     def state_dict(self):
         inner = getattr(self, "optimizer", None)
         if isinstance(inner, torch.optim.Adam | torch.optim.AdamW) and not inner.state:
+            if not any(g["params"] for g in inner.param_groups):  # e.g. a pipeline stage without experts
+                return _state_dict_without_params(self, inner)
             _fresh_torch_adam_state(inner)
         return original(self)
 
