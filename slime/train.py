@@ -154,6 +154,7 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
             ray.get(rollout.load_state.remote(extra["data_source"]))
     mode = actor.connect_rollout_engines(ray.get(rollout.engines.remote()))
     logger.info("weight sync mode: %s", mode)
+    logger.info("%s", ray.get(rollout.routing.remote()))
     # An engine restarted mid-rollout gets the trainer's current weights before it serves again.
     ray.get(rollout.set_weight_source.remote(actor.actors, bool(args.offload_train)))
     if args.load:  # engines start from --hf-checkpoint; weights from --load (resume, --finetune, HF) may differ

@@ -334,6 +334,14 @@ class RolloutManager:
     def client(self, idx: int) -> EngineClient:
         return self.clients[idx]
 
+    def routing(self) -> str:
+        """One line for the driver's log: where generation requests go."""
+        if self.sglang_router is not None:
+            return f"rollout requests go through sglang-router at {self.sglang_router.url} ({self.n} engines registered)"
+        why = ("--rollout-router in-process" if getattr(self.args, "rollout_router", "auto") == "in-process"
+               else "the sglang-router package is not installed")
+        return f"rollout requests are routed in-process ({why})"
+
     def batched_requests(self) -> bool:
         """Whether a /generate request may carry several samples: sglang-router (0.3) accepts one
         sampling_params object per request only, and every sample has its own seed."""
