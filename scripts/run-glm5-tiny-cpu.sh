@@ -7,7 +7,8 @@
 # transport is the device's (IPC, or a collective broadcast where the device has no IPC).
 #
 # Environment knobs: RUN_DIR (outputs, default outputs/glm5-tiny), NUM_ROLLOUT (default 60).
-# Extra arguments are passed to train.py (e.g. --num-rollout 10).
+# Extra arguments are passed to train.py (e.g. --num-rollout 10; --eval-interval 2 evaluates greedily on 32
+# prompts of another seed before training and every 2 rollouts: eval records in metrics.jsonl and report.png).
 # Re-running resumes from RUN_DIR/ckpt (train.py says so); a RUN_DIR whose run has metrics but no
 # checkpoint yet is refused (one line): pick a fresh RUN_DIR or pass --overwrite-output.
 set -euo pipefail
@@ -27,6 +28,7 @@ mkdir -p "$RUN_DIR"
 # 1. The tiny GLM-5 checkpoint (random init, offline tokenizer) and the synthetic copy task.
 [ -f "$RUN_DIR/model/config.json" ] || "$PY" -m slime_plugins.models.glm5.tiny "$RUN_DIR/model"
 [ -f "$RUN_DIR/data.jsonl" ] || "$PY" -m slime.rollout.synthetic --out "$RUN_DIR/data.jsonl" --num 4096 --seed 0
+[ -f "$RUN_DIR/eval.jsonl" ] || "$PY" -m slime.rollout.synthetic --out "$RUN_DIR/eval.jsonl" --num 32 --seed 1
 
 # 2. GRPO: 8 prompts x 8 samples per rollout, one optimizer step per rollout.
 # Only --num-cpus is host-specific: CPU slots Ray may use (ignored by device placement on GPU/NPU).
@@ -43,6 +45,7 @@ mkdir -p "$RUN_DIR"
   --update-weight-mode auto --update-weight-buffer-size $((64 * 1024 * 1024)) \
   --save "$RUN_DIR/ckpt" --load "$RUN_DIR/ckpt" --save-interval 20 \
   --output-dir "$RUN_DIR/run" --num-cpus "$(nproc)" \
+  --eval-prompt-data copy "$RUN_DIR/eval.jsonl" --n-samples-per-eval-prompt 1 --eval-temperature 0 \
   "$@"
 
 # 3. Plot and summary: reward curve and time per phase.

@@ -1,5 +1,5 @@
-"""`python -m slime.report RUN_DIR`: a PNG of reward and per-phase timings, and a markdown summary,
-from RUN_DIR/metrics.jsonl. Writes RUN_DIR/report.png and RUN_DIR/report.md."""
+"""`python -m slime.report RUN_DIR`: a PNG of reward and per-phase timings (and eval rewards when the run
+evaluated), and a markdown summary, from RUN_DIR/metrics.jsonl. Writes RUN_DIR/report.png and RUN_DIR/report.md."""
 
 from __future__ import annotations
 
@@ -35,14 +35,20 @@ def timing_limits(totals: list[float]) -> tuple[float | None, list[int]]:
     return 1.25 * max(rest), outliers
 
 
-def plot(records: list[dict], out_png: str, title: str = "") -> None:
+def eval_names(evals: list[dict]) -> list[str]:
+    return sorted({k.split("/")[1] for r in evals for k in r if k.startswith("eval/") and k.endswith("/reward_mean")})
+
+
+def plot(records: list[dict], out_png: str, title: str = "", evals: list[dict] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     ids = [r["rollout_id"] for r in records]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    evals = evals or []
+    fig, axes = plt.subplots(1, 3 if evals else 2, figsize=(16.5 if evals else 11, 4))
+    ax1, ax2 = axes[0], axes[1]
     if title:
         fig.suptitle(title)
     mean = [r.get("rollout/reward_mean", float("nan")) for r in records]
@@ -72,6 +78,15 @@ def plot(records: list[dict], out_png: str, title: str = "") -> None:
     ax2.set_ylabel("seconds")
     ax2.set_title(panel)
     ax2.legend(fontsize=8)
+    if evals:
+        ax3 = axes[2]
+        for name in eval_names(evals):
+            points = [(r["eval_step"], r[f"eval/{name}/reward_mean"]) for r in evals if f"eval/{name}/reward_mean" in r]
+            ax3.plot([p[0] for p in points], [p[1] for p in points], marker="s", label=name)
+        ax3.set_xlabel("rollouts trained")
+        ax3.set_ylabel("reward")
+        ax3.set_title("eval reward")
+        ax3.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out_png, dpi=100)
     plt.close(fig)
@@ -82,7 +97,7 @@ def _mean(records: list[dict], key: str) -> float:
     return statistics.fmean(values) if values else float("nan")
 
 
-def summary(records: list[dict], run_dir: str) -> str:
+def summary(records: list[dict], run_dir: str, evals: list[dict] | None = None) -> str:
     first, last = records[0], records[-1]
     lines = [
         f"# Run report: {run_name(run_dir)} ({os.path.abspath(run_dir)})",
@@ -108,6 +123,14 @@ def summary(records: list[dict], run_dir: str) -> str:
         "![reward and timings](report.png)",
         "",
     ]
+    if evals:
+        names = eval_names(evals)
+        lines += ["| eval after rollouts | " + " | ".join(f"{n} reward" for n in names) + " |",
+                  "|---|" + "---|" * len(names)]
+        for r in evals:
+            cells = [f"{r[f'eval/{n}/reward_mean']:.4g}" if f"eval/{n}/reward_mean" in r else "" for n in names]
+            lines.append(f"| {r['eval_step']} | " + " | ".join(cells) + " |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -115,10 +138,12 @@ def write_report(run_dir: str) -> tuple[str, str]:
     records = read_metrics(run_dir)
     if not records:
         raise ValueError(f"{run_dir}/metrics.jsonl has no iterations yet; run training first")
+    evals = read_metrics(run_dir, kind="eval")
     png, md = os.path.join(run_dir, "report.png"), os.path.join(run_dir, "report.md")
-    plot(records, png, title=f"run {run_name(run_dir)}: rollouts {records[0]['rollout_id']}..{records[-1]['rollout_id']}")
+    plot(records, png, title=f"run {run_name(run_dir)}: rollouts {records[0]['rollout_id']}..{records[-1]['rollout_id']}",
+         evals=evals)
     with open(md, "w") as f:
-        f.write(summary(records, run_dir))
+        f.write(summary(records, run_dir, evals))
     return png, md
 
 

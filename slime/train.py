@@ -32,12 +32,13 @@ def reuses_train_log_probs(args, num_samples: int) -> bool:
     """Whether the first training forward's detached log-probs can serve as the old log-probs, saving the
     separate old-policy forward: exactly one optimizer step per rollout (so that forward runs on the weights
     that generated the rollout, like the old-policy forward would), nothing needs them before training (no
-    KL-shaped reward), and the engine's log-probs do not replace them (--use-rollout-logprobs)."""
+    KL-shaped reward), the engine's log-probs do not replace them (--use-rollout-logprobs) and no dropout."""
     from slime.backends.megatron.data import step_indices
 
     kl_in_reward = args.advantage_estimator.startswith("reinforce_plus_plus") and args.kl_coef > 0
     one_step = len(step_indices(num_samples, args.global_batch_size)) == 1
-    return one_step and not kl_in_reward and not args.use_rollout_logprobs
+    # with --hidden-dropout the training forward is stochastic; old log-probs need the deterministic one
+    return one_step and not kl_in_reward and not args.use_rollout_logprobs and args.hidden_dropout == 0
 
 
 def add_advantages(args, batch) -> dict[str, float]:
@@ -141,7 +142,9 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
     import ray
 
     from slime.ray.rollout import create_rollout_manager
+    from slime.rollout.evaluation import eval_steps
     from slime.utils.metrics import MetricsLogger, console_line
+    from slime.utils.tracking import Tracker
 
     actor = handles["actor"]
     # Trainer first: in colocated mode the engines then start on devices the trainer already holds.
@@ -161,12 +164,16 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
         actor.update_weights(start_rollout_id, ray.get(rollout.engines.remote()))
 
     log = MetricsLogger(args.output_dir, resume_from=start_rollout_id if args.load else None)
+    tracker = Tracker(args)
+    evals = eval_steps(args, start_rollout_id)
+    if 0 in evals:
+        _evaluate(rollout, log, tracker, 0)
     for rollout_id in range(start_rollout_id, args.num_rollout):
         t_iter = time.perf_counter()
         driver_cpu = time.thread_time()
         t0 = time.perf_counter()
         result = _wait_with_progress(rollout.generate.remote(rollout_id), rollout,
-                                     getattr(args, "rollout_batch_size", 0) * getattr(args, "n_samples_per_prompt", 1))
+                                     args.rollout_batch_size * args.n_samples_per_prompt)
         elapsed = time.perf_counter() - t0
         # The samples stay in the object store (result["data"]); the driver sees their summary only.
         metrics: dict[str, Any] = {"rollout_id": rollout_id, "time/rollout": elapsed}
@@ -205,9 +212,26 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
         # CPU time of the loop thread only: Ray's own threads in this process tick with wall time, not with work
         metrics["time/driver_cpu"] = time.thread_time() - driver_cpu
         log.log(metrics)
+        tracker.log(metrics, rollout_id + 1)
         records.append(metrics)
         print(console_line(metrics, args.num_rollout), flush=True)
+        if rollout_id + 1 in evals:  # on the weights just synced to the engines
+            _evaluate(rollout, log, tracker, rollout_id + 1)
+    tracker.close()
     return records
+
+
+def _evaluate(rollout, log, tracker, step: int) -> dict[str, Any]:
+    """Eval rollouts after `step` trained rollouts; one metrics.jsonl record of kind "eval"."""
+    import ray
+
+    from slime.utils.metrics import eval_console_line
+
+    record = {"kind": "eval", "eval_step": step, "rollout_id": step - 1, **ray.get(rollout.eval.remote(step))}
+    log.log(record)
+    tracker.log(record, step)
+    print(eval_console_line(record), flush=True)
+    return record
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -219,6 +243,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     _setup_logging()
     args = parse_args(argv)
+    from slime.dry_run import run, runtime_warnings
+    from slime.utils.arguments import build_parser
+
+    if args.dry_run:  # flags against config.json only: no preflight of paths (missing ones are warnings), no Ray
+        return run(args, build_parser())
     try:
         preflight = run_preflight(args)
     except PreflightError as e:
@@ -226,6 +255,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     for line in preflight.lines(args):
         print(line, flush=True)
+    for line in runtime_warnings(args, build_parser()):
+        logger.warning(line)
     if not exits.debug():
         os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")  # errors reach the console once, below
     exits.install_signal_handlers()

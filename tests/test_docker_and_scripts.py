@@ -226,7 +226,7 @@ def test_model_args_mismatch_and_bad_flags():
 def test_model_args_cli_reports_mismatch(capsys):
     from slime.plan.model_args import main
 
-    assert main(["glm5-744B", "--", *_model_args()]) == 1
+    assert main(["glm5-744B-A40B", "--", *_model_args()]) == 1
     err = capsys.readouterr().err
     assert "num_hidden_layers: MODEL_ARGS 60 != config 78" in err and len(err.strip().splitlines()) == 1
 

@@ -43,7 +43,9 @@ def assets(tmp_path_factory):
     model = write_tiny_checkpoint(str(d / "model"))
     data = d / "data.jsonl"
     data.write_text("".join(json.dumps(x) + "\n" for x in make_dataset(64, seed=0, min_len=5, max_len=5)))
-    return {"dir": d, "model": model, "data": str(data)}
+    eval_data = d / "eval.jsonl"
+    eval_data.write_text("".join(json.dumps(x) + "\n" for x in make_dataset(4, seed=1, min_len=5, max_len=5)))
+    return {"dir": d, "model": model, "data": str(data), "eval_data": str(eval_data)}
 
 
 def _argv(assets, out: str, *extra: str) -> list[str]:
@@ -105,7 +107,9 @@ def uninterrupted(assets, ray_session):
 
     out, save = str(assets["dir"] / "run_a"), str(assets["dir"] / "ckpt_a")
     args = parse_args(_argv(assets, out, "--colocate", "--update-weight-mode", "ipc", "--num-rollout", "2",
-                            "--save", save, "--save-interval", "1"))
+                            "--save", save, "--save-interval", "1", "--eval-interval", "2",
+                            "--eval-prompt-data", "copy", assets["eval_data"], "--n-samples-per-eval-prompt", "2",
+                            "--eval-temperature", "0"))
     records = train(args)
     return {"records": records, "out": out, "save": save}
 
@@ -115,6 +119,15 @@ def test_e2e_colocated_ipc(uninterrupted):
     _check_run(records, 2)
     assert records == json.loads(json.dumps(uninterrupted["records"]))  # the file holds what the loop saw
     assert sorted(os.listdir(uninterrupted["save"])) == ["iter_0000000", "iter_0000001", "latest_checkpointed_iteration.txt"]
+    # --eval-interval 2: before training and after rollout 2, every eval prompt x 2 greedy samples
+    evals = read_metrics(uninterrupted["out"], kind="eval")
+    assert [e["eval_step"] for e in evals] == [0, 2]
+    for e in evals:
+        assert e["eval/copy/samples"] == 8 and 0.0 <= e["eval/copy/reward_mean"] <= 1.0
+    from slime.report import write_report
+
+    png, md = write_report(uninterrupted["out"])
+    assert "| eval after rollouts | copy reward |" in open(md).read()
 
 
 def test_e2e_resume_distributed_reproduces(assets, uninterrupted):

@@ -207,7 +207,7 @@ def test_bf16_keeps_router_float32_and_optimizer_steps_reduce_loss(ckpts):
     assert moe.router_weight.dtype == torch.float32
 
 
-@pytest.mark.parametrize("script,config", [("glm5", "glm5-744B"), ("glm4.7-flash", "glm4.7-flash-30B"),
+@pytest.mark.parametrize("script,config", [("glm5", "glm5-744B-A40B"), ("glm4.7-flash", "glm4.7-30B-A3B"),
                                            ("glm5-tiny", "tiny")])
 def test_model_scripts_match_their_configs(script, config, ckpts):
     """scripts/models/*.sh MODEL_ARGS agree with the configs they describe (the tiny one with the writer's)."""

@@ -41,7 +41,7 @@ def test_param_count_hand_computed(mini):
     assert mini.active_param_count() == 530 - 2 * 24 - 40
 
 
-@pytest.mark.parametrize("name", ["glm5.3-flash-300B", "glm5-744B", "glm4.7-flash-30B", "mini"])
+@pytest.mark.parametrize("name", ["glm5.3-flash-300B", "glm5-744B-A40B", "glm4.7-30B-A3B", "mini"])
 def test_param_count_equals_transformers(name):
     """Exact: build the model on the meta device (no memory) and count its parameters."""
     import torch
@@ -60,10 +60,10 @@ def test_param_count_equals_transformers(name):
 
 
 def test_published_model_sizes():
-    glm5 = ModelShape.from_config("glm5-744B")
+    glm5 = ModelShape.from_config("glm5-744B-A40B")
     assert abs(glm5.hf_param_count() / 744e9 - 1) < 0.01  # GLM-5: 744B total
     assert abs(glm5.active_param_count(with_embeddings=True) / 40e9 - 1) < 0.06  # ~40B active
-    flash = ModelShape.from_config("glm4.7-flash-30B")
+    flash = ModelShape.from_config("glm4.7-30B-A3B")
     assert abs(flash.hf_param_count() / 30e9 - 1) < 0.02
     target = ModelShape.from_config("glm5.3-flash-300B")
     assert 290e9 < target.hf_param_count() < 310e9 and 290e9 < target.total_param_count() < 310e9
@@ -72,7 +72,7 @@ def test_published_model_sizes():
 def test_kv_cache_bytes_hand_computed(mini):
     # MLA latent: 2 layers * (kv_lora 2 + rope 2) * 2 B = 16; indexer key: 2 layers * 2 * 2 B = 8
     assert mini.kv_cache_bytes_per_token(2.0) == 24
-    glm5 = ModelShape.from_config("glm5-744B")
+    glm5 = ModelShape.from_config("glm5-744B-A40B")
     assert glm5.kv_cache_bytes_per_token(2.0) == 78 * (512 + 64) * 2 + 78 * 128 * 2
     assert glm5.kv_cache_bytes_per_token(1.0) == 78 * 576 + 78 * 128
 

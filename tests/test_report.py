@@ -58,3 +58,29 @@ def test_timing_panel_clips_an_outlier_and_names_the_run(tmp_path):
         log.log(r)
     assert report.main([str(run)]) == 0
     assert (run / "report.md").read_text().startswith("# Run report: glm5-tiny/run (")
+
+
+def test_eval_records_share_the_file_and_get_a_report_panel(tmp_path):
+    from slime.rollout.evaluation import eval_steps
+    from slime.utils.metrics import eval_console_line
+
+    log = MetricsLogger(str(tmp_path))
+    for step in (0, 2, 4):  # --eval-interval 2 over 4 rollouts
+        if step:
+            log.log(_record(step - 2, 0.1))
+            log.log(_record(step - 1, 0.2))
+        log.log({"kind": "eval", "eval_step": step, "rollout_id": step - 1, "eval/aime/reward_mean": 0.1 * step,
+                 "eval/aime/reward_std": 0.0, "eval/aime/response_len_mean": 5.0, "eval/aime/samples": 8.0})
+    assert [r["rollout_id"] for r in read_metrics(str(tmp_path))] == [0, 1, 2, 3]
+    assert [r["eval_step"] for r in read_metrics(str(tmp_path), kind="eval")] == [0, 2, 4]
+    png, md = report.write_report(str(tmp_path))
+    import matplotlib.image
+
+    assert matplotlib.image.imread(png).shape[:2] == (400, 1650)  # three panels: reward, time, eval reward
+    assert "| 4 | 0.4 |" in open(md).read()
+    args = type("A", (), {"eval_interval": 2, "num_rollout": 4, "skip_eval_before_train": False})
+    assert eval_steps(args, 0) == {0, 2, 4} and eval_steps(args, 3) == {4}
+    args.skip_eval_before_train = True
+    assert eval_steps(args, 0) == {2, 4}
+    line = eval_console_line(read_metrics(str(tmp_path), kind="eval")[-1])
+    assert line == "[eval after 4 rollouts] aime reward 0.400±0.000 len 5.0 (8 samples)"

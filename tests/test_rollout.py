@@ -209,6 +209,8 @@ class _Fleet:
                         raise EngineUnreachable("http://x", "/generate", ConnectionRefusedError("refused"))
                 return fleet.clients[idx].generate(ids, params, return_logprob, timeout=timeout)
 
+            host, port = fleet.clients[idx].host, fleet.clients[idx].port
+
         return Flaky()
 
     def generation(self, idx):
@@ -411,3 +413,60 @@ def test_batched_requests_give_every_sample_once_despite_failures_and_aborts(eng
     assert max(fleet.requests) > 1 and len(fleet.requests) < 15
     for a, b in zip(reference, samples):
         assert a.tokens == b.tokens and a.reward == b.reward
+
+
+def test_dynamic_sampling_keeps_only_groups_that_pass_the_filter(engines, tmp_path, tokenizer):
+    """--over-sampling-batch-size rounds until --rollout-batch-size groups pass; the upstream-named filter
+    drops groups whose rewards are all equal."""
+    from slime.rollout.filter_hub.dynamic_sampling_filters import check_reward_nonzero_std
+
+    _, clients = engines
+    args, ds = _rollout_setup(tmp_path, tokenizer)
+    args.dynamic_sampling_filter_path = "tests.test_rollout:_odd_groups_only"
+    args.rollout_batch_size, args.over_sampling_batch_size = 3, 2
+    samples, metrics = generate_rollout(args, _Fleet(clients), ds, tokenizer, get_reward_fn(args))
+    # groups 0..5 generated in rounds of 2; odd ones kept: 1, 3, 5
+    assert [s.group_index for s in samples] == [1, 1, 1, 3, 3, 3, 5, 5, 5]
+    assert metrics["rollout/dynamic_filter/rounds"] == 3 and metrics["rollout/dynamic_filter/kept_ratio"] == 0.5
+    args.dynamic_sampling_filter_path, args.max_sampling_rounds = "tests.test_rollout:_no_group", 2
+    with pytest.raises(RolloutError, match="kept 0 of 3 groups after 2 rounds"):
+        generate_rollout(args, _Fleet(clients), ds, tokenizer, get_reward_fn(args))
+    tie = [Sample(0, i, "p", reward=0.5) for i in range(3)]
+    assert not check_reward_nonzero_std(args, tie)
+    tie[1].reward = 0.0
+    assert check_reward_nonzero_std(args, tie)
+
+
+def _odd_groups_only(args, samples):
+    return samples[0].group_index % 2 == 1
+
+
+def _no_group(args, samples):
+    return type("Out", (), {"keep": False})()
+
+
+def test_custom_generate_function_replaces_the_generate_call(engines, tmp_path, tokenizer):
+    """--custom-generate-function-path (upstream's fn(args, sample, sampling_params)): called per sample with
+    the chosen engine's client; its loss mask reaches the sample, the reward is still ours."""
+    _, clients = engines
+    args, ds = _rollout_setup(tmp_path, tokenizer)
+    args.custom_generate_function_path = "tests.test_rollout:_generate_and_mask_tail"
+    samples, _ = generate_rollout(args, _Fleet(clients), ds, tokenizer, get_reward_fn(args))
+    assert len(samples) == 15 and all(s.metadata["custom"] for s in samples)
+    for s in samples:
+        n = s.response_length
+        assert s.loss_mask == [1] * (n - n // 2) + [0] * (n // 2) and s.reward is not None
+        assert len(s.tokens) == s.prompt_length + n and len(s.rollout_log_probs) == n
+
+
+def _generate_and_mask_tail(args, sample, sampling_params):
+    out = args.engine_client.generate(sample.prompt_tokens, sampling_params, return_logprob=True)
+    assert (args.sglang_router_ip, args.sglang_router_port) == (args.engine_client.host, args.engine_client.port)
+    ids = list(out["output_ids"])
+    sample.tokens = sample.prompt_tokens + ids
+    sample.response_length = len(ids)
+    sample.rollout_log_probs = [float(x[0]) for x in out["meta_info"]["output_token_logprobs"]]
+    sample.loss_mask = [1] * (len(ids) - len(ids) // 2) + [0] * (len(ids) // 2)  # e.g. a tool's output
+    sample.response = out.get("text", "")
+    sample.metadata["custom"] = True
+    return sample

@@ -1,6 +1,6 @@
 # GLM-4.7-Flash (30B total / ~3B active; HF model_type glm4_moe_lite): MLA attention (no DSA indexer)
 # + sigmoid-routed MoE (64 experts, top-4, one shared expert), 1 dense layer, 1 MTP layer.
-# Sizes from the public GLM-4.7-Flash config (configs/glm4.7-flash-30B.json).
+# Sizes from the public GLM-4.7-Flash config (configs/glm4.7-30B-A3B.json).
 #
 # slime style: source this file to get MODEL_ARGS; checked against a checkpoint with
 # `python -m slime.plan.model_args CHECKPOINT -- "${MODEL_ARGS[@]}"`.

@@ -1,6 +1,6 @@
 # GLM-5 (744B total / 40B active; HF model_type glm_moe_dsa): MLA attention + DSA sparse-attention
 # indexer + sigmoid-routed MoE (256 experts, top-8, one shared expert), 3 dense layers, 1 MTP layer.
-# Sizes from the public GLM-5 config (configs/glm5-744B.json holds the same shape as an HF config.json).
+# Sizes from the public GLM-5 config (configs/glm5-744B-A40B.json holds the same shape as an HF config.json).
 #
 # slime style: source this file to get MODEL_ARGS (Megatron flag names). train.py reads the
 # architecture from --hf-checkpoint's config.json; run scripts verify MODEL_ARGS against it with

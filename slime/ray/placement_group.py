@@ -104,7 +104,7 @@ def bundle_devices(args) -> tuple[list[int], int]:
     world = args.actor_num_nodes * args.actor_num_gpus_per_node
     if args.colocate:
         return [1] * world, world
-    per_engine = int(getattr(args, "rollout_num_gpus_per_engine", 1) or 1)
+    per_engine = int(args.rollout_num_gpus_per_engine)
     return [1] * world + [per_engine] * (args.rollout_num_gpus // per_engine), world
 
 

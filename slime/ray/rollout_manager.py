@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 def resolve_engine_kind(args: Any) -> str:
     from slime.backends.sglang.launcher import sglang_available
 
-    kind = getattr(args, "rollout_engine", "auto") or "auto"
+    kind = args.rollout_engine
     if kind == "auto":
         return "sglang" if sglang_available() and get_accelerator().device_type != "cpu" else "embedded"
     if kind == "sglang" and not sglang_available():
@@ -54,22 +54,22 @@ class RolloutManager:
         from slime.rollout.rewards import get_reward_fn
 
         self.args = validate_rollout_args(args)
-        if not getattr(args, "hf_checkpoint", None):
+        if not args.hf_checkpoint:
             raise RolloutError("--hf-checkpoint is required: the engines load it and its tokenizer encodes prompts")
         self._token = secrets.token_hex(16)
         self.tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
         self.reward_fn = get_reward_fn(args) if (args.rm_type or args.custom_rm_path) else None
         self.data_source = self._make_data_source()
         self.kind = resolve_engine_kind(args)
-        self.tp = int(getattr(args, "rollout_num_gpus_per_engine", 1) or 1)
+        self.tp = int(args.rollout_num_gpus_per_engine)
         if self.kind == "embedded" and self.tp != 1:
             raise RolloutError(f"the embedded engine runs on one device; --rollout-num-gpus-per-engine {self.tp} needs "
                                "--rollout-engine sglang (or set it to 1)")
-        total = int(getattr(args, "rollout_num_gpus", None) or self.tp)
+        total = int(args.rollout_num_gpus or self.tp)
         if total % self.tp:
             raise RolloutError(f"--rollout-num-gpus {total} is not a multiple of --rollout-num-gpus-per-engine {self.tp}")
         self.n = total // self.tp
-        self.log_dir = os.path.join(getattr(args, "output_dir", None) or tempfile.mkdtemp(prefix="slime-"), "engine_logs")
+        self.log_dir = os.path.join(args.output_dir or tempfile.mkdtemp(prefix="slime-"), "engine_logs")
         self._pg = None
         self.actors = [self._create_actor(i, slots) for i in range(self.n)]
         self.urls = self._ray().get([a.start.remote() for a in self.actors])
@@ -93,6 +93,7 @@ class RolloutManager:
         self._offload_train = False
         self._restart_seconds = 0.0
         self._resyncs = 0
+        self._eval_sets = None  # loaded on the first eval
         logger.info("%d %s rollout engine(s) up: %s (logs in %s)", self.n, self.kind, self.urls, self.log_dir)
 
     # ------------------------------------------------------------------ set-up
@@ -108,7 +109,7 @@ class RolloutManager:
         a = self.args
         if not a.prompt_data:
             return None
-        return JsonlDataSource(a.prompt_data, self.tokenizer, a.input_key, a.label_key, getattr(a, "metadata_key", None),
+        return JsonlDataSource(a.prompt_data, self.tokenizer, a.input_key, a.label_key, a.metadata_key,
                                a.apply_chat_template, a.rollout_shuffle, a.rollout_seed, a.rollout_max_prompt_len)
 
     def _create_actor(self, i: int, slots: Any):
@@ -128,7 +129,7 @@ class RolloutManager:
             max_running_requests=a.sglang_max_running_requests, context_length=a.sglang_context_length,
             dtype=a.sglang_dtype, random_seed=(a.rollout_seed + i) if self.kind == "embedded" else None,
             sglang_args=sglang_passthrough(a),
-            memory_saver=bool(getattr(a, "offload_rollout", False) or getattr(a, "colocate", False)))
+            memory_saver=bool(a.offload_rollout or a.colocate))
         return ray.remote(RolloutEngineActor).options(**options).remote(spec)
 
     def _own_placement(self, i: int) -> dict[str, Any]:
@@ -210,6 +211,16 @@ class RolloutManager:
 
     def generate_rollout(self, rollout_id: int) -> list:
         return self._generate(rollout_id)[0]
+
+    def eval(self, rollout_id: int) -> dict[str, float]:
+        """Evaluation rollouts on --eval-prompt-data with the eval sampling flags (slime.rollout.evaluation)."""
+        from slime.rollout.evaluation import evaluate, load_eval_sets
+
+        if self._eval_sets is None:
+            self._eval_sets = load_eval_sets(self.args, self.tokenizer)
+        self._refresh_versions()
+        self._rollout_id = rollout_id
+        return evaluate(self.args, self, self._eval_sets, self.tokenizer, self.reward_fn)
 
     def _generate(self, rollout_id: int):
         if self.data_source is None:

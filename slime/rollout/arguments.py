@@ -1,8 +1,9 @@
 """Rollout, data and engine flags (slime's names). `add_rollout_arguments(parser)` is included by
 train.py's parser; the rollout code reads only an argparse Namespace.
 
-`--sglang-<flag> VALUE` options are passed to `sglang.launch_server` as `--<flag> VALUE`;
-`--sglang-server-args "..."` passes anything else verbatim. The embedded engine reads
+`--sglang-<flag> VALUE` options are passed to `sglang.launch_server` as `--<flag> VALUE`: the ones
+below are typed here, any other SGLang server option is accepted through `slime.rollout.sglang_args`;
+`--sglang-server-args "..."` passes anything verbatim. The embedded engine reads
 `--sglang-max-running-requests`, `--sglang-context-length` and `--sglang-dtype` too.
 """
 
@@ -54,8 +55,22 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     _add(g, parser, "--rollout-request-timeout", type=float, default=3600.0,
          help="seconds one generate request may take before its engine is treated as hung (checked, restarted)")
 
+    _add(g, parser, "--over-sampling-batch-size", type=int, default=None,
+         help="prompts per generation round when a dynamic-sampling filter drops groups (default: rollout-batch-size); "
+              "rounds repeat until --rollout-batch-size groups pass the filter")
+    _add(g, parser, "--dynamic-sampling-filter-path", type=str, default=None,
+         help="module.fn(args, samples_of_one_prompt) -> bool (or an object with .keep): keep the group? e.g. "
+              "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std")
+    _add(g, parser, "--max-sampling-rounds", type=int, default=16,
+         help="generation rounds one rollout may take to fill its batch through the dynamic-sampling filter")
+    _add(g, parser, "--custom-generate-function-path", type=str, default=None,
+         help="module.fn(args, sample, sampling_params) -> Sample replacing the single-turn /generate call "
+              "(async allowed); the returned sample carries tokens, response_length, loss_mask, rollout_log_probs")
+
     g = parser.add_argument_group("rewards")
-    _add(g, parser, "--rm-type", type=str, default=None, help="built-in reward: math (exact match) or synthetic")
+    _add(g, parser, "--rm-type", type=str, default=None,
+         help="built-in reward: deepscaler, dapo, math, f1, random or synthetic (prefix boxed_ to grade the "
+              "last \\boxed{} only); see slime/rollout/rewards.py")
     _add(g, parser, "--custom-rm-path", type=str, default=None,
          help="module.fn (or module:fn) computing fn(args, sample) -> float; overrides --rm-type")
 
@@ -72,20 +87,44 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     for name in SGLANG_FLAGS:
         _add(g, parser, f"--sglang-{name}", action="store_true", help=f"SGLang --{name}")
     _add(g, parser, "--sglang-server-args", type=str, default="", help="extra sglang.launch_server arguments, verbatim")
+    _add(g, parser, "--sglang-config", type=str, default=None,
+         help="YAML of SGLang server groups (upstream's format: sglang: [{name, server_groups: [{worker_type, "
+              "num_gpus, num_gpus_per_engine, overrides}]}]); read and checked before Ray starts")
+    parser.set_defaults(sglang_extra_options=[], sglang_deployments=None)  # filled by parse_args / validation
+    _add(g, parser, "--prefill-num-servers", type=int, default=None,
+         help="PD disaggregation: engines that only prefill (the rest decode); exclusive with --sglang-config")
     g = parser.add_argument_group("rollout router")
     _add(g, parser, "--rollout-router", choices=("auto", "sglang-router", "in-process"), default="auto",
          help="auto: the sglang-router package when installed (as upstream), else in-process routing")
     _add(g, parser, "--sglang-router-ip", type=str, default=None,
          help="a running sglang-router to register the engines with (default: start one)")
     _add(g, parser, "--sglang-router-port", type=int, default=None, help="port of --sglang-router-ip")
+    _add_eval_arguments(parser)
     return parser
 
 
+def _add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("evaluation", "generate on held-out prompts before training and every "
+                                  "--eval-interval rollouts; metrics go to metrics.jsonl (kind: eval) and the report")
+    _add(g, parser, "--eval-interval", type=int, default=None, help="evaluate every N rollouts (and before the first)")
+    _add(g, parser, "--eval-prompt-data", type=str, nargs="+", default=None,
+         help="NAME PATH [NAME PATH ...]: JSONL eval sets (a single PATH is named 'eval')")
+    _add(g, parser, "--skip-eval-before-train", action="store_true", help="no evaluation before the first rollout")
+    _add(g, parser, "--eval-input-key", type=str, default=None, help="default: --input-key")
+    _add(g, parser, "--eval-label-key", type=str, default=None, help="default: --label-key")
+    _add(g, parser, "--n-samples-per-eval-prompt", type=int, default=1)
+    _add(g, parser, "--eval-temperature", type=float, default=None, help="default: --rollout-temperature")
+    _add(g, parser, "--eval-top-p", type=float, default=None, help="default: --rollout-top-p")
+    _add(g, parser, "--eval-top-k", type=int, default=None, help="default: --rollout-top-k")
+    _add(g, parser, "--eval-max-response-len", type=int, default=None, help="default: --rollout-max-response-len")
+    _add(g, parser, "--eval-max-prompt-len", type=int, default=None, help="default: --rollout-max-prompt-len")
+
+
 def rollout_defaults(**overrides: Any) -> argparse.Namespace:
-    """A Namespace with every rollout flag at its default (tests, scripts), updated by `overrides`."""
-    ns = add_rollout_arguments(argparse.ArgumentParser()).parse_args([])
-    ns.hf_checkpoint = None
-    ns.output_dir = None
+    """A Namespace with every train.py flag at its default, unvalidated (tests, scripts), updated by `overrides`."""
+    from slime.utils.arguments import build_parser
+
+    ns = build_parser().parse_args([])
     for k, v in overrides.items():
         setattr(ns, k, v)
     return ns
@@ -103,7 +142,11 @@ def sglang_passthrough(args: argparse.Namespace) -> list[str]:
     for name in SGLANG_FLAGS:
         if getattr(args, "sglang_" + name.replace("-", "_"), False):
             out.append(f"--{name}")
-    out += shlex.split(getattr(args, "sglang_server_args", "") or "")
+    from slime.rollout.sglang_args import extra_options
+
+    for name, value in extra_options(args).items():
+        out += [f"--{name}"] if value is True else [f"--{name}", str(value)]
+    out += shlex.split(args.sglang_server_args or "")
     return out
 
 
@@ -112,16 +155,16 @@ class RolloutArgumentError(ValueError):
 
 
 def validate_rollout_args(args: argparse.Namespace) -> argparse.Namespace:
-    """Check the rollout flags before any engine starts (raises RolloutArgumentError)."""
+    """Check the rollout flags before Ray or any engine starts (raises RolloutArgumentError)."""
     def need(cond: bool, msg: str) -> None:
         if not cond:
             raise RolloutArgumentError(msg)
 
-    if getattr(args, "prompt_data", None):
+    if args.prompt_data:
         need(args.rollout_batch_size is not None and args.rollout_batch_size >= 1,
              "--rollout-batch-size is required (prompts per rollout, >= 1)")
         need(bool(args.rm_type or args.custom_rm_path),
-             "no reward: pass --rm-type (math, synthetic) or --custom-rm-path module.fn")
+             "no reward: pass --rm-type (e.g. deepscaler, dapo, math) or --custom-rm-path module.fn")
     need(args.n_samples_per_prompt >= 1, f"--n-samples-per-prompt must be >= 1, got {args.n_samples_per_prompt}")
     need(args.rollout_max_response_len >= 1,
          f"--rollout-max-response-len must be >= 1, got {args.rollout_max_response_len}")
@@ -130,4 +173,70 @@ def validate_rollout_args(args: argparse.Namespace) -> argparse.Namespace:
     need(args.rollout_top_k == -1 or args.rollout_top_k >= 1, f"--rollout-top-k must be -1 or >= 1, got {args.rollout_top_k}")
     need(args.max_concurrency >= 1, f"--max-concurrency must be >= 1, got {args.max_concurrency}")
     need(args.rollout_engine_max_restarts >= 0, "--rollout-engine-max-restarts must be >= 0")
+    if args.rm_type:
+        from slime.rollout.rewards import BUILTIN
+
+        base = args.rm_type[len("boxed_"):] if args.rm_type.startswith("boxed_") else args.rm_type
+        need(base in BUILTIN or args.custom_rm_path,
+             f"--rm-type {args.rm_type!r} is unknown; choose one of {', '.join(sorted(BUILTIN))} or use --custom-rm-path")
+    for flag in ("custom_rm_path", "dynamic_sampling_filter_path", "custom_generate_function_path"):
+        path = getattr(args, flag)
+        if path:
+            from slime.rollout.rewards import RewardError, load_custom
+
+            try:
+                load_custom(path, "--" + flag.replace("_", "-"))
+            except RewardError as e:
+                raise RolloutArgumentError(str(e)) from e
+    if args.over_sampling_batch_size is not None:
+        need(args.over_sampling_batch_size >= 1, f"--over-sampling-batch-size must be >= 1, got {args.over_sampling_batch_size}")
+    need(args.max_sampling_rounds >= 1, f"--max-sampling-rounds must be >= 1, got {args.max_sampling_rounds}")
+    _validate_eval_args(args, need)
+    _validate_sglang_args(args, need)
     return args
+
+
+def eval_datasets(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """[(name, path)] from --eval-prompt-data NAME PATH ... (a lone PATH is named 'eval')."""
+    values = list(args.eval_prompt_data or [])
+    if len(values) == 1:
+        return [("eval", values[0])]
+    return [(values[i], values[i + 1]) for i in range(0, len(values) - 1, 2)]
+
+
+def _validate_eval_args(args: argparse.Namespace, need) -> None:
+    values = args.eval_prompt_data or []
+    need(len(values) <= 1 or len(values) % 2 == 0,
+         f"--eval-prompt-data takes NAME PATH pairs, got {len(values)} values: {' '.join(values)}")
+    names = [n for n, _ in eval_datasets(args)]
+    need(len(set(names)) == len(names), f"--eval-prompt-data names must be distinct, got {names}")
+    if args.eval_interval is not None:
+        need(args.eval_interval >= 1, f"--eval-interval must be >= 1, got {args.eval_interval}")
+        need(bool(values), "--eval-interval needs --eval-prompt-data NAME PATH (the prompts to evaluate on)")
+    need(args.n_samples_per_eval_prompt >= 1, f"--n-samples-per-eval-prompt must be >= 1, got {args.n_samples_per_eval_prompt}")
+    if args.eval_top_p is not None:
+        need(0 < args.eval_top_p <= 1, f"--eval-top-p must be in (0, 1], got {args.eval_top_p}")
+    if args.eval_temperature is not None:
+        need(args.eval_temperature >= 0, f"--eval-temperature must be >= 0, got {args.eval_temperature}")
+    if args.eval_max_response_len is not None:
+        need(args.eval_max_response_len >= 1, f"--eval-max-response-len must be >= 1, got {args.eval_max_response_len}")
+
+
+def _validate_sglang_args(args: argparse.Namespace, need) -> None:
+    need(not (args.sglang_config and args.prefill_num_servers),
+         "--sglang-config and --prefill-num-servers both set PD groups; use the server_groups of --sglang-config only")
+    if args.prefill_num_servers is not None:
+        need(args.prefill_num_servers >= 1, f"--prefill-num-servers must be >= 1, got {args.prefill_num_servers}")
+    if args.sglang_config:
+        from slime.rollout.sglang_args import SGLangConfigError, load_sglang_config
+
+        try:
+            models = load_sglang_config(args.sglang_config, args.rollout_num_gpus_per_engine)
+        except SGLangConfigError as e:
+            raise RolloutArgumentError(str(e)) from e
+        total = sum(m.num_gpus for m in models)
+        rollout_gpus = args.rollout_num_gpus
+        need(rollout_gpus is None or total == rollout_gpus,
+             f"--sglang-config {args.sglang_config}: its server groups use {total} devices but --rollout-num-gpus is "
+             f"{rollout_gpus}; make them agree")
+        args.sglang_deployments = models

@@ -46,19 +46,19 @@ def sampling_params(args: Any, seed: int) -> dict[str, Any]:
         "max_new_tokens": int(args.rollout_max_response_len),
         "temperature": float(args.rollout_temperature),
         "top_p": float(args.rollout_top_p),
-        "top_k": int(getattr(args, "rollout_top_k", -1)),
+        "top_k": int(args.rollout_top_k),
         "sampling_seed": seed,
         "skip_special_tokens": False,
         "no_stop_trim": True,
     }
-    stop_ids = getattr(args, "rollout_stop_token_ids", None)
+    stop_ids = args.rollout_stop_token_ids
     if stop_ids:
         params["stop_token_ids"] = list(stop_ids)
     return params
 
 
 def sample_seed(args: Any, index: int) -> int:
-    return (int(getattr(args, "rollout_seed", 0)) * 1_000_003 + index) % (1 << 62)
+    return (int(args.rollout_seed) * 1_000_003 + index) % (1 << 62)
 
 
 def make_samples(items: list[PromptItem], n_per_prompt: int, indices: range) -> list[Sample]:
@@ -151,7 +151,50 @@ def samples_per_request(args: Any, fleet: Any, num_samples: int) -> int:
         return 1  # (sglang-router takes one sampling_params object per request: a sample per request there)
     engines = max(1, int(count()))
     # every engine gets a request in flight (the router spreads them) within --max-concurrency samples
-    return max(1, min(int(getattr(args, "max_concurrency", 64)) // engines, -(-num_samples // engines)))
+    return max(1, min(int(args.max_concurrency) // engines, -(-num_samples // engines)))
+
+
+def load_generate_function(args: Any):
+    """--custom-generate-function-path: fn(args, sample, sampling_params) -> Sample (may be async), upstream's
+    signature. It is called once per sample with `args.sglang_router_ip`/`args.sglang_router_port` naming
+    the engine chosen for it and `args.engine_client`, an authenticated EngineClient for that engine; it
+    returns the sample with tokens (prompt + response), response_length, loss_mask and rollout_log_probs set."""
+    if not args.custom_generate_function_path:
+        return None
+    from slime.rollout.rewards import load_custom
+
+    return load_custom(args.custom_generate_function_path, "--custom-generate-function-path")
+
+
+def _custom_generate(fn: Any, args: Any, client: EngineClient, sample: Sample, params: dict[str, Any]) -> None:
+    import asyncio
+    import copy
+    import inspect
+
+    call_args = copy.copy(args)
+    call_args.sglang_router_ip, call_args.sglang_router_port, call_args.engine_client = client.host, client.port, client
+    out = fn(call_args, sample, params)
+    if inspect.isawaitable(out):
+        out = asyncio.run(_await(out))
+    if out is not sample:  # copy the returned sample's result onto the tracked one
+        for field in ("tokens", "response", "response_length", "loss_mask", "rollout_log_probs", "status",
+                      "weight_version", "metadata"):
+            setattr(sample, field, getattr(out, field))
+    n = sample.response_length
+    if n < 1 or len(sample.tokens) != sample.prompt_length + n:
+        raise RolloutError(f"--custom-generate-function-path returned sample {sample.index} with response_length {n} "
+                           f"and {len(sample.tokens)} tokens for a {sample.prompt_length}-token prompt")
+    if sample.loss_mask is None:
+        sample.loss_mask = [1] * n
+    if len(sample.loss_mask) != n or (sample.rollout_log_probs is not None and len(sample.rollout_log_probs) != n):
+        raise RolloutError(f"--custom-generate-function-path: sample {sample.index}'s loss_mask/rollout_log_probs "
+                           f"must have response_length ({n}) entries")
+    if sample.status == SampleStatus.PENDING:
+        sample.status = SampleStatus.COMPLETED
+
+
+async def _await(x: Any) -> Any:
+    return await x
 
 
 class _Attempts:
@@ -170,8 +213,9 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
     At most --max-concurrency samples are in flight."""
     counters = progress or _Counters()
     stop = threading.Event()
-    timeout = float(getattr(args, "rollout_request_timeout", 3600.0) or 3600.0)
-    chunk = samples_per_request(args, fleet, len(samples))
+    timeout = float(args.rollout_request_timeout)
+    custom = load_generate_function(args)
+    chunk = 1 if custom is not None else samples_per_request(args, fleet, len(samples))
     attempts = {s.index: _Attempts() for s in samples}
     pending: deque[Sample] = deque(samples)
     unfinished = [len(samples)]
@@ -211,6 +255,27 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
         for s in batch:
             s.attempts += 1
         params = [sampling_params(args, sample_seed(args, s.index)) for s in batch]
+        if custom is not None:
+            try:
+                _custom_generate(custom, args, fleet.client(idx), batch[0], params[0])
+            except EngineUnreachable as e:
+                fleet.release(idx, served=False)
+                attempts[batch[0].index].failures += 1
+                attempts[batch[0].index].last_error = e
+                counters.add(reissued=1)
+                fleet.report_failure(idx, gen, e)
+                retry(batch)
+                return
+            except BaseException:
+                fleet.release(idx, served=False)
+                raise
+            fleet.release(idx, served=True)
+            s = batch[0]
+            if reward_fn is not None:
+                s.reward = compute_reward(reward_fn, args, s)
+            counters.add(done=1)
+            done(1)
+            return
         try:
             client = getattr(fleet, "generation_client", fleet.client)(idx)  # the sglang-router, when in front
             if len(batch) == 1:
@@ -266,7 +331,7 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
                 cond.notify_all()
             raise
 
-    concurrency = max(1, int(getattr(args, "max_concurrency", 64)))
+    concurrency = max(1, int(args.max_concurrency))
     workers = max(1, min(concurrency // chunk, -(-len(samples) // chunk)))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rollout") as pool:
         futures = [pool.submit(worker) for _ in range(workers)]
@@ -300,18 +365,51 @@ def check_exactly_once(samples: list[Sample], expected: range) -> None:
         raise RolloutError(f"rollout returned sample indices {got[:8]}... but expected {expected}; this is a bug")
 
 
+def _keep_group(filter_fn: Any, args: Any, group: list[Sample]) -> bool:
+    """A filter returns a bool or an object with `.keep` (upstream's DynamicFilterOutput)."""
+    out = filter_fn(args, group)
+    return bool(getattr(out, "keep", out))
+
+
 def generate_rollout(args: Any, fleet: EngineFleet, data_source: Any, tokenizer: Any, reward_fn: RewardFn | None,
                      progress: _Counters | None = None) -> tuple[list[Sample], dict[str, float]]:
-    if not getattr(args, "rollout_batch_size", None):
+    """--rollout-batch-size prompt groups. With --dynamic-sampling-filter-path, rounds of
+    --over-sampling-batch-size prompts are generated until that many groups pass the filter (surplus
+    kept groups of the last round are dropped), at most --max-sampling-rounds rounds."""
+    if not args.rollout_batch_size:
         raise RolloutError("--rollout-batch-size is required (prompts per rollout)")
-    n = int(getattr(args, "n_samples_per_prompt", 1) or 1)
-    items = data_source.next_batch(int(args.rollout_batch_size))
-    indices = data_source.take_sample_indices(len(items) * n)
-    samples = make_samples(items, n, indices)
+    n, target = args.n_samples_per_prompt, args.rollout_batch_size
+    filter_fn = None
+    if args.dynamic_sampling_filter_path:
+        from slime.rollout.rewards import load_custom
+
+        filter_fn = load_custom(args.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path")
     t0 = time.perf_counter()
     engine_times = EngineTimes(fleet)
-    counters = run_samples(args, fleet, samples, tokenizer, reward_fn, progress, engine_times)
-    check_exactly_once(samples, indices)
+    kept: list[list[Sample]] = []
+    generated, rounds, all_samples = 0, 0, []
+    counters = progress or _Counters()
+    while len(kept) < target:
+        if rounds == args.max_sampling_rounds:
+            raise RolloutError(f"dynamic sampling kept {len(kept)} of {target} groups after {rounds} rounds of "
+                               f"{args.over_sampling_batch_size or target} prompts; raise --max-sampling-rounds or "
+                               "--over-sampling-batch-size, or loosen --dynamic-sampling-filter-path")
+        rounds += 1
+        batch = target if filter_fn is None else (args.over_sampling_batch_size or target)
+        items = data_source.next_batch(batch)
+        indices = data_source.take_sample_indices(len(items) * n)
+        samples = make_samples(items, n, indices)
+        run_samples(args, fleet, samples, tokenizer, reward_fn, counters, engine_times)
+        check_exactly_once(samples, indices)
+        all_samples += samples
+        generated += len(items)
+        groups = [samples[i:i + n] for i in range(0, len(samples), n)]
+        kept += groups if filter_fn is None else [g for g in groups if _keep_group(filter_fn, args, g)]
+    samples = [s for g in kept[:target] for s in g]
     metrics = rollout_metrics(samples, counters, time.perf_counter() - t0)
     metrics.update(engine_times.metrics())
+    if filter_fn is not None:
+        metrics["rollout/dynamic_filter/kept_ratio"] = len(kept) / max(generated, 1)
+        metrics["rollout/dynamic_filter/rounds"] = float(rounds)
+        metrics["rollout/dynamic_filter/generated_prompts"] = float(generated)
     return samples, metrics

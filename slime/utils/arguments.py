@@ -1,7 +1,11 @@
 """The `train.py` command line: slime's flag names, grouped help, one-line validation errors.
 
 "GPU" in a flag name means one accelerator device (GPU, NPU, or a CPU worker slot on CPU).
-Rollout and data flags come from `slime.rollout.arguments.add_rollout_arguments`.
+Rollout and data flags come from `slime.rollout.arguments.add_rollout_arguments`; upstream slime's
+Megatron flags from `slime.utils.model_args` (MODEL_ARGS, checked against config.json) and
+`slime.utils.megatron_flags`; any `--sglang-*` option from `slime.rollout.sglang_args`.
+`--dry-run` validates everything against config.json alone and prints the plan (`slime.dry_run`).
+Every flag's default is stated once, here or in those modules; code reads `args.<name>` directly.
 """
 
 from __future__ import annotations
@@ -71,14 +75,17 @@ def _add_dist_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
          help="take only the model weights from --load; start at rollout 0 with fresh optimizer and data order")
 
 
-def _validate_checkpoint_dirs(args: argparse.Namespace) -> None:
+def _validate_checkpoint_dirs(args: argparse.Namespace, only_existing: bool = False) -> None:
     """--load / --ref-load hold a format the trainer reads (one line naming what was expected otherwise)."""
     from slime.backends.megatron import checkpoint_layout as L
 
+    def given(path: str | None) -> bool:
+        return bool(path) and (not only_existing or os.path.exists(path))
+
     try:
-        if args.load:
+        if given(args.load):
             L.find_checkpoint(args.load, "--load")
-        if args.ref_load and args.ref_load != args.hf_checkpoint:
+        if given(args.ref_load) and args.ref_load != args.hf_checkpoint:
             ref = L.find_checkpoint(args.ref_load, "--ref-load")
             _require(ref.kind in (L.HF, L.TORCH_DIST),
                      f"--ref-load {args.ref_load} holds no model (missing, empty or a former per-rank checkpoint); pass "
@@ -102,6 +109,8 @@ def _add_training_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--bf16", action="store_true", help="train in bfloat16 (default: the checkpoint's float32)")
     _add(g, parser, "--calculate-per-token-loss", action="store_true",
          help="average the loss over all tokens of the step (default: mean per sample, then over samples)")
+    _add(g, parser, "--balance-data", action="store_true",
+         help="spread each step's samples over data-parallel ranks by token count (largest first) instead of in order")
 
 
 def _add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
@@ -267,11 +276,18 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
-    try:
-        from slime.rollout.arguments import add_rollout_arguments
-    except ImportError:
-        return
+    from slime.rollout.arguments import add_rollout_arguments
+
     add_rollout_arguments(parser)
+
+
+def _add_dry_run_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("dry run")
+    _add(g, parser, "--dry-run", action="store_true",
+         help="validate every flag against --hf-checkpoint's config.json (no weights, no Ray), print the parallel "
+              "layout, placement and per-device memory plan, and exit; missing checkpoint/data/output paths are warnings")
+    _add(g, parser, "--dry-run-device", type=str, default=None,
+         help="device profile for the dry run's memory plan (python -m slime.plan --list-devices; default h200)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -295,6 +311,16 @@ def build_parser() -> argparse.ArgumentParser:
     from slime.utils.preflight import add_preflight_arguments
 
     add_preflight_arguments(parser)  # --overwrite-output (checked before Ray by slime.utils.preflight)
+    from slime.utils import megatron_flags, model_args
+
+    model_args.add_model_arguments(parser)
+    megatron_flags.add_schedule_arguments(parser)
+    megatron_flags.add_numerics_arguments(parser)
+    megatron_flags.add_mtp_arguments(parser)
+    megatron_flags.add_implementation_arguments(parser)
+    megatron_flags.add_logging_arguments(parser)
+    _add_dry_run_arguments(parser)
+    megatron_flags.add_owned_elsewhere_arguments(parser)  # last: the owners' definitions win
     return parser
 
 
@@ -303,31 +329,92 @@ def _require(cond: bool, msg: str) -> None:
         raise ArgumentError(msg)
 
 
+def _limit(args: argparse.Namespace, cond: bool, msg: str) -> None:
+    """Valid for upstream slime but not runnable by this trainer yet: an error, or a warning under --dry-run
+    (which plans a run for a target cluster)."""
+    if cond:
+        return
+    if args.dry_run:
+        args.dry_run_limits.append(msg)
+    else:
+        raise ArgumentError(msg)
+
+
+def _read_hf_config(args: argparse.Namespace) -> dict | None:
+    import json
+
+    path = os.path.join(args.hf_checkpoint, "config.json")
+    if not os.path.isfile(path):
+        _require(not args.dry_run, f"--dry-run reads {path}; put the model's config.json there")
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ArgumentError(f"{path} is not valid JSON ({e}); restore the checkpoint's config.json") from e
+    _require(isinstance(cfg, dict), f"{path} must hold a JSON object")
+    return cfg
+
+
+def _validate_model(args: argparse.Namespace) -> None:
+    """config.json against the model registry, and MODEL_ARGS against config.json (every disagreement,
+    one line each)."""
+    from slime.utils.model_args import ModelArgsError, model_arg_mismatches
+    from slime_plugins.models.registry import UnsupportedModelError, get_family
+
+    cfg = args.hf_config
+    if cfg is None:
+        return
+    try:
+        get_family(cfg.get("model_type"))  # the family's own config checks run when the model loads
+    except UnsupportedModelError as e:
+        _limit(args, False, f"{args.hf_checkpoint}/config.json: {e}")
+    try:
+        bad = model_arg_mismatches(args, cfg)
+    except ModelArgsError as e:
+        raise ArgumentError(str(e)) from e
+    if bad:
+        raise ArgumentError("\n".join(bad))
+
+
 def validate_args(args: argparse.Namespace) -> argparse.Namespace:
-    """Fill derived values and check combinations; raises ArgumentError with one line."""
+    """Fill derived values and check combinations; raises ArgumentError (one line per problem)."""
+    from slime.rollout.arguments import RolloutArgumentError, validate_rollout_args
+
+    args.dry_run_limits = []
     _require(args.hf_checkpoint is not None, "--hf-checkpoint is required: pass the HF model directory to train")
     _require(os.path.isdir(args.hf_checkpoint),
              f"--hf-checkpoint {args.hf_checkpoint!r} is not a directory; pass an HF model dir (config.json + safetensors)")
+    args.hf_config = _read_hf_config(args)
+    _validate_model(args)
     _require(args.num_rollout is not None and args.num_rollout > 0, "--num-rollout must be a positive integer")
     for flag in ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus_per_engine", "micro_batch_size",
                  "num_steps_per_rollout", "tensor_model_parallel_size", "expert_model_parallel_size",
-                 "pipeline_model_parallel_size", "update_weight_buffer_size"):
+                 "pipeline_model_parallel_size", "context_parallel_size", "expert_tensor_parallel_size",
+                 "update_weight_buffer_size", "data_pad_size_multiplier"):
         value = getattr(args, flag)
         _require(value >= 1, f"--{flag.replace('_', '-')} must be >= 1, got {value}")
 
     world = args.actor_num_nodes * args.actor_num_gpus_per_node
     tp, pp, ep = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.expert_model_parallel_size
-    _require(world % (tp * pp) == 0,
-             f"trainer world size {world} is not divisible by TP*PP={tp * pp}; change --actor-num-gpus-per-node or the parallel sizes")
-    dp = world // (tp * pp)
-    _require((dp * tp) % ep == 0, f"--expert-model-parallel-size {ep} must divide DP*TP={dp * tp}")
+    cp, etp = args.context_parallel_size, args.expert_tensor_parallel_size
+    _limit(args, etp == 1,
+           f"--expert-tensor-parallel-size {etp}: the GLM model keeps each routed expert "
+           "whole on one rank (expert-TP 1); use 1 and shard experts with --expert-model-parallel-size")
+    _limit(args, cp == 1,
+           f"--context-parallel-size {cp}: context parallel is not implemented for the GLM "
+           "model yet; use 1 (long sequences: lower --max-tokens-per-gpu or raise TP)")
+    _require(world % (tp * pp * cp) == 0,
+             f"trainer world size {world} is not divisible by TP*PP*CP={tp * pp * cp}; change "
+             "--actor-num-gpus-per-node or the parallel sizes")
+    dp = world // (tp * pp * cp)
     _validate_pipeline(args)
-    _require(args.expert_tensor_parallel_size == 1,
-             f"--expert-tensor-parallel-size {args.expert_tensor_parallel_size}: the GLM model keeps each routed expert "
-             "whole on one rank (expert-TP 1); use 1 and shard experts with --expert-model-parallel-size")
-    _require(args.context_parallel_size == 1,
-             f"--context-parallel-size {args.context_parallel_size}: context parallel is not implemented for the GLM "
-             "model yet; use 1 (long sequences: lower --max-tokens-per-gpu or raise TP)")
+    # Megatron's expert groups: etp * ep * pp must divide the world (upstream's single-node GLM-4.7-30B-A3B
+    # script asks for ep 8 x pp 2 on 8 devices; --dry-run reports that as a warning)
+    _limit(args, world % (etp * ep * pp) == 0,
+           f"Megatron needs --expert-tensor-parallel-size {etp} x --expert-model-parallel-size {ep} x "
+           f"--pipeline-model-parallel-size {pp} = {etp * ep * pp} to divide the {world} trainer devices; "
+           "lower --expert-model-parallel-size or add devices")
     args.data_parallel_size = dp
     args.world_size = world
 
@@ -340,11 +427,10 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         _require(args.rollout_num_gpus <= world,
                  f"--colocate: --rollout-num-gpus {args.rollout_num_gpus} exceeds the trainer's {world} devices; lower it")
 
-    rollout_batch = getattr(args, "rollout_batch_size", None)
-    n_samples = getattr(args, "n_samples_per_prompt", 1) or 1
+    rollout_batch, n_samples = args.rollout_batch_size, args.n_samples_per_prompt
     _require(rollout_batch is None or rollout_batch >= 1, f"--rollout-batch-size must be >= 1, got {rollout_batch}")
     if args.global_batch_size is None:
-        _require(rollout_batch is not None, "--global-batch-size is required when the rollout flags are unavailable")
+        _require(rollout_batch is not None, "--global-batch-size or --rollout-batch-size is required")
         total = rollout_batch * n_samples
         _require(total % args.num_steps_per_rollout == 0,
                  f"rollout-batch-size*n-samples-per-prompt={total} is not divisible by --num-steps-per-rollout "
@@ -374,10 +460,8 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     if args.use_tis:
         _require(args.tis_clip > 0 and args.tis_clip_low < args.tis_clip,
                  f"--tis-clip-low {args.tis_clip_low} must be below --tis-clip {args.tis_clip} (> 0)")
-    _require(args.lr >= 0 and args.weight_decay >= 0 and args.clip_grad >= 0,
-             "--lr, --weight-decay and --clip-grad must be >= 0")
+    _validate_optimizer(args)
     _validate_memory_args(args)
-    _require(0 <= args.adam_beta1 < 1 and 0 <= args.adam_beta2 < 1, "--adam-beta1/--adam-beta2 must be in [0, 1)")
     if args.save_interval is not None:
         _require(args.save is not None, "--save-interval needs --save DIR")
         _require(args.save_interval >= 1, f"--save-interval must be >= 1, got {args.save_interval}")
@@ -387,15 +471,54 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         args.kl_coef > 0 and args.advantage_estimator.startswith("reinforce_plus_plus"))
     if args.ref_load is None:
         args.ref_load = args.hf_checkpoint
-    _validate_checkpoint_dirs(args)
+    # under --dry-run a path that does not exist yet is a warning (slime.dry_run); an existing one must be readable
+    _validate_checkpoint_dirs(args, only_existing=args.dry_run)
+    try:
+        validate_rollout_args(args)  # before Ray: a bad rollout flag fails here, not in an actor
+    except RolloutArgumentError as e:
+        raise ArgumentError(str(e)) from e
     return args
 
 
+def _validate_optimizer(args: argparse.Namespace) -> None:
+    _require(args.lr >= 0 and args.weight_decay >= 0 and args.clip_grad >= 0,
+             "--lr, --weight-decay and --clip-grad must be >= 0")
+    _require(0 <= args.adam_beta1 < 1 and 0 <= args.adam_beta2 < 1, "--adam-beta1/--adam-beta2 must be in [0, 1)")
+    _require(0 <= args.min_lr <= args.lr, f"--min-lr {args.min_lr} must be in [0, --lr {args.lr}]")
+    _require(args.lr_warmup_iters >= 0, f"--lr-warmup-iters must be >= 0, got {args.lr_warmup_iters}")
+    if args.lr_warmup_fraction is not None:
+        _require(0 <= args.lr_warmup_fraction <= 1, f"--lr-warmup-fraction must be in [0, 1], got {args.lr_warmup_fraction}")
+        _require(args.lr_warmup_iters == 0, "--lr-warmup-fraction and --lr-warmup-iters both set the warmup; pass one")
+    if args.lr_decay_iters is not None:
+        _require(args.lr_decay_iters >= 1, f"--lr-decay-iters must be >= 1, got {args.lr_decay_iters}")
+    if args.lr_decay_style == "WSD":
+        _require(args.lr_wsd_decay_iters is not None, "--lr-decay-style WSD needs --lr-wsd-decay-iters N")
+    _require(not args.fp16, "--fp16 is not supported (float16 training needs loss scaling); use --bf16")
+    _require(0 <= args.hidden_dropout < 1, f"--hidden-dropout must be in [0, 1), got {args.hidden_dropout}")
+    _require(args.attention_dropout == 0,
+             f"--attention-dropout {args.attention_dropout}: the attention ops have no dropout; use 0.0 (every "
+             "upstream run script does; --hidden-dropout is applied)")
+    _require(args.moe_aux_loss_coeff == 0,
+             f"--moe-aux-loss-coeff {args.moe_aux_loss_coeff}: the auxiliary load-balancing loss is not implemented; "
+             "use 0 (the GLM/Qwen3 scripts do)")
+    _require(args.mtp_loss_scaling_factor >= 0, "--mtp-loss-scaling-factor must be >= 0")
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse and validate; bad combinations exit with status 2 and one line, like argparse errors."""
+    """Parse and validate; bad input exits with status 2 and one line per problem, like argparse errors."""
+    import sys
+
+    from slime.rollout.sglang_args import SGLangConfigError, register_sglang_options
+
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    try:
+        extra = register_sglang_options(parser, argv)
+    except SGLangConfigError as e:
+        parser.exit(2, f"train.py: error: {e}\n")
     args = parser.parse_args(argv)
+    args.sglang_extra_options = extra
     try:
         return validate_args(args)
     except ArgumentError as e:
-        parser.exit(2, f"train.py: error: {e}\n")
+        parser.exit(2, "".join(f"train.py: error: {line}\n" for line in str(e).splitlines()))

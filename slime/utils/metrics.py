@@ -1,4 +1,5 @@
-"""Per-iteration metrics: one compact console line and one JSON object per line in metrics.jsonl."""
+"""Per-iteration metrics: one compact console line and one JSON object per line in metrics.jsonl.
+Evaluation records share the file, marked `"kind": "eval"` (iteration records carry no kind)."""
 
 from __future__ import annotations
 
@@ -49,13 +50,20 @@ def console_line(m: dict[str, Any], num_rollout: int) -> str:
     return line[:CONSOLE_WIDTH - len(suffix)] + suffix
 
 
+def eval_console_line(r: dict[str, Any]) -> str:
+    names = sorted({k.split("/")[1] for k in r if k.startswith("eval/")})
+    parts = [f"{n} reward {r[f'eval/{n}/reward_mean']:.3f}±{r[f'eval/{n}/reward_std']:.3f} "
+             f"len {r[f'eval/{n}/response_len_mean']:.1f} ({r[f'eval/{n}/samples']:.0f} samples)" for n in names]
+    return f"[eval after {r['eval_step']} rollouts] " + " | ".join(parts)
+
+
 class MetricsLogger:
     def __init__(self, output_dir: str, resume_from: int | None = None) -> None:
         os.makedirs(output_dir, exist_ok=True)
         self.path = os.path.join(output_dir, METRICS_FILE)
         if resume_from is not None and os.path.exists(self.path):
             # Drop records of iterations that will run again (written after the checkpoint we resume from).
-            kept = [r for r in read_metrics(output_dir) if r["rollout_id"] < resume_from]
+            kept = [r for r in _read_records(self.path) if r["rollout_id"] < resume_from]
             with open(self.path, "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in kept)
         elif resume_from is None and os.path.exists(self.path):
@@ -67,9 +75,14 @@ class MetricsLogger:
             f.flush()
 
 
-def read_metrics(output_dir: str) -> list[dict[str, Any]]:
+def _read_records(path: str) -> list[dict[str, Any]]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def read_metrics(output_dir: str, kind: str = "train") -> list[dict[str, Any]]:
+    """The records of one kind: "train" (one per iteration) or "eval" (one per evaluation)."""
     path = os.path.join(output_dir, METRICS_FILE) if os.path.isdir(output_dir) else output_dir
     if not os.path.exists(path):
         raise FileNotFoundError(f"no {METRICS_FILE} in {output_dir}; pass the --output-dir of a run")
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return [r for r in _read_records(path) if r.get("kind", "train") == kind]

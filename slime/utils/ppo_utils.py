@@ -71,22 +71,25 @@ def _split(flat: torch.Tensor, lengths: Sequence[int]) -> list[torch.Tensor]:
 
 
 def reinforce_plus_plus_returns(rewards: torch.Tensor, kl: torch.Tensor, lengths: Sequence[int],
-                                kl_coef: float, gamma: float) -> torch.Tensor:
-    """Token rewards = -kl_coef * kl, plus the sample reward on its last token; returns are the
-    discounted reverse cumulative sums, per sample. Flat over tokens."""
+                                kl_coef: float, gamma: float, loss_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Token rewards = -kl_coef * kl on the tokens the loss mask keeps, plus the sample reward on its last
+    kept token; returns are the discounted reverse cumulative sums, per sample, and 0 on masked tokens
+    (tool output, prompt-like spans: they get neither KL penalty nor return). Flat over tokens."""
     out = []
-    for r, k in zip(rewards.float(), _split(kl.float(), lengths)):
-        token_rewards = -kl_coef * k
-        if token_rewards.numel():
-            token_rewards[-1] += r
+    mask = torch.ones(sum(lengths)) if loss_mask is None else loss_mask.float()
+    for r, k, m in zip(rewards.float(), _split(kl.float(), lengths), _split(mask, lengths)):
+        token_rewards = -kl_coef * k * m
+        kept = m.nonzero(as_tuple=True)[0]
+        if kept.numel():
+            token_rewards[kept[-1]] += r
         if gamma == 1.0:
-            out.append(token_rewards.flip(0).cumsum(0).flip(0))
+            out.append(token_rewards.flip(0).cumsum(0).flip(0) * m)
             continue
         ret, running = torch.empty_like(token_rewards), torch.zeros((), dtype=token_rewards.dtype)
         for t in range(token_rewards.numel() - 1, -1, -1):
             running = token_rewards[t] + gamma * running
             ret[t] = running
-        out.append(ret)
+        out.append(ret * m)
     return torch.cat(out) if out else kl.new_zeros(0)
 
 
@@ -114,7 +117,7 @@ def compute_advantages(estimator: str, rewards: torch.Tensor, lengths: Sequence[
         per_sample = grpo_advantages(rewards, group_size, std_normalization)[index]
         return torch.repeat_interleave(per_sample, rep)
     if estimator == "reinforce_plus_plus":
-        returns = reinforce_plus_plus_returns(rewards[index], kl, lengths, kl_coef, gamma)
+        returns = reinforce_plus_plus_returns(rewards[index], kl, lengths, kl_coef, gamma, loss_mask)
         return masked_whiten(returns, loss_mask, all_reduce)
     if estimator == "reinforce_plus_plus_baseline":
         baseline = grpo_advantages(rewards, group_size, std_normalization=False)[index]

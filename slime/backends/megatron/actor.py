@@ -70,7 +70,7 @@ class MegatronTrainRayActor:
 
         init_parallel(args.tensor_model_parallel_size, args.expert_model_parallel_size,
                       args.pipeline_model_parallel_size, seed=args.seed,
-                      etp=getattr(args, "expert_tensor_parallel_size", 1))  # patches + model-parallel groups
+                      etp=args.expert_tensor_parallel_size)  # patches + model-parallel groups
         self.tp_size = mpu.get_tensor_model_parallel_world_size()
         self.tp_rank = mpu.get_tensor_model_parallel_rank()
         self.dp_size = mpu.get_data_parallel_world_size()
@@ -95,17 +95,21 @@ class MegatronTrainRayActor:
         self.model, self.optimizer = model_setup.wrap_and_build_optimizer(args, self.model)
         self.loss_config = LossConfig.from_args(args)
 
+        start_rollout_id = 0
         if found is None or found.kind in (ckpt.HF, ckpt.NONE):
             if found is not None:
                 logger.info("--load %s: %s", args.load, "HF weights, starting at rollout 0" if found.kind == ckpt.HF
                             else "no checkpoint yet, starting from --hf-checkpoint")
-            return 0
-        resumed = ckpt.load(args.load, self.model, self.optimizer, self.rank, self._layout(),
-                            ckpt.LoadOptions.from_args(args))
-        self._extra_state = resumed.extra_state
-        logger.info("loaded %s (%s); starting at rollout %d", found.path, ", ".join(resumed.restored),
-                    resumed.start_rollout_id)
-        return resumed.start_rollout_id
+        else:
+            resumed = ckpt.load(args.load, self.model, self.optimizer, self.rank, self._layout(),
+                                ckpt.LoadOptions.from_args(args))
+            self._extra_state = resumed.extra_state
+            logger.info("loaded %s (%s); starting at rollout %d", found.path, ", ".join(resumed.restored),
+                        resumed.start_rollout_id)
+            start_rollout_id = resumed.start_rollout_id
+        # the LR schedule is a pure function of the step: a resumed run starts it at its step
+        self.lr_scheduler = model_setup.build_lr_scheduler(args, self.optimizer, start_rollout_id)
+        return start_rollout_id
 
     def _layout(self) -> dict[str, int]:
         a = self.args
@@ -167,18 +171,23 @@ class MegatronTrainRayActor:
 
     def _temperature(self) -> float:
         # Greedy rollouts (temperature 0) report log_softmax of the raw logits.
-        t = float(getattr(self.args, "rollout_temperature", 1.0) or 0.0)
+        t = float(self.args.rollout_temperature or 0.0)
         return t if t > 0 else 1.0
 
-    def _pad_multiple(self) -> int:
-        # Sequence parallel (on whenever TP > 1 for the GLM model) splits the packed row over TP ranks.
-        return self.tp_size
+    def _dp_shard(self, batch: D.RolloutBatch, step: list[int]) -> list[int]:
+        if self.args.balance_data:
+            return D.balanced_dp_shard(step, [len(batch.tokens[i]) for i in step], self.dp_rank, self.dp_size)
+        return D.dp_shard(step, self.dp_rank, self.dp_size)
 
-    def _my_samples(self, n: int) -> list[int]:
+    def _pad_multiple(self) -> int:
+        # Sequence parallel splits the packed row over TP ranks; --data-pad-size-multiplier pads further.
+        return self.tp_size * self.args.data_pad_size_multiplier
+
+    def _my_samples(self, batch: D.RolloutBatch) -> list[int]:
         """Samples this rank trains on this rollout (its data-parallel shard of every step)."""
         mine: list[int] = []
-        for step in D.step_indices(n, self.args.global_batch_size):
-            mine.extend(D.dp_shard(step, self.dp_rank, self.dp_size))
+        for step in D.step_indices(len(batch), self.args.global_batch_size):
+            mine.extend(self._dp_shard(batch, step))
         return mine
 
     def _micro_batches(self, batch: D.RolloutBatch, indices: list[int]) -> list[list[int]]:
@@ -223,7 +232,7 @@ class MegatronTrainRayActor:
 
         t0 = time.perf_counter()
         self.model.eval()
-        indices = self._my_samples(len(batch))
+        indices = self._my_samples(batch)
         result = {}
         if not batch.reuse_train_log_probs:
             result["old_log_probs"] = self._log_probs_of(batch, indices)
@@ -247,7 +256,7 @@ class MegatronTrainRayActor:
         args = self.args
         batch = batch_from_payload(payload)
         batch.reuse_train_log_probs = reuse_train_log_probs
-        mine = self._my_samples(len(batch))
+        mine = self._my_samples(batch)
         metrics: dict[str, float] = {"time/log_probs": 0.0, "time/log_probs_old": 0.0, "time/log_probs_ref": 0.0}
         t0 = time.perf_counter()
         self.model.eval()
@@ -299,7 +308,7 @@ class MegatronTrainRayActor:
             return now
 
         for step in steps:
-            shard = D.dp_shard(step, self.dp_rank, self.dp_size)
+            shard = self._dp_shard(batch, step)
             n_tokens = sum(float(sum(batch.loss_masks[i])) for i in shard)
             if args.calculate_per_token_loss:
                 total = torch.tensor([n_tokens], dtype=torch.float64)
@@ -348,7 +357,9 @@ class MegatronTrainRayActor:
             from slime.backends.megatron import model_setup
 
             t = time.perf_counter()
-            grad_norm = model_setup.finish_step(self.model, self.optimizer)
+            lr = float(self.optimizer.param_groups[0]["lr"])  # this step's learning rate (--lr-decay-style)
+            grad_norm = model_setup.finish_step(self.model, self.optimizer, self.lr_scheduler,
+                                                args.check_for_nan_in_loss_and_grad)
             lap("optimizer", t)
             grad_norms.append(grad_norm)
             loss_t = torch.tensor([step_loss], dtype=torch.float64)
@@ -376,6 +387,7 @@ class MegatronTrainRayActor:
             "train/loss": sum(losses) / len(losses),
             "train/grad_norm": sum(grad_norms) / len(grad_norms),
             "train/steps": float(len(losses)),
+            "train/lr": lr,
             "train/tokens": n_tokens,
             "perf/train_tokens_per_s": n_tokens / max(elapsed, 1e-9),
             "time/train": elapsed,

@@ -76,6 +76,21 @@ def dp_shard(indices: Sequence[int], dp_rank: int, dp_size: int) -> list[int]:
     return list(indices[dp_rank::dp_size])
 
 
+def balanced_dp_shard(indices: Sequence[int], token_counts: Sequence[int], dp_rank: int, dp_size: int) -> list[int]:
+    """--balance-data: this rank's samples of a step when the step is split into dp_size equal-count sets of
+    nearly equal token totals (longest first, each to the lightest set that still has room). Every rank
+    computes the same split from the same counts."""
+    if len(indices) % dp_size:
+        raise ValueError(f"{len(indices)} samples do not split over {dp_size} data-parallel ranks")
+    cap = len(indices) // dp_size
+    loads, members = [0] * dp_size, [[] for _ in range(dp_size)]
+    for i in sorted(range(len(indices)), key=lambda i: (-token_counts[i], i)):
+        rank = min((r for r in range(dp_size) if len(members[r]) < cap), key=lambda r: (loads[r], r))
+        loads[rank] += token_counts[i]
+        members[rank].append(indices[i])
+    return sorted(members[dp_rank])
+
+
 # --- micro-batching -----------------------------------------------------------------------
 def fixed_micro_batches(num_samples: int, micro_batch_size: int) -> list[list[int]]:
     return [list(range(s, min(s + micro_batch_size, num_samples))) for s in range(0, num_samples, micro_batch_size)]

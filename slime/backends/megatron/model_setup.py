@@ -18,10 +18,13 @@ def load_model(args, hf_dir: str) -> torch.nn.Module:
     full-vocab logits on every TP rank."""
     from slime.backends.megatron import load_hf_model
 
-    overrides = {"sequence_parallel": True} if args.sequence_parallel else {}
+    # dropout while training; sequence parallel: slime's models need it at TP > 1 and turn it on there
+    overrides = {"hidden_dropout": args.hidden_dropout, "attention_dropout": args.attention_dropout}
+    if args.sequence_parallel:
+        overrides["sequence_parallel"] = True
     for flag, key in (("decoder_first_pipeline_num_layers", "num_layers_in_first_pipeline_stage"),
                       ("decoder_last_pipeline_num_layers", "num_layers_in_last_pipeline_stage")):
-        if getattr(args, flag, None) is not None:
+        if getattr(args, flag) is not None:
             overrides[key] = getattr(args, flag)
     overrides.update(recompute_overrides(args))
     return load_hf_model(hf_dir, args.tensor_model_parallel_size, args.expert_model_parallel_size,
@@ -59,13 +62,21 @@ def recompute_overrides(args) -> dict:
 
 
 def wrap_and_build_optimizer(args, model: torch.nn.Module):
-    """Megatron DDP (grads reduced in fp32) + Megatron Adam with gradient clipping at --clip-grad, with the
-    distributed optimizer / overlap / CPU offload flags."""
+    """Megatron DDP (grads reduced in fp32) + Megatron's --optimizer (adam or sgd) with gradient clipping at
+    --clip-grad, with the distributed optimizer / overlap / CPU offload flags; the learning rate then follows
+    `build_lr_scheduler` (--lr-decay-style, warmup, --min-lr)."""
     from slime.backends.megatron.optimizer import MemoryOptions, build_optimizer
 
     return build_optimizer(model, args.lr, weight_decay=args.weight_decay, adam_beta1=args.adam_beta1,
                            adam_beta2=args.adam_beta2, adam_eps=args.adam_eps, clip_grad=args.clip_grad,
-                           memory=MemoryOptions.from_args(args))
+                           memory=MemoryOptions.from_args(args), min_lr=args.min_lr, optimizer=args.optimizer,
+                           sgd_momentum=args.sgd_momentum)
+
+
+def build_lr_scheduler(args, optimizer, start_rollout_id: int = 0):
+    from slime.backends.megatron.lr_schedule import build_lr_scheduler as _build
+
+    return _build(args, optimizer, start_rollout_id)
 
 
 def forward(model: torch.nn.Module, mb: D.PackedMicroBatch, device: torch.device) -> torch.Tensor:
@@ -80,14 +91,21 @@ def forward(model: torch.nn.Module, mb: D.PackedMicroBatch, device: torch.device
                  packed_seq_params=packed)
 
 
-def finish_step(model, optimizer) -> float:
-    """Reduce grads over data-parallel ranks, clip, update. Returns the (pre-clip) global grad norm."""
+def finish_step(model, optimizer, lr_scheduler=None, check_for_nan: bool = True) -> float:
+    """Reduce grads over data-parallel ranks, clip, update, advance the LR schedule. Returns the (pre-clip)
+    global grad norm. A non-finite norm fails the step unless --no-check-for-nan-in-loss-and-grad."""
+    import math
+
     from megatron.core.distributed import finalize_model_grads
 
     finalize_model_grads([model])
     ok, grad_norm, _ = optimizer.step()
-    if not ok:
-        raise RuntimeError("optimizer step skipped (non-finite gradients); lower --lr or check the data")
+    finite = ok and (grad_norm is None or math.isfinite(float(grad_norm)))
+    if not finite and check_for_nan:
+        raise RuntimeError("optimizer step skipped (non-finite gradients); lower --lr or check the data "
+                           "(--no-check-for-nan-in-loss-and-grad skips such steps instead)")
+    if lr_scheduler is not None:
+        lr_scheduler.step(increment=1)
     return float(grad_norm) if grad_norm is not None else 0.0
 
 

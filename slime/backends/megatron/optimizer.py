@@ -74,8 +74,9 @@ def _note_overlap(memory: MemoryOptions) -> None:
 def build_optimizer(model: torch.nn.Module, lr: float, *, weight_decay: float = 0.0, adam_beta1: float = 0.9,
                     adam_beta2: float = 0.95, adam_eps: float = 1e-8, clip_grad: float = 1.0, bf16: bool | None = None,
                     use_distributed_optimizer: bool = False, overlap_grad_reduce: bool = False,
-                    min_lr: float | None = None, memory: MemoryOptions | None = None):
-    """Wrap `model` in megatron DDP (grads reduced in fp32) and build megatron Adam on it.
+                    min_lr: float | None = None, memory: MemoryOptions | None = None, optimizer: str = "adam",
+                    sgd_momentum: float = 0.9):
+    """Wrap `model` in megatron DDP (grads reduced in fp32) and build megatron's `optimizer` (adam or sgd) on it.
     bf16=None follows the parameters' dtype; bf16 keeps fp32 main params inside the optimizer.
     `memory` (distributed optimizer, overlap, CPU offload, precision-aware) overrides the two shorthand
     flags. Returns (ddp_model, optimizer)."""
@@ -103,7 +104,8 @@ def build_optimizer(model: torch.nn.Module, lr: float, *, weight_decay: float = 
         module=model,
     )
     opt_config = OptimizerConfig(
-        optimizer="adam", lr=lr, min_lr=lr if min_lr is None else min_lr, weight_decay=weight_decay,
+        optimizer=optimizer, sgd_momentum=sgd_momentum, lr=lr, min_lr=lr if min_lr is None else min_lr,
+        weight_decay=weight_decay,
         adam_beta1=adam_beta1, adam_beta2=adam_beta2, adam_eps=adam_eps, clip_grad=clip_grad, bf16=bf16,
         fp16=False, params_dtype=dtype, use_distributed_optimizer=memory.use_distributed_optimizer,
         optimizer_cpu_offload=memory.optimizer_cpu_offload,

@@ -1,0 +1,169 @@
+"""`python train.py ARGS --dry-run`: what the run would be, from the flags and config.json alone.
+
+No weights are read and Ray is not started. Prints the model, the resolved parallel layout and the
+pipeline split, the placement of trainer ranks and rollout engines, the optimizer schedule, warnings
+(paths that do not exist yet, features this trainer cannot run yet, flags this device cannot honor,
+SGLang options the embedded engine ignores) and the per-device memory plan of `slime.plan`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Callable
+
+Printer = Callable[[str], None]
+
+PLAN_DEVICE_DEFAULT = "h200"
+
+
+def missing_paths(args: argparse.Namespace) -> list[str]:
+    """Checkpoint, data and output paths that do not exist yet (a dry run on a laptop has none of them)."""
+    from slime.rollout.arguments import eval_datasets
+
+    out = []
+    for flag, path in (("--ref-load", args.ref_load), ("--load", args.load), ("--save", args.save),
+                       ("--prompt-data", args.prompt_data), ("--output-dir", args.output_dir)):
+        if path and not os.path.exists(path):
+            out.append(f"{flag} {path} does not exist yet")
+    for name, path in eval_datasets(args):
+        if not os.path.exists(path):
+            out.append(f"--eval-prompt-data {name} {path} does not exist yet")
+    return out
+
+
+def pipeline_split(args: argparse.Namespace, num_layers: int) -> list[int]:
+    """Decoder layers per pipeline stage (first/last stages as given, the rest even): the trainer's split."""
+    from slime.backends.megatron.pipeline import stage_layer_counts
+
+    return list(stage_layer_counts(num_layers, args.pipeline_model_parallel_size,
+                                   args.decoder_first_pipeline_num_layers, args.decoder_last_pipeline_num_layers))
+
+
+def _placement(args: argparse.Namespace) -> list[str]:
+    engines = args.rollout_num_gpus // args.rollout_num_gpus_per_engine
+    lines = [f"trainer: {args.actor_num_nodes} node(s) x {args.actor_num_gpus_per_node} devices = {args.world_size} ranks",
+             f"rollout: {engines} engine(s) x {args.rollout_num_gpus_per_engine} devices = {args.rollout_num_gpus} "
+             f"devices, {'colocated with the trainer' if args.colocate else 'on their own devices'}"]
+    for m in args.sglang_deployments or ():
+        groups = ", ".join(f"{g.worker_type} {g.num_gpus // g.num_gpus_per_engine}x{g.num_gpus_per_engine}"
+                           for g in m.groups)
+        lines.append(f"  --sglang-config model {m.name!r}: {groups}")
+    if args.prefill_num_servers:
+        lines.append(f"  PD: {args.prefill_num_servers} prefill engine(s), {engines - args.prefill_num_servers} decode")
+    return lines
+
+
+def _schedule(args: argparse.Namespace) -> str:
+    from slime.backends.megatron.lr_schedule import schedule_steps
+
+    from slime.backends.megatron.lr_schedule import steps_per_rollout
+
+    warmup, decay, total = schedule_steps(args)
+    return (f"optimizer {args.optimizer}: lr {args.lr:g} -> min {args.min_lr:g}, {args.lr_decay_style} decay over "
+            f"{decay} steps, {warmup} warmup; {total} optimizer steps in the run "
+            f"({args.num_rollout} rollouts x {steps_per_rollout(args)} per rollout)")
+
+
+def memory_plan(args: argparse.Namespace) -> str:
+    """slime.plan's per-device table for this layout, or one line why it is unavailable."""
+    from slime.plan.devices import get_device
+    from slime.plan.estimate import plan
+    from slime.plan.layout import Layout, RolloutSettings, TrainSettings
+    from slime.plan.model import ModelShape
+    from slime.plan.report import plan_text
+
+    try:
+        model = ModelShape.from_config(dict(args.hf_config, _name=os.path.basename(os.path.abspath(args.hf_checkpoint))))
+        device = get_device(args.dry_run_device or PLAN_DEVICE_DEFAULT)
+        # the trainer trains in the checkpoint's dtype unless --bf16 (real GLM/Qwen checkpoints are bf16)
+        bf16 = args.bf16 or (args.hf_config.get("torch_dtype") or args.hf_config.get("dtype")) == "bfloat16"
+        ts = TrainSettings(
+            max_tokens_per_gpu=args.max_tokens_per_gpu or (args.rollout_max_response_len + 2048),
+            recompute="full" if args.recompute_granularity == "full" else "none",
+            distributed_optimizer=bool(args.use_distributed_optimizer),
+            optimizer_cpu_offload=bool(args.optimizer_cpu_offload), with_mtp=bool(args.enable_mtp_training),
+            param_bytes=2 if bf16 else 4, master_bytes=4 if bf16 else 0)
+        rs = RolloutSettings(
+            rollout_batch_size=args.rollout_batch_size or 1, n_samples_per_prompt=args.n_samples_per_prompt,
+            max_prompt_len=args.rollout_max_prompt_len or 2048, max_response_len=args.rollout_max_response_len,
+            devices_per_engine=args.rollout_num_gpus_per_engine, rollout_devices=args.rollout_num_gpus,
+            colocate=args.colocate, offload=args.offload_train and args.offload_rollout,
+            mem_fraction_static=args.sglang_mem_fraction_static or 0.8,
+            update_weight_buffer_bytes=args.update_weight_buffer_size, global_batch_size=args.global_batch_size)
+        layout = Layout(args.actor_num_nodes, args.actor_num_gpus_per_node, tp=args.tensor_model_parallel_size,
+                        pp=args.pipeline_model_parallel_size, ep=args.expert_model_parallel_size,
+                        cp=args.context_parallel_size, etp=args.expert_tensor_parallel_size,
+                        sequence_parallel=args.sequence_parallel or None)  # None: on at TP > 1
+        return f"memory plan on {device.name} (--dry-run-device):\n" + plan_text(plan(model, layout, device, ts, rs))
+    except ValueError as e:
+        return f"memory plan: unavailable ({e})"
+
+
+def warnings(args: argparse.Namespace, parser: argparse.ArgumentParser | None) -> list[str]:
+    out = [f"warning: {m}" for m in missing_paths(args)]
+    out += [f"warning: would fail at start-up: {m}" for m in args.dry_run_limits]
+    return out + runtime_warnings(args, parser)
+
+
+def runtime_warnings(args: argparse.Namespace, parser: argparse.ArgumentParser | None) -> list[str]:
+    """What a real run says before Ray starts: flags this device or engine cannot honor (one line each)."""
+    from slime.ray.rollout_manager import resolve_engine_kind
+    from slime.rollout.sglang_args import embedded_ignored_line
+    from slime.utils.megatron_flags import implementation_warning, not_yet_honored
+
+    out = []
+    impl = implementation_warning(args)
+    if impl:
+        out.append(impl)
+    if parser is not None:
+        pending = not_yet_honored(parser, args)
+        if pending:
+            out.append("warning: accepted but not acted on yet: " + ", ".join(pending))
+    try:
+        kind = resolve_engine_kind(args)
+    except Exception as e:  # e.g. --rollout-engine sglang without sglang installed
+        out.append(f"warning: rollout engine: {e}")
+        kind = None
+    if kind == "sglang" and (args.sglang_config or args.prefill_num_servers):
+        out.append("warning: --sglang-config/--prefill-num-servers are validated, but this launcher starts regular "
+                   "(not prefill/decode) engines; PD disaggregation is not launched yet")
+    if kind == "embedded":
+        ignored = embedded_ignored_line(args)
+        if ignored:
+            out.append(f"warning: {ignored}")
+        if args.rollout_num_gpus_per_engine != 1:
+            out.append(f"warning: the embedded engine runs on one device; --rollout-num-gpus-per-engine "
+                       f"{args.rollout_num_gpus_per_engine} needs SGLang")
+    from slime.utils.tracking import tracking_warnings
+
+    out += tracking_warnings(args)
+    return out
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None, out: Printer = print) -> int:
+    cfg = args.hf_config
+    from slime.utils.model_args import model_args_given
+
+    out(f"dry run: flags checked against {os.path.join(args.hf_checkpoint, 'config.json')} (no weights, no Ray)")
+    out(f"model: {cfg.get('model_type')}, {cfg.get('num_hidden_layers')} layers, hidden {cfg.get('hidden_size')}; "
+        + ("MODEL_ARGS agree with config.json" if model_args_given(args) else "no MODEL_ARGS given"))
+    try:
+        stages = pipeline_split(args, int(cfg.get("num_hidden_layers", 0)))
+    except ValueError as e:
+        out(f"train.py: error: {e}")
+        return 2
+    out(f"layout: world {args.world_size} = dp {args.data_parallel_size} x tp {args.tensor_model_parallel_size} x "
+        f"pp {args.pipeline_model_parallel_size} x cp {args.context_parallel_size}; experts: ep "
+        f"{args.expert_model_parallel_size} x etp {args.expert_tensor_parallel_size}; sequence parallel "
+        f"{'on' if args.sequence_parallel or args.tensor_model_parallel_size > 1 else 'off'}; layers per pipeline stage {stages}")
+    for line in _placement(args):
+        out(f"placement: {line}")
+    out(f"batches: {args.rollout_batch_size} prompts x {args.n_samples_per_prompt} samples per rollout, global batch "
+        f"{args.global_batch_size}, {'dynamic micro-batches of ' + str(args.max_tokens_per_gpu) + ' tokens' if args.use_dynamic_batch_size else 'micro-batch ' + str(args.micro_batch_size)}")
+    out(_schedule(args))
+    for w in warnings(args, parser):
+        out(w)
+    out(memory_plan(args))
+    out("dry run OK")
+    return 0

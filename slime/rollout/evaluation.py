@@ -1,0 +1,89 @@
+"""Evaluation rollouts: every prompt of each `--eval-prompt-data NAME PATH` set, `--n-samples-per-eval-prompt`
+responses each, sampled with the eval settings (`--eval-temperature`, `--eval-top-p`, `--eval-top-k`,
+`--eval-max-response-len`; each defaults to its rollout flag) and scored by the run's reward.
+
+train.py evaluates before the first rollout (unless --skip-eval-before-train) and after every
+--eval-interval rollouts, on the weights the engines then hold; the metrics go to metrics.jsonl as
+records with `"kind": "eval"` and `eval_step` = rollouts trained so far, and into the report.
+Eval samples use their own sample indices (and so their own sampling seeds), the same at every eval,
+so successive evals differ by the weights only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from slime.rollout.data_source import JsonlDataSource
+from slime.rollout.generate import RolloutError, make_samples, run_samples
+from slime.rollout.sample import SampleStatus
+
+EVAL_INDEX_BASE = 1 << 48  # eval sample indices (seeds) never meet the training ones
+
+
+@dataclass
+class EvalSet:
+    name: str
+    source: JsonlDataSource
+
+
+def eval_sampling_args(args: argparse.Namespace) -> argparse.Namespace:
+    """A copy of args whose rollout sampling flags carry the eval values."""
+    out = copy.copy(args)
+    for eval_flag, rollout_flag in (("eval_temperature", "rollout_temperature"), ("eval_top_p", "rollout_top_p"),
+                                    ("eval_top_k", "rollout_top_k"),
+                                    ("eval_max_response_len", "rollout_max_response_len")):
+        value = getattr(args, eval_flag)
+        if value is not None:
+            setattr(out, rollout_flag, value)
+    return out
+
+
+def load_eval_sets(args: argparse.Namespace, tokenizer: Any) -> list[EvalSet]:
+    from slime.rollout.arguments import eval_datasets
+
+    return [EvalSet(name, JsonlDataSource(
+        path, tokenizer, args.eval_input_key or args.input_key, args.eval_label_key or args.label_key,
+        args.metadata_key, args.apply_chat_template, shuffle=False, seed=args.rollout_seed,
+        max_prompt_len=args.eval_max_prompt_len or args.rollout_max_prompt_len))
+        for name, path in eval_datasets(args)]
+
+
+def evaluate(args: argparse.Namespace, fleet: Any, sets: list[EvalSet], tokenizer: Any, reward_fn: Any) -> dict[str, float]:
+    """Generate and score every eval set; returns eval/<name>/... metrics."""
+    if reward_fn is None:
+        raise RolloutError("evaluation needs a reward: pass --rm-type or --custom-rm-path")
+    sampling = eval_sampling_args(args)
+    n = args.n_samples_per_eval_prompt
+    metrics: dict[str, float] = {}
+    base = EVAL_INDEX_BASE
+    for s in sets:
+        t0 = time.perf_counter()
+        items = s.source.next_batch(len(s.source))  # no shuffle: every prompt once, in file order
+        samples = make_samples(items, n, range(base, base + len(items) * n))
+        base += len(items) * n
+        run_samples(sampling, fleet, samples, tokenizer, reward_fn)
+        rewards = [float(x.reward) for x in samples]
+        lengths = [x.response_length for x in samples]
+        prefix = f"eval/{s.name}"
+        metrics[f"{prefix}/reward_mean"] = statistics.fmean(rewards)
+        metrics[f"{prefix}/reward_std"] = statistics.pstdev(rewards)
+        metrics[f"{prefix}/response_len_mean"] = statistics.fmean(lengths)
+        metrics[f"{prefix}/truncated_ratio"] = sum(x.status == SampleStatus.TRUNCATED for x in samples) / len(samples)
+        metrics[f"{prefix}/samples"] = float(len(samples))
+        metrics[f"time/eval_{s.name}"] = time.perf_counter() - t0
+    return metrics
+
+
+def eval_steps(args: argparse.Namespace, start_rollout_id: int) -> set[int]:
+    """Rollouts trained (0 = before the first) after which train.py evaluates."""
+    if args.eval_interval is None:
+        return set()
+    steps = {k for k in range(start_rollout_id + 1, args.num_rollout + 1) if k % args.eval_interval == 0}
+    if start_rollout_id == 0 and not args.skip_eval_before_train:
+        steps.add(0)
+    return steps

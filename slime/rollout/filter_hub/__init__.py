@@ -1,0 +1,1 @@
+"""Dynamic-sampling filters (`--dynamic-sampling-filter-path`), named as in upstream slime."""

@@ -1,0 +1,227 @@
+"""Megatron model flags (upstream slime's MODEL_ARGS, from scripts/models/*.sh) on train.py's command line.
+
+train.py builds the model from `--hf-checkpoint`'s config.json, so MODEL_ARGS do not choose the
+architecture here; they are checked against config.json instead (a wrong checkpoint or a wrong
+MODEL_ARGS file fails before any device is touched), one line per disagreement:
+
+    --num-layers 80: config.json says num_hidden_layers=78
+
+Architecture switches (`--swiglu`, `--untie-embeddings-and-output-weights`, ...) are compared both
+ways once any architecture flag is given: leaving one out means Megatron's default (e.g. tied
+embeddings), and that must agree with the checkpoint too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import math
+from typing import Any, Callable
+
+from slime.utils.arguments import add_argument_once as _add
+
+# How each HF model_type reads MODEL_ARGS (which models the trainer can build: slime_plugins.models.registry).
+# MLA families carry kv_lora_rank etc.; the others are GQA/MHA.
+MLA_MODEL_TYPES = ("glm_moe_dsa", "glm4_moe_lite", "deepseek_v3")
+GQA_MODEL_TYPES = ("glm4_moe", "qwen3", "qwen3_moe", "qwen2", "qwen2_moe", "llama")
+KNOWN_MODEL_TYPES = MLA_MODEL_TYPES + GQA_MODEL_TYPES
+SOFTMAX_ROUTED = ("qwen3_moe", "qwen2_moe")  # the other MoE families route with sigmoid + expert bias
+
+
+class ModelArgsError(ValueError):
+    """MODEL_ARGS that cannot be read (e.g. a malformed --moe-layer-freq). One line."""
+
+
+def _rope(cfg: dict, key: str, default: Any = None) -> Any:
+    """transformers 5 keeps rope settings in rope_parameters; published configs at top level."""
+    params = cfg.get("rope_parameters") or {}
+    return params.get(key, cfg.get(key, default))
+
+
+def _mla(cfg: dict) -> bool:
+    return cfg.get("model_type") in MLA_MODEL_TYPES or "kv_lora_rank" in cfg
+
+
+def _num_experts(cfg: dict) -> int | None:
+    return cfg.get("n_routed_experts", cfg.get("num_experts"))
+
+
+def moe_layer_pattern(cfg: dict) -> list[int] | None:
+    """1 per MoE decoder layer, 0 per dense one, from the config (None for a dense model)."""
+    n = cfg.get("num_hidden_layers")
+    if not _num_experts(cfg) or n is None:
+        return None
+    if "first_k_dense_replace" in cfg:
+        k = int(cfg["first_k_dense_replace"])
+        return [0] * k + [1] * (n - k)
+    step, dense = int(cfg.get("decoder_sparse_step", 1) or 1), set(cfg.get("mlp_only_layers") or [])
+    return [int(i not in dense and (i + 1) % step == 0) for i in range(n)]
+
+
+def parse_layer_freq(text: str, num_layers: int | None) -> list[int]:
+    """Megatron's --moe-layer-freq: an int N (every N-th layer is MoE) or a list expression such as
+    '[0]*3+[1]*75' or '[1, 1, 0]'. Evaluated over a literal-only grammar (lists, ints, + and *)."""
+    def ev(node: ast.AST) -> Any:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.List):
+            return [ev(e) for e in node.elts]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            a, b = ev(node.left), ev(node.right)
+            return a + b if isinstance(node.op, ast.Add) else a * b
+        raise ModelArgsError(f"--moe-layer-freq {text!r}: use an int or a list expression like '[0]*3+[1]*75'")
+
+    try:
+        value = ev(ast.parse(text.strip(), mode="eval").body)
+    except SyntaxError as e:
+        raise ModelArgsError(f"--moe-layer-freq {text!r} is not an expression ({e.msg})") from e
+    if isinstance(value, int):
+        if num_layers is None or value < 1:
+            raise ModelArgsError(f"--moe-layer-freq {value} needs --num-layers and a value >= 1")
+        return [int(i % value == 0) for i in range(num_layers)]
+    if not isinstance(value, list) or any(v not in (0, 1) for v in value):
+        raise ModelArgsError(f"--moe-layer-freq {text!r} must give a list of 0 (dense) and 1 (MoE) per layer")
+    return value
+
+
+def _shared_expert_size(cfg: dict) -> int | None:
+    if "shared_expert_intermediate_size" in cfg:
+        return int(cfg["shared_expert_intermediate_size"])
+    if not _num_experts(cfg):
+        return None
+    return int(cfg.get("n_shared_experts", 0) or 0) * int(cfg.get("moe_intermediate_size", 0))
+
+
+def _qk_norm(cfg: dict) -> bool:
+    if _mla(cfg) or cfg.get("model_type") in ("qwen3", "qwen3_moe"):
+        return True  # MLA: norms on the low-rank latents; Qwen3: q_norm/k_norm
+    return bool(cfg.get("use_qk_norm", False))
+
+
+def _qkv_bias(cfg: dict) -> bool | None:
+    if _mla(cfg):
+        return None  # Megatron's MLA has no fused qkv projection: the flag has no effect there
+    return True if cfg.get("model_type") in ("qwen2", "qwen2_moe") else bool(cfg.get("attention_bias", False))
+
+
+# flag -> (type, what config.json says for it). A getter returning None means "not applicable / not stated".
+Getter = Callable[[dict], Any]
+VALUE_FLAGS: dict[str, tuple[type, Getter, str]] = {
+    "--num-layers": (int, lambda c: c.get("num_hidden_layers"), "num_hidden_layers"),
+    "--hidden-size": (int, lambda c: c.get("hidden_size"), "hidden_size"),
+    "--ffn-hidden-size": (int, lambda c: c.get("intermediate_size"), "intermediate_size"),
+    "--num-attention-heads": (int, lambda c: c.get("num_attention_heads"), "num_attention_heads"),
+    "--num-query-groups": (int, lambda c: None if _mla(c) else c.get("num_key_value_heads"), "num_key_value_heads"),
+    "--kv-channels": (int, lambda c: None if _mla(c) else c.get("head_dim", c["hidden_size"] // c["num_attention_heads"])
+                      if "hidden_size" in c and "num_attention_heads" in c else None, "head_dim"),
+    "--q-lora-rank": (int, lambda c: c.get("q_lora_rank"), "q_lora_rank"),
+    "--kv-lora-rank": (int, lambda c: c.get("kv_lora_rank"), "kv_lora_rank"),
+    "--qk-head-dim": (int, lambda c: c.get("qk_nope_head_dim"), "qk_nope_head_dim"),  # Megatron: the no-rope part
+    "--qk-pos-emb-head-dim": (int, lambda c: c.get("qk_rope_head_dim"), "qk_rope_head_dim"),
+    "--v-head-dim": (int, lambda c: c.get("v_head_dim"), "v_head_dim"),
+    "--dsa-indexer-n-heads": (int, lambda c: c.get("index_n_heads"), "index_n_heads"),
+    "--dsa-indexer-head-dim": (int, lambda c: c.get("index_head_dim"), "index_head_dim"),
+    "--dsa-indexer-topk": (int, lambda c: c.get("index_topk"), "index_topk"),
+    "--num-experts": (int, _num_experts, "n_routed_experts/num_experts"),
+    "--moe-ffn-hidden-size": (int, lambda c: c.get("moe_intermediate_size"), "moe_intermediate_size"),
+    "--moe-shared-expert-intermediate-size": (int, _shared_expert_size, "n_shared_experts*moe_intermediate_size"),
+    "--moe-router-topk": (int, lambda c: c.get("num_experts_per_tok"), "num_experts_per_tok"),
+    "--moe-router-topk-scaling-factor": (float, lambda c: c.get("routed_scaling_factor"), "routed_scaling_factor"),
+    "--moe-router-num-groups": (int, lambda c: c.get("n_group"), "n_group"),
+    "--moe-router-group-topk": (int, lambda c: c.get("topk_group"), "topk_group"),
+    "--moe-router-score-function": (str, lambda c: None if not _num_experts(c) else
+                                    "softmax" if c.get("model_type") in SOFTMAX_ROUTED else
+                                    c.get("scoring_func", "sigmoid"), "router scoring (model_type)"),
+    "--mtp-num-layers": (int, lambda c: c.get("num_nextn_predict_layers", 0), "num_nextn_predict_layers"),
+    "--vocab-size": (int, lambda c: c.get("vocab_size"), "vocab_size"),
+    "--norm-epsilon": (float, lambda c: c.get("rms_norm_eps"), "rms_norm_eps"),
+    "--rotary-base": (float, lambda c: _rope(c, "rope_theta"), "rope_theta"),
+    "--rotary-percent": (float, lambda c: None if _mla(c) else _rope(c, "partial_rotary_factor", 1.0),
+                         "partial_rotary_factor"),
+    "--normalization": (str, lambda c: "RMSNorm", "RMSNorm (every supported family)"),
+    "--position-embedding-type": (str, lambda c: "rope", "rope (every supported family)"),
+}
+# switches compared both ways (absent = Megatron's default) once any architecture flag is given
+SWITCHES: dict[str, tuple[Getter, str]] = {
+    "--swiglu": (lambda c: c.get("hidden_act", "silu") == "silu", "hidden_act=silu"),
+    "--untie-embeddings-and-output-weights": (lambda c: not c.get("tie_word_embeddings", False),
+                                              "tie_word_embeddings=false"),
+    "--multi-latent-attention": (_mla, "MLA (kv_lora_rank)"),
+    "--qk-layernorm": (_qk_norm, "q/k norms"),
+    "--add-qkv-bias": (_qkv_bias, "attention_bias"),
+    "--group-query-attention": (lambda c: None if _mla(c) else
+                                c.get("num_key_value_heads", c.get("num_attention_heads")) != c.get("num_attention_heads"),
+                                "num_key_value_heads < num_attention_heads"),
+    "--moe-router-enable-expert-bias": (lambda c: None if not _num_experts(c) else
+                                        c.get("model_type") not in SOFTMAX_ROUTED, "e_score_correction_bias"),
+}
+# accepted, no config.json counterpart (or implied by the family): rope flags and the bias switch
+PLAIN_SWITCHES = ("--disable-bias-linear", "--use-rotary-position-embeddings", "--no-position-embedding",
+                  "--moe-router-pre-softmax")
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group(
+        "model (Megatron MODEL_ARGS)",
+        "The architecture comes from --hf-checkpoint's config.json; these flags are checked against it.")
+    for flag, (typ, _, key) in VALUE_FLAGS.items():
+        _add(g, parser, flag, type=typ, default=None, help=f"must equal config.json's {key}")
+    _add(g, parser, "--moe-layer-freq", type=str, default=None,
+         help="MoE layer pattern, e.g. '[0]*3+[1]*75'; must match config.json's dense/MoE layers")
+    for flag, (_, meaning) in SWITCHES.items():
+        _add(g, parser, flag, action="store_true", default=None, help=f"must agree with config.json ({meaning})")
+    for flag in PLAIN_SWITCHES:
+        _add(g, parser, flag, action="store_true", default=None, help="accepted (implied by the model family)")
+
+
+def _dest(flag: str) -> str:
+    return flag[2:].replace("-", "_")
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=0.0)
+    return a == b
+
+
+def model_args_given(args: argparse.Namespace) -> bool:
+    flags = list(VALUE_FLAGS) + ["--moe-layer-freq"]
+    return any(getattr(args, _dest(f), None) is not None for f in flags)
+
+
+def model_arg_mismatches(args: argparse.Namespace, cfg: dict) -> list[str]:
+    """One line per MODEL_ARGS flag that disagrees with config.json: 'FLAG VALUE: config.json says ...'."""
+    out: list[str] = []
+    for flag, (typ, get, key) in VALUE_FLAGS.items():
+        mine = getattr(args, _dest(flag), None)
+        if mine is None:
+            continue
+        have = get(cfg)
+        if have is not None and not _same(typ(have), mine):
+            out.append(f"{flag} {mine}: config.json says {key}={have}")
+    if args.moe_layer_freq is not None:
+        want = moe_layer_pattern(cfg)
+        mine = parse_layer_freq(args.moe_layer_freq, args.num_layers or cfg.get("num_hidden_layers"))
+        if want is None:
+            out.append(f"--moe-layer-freq {args.moe_layer_freq}: config.json describes a dense model (no experts)")
+        elif mine != want:
+            out.append(f"--moe-layer-freq {args.moe_layer_freq}: config.json has {want.count(0)} dense and "
+                       f"{want.count(1)} MoE layers in the pattern {_pattern_text(want)}")
+    if model_args_given(args):
+        for flag, (get, meaning) in SWITCHES.items():
+            have = get(cfg)
+            mine = bool(getattr(args, _dest(flag), None))
+            if have is not None and bool(have) != mine:
+                out.append(f"{flag} {'given' if mine else 'absent'}: config.json says "
+                           f"{'' if have else 'not '}{meaning}")
+    return out
+
+
+def _pattern_text(pattern: list[int]) -> str:
+    runs: list[tuple[int, int]] = []
+    for v in pattern:
+        if runs and runs[-1][0] == v:
+            runs[-1] = (v, runs[-1][1] + 1)
+        else:
+            runs.append((v, 1))
+    return "+".join(f"[{v}]*{n}" for v, n in runs)
