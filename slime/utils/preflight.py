@@ -31,7 +31,13 @@ from typing import Any
 TRACKER = "latest_checkpointed_iteration.txt"  # same name as slime.backends.megatron.checkpoint.TRACKER
 METRICS_FILE = "metrics.jsonl"
 # Rewards that score a response against the prompt's label.
-LABELLED_REWARDS = ("math", "synthetic")
+# Built-in rewards that grade against the prompt's label (all but "random"); a boxed_ prefix grades the
+# last \\boxed{} of the response with the same rule.
+UNLABELLED_REWARDS = ("random",)
+
+
+def _reward_base(rm_type: str | None) -> str | None:
+    return rm_type[len("boxed_"):] if rm_type and rm_type.startswith("boxed_") else rm_type
 # Bytes per element of the safetensors dtypes.
 _SAFETENSORS_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2,
                             "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
@@ -155,7 +161,10 @@ def check_hf_checkpoint(hf_dir: str, flag: str = "--hf-checkpoint") -> dict[str,
 def check_prompts(args: Any, report: PreflightReport) -> None:
     path = args.prompt_data
     input_key, label_key = args.input_key, getattr(args, "label_key", None)
-    rule_reward = not getattr(args, "custom_rm_path", None) and getattr(args, "rm_type", None) in LABELLED_REWARDS
+    from slime.rollout.rewards import BUILTIN
+
+    base = _reward_base(getattr(args, "rm_type", None))
+    rule_reward = not getattr(args, "custom_rm_path", None) and base in BUILTIN and base not in UNLABELLED_REWARDS
     try:
         f = open(path, encoding="utf-8")
     except OSError as e:
@@ -201,10 +210,12 @@ def check_reward(args: Any) -> None:
             raise PreflightError(f"--custom-rm-path {custom}: module {module!r} is not importable; check the name "
                                  "and PYTHONPATH")
         return
+    from slime.rollout.rewards import BUILTIN
+
     rm_type = getattr(args, "rm_type", None)
-    if rm_type is not None and rm_type not in LABELLED_REWARDS:
-        raise PreflightError(f"--rm-type {rm_type!r} is unknown; choose one of {', '.join(LABELLED_REWARDS)} or pass "
-                             "--custom-rm-path module.fn")
+    if rm_type is not None and _reward_base(rm_type) not in BUILTIN:
+        raise PreflightError(f"--rm-type {rm_type!r} is unknown; choose one of {', '.join(sorted(BUILTIN))} (or a "
+                             "boxed_ prefix) or pass --custom-rm-path module.fn")
 
 
 # ------------------------------------------------------------------ outputs
