@@ -542,3 +542,19 @@ def test_real_device_basics(cls):
     acc.synchronize()
     assert set(MEMORY_STAT_KEYS) <= set(before)
     assert torch.allclose(y.cpu().double(), x.cpu().double() @ x.cpu().double(), atol=1e-2, rtol=1e-2)
+
+
+def test_cpu_peak_memory_is_the_high_water_mark_between_samples():
+    """A buffer allocated and freed between two memory_stats() calls still shows in the peak (the kernel's
+    VmHWM, reset by reset_peak_memory_stats), and a reset drops an earlier, higher peak."""
+    acc = CpuAccelerator()
+    big = torch.ones(96 * 2**20 // 4)  # 96 MiB, touched, freed before any sample
+    del big
+    acc.reset_peak_memory_stats()
+    start = acc.memory_stats()
+    transient = torch.ones(64 * 2**20 // 4)  # 64 MiB, never sampled while alive
+    del transient
+    stats = acc.memory_stats()
+    assert stats["peak_allocated"] - start["allocated"] > 48 * 2**20
+    acc.reset_peak_memory_stats()
+    assert acc.memory_stats()["peak_allocated"] < stats["peak_allocated"]

@@ -12,6 +12,18 @@ from slime.accelerator.base import Accelerator, Capabilities, NullEvent, NullStr
 from slime.accelerator.ipc import COMMON_ALLOWLIST
 
 
+def _rss_high_water() -> int | None:
+    """VmHWM of this process in bytes (Linux), else None."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 class CpuAccelerator(Accelerator):
     name = "cpu"
     device_type = "cpu"
@@ -61,12 +73,14 @@ class CpuAccelerator(Accelerator):
     def stream(self, s: Any) -> contextlib.AbstractContextManager:
         return null_stream_context(s)
 
-    # memory: torch.cpu has no allocator stats, so use process RSS and system memory
+    # memory: torch.cpu has no allocator stats, so use the process's resident set and system memory. The
+    # peak is the kernel's resident-set high-water mark (VmHWM), which reset_peak_memory_stats resets through
+    # /proc/self/clear_refs (Linux); where either is unavailable, the highest RSS seen by memory_stats calls.
     def memory_stats(self) -> dict[str, int]:
         import psutil
 
         rss = int(psutil.Process().memory_info().rss)
-        self._peak_rss = max(self._peak_rss, rss)
+        self._peak_rss = max(self._peak_rss, rss, _rss_high_water() or 0)
         vm = psutil.virtual_memory()
         return {
             "allocated": rss,
@@ -77,6 +91,11 @@ class CpuAccelerator(Accelerator):
         }
 
     def reset_peak_memory_stats(self) -> None:
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # resets VmHWM to the current RSS
+        except OSError:
+            pass
         self._peak_rss = 0
         self.memory_stats()
 

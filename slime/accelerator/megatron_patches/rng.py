@@ -112,6 +112,17 @@ def model_parallel_manual_seed(seed: int, te_rng_tracker: bool = False, inferenc
     tracker.add(random._EXPERT_PARALLEL_RNG_TRACKER_NAME, seed + 1024 + 100 * ep_rank + etp_rank)
 
 
+def make_checkpoint_without_output_init(original):
+    """CheckpointWithoutOutput.__init__ sets `self.fp8 = fp8 is not None`, True even for fp8=False, and its
+    fp8 branch needs TransformerEngine's FP8GlobalStateManager (NameError without TE): keep the flag as given."""
+
+    def __init__(self, fp8=False):
+        original(self, fp8)
+        self.fp8 = bool(fp8)
+
+    return __init__
+
+
 def _p(name, targets, replacement, why, replaces):
     return Patch(name=name, targets=tuple(targets), replacement=replacement, why=why, replaces=replaces,
                  versions=MEGATRON_VERSIONS,
@@ -119,6 +130,12 @@ def _p(name, targets, replacement, why, replaces):
 
 
 PATCHES = [
+    Patch(name="checkpoint_without_output_fp8_flag", targets=(f"{RANDOM}:CheckpointWithoutOutput.__init__",),
+          replacement=make_checkpoint_without_output_init,
+          why="selective recompute of the layer norms (--recompute-modules layernorm) checkpoints them without output",
+          replaces="`self.fp8 = fp8 is not None` (always True), whose fp8 path references TransformerEngine's "
+                   "FP8GlobalStateManager, absent here (NameError)",
+          versions=MEGATRON_VERSIONS, remove_when="megatron-core sets CheckpointWithoutOutput.fp8 from the fp8 argument"),
     _p("rng_get_state", [f"{RANDOM}:_get_cuda_rng_state"], lambda orig: get_device_rng_state,
        "the RNG tracker and activation checkpointing save the device generator state",
        "torch.cuda.random.get_rng_state (raises without CUDA)"),

@@ -19,6 +19,7 @@ from slime.accelerator import get_accelerator
 from slime.backends.megatron import checkpoint as ckpt
 from slime.backends.megatron import data as D
 from slime.backends.megatron.loss import METRIC_KEYS, LossConfig, rl_loss
+from slime.backends.megatron.timing import PhaseTimer
 from slime.utils.net import free_port
 
 logger = logging.getLogger(__name__)
@@ -132,23 +133,20 @@ class MegatronTrainRayActor:
         return logits / temperature if torch.is_grad_enabled() else logits.div_(temperature)
 
     def _run_schedule(self, micro_batches: list[D.PackedMicroBatch], on_logits, forward_only: bool,
-                      seconds: dict[str, float] | None = None) -> None:
+                      timer: PhaseTimer | None = None) -> None:
         """Megatron's schedule over the packed micro-batches; `on_logits(mb, logits)` runs on the last stage.
-        seconds["forward"] (when given) accumulates the time of the forward computations (model and loss)."""
+        `timer` (when given) gets a "forward" span per forward computation (model and loss), from events."""
         from slime.backends.megatron import model_setup
         from slime.backends.megatron.pipeline import forward_backward
 
-        acc = get_accelerator()
-
         def timed(fn):
-            if seconds is None:
+            if timer is None:
                 return fn
 
             def run(*a):
-                t = time.perf_counter()
+                start = timer.mark()
                 out = fn(*a)
-                acc.synchronize()
-                seconds["forward"] += time.perf_counter() - t
+                timer.lap("forward", start)
                 return out
             return run
 
@@ -299,13 +297,8 @@ class MegatronTrainRayActor:
                              f"{len(steps)} steps of --global-batch-size {args.global_batch_size}")
         # train-rollout log-prob mismatch when the old log-probs come from here: |diff| sum, token count; max
         mismatch, mismatch_max = torch.zeros(2, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)
-        seconds = {"pack": 0.0, "forward": 0.0, "backward": 0.0, "optimizer": 0.0}
-
-        def lap(key: str, since: float) -> float:
-            acc.synchronize()  # device work of the phase is done (no-op on CPU)
-            now = time.perf_counter()
-            seconds[key] += now - since
-            return now
+        # Phase times from device events, read once after the last step: no synchronize() per phase or micro-batch.
+        timer = PhaseTimer(acc, ("pack", "forward", "backward", "optimizer"))
 
         for step in steps:
             shard = self._dp_shard(batch, step)
@@ -319,9 +312,9 @@ class MegatronTrainRayActor:
             self.model.zero_grad_buffer()
             self.optimizer.zero_grad()
             step_loss = 0.0
-            t = time.perf_counter()
+            t = timer.mark()
             mbs = [D.pack(batch, mb_indices, self._pad_multiple()) for mb_indices in self._micro_batches(batch, shard)]
-            t = lap("pack", t)
+            t = timer.lap("pack", t)
 
             def on_logits(mb: D.PackedMicroBatch, logits: torch.Tensor) -> torch.Tensor:
                 """The micro-batch's loss on the last pipeline stage (metrics accumulate there)."""
@@ -352,19 +345,20 @@ class MegatronTrainRayActor:
                                        dtype=torch.float64)
                 return loss
 
-            self._run_schedule(mbs, on_logits, forward_only=False, seconds=seconds)
-            lap("backward", t)  # the schedule's time; its forward share is moved to "forward" below
+            self._run_schedule(mbs, on_logits, forward_only=False, timer=timer)
+            timer.lap("backward", t)  # the schedule's time; its forward share is moved to "forward" below
             from slime.backends.megatron import model_setup
 
-            t = time.perf_counter()
+            t = timer.mark()
             lr = float(self.optimizer.param_groups[0]["lr"])  # this step's learning rate (--lr-decay-style)
             grad_norm = model_setup.finish_step(self.model, self.optimizer, self.lr_scheduler,
                                                 args.check_for_nan_in_loss_and_grad)
-            lap("optimizer", t)
+            timer.lap("optimizer", t)
             grad_norms.append(grad_norm)
             loss_t = torch.tensor([step_loss], dtype=torch.float64)
             dist.all_reduce(loss_t, group=self.dp_group)
             losses.append(float(loss_t.item()) / self.dp_size)
+        seconds = timer.seconds()
         seconds["backward"] -= seconds["forward"]
         model_setup.sync_params(self.model)  # --overlap-param-gather: weight sync and save read the new weights
         elapsed = time.perf_counter() - t0

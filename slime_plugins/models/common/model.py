@@ -137,6 +137,21 @@ class DecoderModel(MegatronModule):
         return logits.transpose(0, 1).contiguous()
 
 
+def set_selective_recompute(model: torch.nn.Module, config) -> None:
+    """Selective recompute of our MoE layers as megatron means it: `moe` recomputes the whole MoE layer
+    (through TransformerLayer's mlp checkpoint), `mlp` only dense MLPs. megatron's TransformerLayer tells MoE
+    layers apart by its own MoELayer class, so it would treat ours as dense MLPs."""
+    from megatron.core.transformer.transformer_layer import TransformerLayer
+
+    from slime_plugins.models.common.moe import MoELayer
+
+    if config.recompute_granularity != "selective":
+        return
+    for layer in model.modules():
+        if isinstance(layer, TransformerLayer) and isinstance(layer.mlp, MoELayer):
+            layer.recompute_mlp = "moe" in config.recompute_modules
+
+
 def build_model(arch, attention: type, tp: int = 1, ep: int = 1, pp: int = 1, dtype: torch.dtype = torch.float32,
                 perform_initialization: bool = False, gather_logits: bool = True, mtp_block=None,
                 **config_overrides) -> DecoderModel:
@@ -145,5 +160,6 @@ def build_model(arch, attention: type, tp: int = 1, ep: int = 1, pp: int = 1, dt
     config = arch.transformer_config(tp, ep, pp, dtype=dtype, perform_initialization=perform_initialization,
                                      **config_overrides)
     model = DecoderModel(arch, config, attention, gather_logits=gather_logits, mtp_block=mtp_block)
+    set_selective_recompute(model, config)
     mark_tensor_parallel_params(model)  # megatron sets them only when it initialises weights itself
     return model.to(get_accelerator().device())

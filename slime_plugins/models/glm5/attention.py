@@ -9,6 +9,8 @@ input grad) and o_proj reduce-scatters back to sequence-parallel. All math goes 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from megatron.core import tensor_parallel
@@ -49,6 +51,22 @@ class DsaIndexer(KeepsFloat32, torch.nn.Module):
                                      softmax_scale=cfg.index_head_dim ** -0.5)
 
 
+class CoreAttention(torch.nn.Module):
+    """softmax(q k^T) v over each sequence (dense, or DSA's top-k keys): no parameters, so selective
+    recompute (`core_attn`) keeps only q, k, v and recomputes the scores in backward."""
+
+    def __init__(self, glm: GlmConfig) -> None:
+        super().__init__()
+        self.glm = glm
+
+    def forward(self, q, k, v, topk, ctx: ForwardContext) -> torch.Tensor:
+        ops = get_accelerator().ops
+        if topk is None:
+            return ops.attention(q, k, v, ctx.cu_seqlens, ctx.cu_seqlens, causal=True, softmax_scale=self.glm.softmax_scale)
+        return ops.sparse_attention(q, k, v, topk, ctx.cu_seqlens, ctx.cu_seqlens, causal=True,
+                                    softmax_scale=self.glm.softmax_scale)
+
+
 class MLASelfAttention(MegatronModule):
     """Megatron self-attention submodule: forward(hidden [S(/tp), B, H], ..., packed_seq_params=ForwardContext)
     -> (output [S(/tp), B, H], None)."""
@@ -73,6 +91,9 @@ class MLASelfAttention(MegatronModule):
                                          glm.num_attention_heads * (glm.qk_nope_head_dim + glm.v_head_dim),
                                          sequence_parallel=False)
         self.o_proj = row_parallel(config, glm.num_attention_heads * glm.v_head_dim, glm.hidden_size, bias=bias)
+        self.core_attention = CoreAttention(glm)
+        self.recompute_core_attention = (config.recompute_granularity == "selective"
+                                         and "core_attn" in (config.recompute_modules or ()))
         self.indexer = None
         self.topk_source = None  # DSA: index of the layer whose top-k this layer uses
         kind = glm.indexer_type(self.layer_index)
@@ -111,17 +132,18 @@ class MLASelfAttention(MegatronModule):
         k_rope = ops.apply_rotary(k_rope[:, None, :], ctx.cos, ctx.sin, interleaved=glm.rope_interleave)
         q = torch.cat([q_nope, q_rope], dim=-1)
         k = torch.cat([k_nope, k_rope.expand(-1, self.heads, -1)], dim=-1)
-        if self.topk_source is None:
-            out = ops.attention(q, k, v, ctx.cu_seqlens, ctx.cu_seqlens, causal=True, softmax_scale=glm.softmax_scale)
-        else:
+        topk = None
+        if self.topk_source is not None:
             if self.indexer is not None:
                 ctx.topk[self.layer_index] = self.indexer(x, q_resid.detach(), ctx)
             topk = ctx.topk.get(self.topk_source)
             if topk is None:
                 raise RuntimeError(f"DSA layer {self.layer_index} shares layer {self.topk_source}'s top-k, which did not "
                                    "run in this forward (pipeline stages must not split a full layer from its shared layers)")
-            out = ops.sparse_attention(q, k, v, topk, ctx.cu_seqlens, ctx.cu_seqlens, causal=True,
-                                       softmax_scale=glm.softmax_scale)
+        if self.recompute_core_attention and self.training and torch.is_grad_enabled():
+            out = tensor_parallel.checkpoint(functools.partial(self.core_attention, ctx=ctx), False, q, k, v, topk)
+        else:
+            out = self.core_attention(q, k, v, topk, ctx)
         out = from_thd(out.reshape(out.shape[0], -1), ctx.seq_len, ctx.batch)
         out, _ = self.o_proj(out)
         return out, None

@@ -49,8 +49,13 @@ class MtpLayer(MegatronModule):
 
     def forward(self, hidden: torch.Tensor, embedded: torch.Tensor, ctx) -> torch.Tensor:
         x = self.eh_proj(torch.cat([self.enorm(embedded), self.hnorm(hidden)], dim=-1))
-        x, _ = self.transformer_layer(hidden_states=x, attention_mask=None, packed_seq_params=ctx)
-        return x
+
+        def run(h):
+            return self.transformer_layer(hidden_states=h, attention_mask=None, packed_seq_params=ctx)[0]
+
+        if self.config.recompute_granularity == "full" and self.training and torch.is_grad_enabled():
+            return tensor_parallel.checkpoint(run, False, x)  # RNG states saved and restored by megatron
+        return run(x)
 
 
 class MtpBlock(MegatronModule):
