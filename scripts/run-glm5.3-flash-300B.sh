@@ -101,6 +101,15 @@ PERF_ARGS=(
    --bf16
 )
 [ "$TP" -gt 1 ] && PERF_ARGS+=(--sequence-parallel)
+PERF_ARGS+=(--use-distributed-optimizer)
+PLAN_MEMORY_ARGS=(--recompute "$RECOMPUTE")
+if [ "$RECOMPUTE" = full ]; then
+  PERF_ARGS+=(--recompute-granularity full --recompute-method uniform --recompute-num-layers 1)
+fi
+if [ "$OPTIMIZER_CPU_OFFLOAD" = 1 ]; then
+  PERF_ARGS+=(--optimizer-cpu-offload --overlap-cpu-optimizer-d2h-h2d --use-precision-aware-optimizer)
+  PLAN_MEMORY_ARGS+=(--optimizer-cpu-offload)
+fi
 PERF_ARGS+=(--expert-tensor-parallel-size "$ETP" --context-parallel-size "$CP")  # train.py accepts 1 and 1 today
 
 GRPO_ARGS=(
@@ -141,12 +150,12 @@ if [ -f "$HF_CHECKPOINT/config.json" ]; then PLAN_MODEL=$HF_CHECKPOINT; else PLA
 "$PYTHON" -m slime.plan.model_args "$PLAN_MODEL" -- "${MODEL_ARGS[@]}" >/dev/null
 
 PLAN_ARGS=(--model "$PLAN_MODEL" --device "$PLAN_DEVICE" --nodes "$NUM_NODES" --devices-per-node "$GPUS_PER_NODE"
-           --tp "$TP" --pp "$PP" --ep "$EP" --cp "$CP" --max-tokens-per-gpu "$MAX_TOKENS_PER_GPU" --recompute none
+           --tp "$TP" --pp "$PP" --ep "$EP" --cp "$CP" --max-tokens-per-gpu "$MAX_TOKENS_PER_GPU" "${PLAN_MEMORY_ARGS[@]}"
            --rollout-batch-size 64 --n-samples-per-prompt 8 --rollout-max-response-len 8192 --global-batch-size 512
            --rollout-num-gpus-per-engine "$ROLLOUT_GPUS_PER_ENGINE" --rollout-num-gpus "$ROLLOUT_GPUS"
            --sglang-mem-fraction-static "$SGLANG_MEM_FRACTION_STATIC"
            --update-weight-buffer-size "$UPDATE_WEIGHT_BUFFER_SIZE" --etp "$ETP"
-           --no-mtp --no-distributed-optimizer)  # as train.py runs: no MTP training, full optimizer state per DP rank
+           --no-mtp)  # as train.py runs: no MTP training; distributed optimizer (the default of both)
 [ "$COLOCATE" = 1 ] || PLAN_ARGS+=(--no-colocate --no-offload)
 
 # Device environment for every Ray worker (from the accelerator, read above).

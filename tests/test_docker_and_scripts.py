@@ -27,7 +27,7 @@ NPU_SIM_ENV = {"PYTHONPATH": str(ROOT / "tests/npu_sim"), "SLIME_ACCELERATOR_PLU
 SCRIPT_VARS = {"PLAN_DEVICE", "NUM_NODES", "GPUS_PER_NODE", "TP", "PP", "EP", "CP", "ETP", "MAX_TOKENS_PER_GPU",
                "COLOCATE", "ROLLOUT_NUM_NODES", "ROLLOUT_GPUS_PER_ENGINE", "SGLANG_MEM_FRACTION_STATIC",
                "UPDATE_WEIGHT_MODE", "UPDATE_WEIGHT_BUFFER_SIZE", "RAY_START_ARGS", "HF_CHECKPOINT", "MASTER_ADDR",
-               "PYTHONPATH"}
+               "PYTHONPATH", "RECOMPUTE", "OPTIMIZER_CPU_OFFLOAD"}
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -96,7 +96,10 @@ def test_dry_run_cuda_and_a3_profiles():
     assert "colocated on the trainer's devices" in out and "NVIDIA H200" in out and "-> fits" in out
     assert {"--colocate", "--offload-train", "--offload-rollout", "--sequence-parallel", "--use-dynamic-batch-size"} <= set(args)
     assert (_opt(args, "--tensor-model-parallel-size"), _opt(args, "--expert-model-parallel-size"),
-            _opt(args, "--max-tokens-per-gpu")) == ("8", "128", "4096")
+            _opt(args, "--max-tokens-per-gpu")) == ("8", "8", "4096")
+    assert (_opt(args, "--actor-num-nodes"), _opt(args, "--pipeline-model-parallel-size")) == ("4", "4")
+    assert {"--use-distributed-optimizer", "--optimizer-cpu-offload", "--use-precision-aware-optimizer"} <= set(args)
+    assert _opt(args, "--recompute-granularity") == "full" and _opt(args, "--recompute-method") == "uniform"
     assert (_opt(args, "--expert-tensor-parallel-size"), _opt(args, "--context-parallel-size")) == ("1", "1")
     # the A3 branch of the npu profile, plus an override from the environment reaching command and plan
     out, args = _dry_run(SLIME_PROFILE="npu", PLAN_DEVICE="a3", MAX_TOKENS_PER_GPU="65536")
@@ -115,8 +118,8 @@ def _profile(name: str, **env: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("name,plan_device", [("cuda", ""), ("npu", ""), ("npu", "950pr"), ("npu", "a3")])
 def test_every_profile_fits_by_the_planner(name, plan_device):
-    """Each profile's defaults, planned as the trainer runs them (expert-TP 1, no recompute, no MTP, no
-    distributed optimizer), fit; and the layout is one the trainer accepts."""
+    """Each profile's defaults, planned as the trainer runs them (expert-TP 1, no MTP, the distributed
+    optimizer, the profile's recompute and CPU offload), fit; and the layout is one the trainer accepts."""
     from slime.plan import Layout, ModelShape, RolloutSettings, TrainSettings, get_device, plan
 
     v = _profile(name, **({"PLAN_DEVICE": plan_device} if plan_device else {}))
@@ -128,10 +131,10 @@ def test_every_profile_fits_by_the_planner(name, plan_device):
                          rollout_devices=world if colocate else int(v["ROLLOUT_NUM_NODES"]) * int(v["GPUS_PER_NODE"]),
                          mem_fraction_static=float(v["SGLANG_MEM_FRACTION_STATIC"]), global_batch_size=512,
                          update_weight_buffer_bytes=int(v["UPDATE_WEIGHT_BUFFER_SIZE"]))
-    assert (v["ETP"], v["CP"], v["PP"]) == ("1", "1", "1")  # train.py rejects anything else today
+    assert (v["ETP"], v["CP"]) == ("1", "1")  # train.py rejects anything else today
     assert int(v["ROLLOUT_GPUS_PER_ENGINE"]) <= int(v["GPUS_PER_NODE"])  # an engine runs on one node
-    ts = TrainSettings(max_tokens_per_gpu=int(v["MAX_TOKENS_PER_GPU"]), recompute="none", with_mtp=False,
-                       distributed_optimizer=False)
+    ts = TrainSettings(max_tokens_per_gpu=int(v["MAX_TOKENS_PER_GPU"]), recompute=v["RECOMPUTE"], with_mtp=False,
+                       distributed_optimizer=True, optimizer_cpu_offload=v["OPTIMIZER_CPU_OFFLOAD"] == "1")
     device = get_device(v["PLAN_DEVICE"])
     p = plan(ModelShape.from_config("glm5.3-flash-300B"), layout, device, ts, rs)
     assert p.fits, (v, p.phases, p.usable, p.problems)
@@ -164,7 +167,8 @@ def _check_train_py_flags(args, build_parser, validate_args):
         pytest.skip("slime.rollout.arguments not present yet: rollout/SGLang flags unchecked")
     parsed.hf_checkpoint = str(ROOT)  # validation needs an existing directory, nothing more
     validate_args(parsed)
-    assert parsed.data_parallel_size == 16
+    mp = parsed.tensor_model_parallel_size * parsed.pipeline_model_parallel_size * parsed.context_parallel_size
+    assert parsed.data_parallel_size == parsed.world_size // mp >= 1
 
 
 def test_dry_run_without_profile_fails_in_one_line():

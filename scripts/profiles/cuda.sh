@@ -2,22 +2,25 @@
 # `python -m slime.accelerator --name` prints "cuda". Parallel sizes and memory settings only:
 # the device environment (NCCL settings, visible devices) comes from the accelerator itself.
 # Every value can be overridden from the environment. Sized with `python -m slime.plan`
-# (see docs/planner.md) for GLM-5.3-Flash 300B on 16 nodes x 8 H200.
+# (see docs/planner.md) for GLM-5.3-Flash 300B on 4 nodes x 8 H200.
 
 PLAN_DEVICE=${PLAN_DEVICE:-h200}                  # planner device profile (slime/plan/devices.py)
-NUM_NODES=${NUM_NODES:-16}                        # trainer nodes (--actor-num-nodes)
+NUM_NODES=${NUM_NODES:-4}                         # trainer nodes (--actor-num-nodes)
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}                 # devices per node (--actor-num-gpus-per-node)
 
-# Megatron layout, as the trainer runs it: expert-TP 1 (the GLM model keeps experts whole), no
-# pipeline or context parallel, a full optimizer state per data-parallel rank (no distributed
-# optimizer) and no activation recompute. Under those, 16 x 8 H200 fit only with every rank holding
-# 2 of the 256 experts (EP 128, 103 GB train phase): EP 64 needs 143 GB, EP 16 385 GB per device.
+# Megatron layout, as the trainer runs it: expert-TP 1 (the GLM model keeps experts whole), pipeline
+# parallel 4, the distributed optimizer with its state in host memory (--optimizer-cpu-offload) and full
+# activation recompute. The planner's fewest H200 nodes for 300B: 4 x 8 this way (61 GB train phase,
+# 113 GB peak in the rollout phase of 126 GB usable); without the CPU offload 8 x 8 (TP 8, PP 4, EP 16);
+# with a full optimizer state per rank and no recompute (the trainer before) 16 x 8 at EP 128.
 TP=${TP:-8}
-PP=${PP:-1}
-EP=${EP:-128}
+PP=${PP:-4}
+EP=${EP:-8}
 CP=${CP:-1}
 ETP=${ETP:-1}
-# Packed micro-batch budget: the planner's largest that fits without activation recompute.
+RECOMPUTE=${RECOMPUTE:-full}                      # full | none (--recompute-granularity full, uniform, 1 layer)
+OPTIMIZER_CPU_OFFLOAD=${OPTIMIZER_CPU_OFFLOAD:-1} # 1: --optimizer-cpu-offload (Megatron's hybrid optimizer)
+# Packed micro-batch budget.
 MAX_TOKENS_PER_GPU=${MAX_TOKENS_PER_GPU:-4096}
 
 # Placement: colocated trainer + engines, each offloaded while the other runs (IPC weight sync).

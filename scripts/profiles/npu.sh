@@ -40,6 +40,10 @@ esac
 PP=${PP:-1}
 CP=${CP:-1}
 ETP=${ETP:-1}                                     # the trainer runs expert-TP 1
+# Distributed optimizer always (the trainer's default); recompute and CPU offload off, as these layouts
+# were sized before the trainer had them (python -m slime.plan --fewest 950dt,950pr,a3 gives smaller ones).
+RECOMPUTE=${RECOMPUTE:-none}
+OPTIMIZER_CPU_OFFLOAD=${OPTIMIZER_CPU_OFFLOAD:-0}
 
 if [ "$PLAN_DEVICE" = "950dt" ]; then
   # Deviation: the Ascend 950DT has no IPC, so a colocated run cannot hand weights to its engines
