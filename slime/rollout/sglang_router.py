@@ -47,7 +47,10 @@ class SGLangRouter:
         cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", host, "--port", str(port),
                "--worker-urls", *worker_urls, "--policy", policy, "--log-level", "warn",
                # default 30 s between start-up checks of the workers: the engines are already healthy
-               "--worker-startup-check-interval", "1"] + (["--api-key", api_key] if api_key else [])
+               "--worker-startup-check-interval", "1",
+               # its metrics exporter binds a fixed port (29000) by default: a second router on the node
+               # (another run, or one still shutting down) would panic on start
+               "--prometheus-host", host, "--prometheus-port", str(free_port())] + (["--api-key", api_key] if api_key else [])
         proc = ServerProcess(name="sglang-router", cmd=cmd, env=dict(os.environ), log_path=log_path,
                              url=f"http://{host}:{port}")
         proc.start()
