@@ -44,7 +44,10 @@ def _env() -> dict[str, str]:
 
 def _quick_start(run_dir, num_rollout: int, *extra: str, **popen) -> subprocess.Popen:
     env = dict(_env(), RUN_DIR=str(run_dir), NUM_ROLLOUT=str(num_rollout))
-    return subprocess.Popen(["bash", os.path.join(ROOT, "scripts", "run-glm5-tiny-cpu.sh"), *SMALL, *extra],
+    # Engine restarts and re-syncs are driven by the rollout manager's own routing; through sglang-router a
+    # dead engine's requests are retried by the router instead (docs/rollout.md).
+    return subprocess.Popen(["bash", os.path.join(ROOT, "scripts", "run-glm5-tiny-cpu.sh"), *SMALL,
+                             "--rollout-router", "in-process", *extra],
                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
 
 
