@@ -135,6 +135,14 @@ def _probe_bundles(pg, devices: list[int]) -> list[tuple[str, list[int]]]:
     return ray.get(refs)
 
 
+def order_by_place(where: list[tuple[str, list[int]]], idx) -> list[int]:
+    """Bundle indices `idx` sorted by (node, first device): trainer rank i takes the i-th. Megatron numbers its
+    groups with TP fastest, then CP, EP, DP and PP slowest (initialize_model_parallel's "tp-cp-ep-dp-pp"), so
+    consecutive ranks fill a node first: a TP group of at most a node's devices stays on one node, and a
+    colocated engine of g devices (trainer ranks e*g .. e*g+g-1) shares its node with whole TP groups."""
+    return sorted(idx, key=lambda i: (where[i][0], where[i][1][:1], i))
+
+
 def create_placement_groups(args, cpus_per_bundle: float | None = None, timeout_s: float = 120.0) -> dict[str, DeviceSlots]:
     """{"actor": ..., "rollout": ...} for the trainer world and the rollout engines (see module doc)."""
     import ray
@@ -157,8 +165,7 @@ def create_placement_groups(args, cpus_per_bundle: float | None = None, timeout_
     where = _probe_bundles(pg, devices)
 
     def by_place(idx: range) -> list[int]:
-        # Order by (node, first device) so rank i and engine i land on predictable devices.
-        return sorted(idx, key=lambda i: (where[i][0], where[i][1][:1], i))
+        return order_by_place(where, idx)
 
     def slots(idx: list[int], share: float, per_bundle: int = 1) -> DeviceSlots:
         return DeviceSlots(pg=pg, bundle_indices=idx, device_ids=[d for i in idx for d in where[i][1]],

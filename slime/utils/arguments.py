@@ -153,7 +153,11 @@ def _validate_pipeline(args: argparse.Namespace) -> None:
     from slime.backends.megatron.pipeline import stage_layer_counts
 
     with open(config) as f:
-        layers = json.load(f).get("num_hidden_layers")
+        hf = json.load(f)
+    layers = hf.get("num_hidden_layers")
+    _require(pp == 1 or not hf.get("tie_word_embeddings"),
+             f"{config}: tie_word_embeddings=true needs the embedding and the output layer on one stage: use "
+             "--pipeline-model-parallel-size 1 for this checkpoint")
     if not isinstance(layers, int):
         return
     try:
