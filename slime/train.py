@@ -49,33 +49,19 @@ def add_advantages(args, batch) -> dict[str, float]:
     return share_advantages(args, batch, range(len(batch)))
 
 
-def rollout_metrics(batch, elapsed: float) -> dict[str, float]:
-    import torch
-
-    rewards = torch.tensor(batch.rewards, dtype=torch.float64)
-    lengths = torch.tensor(batch.response_lengths, dtype=torch.float64)
-    return {
-        "rollout/reward_mean": float(rewards.mean()),
-        "rollout/reward_std": float(rewards.std(unbiased=False)),
-        "rollout/response_len_mean": float(lengths.mean()),
-        "rollout/samples": float(len(batch)),
-        "time/rollout": elapsed,
-        "perf/rollout_tokens_per_s": float(lengths.sum()) / max(elapsed, 1e-9),
-    }
-
-
 def _wait_with_progress(ref, rollout, total: int, after_s: float = 2.0):
-    """ray.get(ref), drawing a one-line progress bar on an interactive terminal when it takes a while."""
-    import ray
+    """ray.get(ref) without waking while it waits (slime.ray.waiting), drawing a one-line progress bar on
+    an interactive terminal when it takes a while."""
+    from slime.ray.waiting import get, wait_ready
 
     if not sys.stderr.isatty() or not total:
-        return ray.get(ref)
+        return get(ref)
     start, drawn = time.perf_counter(), False
-    while not ray.wait([ref], timeout=0.5)[0]:
+    while not wait_ready([ref], timeout=0.5):
         if time.perf_counter() - start < after_s:
             continue
         try:
-            done = int(ray.get(rollout.progress.remote(), timeout=1.0).get("done", 0))
+            done = int(get(rollout.progress.remote(), timeout=1.0).get("done", 0))
         except Exception:
             break
         filled = int(30 * min(done, total) / total)
@@ -85,7 +71,7 @@ def _wait_with_progress(ref, rollout, total: int, after_s: float = 2.0):
         drawn = True
     if drawn:
         sys.stderr.write("\r" + " " * 72 + "\r")
-    return ray.get(ref)
+    return get(ref)
 
 
 def _should_save(args, rollout_id: int) -> bool:

@@ -55,10 +55,14 @@ def _rollout(source, tok, rollout_id: int, n_prompts: int = 2, n_samples: int = 
 
 def _iteration(actor, args, source, tok, rollout_id: int) -> dict:
     """Rollout, log-probs merged over ranks (as RayTrainGroup merges them), advantages, train step."""
-    from slime.train import add_advantages, rollout_metrics
+    import numpy as np
+
+    from slime.backends.megatron.rollout_data import payload_summary
+    from slime.train import add_advantages
 
     batch = _rollout(source, tok, rollout_id)
-    metrics = rollout_metrics(batch, 1.0)
+    metrics = payload_summary({"rewards": np.asarray(batch.rewards, dtype=np.float64),
+                               "response_lengths": np.asarray(batch.response_lengths)})
     parts = [None] * dist.get_world_size()
     dist.all_gather_object(parts, actor.compute_log_probs(batch)["log_probs"])
     merged = {}

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import threading
 import types
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from json_http import JsonHandler, serve
 from slime.rollout.sglang_router import SGLangRouter, router_available
 from slime.utils.http_client import EngineClient
 
@@ -21,40 +19,26 @@ class _Worker:
         self.name, self.generated = name, []
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(JsonHandler):
             protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):
-                pass
-
-            def _reply(self, code, obj):
-                data = json.dumps(obj).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
 
             def do_GET(self):
                 if self.path in ("/health", "/health_generate"):
-                    return self._reply(200, {"status": "ok"})
+                    return self.reply(200, {"status": "ok"})
                 if self.path in ("/get_model_info", "/model_info", "/server_info", "/get_server_info"):
-                    return self._reply(200, {"model_path": "tiny", "is_generation": True})
-                self._reply(404, {"detail": "Not Found"})
+                    return self.reply(200, {"model_path": "tiny", "is_generation": True})
+                self.reply(404, {"detail": "Not Found"})
 
             def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                body = self.body()
                 if self.path != "/generate":
-                    return self._reply(404, {"detail": "Not Found"})
+                    return self.reply(404, {"detail": "Not Found"})
                 outer.generated.append(body)
-                self._reply(200, {"text": outer.name, "output_ids": body["input_ids"][-1:],
+                self.reply(200, {"text": outer.name, "output_ids": body["input_ids"][-1:],
                                   "meta_info": {"id": "r", "finish_reason": {"type": "length"},
                                                 "output_token_logprobs": [[-0.5, body["input_ids"][-1], None]]}})
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server, self.url = serve(Handler)
 
     def stop(self):
         self.server.shutdown()

@@ -9,13 +9,12 @@ import json
 import os
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
 
 import sglang_reference as ref
+from json_http import JsonHandler, serve
 
 pytestmark = pytest.mark.skipif(not ref.available(), reason="sglang (the sglang-test extra) is not installed")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -135,28 +134,18 @@ class _TP2Engine:
         outer = self
         common, tb = ref.common(), ref.tensor_bucket()
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def _reply(self, obj):
-                data = json.dumps(obj).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
+        class Handler(JsonHandler):
             def do_GET(self):
-                self._reply({"model_path": "/m"})
+                self.reply(200, {"model_path": "/m"})
 
             def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+                body = self.body()
                 if self.path == "/update_weights_from_tensor":
                     try:
                         outer.received.append(self._open(body))
                     except Exception as e:  # reported to the trainer (and so to the test) instead of a hang
-                        return self._reply({"success": False, "message": f"{type(e).__name__}: {e}"})
-                self._reply({"success": True, "message": ""})
+                        return self.reply(200, {"success": False, "message": f"{type(e).__name__}: {e}"})
+                self.reply(200, {"success": True, "message": ""})
 
             def _open(self, body):
                     assert body["load_format"] == "flattened_bucket"
@@ -169,9 +158,7 @@ class _TP2Engine:
                         ranks.append((segment, {n: t.chunk(2, dim=0)[j].clone() for n, t in tensors.reconstruct_tensors()}))
                     return ranks
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server, self.url = serve(Handler)
 
 
 @pytest.mark.timeout(900)

@@ -1,15 +1,13 @@
 """Weight sync client against a stand-in engine that speaks the SGLang endpoints it uses."""
 
 import base64
-import json
 import logging
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
 
+from json_http import JsonHandler, serve
 from slime.accelerator import get_accelerator
 from slime.accelerator.ipc import deserialize_flattened_bucket, deserialize_named_tensors
 from slime.utils.tensor_bucket import FlattenedTensorMetadata, reconstruct
@@ -35,42 +33,25 @@ class FakeEngine:
         self.refuse = False
         engine = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def _reply(self, code, out):
-                data = json.dumps(out).encode()
-                self.send_response(code)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
+        class Handler(JsonHandler):
             def do_GET(self):
                 engine.gets.append(self.path)
                 if self.path == "/get_model_info":
                     info = {"model_path": "/m", "weight_version": "default"}
                     info = {**info, "weights_checksum": True} if engine.checksums else info
                     info = {**info, "flattened_bucket": True} if engine.flat else info
-                    self._reply(200, {**info, "update_checksums": True} if engine.update_sums else info)
+                    self.reply(200, {**info, "update_checksums": True} if engine.update_sums else info)
                 else:
-                    self._reply(404, {"detail": "Not Found"})
+                    self.reply(404, {"detail": "Not Found"})
 
             def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+                body = self.body()
                 engine.calls.append(self.path)
                 if self.path == "/get_weights_checksum" and not engine.checksums:
-                    return self._reply(404, {"detail": "Not Found"})
-                out = engine.handle(self.path, body)
-                data = json.dumps(out).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                    return self.reply(404, {"detail": "Not Found"})
+                self.reply(200, engine.handle(self.path, body))
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server, self.url = serve(Handler)
 
     def handle(self, path, body):
         if path == "/update_weights_from_tensor":

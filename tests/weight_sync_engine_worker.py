@@ -7,13 +7,11 @@ GET /calls lists the endpoints called, with "update_done" once an update call ha
 
 from __future__ import annotations
 
-import json
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
 
+from json_http import JsonHandler, serve
 from slime.utils.distributed import broadcast, destroy_custom_process_group, init_custom_process_group
 
 MODE = sys.argv[1]
@@ -21,25 +19,14 @@ calls: list[str] = []
 groups: dict[str, object] = {}
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(JsonHandler):
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, *a):
-        pass
-
-    def _reply(self, code, obj):
-        data = json.dumps(obj).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
     def do_GET(self):
-        self._reply(200, {"calls": list(calls)} if self.path == "/calls" else {"model_path": "stand-in"})
+        self.reply(200, {"calls": list(calls)} if self.path == "/calls" else {"model_path": "stand-in"})
 
     def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        body = self.body()
         calls.append(self.path)
         if self.path == "/init_weights_update_group":
             groups[body["group_name"]] = init_custom_process_group(
@@ -52,19 +39,17 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/update_weights_from_distributed":
             if MODE == "refuse":
                 calls.append("update_done")
-                return self._reply(400, {"success": False, "message": "refusing: weights are locked"})
+                return self.reply(400, {"success": False, "message": "refusing: weights are locked"})
             try:
                 for shape, dt in zip(body["shapes"], body["dtypes"]):
                     broadcast(torch.empty(shape, dtype=getattr(torch, dt)), src=0, group=groups[body["group_name"]])
             except Exception as e:  # the sender aborted the group
                 calls.append("update_done")
-                return self._reply(400, {"success": False, "message": f"broadcast failed: {type(e).__name__}"})
+                return self.reply(400, {"success": False, "message": f"broadcast failed: {type(e).__name__}"})
             calls.append("update_done")
-        self._reply(200, {"success": True, "message": ""})
+        self.reply(200, {"success": True, "message": ""})
 
 
-server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-server.daemon_threads = True
+server, _ = serve(Handler)
 print(server.server_address[1], flush=True)
-threading.Thread(target=server.serve_forever, daemon=True).start()
 sys.stdin.read()  # until the test closes stdin

@@ -38,9 +38,9 @@ class RayTrainGroup:
         self.pids: list[int] = ray.get([a.__ray_call__.remote(_pid) for a in self.actors])
 
     def _all(self, method: str, *args, **kwargs) -> list[Any]:
-        import ray
+        from slime.ray.waiting import get  # ray.get that does not wake the driver while the ranks work
 
-        return ray.get([getattr(a, method).remote(*args, **kwargs) for a in self.actors])
+        return get([getattr(a, method).remote(*args, **kwargs) for a in self.actors])
 
     def init(self, role: str = "actor", with_ref: bool = False) -> int:
         """Load models, build optimizers, restore a checkpoint; returns the first rollout id to run."""
