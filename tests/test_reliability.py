@@ -27,6 +27,7 @@ import pytest
 
 psutil = pytest.importorskip("psutil")
 
+from slime.rollout.sglang_router import router_available  # noqa: E402
 from slime.utils.metrics import read_metrics  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
@@ -44,10 +45,8 @@ def _env() -> dict[str, str]:
 
 def _quick_start(run_dir, num_rollout: int, *extra: str, **popen) -> subprocess.Popen:
     env = dict(_env(), RUN_DIR=str(run_dir), NUM_ROLLOUT=str(num_rollout))
-    # Engine restarts and re-syncs are driven by the rollout manager's own routing; through sglang-router a
-    # dead engine's requests are retried by the router instead (docs/rollout.md).
-    return subprocess.Popen(["bash", os.path.join(ROOT, "scripts", "run-glm5-tiny-cpu.sh"), *SMALL,
-                             "--rollout-router", "in-process", *extra],
+    # The quick start's own routing: through the real sglang-router when it is installed (as in CI)
+    return subprocess.Popen(["bash", os.path.join(ROOT, "scripts", "run-glm5-tiny-cpu.sh"), *SMALL, *extra],
                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
 
 
@@ -104,7 +103,8 @@ def quick_run(tmp_path_factory):
     """Quick start, 2 rollouts; the engine is killed as soon as rollout 0 is recorded (rollout 1 is then
     generating)."""
     run_dir = tmp_path_factory.mktemp("quick")
-    proc = _quick_start(run_dir, 2)
+    # longer responses than the other runs: rollout 1's generation lasts long enough to be hit by the kill
+    proc = _quick_start(run_dir, 2, "--rollout-max-response-len", "24")
     _wait_for_records(proc, run_dir, 1)
     engine = _engine_process(proc)
     assert engine is not None, "no embedded engine process under the run"
@@ -120,13 +120,18 @@ def test_engine_killed_mid_rollout_run_finishes_with_trainer_weights(quick_run):
     assert [r["rollout_id"] for r in records] == [0, 1]
     assert sum(r["rollout/engine_restarts"] for r in records) == 1
     restarted = records[1]
-    # restarted during rollout 1's generation: re-synced with the trainer's weights before serving again,
-    # checksum-verified (a mismatch fails the run), and its lost requests re-issued
-    assert restarted["rollout/engine_restarts"] == 1 and restarted["rollout/engine_resyncs"] == 1
-    assert restarted["rollout/engine_restart_seconds"] > 0
+    if router_available():
+        assert "rollout requests go through sglang-router" in quick_run["err"]
+    assert restarted["rollout/engine_restarts"] == 1 and restarted["rollout/engine_restart_seconds"] > 0
     assert restarted["rollout/samples"] == 8
-    assert "re-synced to the trainer's weights" in quick_run["err"]
-    assert all(r["weight_sync/checked_tensors"] > 0 for r in records)  # and every later sync verified too
+    if restarted["rollout/engine_resyncs"] == 1:
+        # restarted during rollout 1's generation: re-synced with the trainer's weights before serving again,
+        # checksum-verified (a mismatch fails the run), and its lost requests re-issued
+        assert "re-synced to the trainer's weights" in quick_run["err"]
+        assert restarted["rollout/reissued_requests"] >= 1
+    else:  # the kill landed after generation: restarted before the weight sync, which gave it the weights
+        assert restarted["rollout/engine_resyncs"] == 0 and "re-synced" not in quick_run["err"]
+    assert all(r["weight_sync/checked_tensors"] > 0 for r in records)  # every sync checksum-verified
 
 
 def test_finished_run_leaves_no_process_or_shared_memory(quick_run):

@@ -33,7 +33,7 @@ def manager(tmp_path_factory):
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)  # logical: 2 engines + 1 behind the router
     handle = create_rollout_manager(args)
     yield handle, args
     ray.get(handle.shutdown.remote(), timeout=60)
@@ -121,3 +121,43 @@ def test_engine_death_mid_rollout_is_recovered(manager):
     assert [e["url"] for e in engines] == ray.get(handle.engine_urls.remote()) and [e["instance"] for e in engines] == [0, 1]
     result = ray.get(handle.generate.remote(2, with_samples=True), timeout=120)
     _check_rollout(result, args, start + 24)
+
+
+@pytest.mark.skipif(not __import__("slime.rollout.sglang_router", fromlist=["x"]).router_available(),
+                    reason="sglang-router is not installed")
+@pytest.mark.timeout(600)
+def test_engine_death_behind_the_sglang_router_is_recovered(manager, tmp_path):
+    """One engine behind the real sglang-router, killed with requests in flight: the router has no worker left
+    and answers 5xx; the manager restarts the engine, registers it with the router again and the lost samples
+    are generated again (same seeds: the same draws as a rollout without the failure)."""
+    from slime.ray.rollout_manager import create_rollout_manager
+
+    _, base_args = manager
+    args = base_args.__class__(**{**vars(base_args), "rollout_router": "sglang-router", "rollout_num_gpus": 1,
+                                  "rollout_batch_size": 2, "output_dir": str(tmp_path)})
+    handle = create_rollout_manager(args)
+    try:
+        assert "sglang-router" in ray.get(handle.routing.remote())
+        state = ray.get(handle.state.remote())
+        clean = ray.get(handle.generate.remote(0, with_samples=True), timeout=120)
+        ray.get(handle.load_state.remote(state))
+        actor = ray.get(handle.engine_actors.remote())[0]
+        client = EngineClient(ray.get(handle.engine_urls.remote())[0], ray.get(handle.token.remote()))
+        client.pause_generation("in_place")
+        future = handle.generate.remote(0, with_samples=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            load = client.get("/health")
+            if load["num_queued_reqs"] + load["num_running_reqs"] > 0:
+                break
+            time.sleep(0.01)
+        assert ray.get(actor.kill.remote()) == -9
+        result = ray.get(future, timeout=300)
+        assert [s.tokens for s in result["samples"]] == [s.tokens for s in clean["samples"]]
+        assert result["metrics"]["rollout/engine_restarts"] == 1 and result["metrics"]["rollout/reissued_requests"] >= 1
+        failures = ray.get(handle.failures.remote())
+        assert len(failures) == 1 and failures[0]["exit_code"] == -9
+        assert ray.get(actor.status.remote())["starts"] == 2
+    finally:
+        ray.get(handle.shutdown.remote(), timeout=60)
+        ray.kill(handle)

@@ -84,6 +84,7 @@ class RolloutManager:
         self._versions: list[str | None] = [None] * self.n
         self._stale: set[int] = set()
         self._engine_locks = [threading.Lock() for _ in range(self.n)]
+        self._fleet_lock = threading.Lock()  # behind sglang-router: one recovery at a time for the whole fleet
         self._failures: list[dict[str, Any]] = []
         self._unpaused = threading.Event()
         self._unpaused.set()
@@ -358,12 +359,18 @@ class RolloutManager:
         sampling_params object per request only, and every sample has its own seed."""
         return self._router_client is None
 
+    def behind_router(self) -> bool:
+        """Whether generation goes through sglang-router (its 5xx replies then mean an engine died)."""
+        return self.sglang_router is not None
+
     def generation_client(self, idx: int) -> EngineClient:
         """Where generation requests go: the sglang-router when one is in front of the engines."""
         return self._router_client if self._router_client is not None else self.clients[idx]
 
     def generation(self, idx: int) -> int:
-        return self._generation[idx]
+        """A token that changes when engine `idx` is restarted; behind sglang-router (which picks the engine)
+        it changes when any engine is."""
+        return sum(self._generation) if self.sglang_router is not None else self._generation[idx]
 
     def wait_unpaused(self) -> None:
         self._unpaused.wait()
@@ -373,53 +380,95 @@ class RolloutManager:
             self._versions[idx] = version
 
     def report_failure(self, idx: int, generation: int, error: BaseException, resync: bool = True) -> None:
-        """A request could not reach engine `idx`. Restart it once per failure (other threads that saw the
-        same failure wait here, then retry); raise RolloutError when restarts are used up and no engine is left."""
-        ray = self._ray()
-        t0 = time.perf_counter()
+        """A request could not reach engine `idx` (behind sglang-router: some engine). Restart it once per failure
+        (other threads that saw the same failure wait here, then retry); raise RolloutError when restarts are used
+        up and no engine is left, or when the router failed a request although every engine is healthy."""
+        if self.sglang_router is not None:
+            return self._recover_behind_router(generation, error, resync)
         with self._engine_locks[idx]:
             if self._generation[idx] != generation:
                 return  # already handled by another request's report
             self.router.set_usable(idx, False)
-            actor = self.actors[idx]
-            status = ray.get(actor.status.remote())
-            if status["running"] and self.clients[idx].health(timeout=10):
+            if self._alive(idx):
                 self.router.set_usable(idx, True)  # a transient connection error; the engine is fine
                 return
-            if status["running"]:
-                ray.get(actor.stop.remote())  # alive but not answering: treat as dead
-            report = ray.get(actor.describe_exit.remote())
-            record = {"engine": idx, "url": self.urls[idx], "exit_code": ray.get(actor.status.remote())["exit_code"],
-                      "rollout_id": self._rollout_id, "error": str(error), "report": report, "time": time.time()}
-            self._failures.append(record)
-            logger.error("rollout engine %d failed during rollout %s: %s", idx, self._rollout_id, report)
-            if self._restarts[idx] >= int(self.args.rollout_engine_max_restarts):
-                self._generation[idx] += 1
-                self._down.add(idx)
-                if not self.router.any_usable():
-                    raise RolloutError(f"rollout engine {idx} died and its {self._restarts[idx]} restarts are used up; "
-                                       f"no engine left. {report}")
-                logger.error("rollout engine %d stays down (restarts used up); continuing on the others", idx)
-                return
-            self._restarts[idx] += 1
-            try:
-                url = ray.get(actor.restart.remote())
-            except Exception as e:
-                self._generation[idx] += 1
-                self._down.add(idx)
-                if not self.router.any_usable():
-                    raise RolloutError(f"rollout engine {idx} could not be restarted: {e}") from e
-                logger.error("rollout engine %d could not be restarted: %s", idx, e)
-                return
-            if self.sglang_router is not None:
-                self.sglang_router.replace_worker(self.urls[idx], url)
-            self.urls[idx] = url
-            self.clients[idx] = EngineClient(url, self._token)
+            self._restart(idx, error, resync)
+
+    def _recover_behind_router(self, generation: int, error: BaseException, resync: bool) -> None:
+        """sglang-router answered 5xx (its worker died mid-request, or it has no live worker left): restart the
+        engines that are down; it retries other workers itself, so a failure with every engine up is not ours to fix."""
+        with self._fleet_lock:
+            if sum(self._generation) != generation:
+                return  # an engine was restarted since that request was sent: retry it
+            dead = [i for i in range(self.n) if i not in self._down and not self._alive(i)]
+            if not dead:
+                if self.sglang_router.process is not None and not self.sglang_router.process.running():
+                    raise RolloutError(f"sglang-router exited: {self.sglang_router.process.describe_exit()}")
+                raise RolloutError(f"sglang-router at {self.sglang_router.url} failed a request while every engine "
+                                   f"is healthy: {getattr(error, 'message', error)}")
+            for i in dead:
+                with self._engine_locks[i]:
+                    self._restart(i, error, resync)
+
+    def _alive(self, idx: int) -> bool:
+        """Process running and answering /health; an engine that runs but does not answer is stopped."""
+        ray = self._ray()
+        actor = self.actors[idx]
+        status = ray.get(actor.status.remote())
+        if status["running"] and self.clients[idx].health(timeout=10):
+            return True
+        if status["running"]:
+            ray.get(actor.stop.remote())  # alive but not answering: treat as dead
+        return False
+
+    def _route(self, idx: int, on: bool) -> None:
+        """Engine `idx` in or out of routing: the in-process router's accounting, and sglang-router's workers."""
+        self.router.set_usable(idx, on)
+        if self.sglang_router is not None:
+            if on and self.urls[idx] not in self.sglang_router.workers:
+                self.sglang_router.add_worker(self.urls[idx])
+                self.sglang_router.wait_worker(self.urls[idx], float(self.args.rollout_engine_startup_timeout))
+            elif not on and self.urls[idx] in self.sglang_router.workers:
+                self.sglang_router.remove_worker(self.urls[idx])
+
+    def _restart(self, idx: int, error: BaseException, resync: bool) -> None:
+        """Engine `idx` is dead (caller holds its lock): record why, restart it within --rollout-engine-max-restarts
+        and admit it once its weights are the run's (resync: the trainer pushes them now; otherwise the sync
+        that follows does)."""
+        ray = self._ray()
+        t0 = time.perf_counter()
+        self._route(idx, False)
+        actor = self.actors[idx]
+        report = ray.get(actor.describe_exit.remote())
+        record = {"engine": idx, "url": self.urls[idx], "exit_code": ray.get(actor.status.remote())["exit_code"],
+                  "rollout_id": self._rollout_id, "error": str(error), "report": report, "time": time.time()}
+        self._failures.append(record)
+        logger.error("rollout engine %d failed during rollout %s: %s", idx, self._rollout_id, report)
+        if self._restarts[idx] >= int(self.args.rollout_engine_max_restarts):
             self._generation[idx] += 1
-            try:
-                self._admit_restarted(idx, resync)
-            finally:
-                self._restart_seconds += time.perf_counter() - t0
+            self._down.add(idx)
+            if not self.router.any_usable():
+                raise RolloutError(f"rollout engine {idx} died and its {self._restarts[idx]} restarts are used up; "
+                                   f"no engine left. {report}")
+            logger.error("rollout engine %d stays down (restarts used up); continuing on the others", idx)
+            return
+        self._restarts[idx] += 1
+        try:
+            url = ray.get(actor.restart.remote())
+        except Exception as e:
+            self._generation[idx] += 1
+            self._down.add(idx)
+            if not self.router.any_usable():
+                raise RolloutError(f"rollout engine {idx} could not be restarted: {e}") from e
+            logger.error("rollout engine %d could not be restarted: %s", idx, e)
+            return
+        self.urls[idx] = url
+        self.clients[idx] = EngineClient(url, self._token)
+        try:
+            self._admit_restarted(idx, resync)
+        finally:
+            self._generation[idx] += 1  # after admission: requests retried now find the engine routed again
+            self._restart_seconds += time.perf_counter() - t0
 
     def _admit_restarted(self, idx: int, resync: bool = True) -> None:
         before = self._versions[idx]
@@ -433,12 +482,12 @@ class RolloutManager:
             self._stale.add(idx)
             logger.error("rollout engine %d restarted with weight version %s (run is at %s): kept out of routing "
                          "until its weights are synced", idx, now, before)
-            if not self.router.any_usable():
+            if resync and not self.router.any_usable():  # (between rollouts the sync that follows admits it)
                 raise RolloutError(f"rollout engine {idx} restarted with its initial weights (version {now}) while "
                                    f"the run is at version {before}, and no other engine is up; sync weights and retry")
             return
         self._versions[idx] = now
-        self.router.set_usable(idx, True)
+        self._route(idx, True)
 
     def _resync(self, idx: int, version: str) -> str | None:
         """Have the trainer push its current weights (`version`) to restarted engine `idx` alone, verified
@@ -490,7 +539,7 @@ class RolloutManager:
             if v is not None and (v in current or not current):
                 self._stale.discard(idx)
                 self._versions[idx] = v
-                self.router.set_usable(idx, True)
+                self._route(idx, True)
 
 
 def create_rollout_manager(args: Any, slots: Any = None):

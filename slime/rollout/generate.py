@@ -216,6 +216,7 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
     timeout = float(args.rollout_request_timeout)
     custom = load_generate_function(args)
     chunk = 1 if custom is not None else samples_per_request(args, fleet, len(samples))
+    behind_router = bool(getattr(fleet, "behind_router", lambda: False)())
     attempts = {s.index: _Attempts() for s in samples}
     pending: deque[Sample] = deque(samples)
     unfinished = [len(samples)]
@@ -293,7 +294,17 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
             return
         except EngineError as e:
             fleet.release(idx, served=False)
-            raise RolloutError(f"engine {idx} rejected sample {batch[0].index}: {e.message}") from e
+            if not (behind_router and e.status >= 500):
+                raise RolloutError(f"engine {idx} rejected sample {batch[0].index}: {e.message}") from e
+            # sglang-router's 5xx: the engine it chose died (it retries live ones first); the fleet restarts
+            # dead engines, or raises when every engine is up (then the error is the engine's own)
+            for s in batch:
+                attempts[s.index].failures += 1
+                attempts[s.index].last_error = e
+            counters.add(reissued=len(batch))
+            fleet.report_failure(idx, gen, e)
+            retry(batch)
+            return
         fleet.release(idx, served=True)
         if not isinstance(outs, list) or len(outs) != len(batch):
             raise RolloutError(f"engine {idx} answered {len(batch)} prompts with "

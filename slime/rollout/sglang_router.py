@@ -114,6 +114,22 @@ class SGLangRouter:
         if url not in self.workers:
             self.workers.append(url)
 
+    def wait_worker(self, url: str, timeout_s: float) -> None:
+        """Until the router lists `url` as a healthy worker (it registers and health-checks added workers
+        asynchronously: a request sent before that finds no worker). Routers without `GET /workers`: wait_ready."""
+        import json
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            status, body = self._call("GET", "/workers", timeout=10)
+            if status in (404, 405):
+                return self.wait_ready(max(1.0, deadline - time.monotonic()))
+            if status == 200 and any(w.get("url") == url and w.get("is_healthy", True)
+                                     for w in json.loads(body).get("workers", [])):
+                return
+            time.sleep(0.2)
+        raise RouterError(f"sglang-router at {self.url} did not take worker {url} within {timeout_s:.0f} s")
+
     def remove_worker(self, url: str) -> None:
         import json
 
