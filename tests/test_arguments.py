@@ -53,7 +53,7 @@ def test_help_groups():
     (["--save-interval", "2"], "needs --save"),
     (["--micro-batch-size", "3"], "not divisible by --micro-batch-size"),
     (["--expert-tensor-parallel-size", "2"], "keeps each routed expert whole on one rank (expert-TP 1); use 1"),
-    (["--context-parallel-size", "2"], "context parallel is not implemented for the GLM model yet; use 1"),
+    (["--context-parallel-size", "2", "--enable-mtp-training"], "use --context-parallel-size 1 for MTP training"),
 ])
 def test_bad_combinations_one_line(tmp_path, extra, needle, capsys):
     with pytest.raises(SystemExit) as e:

@@ -300,6 +300,11 @@ def _sparse_flash_attention(q, k, topk_indices, cq, ck, causal, scale):
     """Absorbed MLA: q = [q_nope(512) | q_rope(64)] per head, k = [latent(512) | k_rope(64)] one head,
     v = the latent part of k."""
     latent = k[..., :_SFA_NOPE].contiguous()
+    # Positions past a query segment's keys are future keys (context parallel chunks): the kernel's contract
+    # has no such index, so they become unused slots (-1), which causal masking would give anyway.
+    key_len = torch.tensor([b - a for a, b in zip(ck, ck[1:])], device=topk_indices.device)
+    key_len = key_len.repeat_interleave(torch.tensor([b - a for a, b in zip(cq, cq[1:])], device=topk_indices.device))
+    topk_indices = torch.where(topk_indices.long() >= key_len[:, None], -1, topk_indices.long())
     # Kernel contract: valid indices first, -1 after; descending sort gives that.
     idx = torch.sort(topk_indices.to(torch.int32), dim=-1, descending=True).values
     dev = q.device

@@ -185,6 +185,12 @@ def attention(
     q [Tq, Hq, Dqk], k [Tk, Hkv, Dqk], v [Tk, Hkv, Dv] -> [Tq, Hq, Dv]. GQA: query head h uses key/value
     head h // (Hq // Hkv). Default scale Dqk**-0.5. causal is bottom-right aligned when a sequence has
     more keys than queries (flash-attn). Query rows without any visible key return 0.
+
+    Queries that are a part of their sequence (context parallel, decode): segment b's queries are the
+    LAST sq of its sk key positions, so query i sees keys j <= i + sk - sq. A CP rank passes each of its
+    chunks as one query segment and, as its key segment, the sequence from its start to the chunk's end
+    (slime_plugins/models/common/context_parallel.py): each query then sees exactly its causal prefix, and
+    key positions count from the sequence start (what DSA top-k indices refer to).
     """
     check_attention_shapes(q, k, v)
     cq, ck = packed_offsets(q, k, cu_seqlens_q, cu_seqlens_k)
@@ -216,7 +222,9 @@ def sparse_attention(
 
     topk_indices [Tq, topk] int (the `lightning_indexer` output): key positions *within the query's own
     sequence* (0 = first key of that sequence), -1 = unused slot. A listed key is still subject to the
-    causal mask (transformers combines the DSA index mask with the causal mask the same way).
+    causal mask (transformers combines the DSA index mask with the causal mask the same way); with causal,
+    a position past the end of the query segment's keys is a future key and is ignored (context parallel:
+    a chunk's keys end where the chunk ends, see `attention`).
     Shapes and scale as in `attention` (MLA: Dqk 192+64, Dv 256). No gradient flows to topk_indices.
     """
     check_attention_shapes(q, k, v)
@@ -231,10 +239,10 @@ def sparse_attention(
         if sq == 0:
             continue
         idx = topk_indices[cq[b] : cq[b + 1]].long()
-        if bool((idx >= sk).any()) or bool((idx < -1).any()):
+        if bool((idx < -1).any()) or (not causal and bool((idx >= sk).any())):
             raise ValueError(f"topk_indices of sequence {b} must be in [-1, {sk}) (positions within the sequence)")
         selected = torch.zeros(sq, sk + 1, dtype=torch.bool, device=q.device)
-        selected.scatter_(1, torch.where(idx < 0, sk, idx), True)  # -1 slots land in a spare column
+        selected.scatter_(1, torch.where((idx < 0) | (idx >= sk), sk, idx), True)  # -1 / future: a spare column
         allowed = selected[:, :sk]
         if causal:
             allowed = allowed & causal_mask(sq, sk, q.device)
@@ -273,6 +281,8 @@ def lightning_indexer(
     are all 0) the lowest position wins (`stable_topk`), so a decode step and a full forward keep the same
     keys (the embedded engine patches transformers' indexer to the same rule). -1 in the unused slots
     (fewer than topk visible keys). No gradient (transformers runs it in no_grad).
+    Causal masking and query segments that are a part of their sequence (context parallel) as in
+    `attention`: the returned positions count from the start of the query segment's keys.
     """
     if k.dim() == 3:
         if k.shape[1] != 1:

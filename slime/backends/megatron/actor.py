@@ -70,13 +70,17 @@ class MegatronTrainRayActor:
         from slime.backends.megatron import init_parallel
 
         init_parallel(args.tensor_model_parallel_size, args.expert_model_parallel_size,
-                      args.pipeline_model_parallel_size, seed=args.seed,
-                      etp=args.expert_tensor_parallel_size)  # patches + model-parallel groups
+                      args.pipeline_model_parallel_size, seed=args.seed, etp=args.expert_tensor_parallel_size,
+                      cp=args.context_parallel_size)  # patches + model-parallel groups
         self.tp_size = mpu.get_tensor_model_parallel_world_size()
         self.tp_rank = mpu.get_tensor_model_parallel_rank()
         self.dp_size = mpu.get_data_parallel_world_size()
         self.dp_rank = mpu.get_data_parallel_rank()
         self.dp_group = mpu.get_data_parallel_group()
+        # Context parallel: the CP ranks of one DP rank share its samples, each holding chunks of every sequence.
+        self.cp_size = mpu.get_context_parallel_world_size()
+        self.cp_rank = mpu.get_context_parallel_rank()
+        self.cp_group = mpu.get_context_parallel_group()
         self.pp_size = mpu.get_pipeline_model_parallel_world_size()
         self.pp_group = mpu.get_pipeline_model_parallel_group()
         self.pp_last_rank = mpu.get_pipeline_model_parallel_last_rank()
@@ -178,8 +182,17 @@ class MegatronTrainRayActor:
         return D.dp_shard(step, self.dp_rank, self.dp_size)
 
     def _pad_multiple(self) -> int:
-        # Sequence parallel splits the packed row over TP ranks; --data-pad-size-multiplier pads further.
-        return self.tp_size * self.args.data_pad_size_multiplier
+        # Sequence parallel splits the packed row over TP ranks; --data-pad-size-multiplier pads further;
+        # context parallel cuts every sequence into 2*CP chunks and each rank's share must still split over TP.
+        cp = 2 * self.cp_size if self.cp_size > 1 else 1
+        return self.tp_size * self.args.data_pad_size_multiplier * cp
+
+    def _pack(self, batch: D.RolloutBatch, indices: list[int]) -> D.PackedMicroBatch:
+        """One packed micro-batch; under context parallel with this CP rank's share attached."""
+        mb = D.pack(batch, indices, self._pad_multiple(), cp_size=self.cp_size)
+        if self.cp_size > 1:
+            D.split_for_context_parallel(mb, self.cp_size, self.cp_rank, self.cp_group)
+        return mb
 
     def _my_samples(self, batch: D.RolloutBatch) -> list[int]:
         """Samples this rank trains on this rollout (its data-parallel shard of every step)."""
@@ -195,9 +208,10 @@ class MegatronTrainRayActor:
         if not self.args.use_dynamic_batch_size:
             return [[indices[i] for i in mb] for mb in D.fixed_micro_batches(len(indices), self.args.micro_batch_size)]
         lengths = [len(batch.tokens[i]) for i in indices]
-        count = torch.tensor([len(D.first_fit_decreasing(lengths, self.args.max_tokens_per_gpu))])
+        budget = self.args.max_tokens_per_gpu * self.cp_size  # per device: a CP rank holds 1/CP of each pack
+        count = torch.tensor([len(D.first_fit_decreasing(lengths, budget))])
         dist.all_reduce(count, op=dist.ReduceOp.MAX)  # MoE all-to-all and grad sync need lock-step ranks
-        bins = D.dynamic_micro_batches(lengths, self.args.max_tokens_per_gpu, int(count.item()))
+        bins = D.dynamic_micro_batches(lengths, budget, int(count.item()))
         return [[indices[i] for i in b] for b in bins]
 
     @torch.no_grad()
@@ -213,7 +227,7 @@ class MegatronTrainRayActor:
                 out[i] = part
             return zero.clone()
 
-        mbs = [D.pack(batch, mb_indices, self._pad_multiple()) for mb_indices in self._micro_batches(batch, indices)]
+        mbs = [self._pack(batch, mb_indices) for mb_indices in self._micro_batches(batch, indices)]
         self._run_schedule(mbs, on_logits, forward_only=True)
         if self.pp_size == 1 or not indices:
             return out
@@ -238,7 +252,7 @@ class MegatronTrainRayActor:
         if self.ref_weights is not None:
             with model_setup.swapped_weights(self.model, self.ref_weights):
                 result["ref_log_probs"] = self._log_probs_of(batch, indices)
-        keep = self.tp_rank == 0 and self.last_stage  # TP ranks hold identical results; one reports
+        keep = self.tp_rank == 0 and self.cp_rank == 0 and self.last_stage  # TP/CP ranks hold identical results
         total = time.perf_counter() - t0
         return {"log_probs": result if keep else {},
                 "metrics": {"time/log_probs": total, "time/log_probs_old": t_old, "time/log_probs_ref": total - t_old}}
@@ -313,7 +327,7 @@ class MegatronTrainRayActor:
             self.optimizer.zero_grad()
             step_loss = 0.0
             t = timer.mark()
-            mbs = [D.pack(batch, mb_indices, self._pad_multiple()) for mb_indices in self._micro_batches(batch, shard)]
+            mbs = [self._pack(batch, mb_indices) for mb_indices in self._micro_batches(batch, shard)]
             t = timer.lap("pack", t)
 
             def on_logits(mb: D.PackedMicroBatch, logits: torch.Tensor) -> torch.Tensor:

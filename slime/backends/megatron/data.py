@@ -14,6 +14,8 @@ from typing import Sequence
 
 import torch
 
+from slime_plugins.models.common.context_parallel import ContextParallelLayout, build_layout, combine_rows
+
 
 @dataclass
 class RolloutBatch:
@@ -146,11 +148,19 @@ class PackedMicroBatch:
     loss_mask: torch.Tensor  # [R] float32
     sample_indices: list[int] = field(default_factory=list)  # positions in the source batch
     num_tokens: int = 0  # real tokens (without padding)
+    # Context parallel (split_for_context_parallel): this CP rank's share of the pack, and which response
+    # rows it scores (local logit rows, and their slots among the R response rows).
+    cp: ContextParallelLayout | None = None
+    cp_logit_rows: torch.Tensor | None = None
+    cp_response_slots: torch.Tensor | None = None
 
 
-def pack(batch: RolloutBatch, indices: Sequence[int], pad_multiple: int = 1, pad_token_id: int = 0) -> PackedMicroBatch:
+def pack(batch: RolloutBatch, indices: Sequence[int], pad_multiple: int = 1, pad_token_id: int = 0,
+         cp_size: int = 1) -> PackedMicroBatch:
     """Pack samples `indices` of `batch` into one THD row, padded to a multiple of `pad_multiple`
-    (TP/sequence-parallel needs T divisible by the TP size)."""
+    (TP/sequence-parallel needs T divisible by the TP size). With context parallel (cp_size > 1) every
+    sample is first padded to a multiple of 2*cp_size (padding after its tokens, inside its segment: causal
+    attention keeps it out of the real tokens), so its 2*CP chunks are equal."""
     if not indices:
         raise ValueError("cannot pack an empty micro-batch")
     tokens: list[int] = []
@@ -165,12 +175,16 @@ def pack(batch: RolloutBatch, indices: Sequence[int], pad_multiple: int = 1, pad
         prompt_len = len(seq) - r
         rows.extend(range(offset + prompt_len - 1, offset + len(seq) - 1))
         tokens.extend(seq)
-        positions.extend(range(len(seq)))
+        cp_pad = (-len(seq)) % (2 * cp_size) if cp_size > 1 else 0
+        tokens.extend([pad_token_id] * cp_pad)
+        positions.extend(range(len(seq) + cp_pad))
         cu.append(len(tokens))
         masks.extend(batch.loss_masks[i])
         lengths.append(r)
-    real = len(tokens)
-    pad = (-real) % max(1, pad_multiple)
+    real = sum(len(batch.tokens[i]) for i in indices)
+    pad = (-len(tokens)) % max(1, pad_multiple)
+    if cp_size > 1 and pad % (2 * cp_size):
+        raise ValueError(f"pad_multiple {pad_multiple} must be a multiple of 2*cp_size={2 * cp_size}")
     if pad:
         tokens.extend([pad_token_id] * pad)
         positions.extend(range(pad))
@@ -185,13 +199,35 @@ def pack(batch: RolloutBatch, indices: Sequence[int], pad_multiple: int = 1, pad
     )
 
 
+def split_for_context_parallel(mb: PackedMicroBatch, size: int, rank: int, group) -> PackedMicroBatch:
+    """Attach CP rank `rank`'s share of `mb` (Megatron's causal load balancing: chunks r and 2*CP-1-r of every
+    sequence) and the response rows its logits score. Every CP rank keeps the whole pack's tokens (the
+    targets of a chunk's last row live in the next chunk)."""
+    layout = build_layout(mb.cu_seqlens, size, rank, group)
+    local_row = torch.full((int(mb.tokens.shape[-1]),), -1, dtype=torch.long)
+    local_row[layout.local_index] = torch.arange(layout.local_index.numel())
+    owned = local_row[mb.response_logit_rows]
+    slots = torch.nonzero(owned >= 0).flatten()
+    mb.cp, mb.cp_logit_rows, mb.cp_response_slots = layout, owned[slots], slots
+    return mb
+
+
 def response_log_probs(logits: torch.Tensor, mb: PackedMicroBatch, ops, chunk_size: int | None = None,
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """(log_probs, entropy) of the response tokens, flat in sample order, from [1, T, V] or [T, V]
-    logits, via the accelerator's `ops.token_log_probs` (only response rows are processed)."""
+    logits, via the accelerator's `ops.token_log_probs` (only response rows are processed). Under context
+    parallel the logits are this CP rank's tokens: it scores the response rows it holds and the CP group
+    sums them into the full vectors (every CP rank returns all of them; the grad reaches each rank's own)."""
     flat = logits.reshape(-1, logits.shape[-1])
-    rows = mb.response_logit_rows.to(flat.device)
-    return ops.token_log_probs(flat.index_select(0, rows), mb.response_targets.to(flat.device), chunk_size=chunk_size)
+    if mb.cp is None:
+        rows = mb.response_logit_rows.to(flat.device)
+        return ops.token_log_probs(flat.index_select(0, rows), mb.response_targets.to(flat.device),
+                                   chunk_size=chunk_size)
+    slots = mb.cp_response_slots.to(flat.device)
+    lp, ent = ops.token_log_probs(flat.index_select(0, mb.cp_logit_rows.to(flat.device)),
+                                  mb.response_targets.to(flat.device).index_select(0, slots), chunk_size=chunk_size)
+    total = int(mb.response_logit_rows.numel())
+    return combine_rows(lp, slots, total, mb.cp.group), combine_rows(ent, slots, total, mb.cp.group)
 
 
 def split_per_sample(flat: torch.Tensor, lengths: Sequence[int]) -> list[torch.Tensor]:

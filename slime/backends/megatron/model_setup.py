@@ -81,9 +81,21 @@ def build_lr_scheduler(args, optimizer, start_rollout_id: int = 0):
 
 def forward(model: torch.nn.Module, mb: D.PackedMicroBatch, device: torch.device) -> torch.Tensor:
     """The model's output for a packed micro-batch (THD: cu_seqlens keep samples apart): [1, T, V]
-    full-vocab logits on the last pipeline stage, hidden states for the next stage elsewhere."""
+    full-vocab logits on the last pipeline stage, hidden states for the next stage elsewhere. Under context
+    parallel (mb.cp) the input is this CP rank's chunks at their global positions, and the output covers them."""
     from megatron.core.packed_seq_params import PackedSeqParams
 
+    if mb.cp is not None:
+        from slime_plugins.models.common.rope import ContextParallelSeqParams
+
+        cp = mb.cp
+        cu = cp.cu_seqlens_q.to(device)
+        longest = max(b - a for a, b in zip(cp.cu_seqlens_q.tolist(), cp.cu_seqlens_q.tolist()[1:]))
+        packed = ContextParallelSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
+                                          max_seqlen_kv=longest, context_parallel=cp)
+        local = cp.local_index
+        return model(input_ids=mb.tokens[:, local].to(device), position_ids=mb.position_ids[:, local].to(device),
+                     attention_mask=None, packed_seq_params=packed)
     cu = mb.cu_seqlens.to(device)
     packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=mb.max_seqlen,
                              max_seqlen_kv=mb.max_seqlen)

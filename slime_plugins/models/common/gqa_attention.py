@@ -17,6 +17,7 @@ from megatron.core.tensor_parallel import ColumnParallelLinear
 from megatron.core.transformer.module import MegatronModule
 
 from slime.accelerator import get_accelerator
+from slime_plugins.models.common.context_parallel import gather_sequence, key_rows
 from slime_plugins.models.common.layers import RMSNorm, from_thd, row_parallel, to_thd
 from slime_plugins.models.common.rope import ForwardContext
 
@@ -66,7 +67,10 @@ class GQASelfAttention(MegatronModule):
             q, k = self.q_norm(q), self.k_norm(k)
         q = ops.apply_rotary(q, ctx.cos, ctx.sin, rotary_dim=arch.rotary_dim)
         k = ops.apply_rotary(k, ctx.cos, ctx.sin, rotary_dim=arch.rotary_dim)
-        out = ops.attention(q, k, v, ctx.cu_seqlens, ctx.cu_seqlens, causal=True, softmax_scale=d ** -0.5)
+        if ctx.cp is not None:  # context parallel: keys and values of the whole causal prefix
+            kv = key_rows(gather_sequence(torch.cat([k, v], dim=-1), ctx.cp), ctx.cp)
+            k, v = kv.split([d, d], dim=-1)
+        out = ops.attention(q, k, v, ctx.cu_seqlens, ctx.key_segments(), causal=True, softmax_scale=d ** -0.5)
         out = from_thd(out.reshape(out.shape[0], -1), ctx.seq_len, ctx.batch)
         out, _ = self.o_proj(out)
         return out, None

@@ -18,7 +18,8 @@ from slime_plugins.models.common.tensor_parallel_attributes import mark_tensor_p
 
 
 def cu_seqlens_for(batch: int, seq_len: int, packed_seq_params: PackedSeqParams | None, device) -> torch.Tensor:
-    """Sequence boundaries in THD order: from packed_seq_params (B must be 1), else one sequence per row."""
+    """Sequence boundaries in THD order: from packed_seq_params (B must be 1), else one sequence per row.
+    Under context parallel (ContextParallelSeqParams) these are the local chunks' query segments."""
     if packed_seq_params is None:
         return torch.arange(0, (batch + 1) * seq_len, seq_len, dtype=torch.int32, device=device)
     if packed_seq_params.qkv_format != "thd" or batch != 1:
@@ -113,8 +114,14 @@ class DecoderModel(MegatronModule):
         device = input_ids.device
         cos, sin = self.rotary(position_ids, self.config.params_dtype)
         cu = cu_seqlens_for(batch, seq_len, packed_seq_params, device)
+        cp = getattr(packed_seq_params, "context_parallel", None)
+        if cp is not None:
+            cp = cp.to(device)
+            if mtp_logits:
+                raise ValueError("MTP logits under context parallel are not supported (MTP shifts tokens across CP "
+                                 "chunks); use --context-parallel-size 1 with MTP")
         ctx = ForwardContext(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cos=cos, sin=sin, cu_seqlens=cu,
-                             batch=batch, seq_len=seq_len)
+                             batch=batch, seq_len=seq_len, cp=cp)
         hidden = None
         if self.pre_process:
             hidden = self.embedding(input_ids).transpose(0, 1).contiguous()  # [S, B, H]
@@ -157,6 +164,9 @@ def build_model(arch, attention: type, tp: int = 1, ep: int = 1, pp: int = 1, dt
                 **config_overrides) -> DecoderModel:
     """This rank's DecoderModel shard on the accelerator (megatron model parallel must be initialized)."""
     arch.check_parallel(tp, ep)
+    cp = ps.get_context_parallel_world_size() if ps.model_parallel_is_initialized() else 1
+    if cp > 1:  # megatron's schedules and DDP read it (loss x CP, grads averaged over DP x CP)
+        config_overrides.setdefault("context_parallel_size", cp)
     config = arch.transformer_config(tp, ep, pp, dtype=dtype, perform_initialization=perform_initialization,
                                      **config_overrides)
     model = DecoderModel(arch, config, attention, gather_logits=gather_logits, mtp_block=mtp_block)

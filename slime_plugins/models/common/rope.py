@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 import torch
 from megatron.core.packed_seq_params import PackedSeqParams
 
+from slime_plugins.models.common.context_parallel import ContextParallelLayout
+
 
 def inv_freq_and_scaling(cfg) -> tuple[torch.Tensor, float]:
     """Inverse frequencies (rope dims = cfg.rotary_dim) and the cos/sin scaling of the checkpoint's
@@ -34,7 +36,9 @@ class ForwardContext(PackedSeqParams):
     [T, rope_dim // 2]), the sequence boundaries, and the DSA top-k of each "full" indexer layer (read by
     later "shared" layers). It travels through megatron's TransformerBlock as `packed_seq_params`, which
     the block hands to every layer without inspecting it, also under activation recompute (a closure,
-    where `rotary_pos_emb` would have to be a tensor)."""
+    where `rotary_pos_emb` would have to be a tensor). Under context parallel the tokens are this CP rank's
+    chunks (cos/sin of their global positions), cu_seqlens are the chunks' query segments and `cp` holds the
+    key segments (slime_plugins/models/common/context_parallel.py)."""
 
     cos: torch.Tensor | None = None
     sin: torch.Tensor | None = None
@@ -42,6 +46,19 @@ class ForwardContext(PackedSeqParams):
     batch: int = 0
     seq_len: int = 0
     topk: dict[int, torch.Tensor] = field(default_factory=dict)
+    cp: ContextParallelLayout | None = None
+
+    def key_segments(self) -> torch.Tensor:
+        """cu_seqlens of the keys each query segment attends over (its own tokens without CP)."""
+        return self.cu_seqlens if self.cp is None else self.cp.cu_seqlens_kv
+
+
+@dataclass
+class ContextParallelSeqParams(PackedSeqParams):
+    """PackedSeqParams of one CP rank's share of a pack: cu_seqlens_q = cu_seqlens_kv = its query segments
+    (one per local chunk); `context_parallel` the layout its attention layers gather keys with."""
+
+    context_parallel: ContextParallelLayout | None = None
 
 
 class RotaryTable(torch.nn.Module):

@@ -3,7 +3,9 @@
 TP: query/key/value heads are split over TP ranks (q_b / kv_b column-parallel, o_proj row-parallel); the
 low-rank down-projections (q_a, kv_a) and the DSA indexer are replicated. With sequence parallel the
 layer gathers the full sequence once at its input (backward: each rank keeps its slice of the - identical -
-input grad) and o_proj reduce-scatters back to sequence-parallel. All math goes through
+input grad) and o_proj reduce-scatters back to sequence-parallel. Context parallel: each rank's queries are its sequence chunks; the compressed keys (and
+the DSA indexer keys) of the whole sequence are all-gathered over the CP group (common/context_parallel.py).
+All math goes through
 `get_accelerator().ops` (rms_norm, apply_rotary, attention / sparse_attention, lightning_indexer).
 """
 
@@ -17,6 +19,7 @@ from megatron.core import tensor_parallel
 from megatron.core.transformer.module import MegatronModule
 
 from slime.accelerator import get_accelerator
+from slime_plugins.models.common.context_parallel import gather_sequence, key_rows
 from slime_plugins.models.common.layers import (KeepsFloat32, ReplicatedLinear, RMSNorm, column_parallel, from_thd,
                                                 row_parallel, to_thd)
 from slime_plugins.models.common.rope import ForwardContext
@@ -47,7 +50,9 @@ class DsaIndexer(KeepsFloat32, torch.nn.Module):
         q = ops.apply_rotary(q, ctx.cos, ctx.sin, rotary_dim=cfg.qk_rope_head_dim, interleaved=True)
         k = ops.apply_rotary(k[:, None, :], ctx.cos, ctx.sin, rotary_dim=cfg.qk_rope_head_dim, interleaved=True)
         weights = self.weights_proj(x.to(self.weights_proj.weight.dtype)).float() * cfg.index_n_heads ** -0.5
-        return ops.lightning_indexer(q, k, weights, ctx.cu_seqlens, ctx.cu_seqlens, cfg.index_topk, causal=True,
+        if ctx.cp is not None:  # context parallel: the keys of the whole causal prefix (no grad: frozen)
+            k = key_rows(gather_sequence(k, ctx.cp), ctx.cp)
+        return ops.lightning_indexer(q, k, weights, ctx.cu_seqlens, ctx.key_segments(), cfg.index_topk, causal=True,
                                      softmax_scale=cfg.index_head_dim ** -0.5)
 
 
@@ -62,8 +67,9 @@ class CoreAttention(torch.nn.Module):
     def forward(self, q, k, v, topk, ctx: ForwardContext) -> torch.Tensor:
         ops = get_accelerator().ops
         if topk is None:
-            return ops.attention(q, k, v, ctx.cu_seqlens, ctx.cu_seqlens, causal=True, softmax_scale=self.glm.softmax_scale)
-        return ops.sparse_attention(q, k, v, topk, ctx.cu_seqlens, ctx.cu_seqlens, causal=True,
+            return ops.attention(q, k, v, ctx.cu_seqlens, ctx.key_segments(), causal=True,
+                                 softmax_scale=self.glm.softmax_scale)
+        return ops.sparse_attention(q, k, v, topk, ctx.cu_seqlens, ctx.key_segments(), causal=True,
                                     softmax_scale=self.glm.softmax_scale)
 
 
@@ -122,14 +128,22 @@ class MLASelfAttention(MegatronModule):
         q = q.view(-1, self.heads, glm.qk_head_dim)
         q_nope, q_rope = q.split([glm.qk_nope_head_dim, glm.qk_rope_head_dim], dim=-1)
         latent, k_rope = self.kv_a_proj_with_mqa(x).split([glm.kv_lora_rank, glm.qk_rope_head_dim], dim=-1)
-        kv, _ = self.kv_b_proj(self.kv_a_layernorm(latent))
-        kv = kv.view(-1, self.heads, glm.qk_nope_head_dim + glm.v_head_dim)
-        k_nope, v = kv.split([glm.qk_nope_head_dim, glm.v_head_dim], dim=-1)
+        latent = self.kv_a_layernorm(latent)
         if self.config.tensor_model_parallel_size > 1:
             # The shared rope key meets only this rank's heads: its grad is partial, summed over TP.
             k_rope = tensor_parallel.copy_to_tensor_model_parallel_region(k_rope)
         q_rope = ops.apply_rotary(q_rope, ctx.cos, ctx.sin, interleaved=glm.rope_interleave)
         k_rope = ops.apply_rotary(k_rope[:, None, :], ctx.cos, ctx.sin, interleaved=glm.rope_interleave)
+        if ctx.cp is not None:
+            # Context parallel: gather the compressed keys (kv_lora_rank + rope dims per token) of the whole
+            # sequence, keep each local chunk's causal prefix, then up-project k/v here.
+            compressed = torch.cat([latent, k_rope[:, 0, :]], dim=-1)
+            compressed = key_rows(gather_sequence(compressed, ctx.cp), ctx.cp)
+            latent, k_rope = compressed.split([glm.kv_lora_rank, glm.qk_rope_head_dim], dim=-1)
+            k_rope = k_rope[:, None, :]
+        kv, _ = self.kv_b_proj(latent)
+        kv = kv.view(-1, self.heads, glm.qk_nope_head_dim + glm.v_head_dim)
+        k_nope, v = kv.split([glm.qk_nope_head_dim, glm.v_head_dim], dim=-1)
         q = torch.cat([q_nope, q_rope], dim=-1)
         k = torch.cat([k_nope, k_rope.expand(-1, self.heads, -1)], dim=-1)
         topk = None

@@ -1,0 +1,84 @@
+"""Context parallel over gloo (ranks spawned here): on the tiny GLM-5 (MLA + DSA dropping keys + MoE, float32),
+with sequences longer than 2 x index_topk, the real trainer actor at CP2 and CP2 x TP2 gives the single-rank
+run's per-token log-probs (abs 1e-5), the keys the DSA indexer selects for every real token of every layer
+(exactly), the loss of one RL train step (rel 1e-5) and the updated weights (every exported HF tensor:
+max |diff| / max |w| <= 1e-5)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import random
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from glm5_helpers import write_checkpoint
+from slime.utils.net import free_port
+
+
+def long_rollout_batch(n: int = 4, seed: int = 1) -> dict:
+    rng = random.Random(seed)
+    tokens, resp, masks, adv = [], [], [], []
+    for i in range(n):
+        length = rng.randint(19, 30)  # > 2 x index_topk (8), odd lengths need CP padding
+        r = rng.randint(4, 9)
+        tokens.append([rng.randrange(3, 512) for _ in range(length)])
+        resp.append(r)
+        masks.append([1] + [int(rng.random() > 0.2) for _ in range(r - 1)])
+        adv.append(torch.full((r,), 1.0 if i % 2 else -1.0) * (0.5 + rng.random()))
+    return dict(tokens=tokens, response_lengths=resp, rewards=[float(i % 2) for i in range(n)], loss_masks=masks,
+                advantages=adv, reuse_train_log_probs=True)
+
+
+def _spawn(world: int, names: list[str], ckpt: str, batch: str, out: str) -> None:
+    from context_parallel_worker import run
+
+    mp.spawn(run, args=(world, free_port(), ckpt, batch, out, names), nprocs=world, join=True)
+
+
+def _max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-12))
+
+
+def _selections(out: str, name: str) -> dict:
+    merged: dict = {}
+    for path in glob.glob(os.path.join(out, f"{name}.indexer.*.pt")):
+        for layer, sample, pos, keys in torch.load(path):
+            merged[(layer, sample, pos)] = keys
+    return merged
+
+
+@pytest.mark.timeout(600)
+def test_context_parallel_equals_single_rank(tmp_path):
+    ckpt = write_checkpoint(tmp_path / "ckpt", "glm_moe_dsa", seed=3)
+    batch_path = str(tmp_path / "batch.pt")
+    batch = long_rollout_batch()
+    torch.save(batch, batch_path)
+    out = str(tmp_path)
+    _spawn(1, ["single"], ckpt, batch_path, out)
+    _spawn(2, ["cp2"], ckpt, batch_path, out)
+    _spawn(4, ["cp2_tp2"], ckpt, batch_path, out)
+
+    ref = torch.load(os.path.join(out, "single.pt"))
+    ref_sel = _selections(out, "single")
+    real = sum(len(t) for t in batch["tokens"])
+    assert len(ref_sel) == real * len({k[0] for k in ref_sel})  # every real token of every DSA layer
+    dropped = sum(1 for (_, s, p), keys in ref_sel.items() if p + 1 > len(keys))
+    assert dropped > real // 2, "DSA should drop keys for most tokens (sequences > index_topk)"
+    for name in ("cp2", "cp2_tp2"):
+        got = torch.load(os.path.join(out, f"{name}.pt"))
+        assert got["log_probs"].keys() == ref["log_probs"].keys(), name
+        for i, lp in ref["log_probs"].items():
+            assert torch.allclose(got["log_probs"][i], lp, rtol=0, atol=1e-5), (name, i, (got["log_probs"][i] - lp).abs().max())
+        sel = _selections(out, name)
+        assert sel.keys() == ref_sel.keys(), name
+        differ = [k for k in ref_sel if sel[k] != ref_sel[k]]
+        assert not differ, f"{name}: indexer selections differ at (layer, sample, position) {differ[:3]}"
+        assert got["loss"] == pytest.approx(ref["loss"], rel=1e-5, abs=1e-7), name
+        assert got["entropy"] == pytest.approx(ref["entropy"], rel=1e-5), name
+        assert got["weights"].keys() == ref["weights"].keys(), name
+        worst = max(ref["weights"], key=lambda n: _max_rel(got["weights"][n], ref["weights"][n]))
+        err = _max_rel(got["weights"][worst], ref["weights"][worst])
+        assert err <= 1e-5, f"{name}: updated {worst} differs from the single-rank step by {err:.3g} (rel)"
