@@ -20,16 +20,18 @@ import torch.distributed as dist
 METRIC_KEYS = ("rollout/reward_mean", "rollout/reward_std", "train/advantage_abs_mean", "train/loss", "train/pg_loss",
                "train/kl", "train/entropy", "train/ppo_kl", "train/clip_frac", "train/grad_norm")
 REL = 1e-5  # float32: other reduction orders at another layout, nothing else
-LAYOUTS = {"dp2": (1, 1, 1), "tp2": (2, 1, 1), "ep2": (1, 2, 1), "pp2": (1, 1, 2)}  # (tp, ep, pp), world size 2
+# (tp, ep, pp, cp), world size 2
+LAYOUTS = {"dp2": (1, 1, 1, 1), "tp2": (2, 1, 1, 1), "ep2": (1, 2, 1, 1), "pp2": (1, 1, 2, 1), "cp2": (1, 1, 1, 2)}
+PAIRS = (("dp2", "tp2"), ("tp2", "ep2"), ("pp2", "tp2"))
 
 
 def _args(ckpt: str, layout: str, save: str, load: str | None = None, *extra: str):
     from slime.utils.arguments import parse_args
 
-    tp, ep, pp = LAYOUTS[layout]
+    tp, ep, pp, cp = LAYOUTS[layout]
     argv = ["--hf-checkpoint", ckpt, "--num-rollout", "2", "--actor-num-gpus-per-node", "2",
             "--tensor-model-parallel-size", str(tp), "--expert-model-parallel-size", str(ep),
-            "--pipeline-model-parallel-size", str(pp),
+            "--pipeline-model-parallel-size", str(pp), "--context-parallel-size", str(cp),
             "--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--global-batch-size", "8",
             "--use-dynamic-batch-size", "--max-tokens-per-gpu", "64", "--lr", "3e-3",
             "--use-kl-loss", "--kl-loss-coef", "0.01", "--kl-loss-type", "k3", "--seed", "5", "--save", save, *extra]
@@ -151,14 +153,14 @@ def compare(name, got, want) -> None:
     assert err <= REL, f"{name}: after the step, the checkpoint's {worst} differs (max rel {err:.3g} > {REL})"
 
 
-def run(rank: int, port: int, ckpt: str, data: str, out: str) -> None:
+def run(rank: int, port: int, ckpt: str, data: str, out: str, pairs=PAIRS) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     from slime.utils.tiny_tokenizer import build_tokenizer
 
     tok = build_tokenizer(512)
-    for source_layout, target_layout in (("dp2", "tp2"), ("tp2", "ep2"), ("pp2", "tp2")):
+    for source_layout, target_layout in pairs:
         save = os.path.join(out, f"{source_layout}_to_{target_layout}")
         want = continuous(ckpt, data, tok, source_layout, save)
         compare(f"{source_layout} -> {target_layout}", resumed(ckpt, data, tok, target_layout, save), want)

@@ -61,7 +61,11 @@ def test_context_parallel_equals_single_rank(tmp_path):
     _spawn(2, ["cp2"], ckpt, batch_path, out)
     _spawn(4, ["cp2_tp2"], ckpt, batch_path, out)
 
+    from safetensors.torch import load_file
+
     ref = torch.load(os.path.join(out, "single.pt"))
+    initial = load_file(os.path.join(ckpt, "model.safetensors"))
+    assert max(_max_rel(ref["weights"][n], initial[n]) for n in initial) > 1e-3  # the step moves the weights
     ref_sel = _selections(out, "single")
     real = sum(len(t) for t in batch["tokens"])
     assert len(ref_sel) == real * len({k[0] for k in ref_sel})  # every real token of every DSA layer

@@ -118,8 +118,11 @@ class MegatronTrainRayActor:
 
     def _layout(self) -> dict[str, int]:
         a = self.args
-        return {"world_size": self.world_size, "tp": a.tensor_model_parallel_size,
-                "ep": a.expert_model_parallel_size, "pp": a.pipeline_model_parallel_size}
+        layout = {"world_size": self.world_size, "tp": a.tensor_model_parallel_size,
+                  "ep": a.expert_model_parallel_size, "pp": a.pipeline_model_parallel_size}
+        if a.context_parallel_size > 1:  # (absent at CP 1: checkpoints from before CP keep their layout)
+            layout["cp"] = a.context_parallel_size
+        return layout
 
     def loaded_extra_state(self) -> dict[str, Any] | None:
         return self._extra_state
