@@ -27,8 +27,7 @@ def _argv(tmp_path: Path, config_edit: dict | None = None) -> list[str]:
     for flag, value in (("--hf-checkpoint", hf), ("--ref-load", hf), ("--load", tmp_path / "ckpt"),
                         ("--save", tmp_path / "ckpt"), ("--prompt-data", tmp_path / "prompts.jsonl")):
         argv[argv.index(flag) + 1] = str(value)
-    # CP is another change's (it validates once context parallel lands); this file checks the rest of the layout
-    return argv + ["--output-dir", str(tmp_path / "out"), "--context-parallel-size", "1"]
+    return argv + ["--output-dir", str(tmp_path / "out")]
 
 
 def test_upstream_glm5_744b_layout_validates_as_a_real_run(tmp_path):
@@ -37,13 +36,14 @@ def test_upstream_glm5_744b_layout_validates_as_a_real_run(tmp_path):
     args = parse_args(_argv(tmp_path))
     assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.expert_model_parallel_size,
             args.expert_tensor_parallel_size, args.decoder_last_pipeline_num_layers) == (4, 4, 32, 1, 18)
-    assert args.world_size == 256 and args.data_parallel_size == 16
+    assert args.context_parallel_size == 2  # the script's own CP
+    assert args.world_size == 256 and args.data_parallel_size == 8
 
 
 def test_upstream_glm5_744b_dry_run_prints_its_stages(tmp_path, capsys):
     from slime.train import main
 
-    argv = _argv(tmp_path)[:-2] + ["--dry-run"]  # the script's own CP 2
+    argv = _argv(tmp_path) + ["--dry-run"]  # the script's own CP 2
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "world 256 = dp 8 x tp 4 x pp 4 x cp 2" in out
@@ -60,7 +60,7 @@ def test_upstream_glm5_744b_dry_run_prints_its_stages(tmp_path, capsys):
     (["--decoder-last-pipeline-num-layers", "17"], None,
      "pipeline stages do not split 78 decoder layers: last 17 leave 61 layers for 3 other stage(s)"),
     (["--pipeline-model-parallel-size", "3"], None,
-     "trainer world size 256 is not divisible by TP*PP*CP=12; change --actor-num-gpus-per-node or the parallel sizes"),
+     "trainer world size 256 is not divisible by TP*PP*CP=24; change --actor-num-gpus-per-node or the parallel sizes"),
     (["--expert-model-parallel-size", "128"], None,
      "--expert-model-parallel-size 128 x --pipeline-model-parallel-size 4 = 512 to divide the 256 trainer devices"),
     ([], {"tie_word_embeddings": True},
