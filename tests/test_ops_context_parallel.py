@@ -152,3 +152,22 @@ def test_layout_balances_chunks_and_covers_every_token():
         assert sorted(seen) == list(range(sum(lens)))
     with pytest.raises(ValueError, match="multiple of 2\\*CP=4"):
         build_layout(cu([6], "cpu"), 2, 0)
+
+
+def test_npu_attention_over_1k_segments_runs_in_kernel_slices(kernel_calls, accel):
+    """Context parallel doubles a pack's segments; npu_fusion_attention TND takes at most 1K per call, so the
+    Ascend mapping slices the pack (each slice in the kernel) instead of falling back to the reference."""
+    if not getattr(accel, "simulated", False):
+        pytest.skip("the Ascend mapping's slicing (simulated NPU)")
+    g = torch.Generator().manual_seed(25)
+    lens_q, lens_k = [1, 2] * 550, [3, 2] * 550  # 1100 query segments, each the end of its key segment
+    q = torch.randn(sum(lens_q), 2, 8, generator=g).to(accel.device())
+    k = torch.randn(sum(lens_k), 2, 8, generator=g).to(accel.device())
+    v = torch.randn(sum(lens_k), 2, 8, generator=g).to(accel.device())
+    dev = accel.device()
+    attention = accel.ops.attention  # (the table's probes call the kernel once)
+    before = kernel_calls.get("npu_fusion_attention", 0)
+    out = attention(q, k, v, cu(lens_q, dev), cu(lens_k, dev))
+    want = R.attention(q.double().cpu(), k.double().cpu(), v.double().cpu(), cu(lens_q, "cpu"), cu(lens_k, "cpu"))
+    assert_close(out, want, ATTN_TOL[torch.float32], "sliced attention")
+    assert kernel_calls["npu_fusion_attention"] - before == 2

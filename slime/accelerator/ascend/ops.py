@@ -206,8 +206,10 @@ def attention(
     seq_k = _host_offsets(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
     if len(seq_q) != len(seq_k):
         raise ValueError(f"cu_seqlens_q has {len(seq_q)} sequences, cu_seqlens_k {len(seq_k)}")
-    if not _fusion_attention_takes(q, k, v) or len(seq_q) > 1024:
+    if not _fusion_attention_takes(q, k, v):
         return reference.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale)
+    if len(seq_q) > _TND_MAX_SEQUENCES:  # (context parallel doubles the segments of a pack) one call per slice
+        return _attention_in_slices(q, k, v, [0] + seq_q, [0] + seq_k, causal, softmax_scale)
     scale = default_scale(q, softmax_scale)
     outs = _kernel("npu_fusion_attention")(
         q, k, v, q.shape[1], "TND",
@@ -218,6 +220,23 @@ def attention(
         sparse_mode=3 if causal else 0,  # 3 = causal aligned bottom-right, as flash-attn
     )
     return outs[0]
+
+
+_TND_MAX_SEQUENCES = 1024  # npu_fusion_attention TND takes at most 1K sequences per call
+
+
+def _attention_in_slices(q, k, v, cq: list[int], ck: list[int], causal: bool, softmax_scale):
+    """Sequences are independent: `attention` over consecutive slices of at most 1K sequences, concatenated."""
+    outs = []
+    for s in range(0, len(cq) - 1, _TND_MAX_SEQUENCES):
+        e = min(s + _TND_MAX_SEQUENCES, len(cq) - 1)
+        q0, q1, k0, k1 = cq[s], cq[e], ck[s], ck[e]
+        if q1 == q0:
+            continue
+        cu_q = torch.tensor([x - q0 for x in cq[s:e + 1]], dtype=torch.int32)
+        cu_k = torch.tensor([x - k0 for x in ck[s:e + 1]], dtype=torch.int32)
+        outs.append(attention(q[q0:q1], k[k0:k1], v[k0:k1], cu_q, cu_k, causal, softmax_scale))
+    return torch.cat(outs, dim=0) if outs else q.new_zeros(0, q.shape[1], v.shape[2])
 
 
 # Absorbed-MLA shapes npu_sparse_flash_attention takes: one latent kv head of 512 (+64 rope) dims.
