@@ -29,6 +29,46 @@ def _moved_weights(model) -> dict[str, torch.Tensor]:
     return {n: t.clone() for bucket in export_hf(model) for n, t in bucket}
 
 
+def _context_parallel(ckpt: str, ref: dict) -> None:
+    """CP2: the batch's rows packed as sequences, each rank's chunks through megatron DDP; logits gathered back to
+    sequence order within 1e-5 of transformers, grads after DDP's DP x CP reduction within 1e-5 of its grads."""
+    from glm5_helpers import megatron_grads_by_hf_name
+    from megatron.core.distributed import finalize_model_grads
+
+    from slime.backends.megatron import build_optimizer, init_parallel, load_hf_model
+    from slime_plugins.models.common.context_parallel import build_layout, gather_sequence
+    from slime_plugins.models.common.rope import ContextParallelSeqParams
+
+    ids, pos, weight = ref["ids"], ref["pos"], ref["weight"]
+    batch, seq = ids.shape
+    init_parallel(1, 1, 1, cp=2)
+    from megatron.core import parallel_state as ps
+
+    model = load_hf_model(ckpt)
+    ddp, _ = build_optimizer(model, lr=1e-3, clip_grad=0.0)
+    ddp.zero_grad_buffer()
+    cu = torch.arange(0, (batch + 1) * seq, seq, dtype=torch.int32)
+    layout = build_layout(cu, 2, ps.get_context_parallel_rank(), ps.get_context_parallel_group())
+    local_cu = layout.cu_seqlens_q
+    packed = ContextParallelSeqParams(qkv_format="thd", cu_seqlens_q=local_cu, cu_seqlens_kv=local_cu,
+                                      context_parallel=layout)
+    local = layout.local_index
+    logits = ddp(ids.reshape(1, -1)[:, local], pos.reshape(1, -1)[:, local], packed_seq_params=packed)
+    logits = gather_sequence(logits[0], layout).view(batch, seq, -1)
+    (logits * weight).sum().backward()  # every CP rank: the whole loss; the gather sums both copies' grads
+    finalize_model_grads([ddp])  # averaged over DP x CP
+    assert _rel(logits.detach(), ref["logits"]) <= 1e-5, "cp2: logits"
+    for p in ddp.module.parameters():
+        if p.requires_grad:
+            p.grad = p.main_grad
+    grads = megatron_grads_by_hf_name(ddp.module, gather=lambda g, kind: [g])
+    assert grads.keys() == ref["grads"].keys(), "cp2: grad names"
+    for name, g in ref["grads"].items():
+        err = float((grads[name] - g).abs().max())
+        assert err <= 1e-5 * float(g.abs().max()) + 1e-7, f"cp2: grad {name} off by {err}"
+    init_parallel(1, 1, 1)
+
+
 def run(rank: int, port: int, cases: list[tuple[str, str, str, list]], save_root: str) -> None:
     """cases: (model_type, checkpoint dir, reference file, [(tp, ep) or "pp2", ...]). The first layout also
     writes a torch_dist checkpoint of shifted weights; every later (tp, ep) layout loads it resharded and
@@ -54,6 +94,9 @@ def run(rank: int, port: int, cases: list[tuple[str, str, str, list]], save_root
         for layout in layouts:
             if layout == "pp2":
                 _pipeline_parallel(rank, ckpt, ref, original, ref["logits"])
+                continue
+            if layout == "cp2":
+                _context_parallel(ckpt, ref)
                 continue
             tp, ep = layout
             where = f"{model_type} tp={tp} ep={ep}"

@@ -125,7 +125,7 @@ def load_hf_model(hf_dir: str, tp: int = 1, ep: int = 1, pp: int = 1, *, dtype: 
     if load_mtp and not arch.mtp_num_layers:
         raise HFCheckpointError(f"{hf_dir}: load_mtp=True but config.json has no num_nextn_predict_layers")
     _check_names(ckpt, family, arch, load_mtp)
-    init_parallel(tp, ep, pp, seed=seed)
+    init_parallel(tp, ep, pp, seed=seed, cp=None)  # context parallel: as initialized (it shards no weights)
     dtype = dtype or ckpt.dtype() or torch.float32
     extra = {"mtp": True} if load_mtp else {}
     model = family.call("build_model", arch, tp, ep, pp, dtype=dtype, gather_logits=gather_logits, **extra,

@@ -65,9 +65,9 @@ def ensure_process_group() -> None:
 
 
 def init_parallel(tp: int = 1, ep: int = 1, pp: int = 1, seed: int = 1234, etp: int = 1,
-                  cp: int | None = None) -> ParallelSizes:
+                  cp: int | None = 1) -> ParallelSizes:
     """Patches, process group, megatron model parallel (expert tensor parallel `etp`, 1 for the GLM
-    model; context parallel `cp`, None = keep the initialized groups' size, else 1) and RNG seeds.
+    model; context parallel `cp`; None = the initialized groups' size, else 1) and RNG seeds.
     Re-initializes megatron's groups when they exist with other sizes."""
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
