@@ -14,7 +14,8 @@ the iteration:
             trainer fwd/bwd/opt  time/train_forward + _backward + _optimizer (else time/train)
   overhead  rollout requests     rollout/generate_time - engine generate: HTTP requests, engine batching
                                  waits, rewards, in the rollout manager
-            rollout hand-off     time/rollout - rollout/generate_time: samples back to the driver over Ray
+            rollout hand-off     time/rollout - rollout/generate_time: packing the samples into the object store,
+                                 the reply (metrics and an object reference) back to the driver
             trainer other        time/train - fwd/bwd/opt: packing micro-batches, metric reductions
             weight sync          time/weight_sync (export and copy, engine copy, control calls, verification)
             save                 time/save
@@ -244,8 +245,9 @@ def _steady_records(out_dir: str) -> list[dict[str, float]]:
 
 
 def driver_scaling(a: argparse.Namespace) -> None:
-    """The driver's own CPU time per iteration at several rollout sizes: flat when no sample passes through
-    it (the rollout manager hands the trainer ranks an object reference)."""
+    """The driver's own CPU time per iteration at several rollout sizes, each against the first size of the
+    same run: flat when no sample passes through the driver (the rollout manager hands the trainer ranks an
+    object reference) and its waits do not wake up while the remote work runs (slime/ray/waiting.py)."""
     rows, base = [], None
     for size in [int(x) for x in a.driver_scaling.split(",")]:
         if size % 8:
@@ -259,9 +261,12 @@ def driver_scaling(a: argparse.Namespace) -> None:
         steady = _steady_records(out_dir)[1:]
         cpu = mean(r.get("time/driver_cpu", float("nan")) for r in steady)
         it = mean(r["time/iteration"] for r in steady)
-        base = base if base is not None else cpu
-        rows.append(f"| {size} | {cpu * 1e3:.1f} | {cpu / base:.2f}x | {it:.2f} |")
-    print("\n| samples per rollout | driver CPU ms per iteration | vs the smallest | iteration s |\n|---|---|---|---|")
+        base = base if base is not None else (size, cpu)
+        rows.append(f"| {size} | {cpu * 1e3:.2f} | {cpu / base[1]:.2f}x | {it:.1f} | {cpu * 1e3 / it:.3f} |")
+    print(f"\ndriver CPU time (time/driver_cpu: CPU time of the driver's loop thread, Ray calls included), mean of "
+          f"{a.num_rollout - 1} steady iterations; ratio against {base[0]} samples in this run\n"
+          "| samples per rollout | driver CPU ms per iteration | vs the first size | iteration s | "
+          "driver CPU ms per iteration second |\n|---|---|---|---|---|")
     print("\n".join(rows))
 
 
