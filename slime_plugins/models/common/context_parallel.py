@@ -70,13 +70,13 @@ def build_layout(cu_seqlens: torch.Tensor | Sequence[int], size: int, rank: int,
     if not 0 <= rank < size:
         raise ValueError(f"CP rank {rank} is not in [0, {size})")
 
-    def rows(r: int) -> list[int]:
-        return [p for _, a, b in _chunks(cu, size, r) for p in range(a, b)]
+    def ranges(spans) -> torch.Tensor:
+        parts = [torch.arange(a, b, dtype=torch.long) for a, b in spans]
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
 
-    mine = _chunks(cu, size, rank)
-    q_lens = [b - a for _, a, b in mine]
-    kv_lens = [b - s for s, _, b in mine]
-    rank_major = torch.tensor([p for r in range(size) for p in rows(r)], dtype=torch.long)
+    per_rank = [_chunks(cu, size, r) for r in range(size)]
+    mine = per_rank[rank]
+    rank_major = torch.cat([ranges((a, b) for _, a, b in chunks) for chunks in per_rank])
     gather_order = torch.empty_like(rank_major)
     gather_order[rank_major] = torch.arange(rank_major.numel())
 
@@ -84,10 +84,9 @@ def build_layout(cu_seqlens: torch.Tensor | Sequence[int], size: int, rank: int,
         return torch.tensor([0] + torch.tensor(lengths, dtype=torch.long).cumsum(0).tolist(), dtype=torch.int32)
 
     return ContextParallelLayout(
-        size=size, rank=rank, group=group, local_index=torch.tensor(rows(rank), dtype=torch.long),
-        cu_seqlens_q=offsets(q_lens), cu_seqlens_kv=offsets(kv_lens),
-        kv_index=torch.tensor([p for s, _, b in mine for p in range(s, b)], dtype=torch.long),
-        gather_order=gather_order)
+        size=size, rank=rank, group=group, local_index=ranges((a, b) for _, a, b in mine),
+        cu_seqlens_q=offsets([b - a for _, a, b in mine]), cu_seqlens_kv=offsets([b - s for s, _, b in mine]),
+        kv_index=ranges((s, b) for s, _, b in mine), gather_order=gather_order)
 
 
 def gather_sequence(x: torch.Tensor, layout: ContextParallelLayout) -> torch.Tensor:
