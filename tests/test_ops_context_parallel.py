@@ -18,7 +18,8 @@ import torch
 from slime.accelerator.ops import cuda as C
 from slime.accelerator.ops import reference as R
 from slime_plugins.models.common.context_parallel import build_layout
-from test_ops import ATTN_TOL, assert_close, assert_kernel, cu, grads, kernel_calls, leaf, random_topk  # noqa: F401
+from test_ops import (ATTN_TOL, assert_close, assert_kernel, cu, grads, indexer_scores, kernel_calls,  # noqa: F401
+                      leaf, random_topk)
 
 LENS = [8, 16, 4]  # multiples of 2 * CP for CP = 2: chunk lengths 2, 4 and 1
 
@@ -127,12 +128,26 @@ def test_lightning_indexer_local_queries_select_the_full_runs_keys(accel, kernel
                                             layout.cu_seqlens_q.to(dev), layout.cu_seqlens_kv.to(dev), topk,
                                             softmax_scale=0.125).cpu()
         want = full.index_select(0, layout.local_index)
-        if accel.ops.source("lightning_indexer") == "reference":
-            assert torch.equal(local, want), f"rank {rank}: top-k differs from the full run"
-        else:  # the kernel's own order among the selected keys
-            assert torch.equal(local.sort(-1).values, want.sort(-1).values), f"rank {rank}: selected keys differ"
+        if accel.name == "cpu" or getattr(accel, "simulated", False):
+            if accel.ops.source("lightning_indexer") == "reference":
+                assert torch.equal(local, want), f"rank {rank}: top-k differs from the full run"
+            else:  # the kernel's own order among the selected keys
+                assert torch.equal(local.sort(-1).values, want.sort(-1).values), f"rank {rank}: selected keys differ"
+        else:  # a real device's kernels may round differently per shape: only near-ties may swap
+            near_ties_only(local, want, layout, indexer_scores(q.cpu(), k.cpu(), w.cpu(), LENS, 0.125))
     if dtype == torch.bfloat16:
         assert_kernel(kernel_calls, "npu_lightning_indexer")
+
+
+def near_ties_only(local: torch.Tensor, want: torch.Tensor, layout, scores: list[torch.Tensor]) -> None:
+    starts = torch.tensor(LENS).cumsum(0) - torch.tensor(LENS)
+    for row, got_keys, want_keys in zip(layout.local_index.tolist(), local.tolist(), want.tolist()):
+        b = int((starts <= row).nonzero().max())
+        got_set, want_set = {j for j in got_keys if j >= 0}, {j for j in want_keys if j >= 0}
+        if got_set != want_set:
+            sc = scores[b][row - int(starts[b])]
+            gap = sc[sorted(want_set - got_set)].min() - sc[sorted(got_set - want_set)].max()
+            assert abs(float(gap)) <= 1e-2 * float(sc[sc.isfinite()].abs().max()), f"row {row}: {got_keys} vs {want_keys}"
 
 
 def test_layout_balances_chunks_and_covers_every_token():
