@@ -35,6 +35,8 @@ def train_args(ckpt: str, world: int, layout: dict):
     flags = ["--hf-checkpoint", ckpt, "--num-rollout", "1", "--global-batch-size", "8", "--actor-num-gpus-per-node",
              str(world), "--use-dynamic-batch-size", "--max-tokens-per-gpu", "30", *LR_ARGS, "--clip-grad", "1.0",
              "--use-kl-loss", "--kl-loss-coef", "0.1", "--kl-loss-type", "k3", "--entropy-coef", "0.01"]
+    if layout.get("mtp"):
+        flags += ["--enable-mtp-training", "--mtp-loss-scaling-factor", "0.5"]
     for key, flag in (("tp", "--tensor-model-parallel-size"), ("pp", "--pipeline-model-parallel-size"),
                       ("ep", "--expert-model-parallel-size"), ("first", "--decoder-first-pipeline-num-layers"),
                       ("last", "--decoder-last-pipeline-num-layers")):
@@ -53,10 +55,9 @@ def _merged(part_lists):
 
 def one_step(ckpt: str, world: int, rank: int, layout: dict):
     """(actor, result) of one step; result only on rank 0."""
-    from slime.backends.megatron import export_hf
     from slime.backends.megatron.actor import MegatronTrainRayActor
-    from slime.backends.megatron.hf_export import writer_of_stage
 
+    ckpt = layout.get("ckpt", ckpt)
     args = train_args(ckpt, world, layout)
     actor = MegatronTrainRayActor(world, rank)
     actor.init(args, with_ref=True)
@@ -72,19 +73,46 @@ def one_step(ckpt: str, world: int, rank: int, layout: dict):
     b.ref_log_probs = [before["ref_log_probs"][i] for i in range(len(b))]
     metrics = actor.train(0, b)
     after = log_probs()
+    all_metrics = [None] * world
+    dist.all_gather_object(all_metrics, metrics)
+    result = {"before": before, "after": after, "metrics": all_metrics, "weights": all_weights(actor, world)}
+    return actor, args, result
+
+
+def all_weights(actor, world: int) -> dict[str, torch.Tensor]:
+    """Every stage's exported HF tensors (each exactly once), on every rank."""
+    from slime.backends.megatron import export_hf
+    from slime.backends.megatron.hf_export import writer_of_stage
+
     weights = {}
     for bucket in export_hf(actor.model, 1 << 20):  # collective over the stage's TP / EP ranks
         if writer_of_stage():
             weights.update({n: t.detach().cpu().clone() for n, t in bucket})
     stage_weights = [None] * world
     dist.all_gather_object(stage_weights, weights)
-    all_metrics = [None] * world
-    dist.all_gather_object(all_metrics, metrics)
-    result = {"before": before, "after": after, "metrics": all_metrics, "weights": {}}
+    out: dict[str, torch.Tensor] = {}
     for w in stage_weights:
-        assert not (result["weights"].keys() & w.keys()), "two stages exported the same tensor"
-        result["weights"].update(w)
-    return actor, args, result
+        assert not (out.keys() & w.keys()), "two stages exported the same tensor"
+        out.update(w)
+    return out
+
+
+def checkpoint_roundtrip(actor, world: int, rank: int, out_dir: str) -> list[str]:
+    """torch_dist save, the last stage's embedding copy zeroed, load: the exported tensors that did not come
+    back (none: the copy is a replica of the first stage's embedding in the checkpoint, both stages read it)."""
+    from slime.backends.megatron import checkpoint as C
+    from slime.backends.megatron.hf_export import unwrap
+
+    before = all_weights(actor, world)
+    root = os.path.join(out_dir, "ckpt_roundtrip")
+    C.save(root, 0, actor.model, actor.optimizer, rank, actor._layout(), {})
+    model = unwrap(actor.model)
+    if model.holds_embedding_copy:
+        with torch.no_grad():
+            model.embedding.weight.zero_()
+    C.load(root, actor.model, actor.optimizer, rank, actor._layout())
+    after = all_weights(actor, world)
+    return sorted(set(before) ^ set(after)) + [n for n in before if n in after and not torch.equal(after[n], before[n])]
 
 
 def sync_to_engine(actor, args, rank: int, engine: dict) -> dict:
@@ -118,22 +146,6 @@ def sync_to_engine(actor, args, rank: int, engine: dict) -> dict:
             ws.sync(3)  # restore the engine to the trained weights
         ws.close()
     return out
-
-
-def mtp_build_error(ckpt: str) -> str:
-    """The error of building this stage with the checkpoint's architecture plus one MTP layer."""
-    import json
-
-    from slime_plugins.models.glm5.config import GlmConfig
-    from slime_plugins.models.glm5.model import build_model
-
-    with open(os.path.join(ckpt, "config.json")) as f:
-        glm = GlmConfig.from_hf({**json.load(f), "num_nextn_predict_layers": 1})
-    try:
-        build_model(glm, pp=2, mtp=True)
-    except ValueError as e:
-        return str(e)
-    return "built"
 
 
 def trainer_side_step(actor, args, world: int) -> dict:
@@ -180,8 +192,9 @@ def _run(rank: int, world: int, port: int, ckpt: str, layouts: list[dict], out_d
         actor, args, result = one_step(ckpt, world, rank, layout)
         if engine is not None and i == 0:
             result["sync"] = sync_to_engine(actor, args, rank, engine)
-            result["mtp"] = mtp_build_error(ckpt)
-        result["step2"] = trainer_side_step(actor, args, world)
+        if layout.get("roundtrip"):
+            result["roundtrip"] = checkpoint_roundtrip(actor, world, rank, out_dir)
+        result["step2"] = trainer_side_step(actor, args, world)  # after a round trip: from the loaded optimizer
         if rank == 0:
             torch.save(result, os.path.join(out_dir, f"{layout['name']}.pt"))
         dist.barrier()

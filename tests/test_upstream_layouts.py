@@ -30,14 +30,15 @@ def _argv(tmp_path: Path, config_edit: dict | None = None) -> list[str]:
     return argv + ["--output-dir", str(tmp_path / "out")]
 
 
-def test_upstream_glm5_744b_layout_validates_as_a_real_run(tmp_path):
+@pytest.mark.parametrize("extra, cp", [([], 2), (["--enable-mtp-training", "--context-parallel-size", "1"], 1)])
+def test_upstream_glm5_744b_layout_validates_as_a_real_run(tmp_path, extra, cp):
     from slime.utils.arguments import parse_args
 
-    args = parse_args(_argv(tmp_path))
+    args = parse_args(_argv(tmp_path) + extra)  # MTP training: on the last of the 4 stages, without CP
     assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.expert_model_parallel_size,
             args.expert_tensor_parallel_size, args.decoder_last_pipeline_num_layers) == (4, 4, 32, 1, 18)
-    assert args.context_parallel_size == 2  # the script's own CP
-    assert args.world_size == 256 and args.data_parallel_size == 8
+    assert args.context_parallel_size == cp  # the script's own CP 2
+    assert args.world_size == 256 and args.data_parallel_size == 16 // cp
 
 
 def test_upstream_glm5_744b_dry_run_prints_its_stages(tmp_path, capsys):
@@ -63,6 +64,11 @@ def test_upstream_glm5_744b_dry_run_prints_its_stages(tmp_path, capsys):
      "trainer world size 256 is not divisible by TP*PP*CP=24; change --actor-num-gpus-per-node or the parallel sizes"),
     (["--expert-model-parallel-size", "128"], None,
      "--expert-model-parallel-size 128 x --pipeline-model-parallel-size 4 = 512 to divide the 256 trainer devices"),
+    (["--enable-mtp-training"], None,
+     "--enable-mtp-training with --context-parallel-size 2: MTP shifts tokens across CP chunks, which is not "
+     "implemented; use --context-parallel-size 1 for MTP training"),
+    (["--enable-mtp-training", "--context-parallel-size", "1"], {"num_nextn_predict_layers": 0},
+     "--enable-mtp-training: {hf}/config.json has no num_nextn_predict_layers (no MTP layers to train); drop the flag"),
     ([], {"tie_word_embeddings": True},
      "tie_word_embeddings=true needs the embedding and the output layer on one stage: "
      "use --pipeline-model-parallel-size 1 for this checkpoint"),
@@ -71,8 +77,9 @@ def test_unsupported_change_to_the_744b_layout_fails_with_one_line(tmp_path, cap
     from slime.utils.arguments import parse_args
 
     argv = _argv(tmp_path, config_edit)
-    if config_edit:  # a tied checkpoint: MODEL_ARGS must say so too, else that mismatch is the error
+    if (config_edit or {}).get("tie_word_embeddings"):  # MODEL_ARGS must say so too, else that is the error
         argv.remove("--untie-embeddings-and-output-weights")
+    needle = needle.replace("{hf}", str(tmp_path / "hf"))
     with pytest.raises(SystemExit) as e:
         parse_args(argv + change)
     err = capsys.readouterr().err.strip()

@@ -138,7 +138,8 @@ def _add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _validate_pipeline(args: argparse.Namespace) -> None:
-    """PP layout: the stage split against the checkpoint's layer count (config.json), no virtual stages."""
+    """PP layout: the stage split against the checkpoint's layer count (config.json), no virtual stages, no
+    tied embeddings across stages; --enable-mtp-training needs the checkpoint's MTP layers."""
     for flag in ("num_layers_per_virtual_pipeline_stage", "num_virtual_stages_per_pipeline_rank"):
         _require(getattr(args, flag, None) is None,
                  f"--{flag.replace('_', '-')}: interleaved virtual pipeline stages are not supported by this trainer; "
@@ -158,6 +159,10 @@ def _validate_pipeline(args: argparse.Namespace) -> None:
     _require(pp == 1 or not hf.get("tie_word_embeddings"),
              f"{config}: tie_word_embeddings=true needs the embedding and the output layer on one stage: use "
              "--pipeline-model-parallel-size 1 for this checkpoint")
+    if getattr(args, "enable_mtp_training", False):
+        _require(int(hf.get("num_nextn_predict_layers") or 0) > 0,
+                 f"--enable-mtp-training: {config} has no num_nextn_predict_layers (no MTP layers to train); "
+                 "drop the flag or use a checkpoint with MTP layers")
     if not isinstance(layers, int):
         return
     try:

@@ -140,9 +140,10 @@ class MegatronTrainRayActor:
         return logits / temperature if torch.is_grad_enabled() else logits.div_(temperature)
 
     def _run_schedule(self, micro_batches: list[D.PackedMicroBatch], on_logits, forward_only: bool,
-                      timer: PhaseTimer | None = None) -> None:
-        """Megatron's schedule over the packed micro-batches; `on_logits(mb, logits)` runs on the last stage.
-        `timer` (when given) gets a "forward" span per forward computation (model and loss), from events."""
+                      timer: PhaseTimer | None = None, mtp_logits: bool = False) -> None:
+        """Megatron's schedule over the packed micro-batches; `on_logits(mb, logits)` runs on the last stage
+        (with mtp_logits: `logits` is (logits, [MTP depth logits])). `timer` (when given) gets a "forward"
+        span per forward computation (model and loss), from events."""
         from slime.backends.megatron import model_setup
         from slime.backends.megatron.pipeline import forward_backward
 
@@ -157,7 +158,8 @@ class MegatronTrainRayActor:
                 return out
             return run
 
-        forward_backward(self.model, micro_batches, timed(lambda m, mb: model_setup.forward(m, mb, self.device)),
+        forward_backward(self.model, micro_batches,
+                         timed(lambda m, mb: model_setup.forward(m, mb, self.device, mtp_logits=mtp_logits)),
                          timed(on_logits), forward_only)
 
     def _from_last_stage(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
@@ -304,7 +306,9 @@ class MegatronTrainRayActor:
         t0 = time.perf_counter()
         self.model.train()
         args, ops = self.args, acc.ops
-        totals = {k: 0.0 for k in METRIC_KEYS}
+        mtp = bool(getattr(args, "enable_mtp_training", False))
+        keys = METRIC_KEYS + (("mtp_loss",) if mtp else ())
+        totals = {k: 0.0 for k in keys}
         counts = torch.zeros(3, dtype=torch.float64)  # samples, loss tokens, real tokens (this DP rank)
         grad_norms, losses = [], []
         steps = D.step_indices(len(batch), args.global_batch_size)
@@ -333,9 +337,10 @@ class MegatronTrainRayActor:
             mbs = [self._pack(batch, mb_indices) for mb_indices in self._micro_batches(batch, shard)]
             t = timer.lap("pack", t)
 
-            def on_logits(mb: D.PackedMicroBatch, logits: torch.Tensor) -> torch.Tensor:
+            def on_logits(mb: D.PackedMicroBatch, logits) -> torch.Tensor:
                 """The micro-batch's loss on the last pipeline stage (metrics accumulate there)."""
                 nonlocal step_loss, counts, mismatch, mismatch_max
+                logits, mtp_depths = logits if mtp else (logits, None)
                 log_probs, entropy = D.response_log_probs(self._sampling_logits(logits), mb, ops,
                                                           args.log_probs_chunk_size)
 
@@ -355,14 +360,17 @@ class MegatronTrainRayActor:
                 loss, m = rl_loss(self.loss_config, log_probs, entropy, old, cat(batch.advantages),
                                   loss_mask, mb.response_lengths, normalizer,
                                   ref_log_probs=cat(batch.ref_log_probs), rollout_log_probs=rollout_lp)
+                if mtp:
+                    loss_mtp, m["mtp_loss"] = self._mtp_loss(mb, mtp_depths, loss_mask, normalizer)
+                    loss = loss + loss_mtp
                 step_loss += float(loss.detach())
-                for k in METRIC_KEYS:
+                for k in keys:
                     totals[k] += m[k]
                 counts += torch.tensor([len(mb.sample_indices), float(mb.loss_mask.sum()), mb.num_tokens],
                                        dtype=torch.float64)
                 return loss
 
-            self._run_schedule(mbs, on_logits, forward_only=False, timer=timer)
+            self._run_schedule(mbs, on_logits, forward_only=False, timer=timer, mtp_logits=mtp)
             timer.lap("backward", t)  # the schedule's time; its forward share is moved to "forward" below
             from slime.backends.megatron import model_setup
 
@@ -382,7 +390,7 @@ class MegatronTrainRayActor:
 
         # Metrics: sums over this DP rank, then over the data-parallel group; the last pipeline stage computed
         # them (and the loss), and hands them to the other stages.
-        vec = torch.tensor([totals[k] for k in METRIC_KEYS], dtype=torch.float64)
+        vec = torch.tensor([totals[k] for k in keys], dtype=torch.float64)
         vec = torch.cat([vec, counts])
         dist.all_reduce(vec, group=self.dp_group)
         if reuse and batch.rollout_log_probs is not None:
@@ -393,7 +401,7 @@ class MegatronTrainRayActor:
         losses = losses_t.tolist()
         n_samples, n_loss_tokens, n_tokens = vec[-3:].tolist()
         denom = n_loss_tokens if args.calculate_per_token_loss else n_samples
-        metrics = {f"train/{k}": float(vec[j]) / max(denom, 1.0) for j, k in enumerate(METRIC_KEYS)}
+        metrics = {f"train/{k}": float(vec[j]) / max(denom, 1.0) for j, k in enumerate(keys)}
         metrics.update({
             "train/loss": sum(losses) / len(losses),
             "train/grad_norm": sum(grad_norms) / len(grad_norms),
@@ -410,6 +418,24 @@ class MegatronTrainRayActor:
             metrics["train_rollout_logprob_abs_diff"] = float(mismatch[0] / mismatch[1].clamp_min(1))
             metrics["train_rollout_logprob_abs_diff_max"] = float(mismatch_max[0])
         return metrics
+
+    def _mtp_loss(self, mb: D.PackedMicroBatch, depth_logits: list, loss_mask: torch.Tensor,
+                  normalizer: float) -> tuple[torch.Tensor, float]:
+        """--enable-mtp-training: the MTP heads' loss on this micro-batch's response tokens (raw logits: the
+        heads learn the model's next-next tokens, not the sampling distribution)."""
+        from slime.backends.megatron.loss import mtp_loss
+
+        ops = get_accelerator().ops
+        lps, masks = [], []
+        for k, logits in enumerate(depth_logits, start=1):
+            targets, valid = D.mtp_targets(mb, k)
+            flat = logits.reshape(-1, logits.shape[-1])
+            lp, _ = ops.token_log_probs(flat.index_select(0, mb.response_logit_rows.to(flat.device)),
+                                        targets.to(flat.device), chunk_size=self.args.log_probs_chunk_size)
+            lps.append(lp)
+            masks.append(loss_mask * valid.to(loss_mask.device))
+        return mtp_loss(lps, masks, mb.response_lengths, normalizer, self.args.mtp_loss_scaling_factor,
+                        self.args.calculate_per_token_loss)
 
     # --- weight sync ----------------------------------------------------------------------
     def connect_rollout_engines(self, engines: list[dict[str, Any]]) -> str:

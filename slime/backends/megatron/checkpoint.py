@@ -18,6 +18,7 @@ The former per-rank format (iter_*/rank_XXXXX.pt) is still read, at the layout t
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -105,9 +106,35 @@ def _sharded_state(model, optimizer, *, is_loading: bool, with_optimizer: bool) 
     if with_optimizer and optimizer is not None:
         if is_loading:
             _init_optimizer_state(optimizer)
-        full = optimizer.sharded_state_dict(state["model"], is_loading=is_loading, metadata=OPTIMIZER_METADATA)
+        with _unpadded_param_index(optimizer):
+            full = optimizer.sharded_state_dict(state["model"], is_loading=is_loading, metadata=OPTIMIZER_METADATA)
         state["optimizer"], local = extract_sharded_base(full)
     return state, local
+
+
+@contextlib.contextmanager
+def _unpadded_param_index(optimizer):
+    """megatron-core 0.16's `fully_reshardable` save slices each parameter's state out of buffers gathered
+    without the padding between grad buckets, at the parameter's offset *with* that padding
+    (`buffer.param_index_map`; its own TODO names the bug, issue #504). With one bucket per buffer nothing
+    moves; with several (a shared embedding's own bucket under PP with MTP, or bucketed --overlap-grad-reduce)
+    every parameter after a padded bucket end was saved shifted. For the call, the map is given the offsets
+    the gathered buffers use (order kept: the load side walks it for the state's order); restored after."""
+    swapped = []
+    for opt in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
+        for buffer in getattr(opt, "buffers", None) or []:
+            starts, at = [], 0
+            for bucket in buffer.buckets:
+                starts.append(at - bucket.offset)  # padded -> unpadded shift of this bucket's parameters
+                at += bucket.numel_unpadded
+            original = buffer.param_index_map
+            buffer.param_index_map = {p: (a + starts[b], e + starts[b], b) for p, (a, e, b) in original.items()}
+            swapped.append((buffer, original))
+    try:
+        yield
+    finally:
+        for buffer, original in swapped:
+            buffer.param_index_map = original
 
 
 # The same main (fp32) parameters under the names each optimizer gives them: the distributed optimizer's

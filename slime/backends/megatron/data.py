@@ -230,5 +230,18 @@ def response_log_probs(logits: torch.Tensor, mb: PackedMicroBatch, ops, chunk_si
     return combine_rows(lp, slots, total, mb.cp.group), combine_rows(ent, slots, total, mb.cp.group)
 
 
+def mtp_targets(mb: PackedMicroBatch, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(targets [R], valid [R] float32) of MTP depth `depth` at the response rows: the depth-k head at row r
+    predicts token r + k + 1 (the main head: r + 1), which exists for a sample's response position j only
+    while j + k < its response length (targets past it are 0 and not valid)."""
+    rows = mb.response_logit_rows
+    j = torch.cat([torch.arange(n) for n in mb.response_lengths]) if mb.response_lengths else rows.new_zeros(0)
+    lengths = torch.repeat_interleave(torch.tensor(mb.response_lengths, dtype=torch.long),
+                                      torch.tensor(mb.response_lengths, dtype=torch.long))
+    valid = (j + depth) < lengths
+    ahead = (rows + 1 + depth).clamp(max=mb.tokens.shape[-1] - 1)
+    return torch.where(valid, mb.tokens[0, ahead], 0), valid.to(torch.float32)
+
+
 def split_per_sample(flat: torch.Tensor, lengths: Sequence[int]) -> list[torch.Tensor]:
     return list(torch.split(flat, list(lengths)))

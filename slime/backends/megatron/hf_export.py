@@ -52,14 +52,16 @@ def export_hf(model, bucket_bytes: int = 1 << 28, dtype: torch.dtype | None = No
     family = model.family
     tp_group, ep_group = ps.get_tensor_model_parallel_group(), ps.get_expert_model_parallel_group()
     state = model.state_dict(keep_vars=True)
+    maps = family.call("weight_maps", model)
     aliases = {}
     if getattr(model, "mtp", None) is not None:
         _, aliases = family.call("mtp_names", model.arch)  # MTP copies of the (tied) main embedding / lm_head
+        aliases = _stage_aliases(aliases, {n for m in maps for n in m.hf})
     wanted = set(aliases.values())
     kept: dict[str, torch.Tensor] = {}
 
     def entries():
-        for m in family.call("weight_maps", model):
+        for m in maps:
             local = state[m.param].detach()
             if m.kind in (W.TP_ROWS, W.TP_COLS, W.TP_GATE_UP):
                 shards = _gather(local, tp_group)
@@ -77,6 +79,15 @@ def export_hf(model, bucket_bytes: int = 1 << 28, dtype: torch.dtype | None = No
 
     named = entries() if dtype is None else ((name, t.to(dtype)) for name, t in entries())
     yield from bucketed(named, bucket_bytes)
+
+
+def _stage_aliases(aliases: dict[str, str], own: set[str]) -> dict[str, str]:
+    """{MTP copy name: name of the tensor this stage exports it from}, for the copies no weight map of this
+    stage exports itself. Under PP the last stage has no main embedding: its embedding copy is exported under
+    the first MTP layer's name (a weight map of its own), and further MTP layers' copies repeat that one."""
+    export_name = {main: main for main in aliases.values() if main in own}
+    export_name.update({main: a for a, main in aliases.items() if a in own and main not in export_name})
+    return {a: export_name[main] for a, main in aliases.items() if a not in own}
 
 
 def bucketed(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:

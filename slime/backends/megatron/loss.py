@@ -95,3 +95,18 @@ def rl_loss(cfg: LossConfig, log_probs: torch.Tensor, entropy: torch.Tensor, old
             "tis": float(reduce(tis)) if tis is not None else 0.0,
         }
     return loss / normalizer, metrics
+
+
+def mtp_loss(mtp_log_probs: Sequence[torch.Tensor], masks: Sequence[torch.Tensor], lengths: Sequence[int],
+             normalizer: float, scale: float, per_token: bool) -> tuple[torch.Tensor, float]:
+    """Multi-token prediction loss (--enable-mtp-training), as Megatron's: cross entropy of each MTP depth's
+    prediction, masked, times --mtp-loss-scaling-factor / depths. Here on the response tokens of the RL
+    loss (masks: loss mask x target exists), reduced like the RL loss (per-sample masked mean, or per token)
+    and divided by the same normalizer. Returns (loss, metric sum of the unscaled cross entropy)."""
+    lengths = [int(n) for n in lengths]
+    total = torch.zeros((), device=mtp_log_probs[0].device) if mtp_log_probs else torch.zeros(())
+    for lp, mask in zip(mtp_log_probs, masks):
+        ce = -lp.float()
+        total = total + ((ce * mask).sum() if per_token else ppo_utils.sample_mean_sum(ce, lengths, mask))
+    depths = max(len(mtp_log_probs), 1)
+    return total * (scale / depths) / normalizer, float(total.detach()) / depths

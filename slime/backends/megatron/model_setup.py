@@ -29,6 +29,7 @@ def load_model(args, hf_dir: str) -> torch.nn.Module:
     overrides.update(recompute_overrides(args))
     return load_hf_model(hf_dir, args.tensor_model_parallel_size, args.expert_model_parallel_size,
                          args.pipeline_model_parallel_size, dtype=torch.bfloat16 if args.bf16 else None,
+                         load_mtp=bool(getattr(args, "enable_mtp_training", False)),
                          gather_logits=True, seed=args.seed, **overrides)
 
 
@@ -79,10 +80,11 @@ def build_lr_scheduler(args, optimizer, start_rollout_id: int = 0):
     return _build(args, optimizer, start_rollout_id)
 
 
-def forward(model: torch.nn.Module, mb: D.PackedMicroBatch, device: torch.device) -> torch.Tensor:
+def forward(model: torch.nn.Module, mb: D.PackedMicroBatch, device: torch.device, mtp_logits: bool = False):
     """The model's output for a packed micro-batch (THD: cu_seqlens keep samples apart): [1, T, V]
-    full-vocab logits on the last pipeline stage, hidden states for the next stage elsewhere. Under context
-    parallel (mb.cp) the input is this CP rank's chunks at their global positions, and the output covers them."""
+    full-vocab logits on the last pipeline stage (with mtp_logits: (logits, [logits of each MTP depth])),
+    hidden states for the next stage elsewhere. Under context parallel (mb.cp) the input is this CP rank's
+    chunks at their global positions, and the output covers them."""
     from megatron.core.packed_seq_params import PackedSeqParams
 
     if mb.cp is not None:
@@ -99,8 +101,9 @@ def forward(model: torch.nn.Module, mb: D.PackedMicroBatch, device: torch.device
     cu = mb.cu_seqlens.to(device)
     packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=mb.max_seqlen,
                              max_seqlen_kv=mb.max_seqlen)
+    extra = {"mtp_logits": True} if mtp_logits else {}
     return model(input_ids=mb.tokens.to(device), position_ids=mb.position_ids.to(device), attention_mask=None,
-                 packed_seq_params=packed)
+                 packed_seq_params=packed, **extra)
 
 
 def finish_step(model, optimizer, lr_scheduler=None, check_for_nan: bool = True) -> float:

@@ -66,10 +66,24 @@ class DecoderModel(MegatronModule):
             self.output_layer = tensor_parallel.ColumnParallelLinear(
                 arch.hidden_size, arch.vocab_size, config=config, init_method=config.init_method, bias=False,
                 gather_output=False, skip_bias_add=False, skip_weight_param_allocation=tied)
-        if mtp_block is not None:  # set only when built: megatron's schedules walk `model.mtp.layers[i].transformer_layer`
-            if not (self.pre_process and self.post_process):
-                raise ValueError("MTP layers need the embedding and output layer on the same stage: use pp=1 with MTP")
+        if mtp_block is not None and self.post_process:
+            # MTP runs on the last stage (set only there: megatron's schedules walk `model.mtp.layers[i]`). It
+            # embeds tokens too, so under PP the last stage keeps its own copy of the embedding, as Megatron
+            # does: loaded with the same values, and finalize_model_grads all-reduces the two copies' grads
+            # over the embedding group (first + last stage; it does so when config.mtp_num_layers is set).
+            if not config.mtp_num_layers:
+                raise ValueError("a model with MTP layers needs config.mtp_num_layers (the embedding grads of "
+                                 "the first and last pipeline stages are summed only then)")
+            if not self.pre_process:
+                self.embedding = tensor_parallel.VocabParallelEmbedding(
+                    arch.vocab_size, arch.hidden_size, init_method=config.init_method, config=config)
+                self.embedding.weight.shared = True  # the grad norm counts the first stage's copy only
             self.mtp = mtp_block(config, arch)
+        if config.mtp_num_layers and config.pipeline_model_parallel_size > 1 and hasattr(self, "embedding"):
+            # Both copies get a grad bucket of their own (megatron's DDP, distributed optimizer), so they are
+            # split over the data-parallel ranks alike and the embedding-group all-reduce after the DP
+            # reduce-scatter adds matching shards.
+            self.embedding.weight.shared_embedding = True
         self.passthrough_hf: dict[str, torch.Tensor] = {}  # checkpoint tensors kept unchanged for export
 
     @property
@@ -85,12 +99,28 @@ class DecoderModel(MegatronModule):
         logits, _ = self.output_layer(hidden, weight=weight)
         return logits
 
+    @property
+    def holds_embedding_copy(self) -> bool:
+        """The last stage's copy of the first stage's embedding (MTP under PP)."""
+        return not self.pre_process and hasattr(self, "embedding")
+
+    def shared_embedding_or_output_weight(self):
+        """The embedding weight held by the first stage and, with MTP under PP, by the last stage (what
+        megatron's finalize_model_grads all-reduces over the embedding group)."""
+        return self.embedding.weight if hasattr(self, "embedding") else None
+
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
         """megatron's distributed-checkpoint view. Layers need not be alike (dense / MoE, DSA full / shared):
         each is stored under its global index (decoder.layers.{i}.*), which also lets a checkpoint load at
-        another pipeline split. TP / EP shards: megatron's parallel layers, SwiGLUMLP and GroupedExperts."""
+        another pipeline split. TP / EP shards: megatron's parallel layers, SwiGLUMLP and GroupedExperts.
+        The last stage's embedding copy is a replica of the first stage's (saved by the first, loaded by both)."""
         metadata = {**(metadata or {}), "non_homogeneous_layers": True}
-        return super().sharded_state_dict(prefix, sharded_offsets, metadata)
+        out = super().sharded_state_dict(prefix, sharded_offsets, metadata)
+        if self.holds_embedding_copy:
+            copy = out[f"{prefix}embedding.weight"]
+            rid = copy.replica_id
+            copy.replica_id = (1, *rid[1:]) if isinstance(rid, tuple) else rid + 1  # never the main replica
+        return out
 
     def set_input_tensor(self, input_tensor) -> None:
         """Pipeline schedules hand the previous stage's output here."""

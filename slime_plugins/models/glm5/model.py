@@ -24,6 +24,7 @@ def build_model(glm: GlmConfig, tp: int = 1, ep: int = 1, pp: int = 1, dtype: to
         from slime_plugins.models.glm5.mtp import MtpBlock
 
         mtp_block = MtpBlock
+        config_overrides.setdefault("mtp_num_layers", glm.mtp_num_layers)
     return common.build_model(glm, MLASelfAttention, tp, ep, pp, dtype=dtype,
                               perform_initialization=perform_initialization, gather_logits=gather_logits,
                               mtp_block=mtp_block, **config_overrides)

@@ -6,7 +6,8 @@ Depth k (1-based) predicts token t + k + 1 at position t:
     logits_k = output_layer(shared_head.norm(h_k))
 with h_0 the main decoder's output (after its final norm). The embedding and output layer are the main
 model's (the checkpoint's per-layer `embed_tokens` / `shared_head.head` copies must equal them; export
-writes the main ones back under those names). Needs the whole model on one pipeline stage (pp = 1).
+writes the main ones back under those names). Under pipeline parallel the block is on the last stage, which
+keeps a copy of the embedding (common/model.py).
 """
 
 from __future__ import annotations

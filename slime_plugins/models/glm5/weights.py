@@ -55,4 +55,7 @@ def maps_for_model(model) -> list[WeightMap]:
         from slime_plugins.models.glm5.mtp import mtp_maps
 
         maps += mtp_maps(model.arch, ep_rank, ep)
+        if model.holds_embedding_copy:  # MTP under PP: the last stage's embedding, under its MTP layer's HF name
+            first_mtp = f"model.layers.{model.arch.num_hidden_layers}"
+            maps.append(WeightMap("embedding.weight", (f"{first_mtp}.embed_tokens.weight",), TP_ROWS))
     return maps
