@@ -90,6 +90,10 @@ def forward(model: torch.nn.Module, mb: D.PackedMicroBatch, device: torch.device
     if mb.cp is not None:
         from slime_plugins.models.common.rope import ContextParallelSeqParams
 
+        if mtp_logits:
+            raise ValueError("MTP training under context parallel is not implemented (train.py rejects "
+                             "--enable-mtp-training with --context-parallel-size > 1)")
+
         cp = mb.cp
         cu = cp.cu_seqlens_q.to(device)
         longest = max(b - a for a, b in zip(cp.cu_seqlens_q.tolist(), cp.cu_seqlens_q.tolist()[1:]))
