@@ -35,9 +35,9 @@ def record_indexer_selections(records: list) -> None:
     current = {}
     forward = model_setup.forward
 
-    def forward_recording(model, mb, device):
+    def forward_recording(model, mb, device, **kw):
         current["mb"] = mb
-        return forward(model, mb, device)
+        return forward(model, mb, device, **kw)
 
     attn_forward = attention.MLASelfAttention.forward
 
