@@ -110,7 +110,7 @@ if [ "$OPTIMIZER_CPU_OFFLOAD" = 1 ]; then
   PERF_ARGS+=(--optimizer-cpu-offload --overlap-cpu-optimizer-d2h-h2d --use-precision-aware-optimizer)
   PLAN_MEMORY_ARGS+=(--optimizer-cpu-offload)
 fi
-PERF_ARGS+=(--expert-tensor-parallel-size "$ETP" --context-parallel-size "$CP")  # train.py accepts 1 and 1 today
+PERF_ARGS+=(--expert-tensor-parallel-size "$ETP" --context-parallel-size "$CP")  # train.py accepts expert-TP 1
 
 GRPO_ARGS=(
    --advantage-estimator grpo

@@ -131,7 +131,7 @@ def test_every_profile_fits_by_the_planner(name, plan_device):
                          rollout_devices=world if colocate else int(v["ROLLOUT_NUM_NODES"]) * int(v["GPUS_PER_NODE"]),
                          mem_fraction_static=float(v["SGLANG_MEM_FRACTION_STATIC"]), global_batch_size=512,
                          update_weight_buffer_bytes=int(v["UPDATE_WEIGHT_BUFFER_SIZE"]))
-    assert (v["ETP"], v["CP"]) == ("1", "1")  # train.py rejects anything else today
+    assert v["ETP"] == "1"  # train.py rejects anything else today (CP > 1 runs since context parallel)
     assert int(v["ROLLOUT_GPUS_PER_ENGINE"]) <= int(v["GPUS_PER_NODE"])  # an engine runs on one node
     ts = TrainSettings(max_tokens_per_gpu=int(v["MAX_TOKENS_PER_GPU"]), recompute=v["RECOMPUTE"], with_mtp=False,
                        distributed_optimizer=True, optimizer_cpu_offload=v["OPTIMIZER_CPU_OFFLOAD"] == "1")

@@ -281,3 +281,45 @@ def test_cli_fewest_table(capsys):
     rows = [line for line in out.splitlines() if line.startswith("| h")]
     assert [r.split("|")[1].strip() for r in rows] == ["h200", "h100"]
     assert all(" x 8 = " in r for r in rows)
+
+
+def test_pipeline_bubble_stretches_logprob_and_train_hand_computed(mini):
+    from slime.plan.estimate import pipeline_bubble
+
+    assert pipeline_bubble(4, 12) == 3 / 15 and pipeline_bubble(1, 7) == 0
+    dev = replace(get_device("h200"), bf16_tflops=1e-9, hbm_tb_s=1e6)  # 1000 FLOP/s, memory effectively free
+    rs = RolloutSettings(rollout_batch_size=2, n_samples_per_prompt=2, max_prompt_len=4, max_response_len=4,
+                         avg_response_len=4, devices_per_engine=1, mem_fraction_static=0.5, logprob_passes=2)
+    ts = TrainSettings(max_tokens_per_gpu=8, recompute="full", with_mtp=False)
+    p = plan(mini, Layout(1, 2, pp=2), dev, ts, rs)
+    fwd, tokens = 2 * 442 + 192 + 32, 4 * (4 + 4)  # as in the test above
+    # 32 tokens of 8-token samples in 8-token micro-batches on the one DP rank: m = 4, bubble 1 / (4 + 1)
+    assert p.micro_batches == 4 and p.time.bubble == pytest.approx(0.2)
+    assert p.time.train_s == pytest.approx(4 * fwd * tokens / (2 * 1000) / 0.8)
+    assert p.time.logprob_s == pytest.approx(2 * fwd * tokens / (2 * 1000) / 0.8)
+    assert p.time.cp_comm_s == 0
+
+
+def test_context_parallel_tokens_activations_and_gathers_hand_computed(mini):
+    from slime.plan.memory import micro_batches_per_step, tokens_per_device
+
+    ts = TrainSettings(max_tokens_per_gpu=8, recompute="full", with_mtp=False, longest_sample=20)
+    # a 20-token sample exceeds the 8 x cp budget at cp 1 and 2: it is a micro-batch of its own, split over CP
+    assert [tokens_per_device(Layout(1, cp, cp=cp), ts) for cp in (1, 2, 4)] == [20, 10, 8]
+    assert micro_batches_per_step(4 * 20, Layout(1, 1), ts, 4) == 4  # one per sample
+    assert micro_batches_per_step(4 * 20, Layout(1, 4, cp=4), ts, 4) == 3  # ceil(80 / (4 x 8))
+    # saved per local token and layer, from the other CP rank's tokens: latent 2 + rope 2, and the up-projected
+    # k (2 heads x qk_head 4) + kv_b output (2 x (nope 2 + v 2)) = 16
+    none = replace(ts, recompute="none")
+    assert layer_activation_elements(mini, Layout(1, 2, cp=2), none, moe=False, indexer=False) == 78 + 4 + 16
+    assert layer_activation_elements(mini, Layout(1, 4, cp=4), none, moe=False, indexer=False) == 78 + 3 * 20
+    # gathers: 1 B/s links; 32 tokens over cp 2 = 16 local tokens, 1 peer, 2 layers. Forward per token and layer:
+    # latent (2+2) x 2 B + indexer key 2 x 2 B = 12 B; training with full recompute gathers twice and
+    # reduce-scatters the latent grads: 2 x 12 + 8 = 32 B
+    dev = replace(get_device("h200"), bf16_tflops=1e-9, hbm_tb_s=1e6, link_gb_s=1e-9)
+    rs = RolloutSettings(rollout_batch_size=2, n_samples_per_prompt=2, max_prompt_len=4, max_response_len=4,
+                         avg_response_len=4, devices_per_engine=1, mem_fraction_static=0.5, logprob_passes=2)
+    p = plan(mini, Layout(1, 2, cp=2), dev, replace(ts, longest_sample=None), rs)
+    fwd, tokens = 2 * 442 + 192 + 32, 4 * (4 + 4)
+    assert p.time.cp_comm_s == pytest.approx(16 * 2 * 32 + 2 * 16 * 2 * 12)
+    assert p.time.train_s == pytest.approx(4 * fwd * tokens / (2 * 1000) + 16 * 2 * 32)

@@ -10,9 +10,10 @@ GPUS_PER_NODE=${GPUS_PER_NODE:-8}                 # devices per node (--actor-nu
 
 # Megatron layout, as the trainer runs it: expert-TP 1 (the GLM model keeps experts whole), pipeline
 # parallel 4, the distributed optimizer with its state in host memory (--optimizer-cpu-offload) and full
-# activation recompute. The planner's fewest H200 nodes for 300B: 4 x 8 this way (61 GB train phase,
-# 113 GB peak in the rollout phase of 126 GB usable); without the CPU offload 8 x 8 (TP 8, PP 4, EP 16);
-# with a full optimizer state per rank and no recompute (the trainer before) 16 x 8 at EP 128.
+# activation recompute: 63 GB train phase, 113 GB peak in the rollout phase of 126 GB usable (planner). The
+# planner's fewest H200 nodes for 300B: 2 x 8 with the CPU offload (TP 8, EP 16: 125 of 126 GB, no margin);
+# without it 8 x 8 (TP 8, PP 4, EP 16); with a full optimizer state per rank and no recompute (the trainer
+# before) 32 x 8 at EP 256. Context parallel does not lower these counts (docs/planner.md).
 TP=${TP:-8}
 PP=${PP:-4}
 EP=${EP:-8}

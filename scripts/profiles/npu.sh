@@ -29,8 +29,10 @@ case "$PLAN_DEVICE" in
     EP=${EP:-128}                                 # as the cuda profile: 2 experts per rank
     if [ "$PLAN_DEVICE" = "950pr" ]; then
       # Deviation: the shipping 950PR (Atlas 350) has 112 GB (press figure), 99 GB usable: colocated,
-      # 4096-token micro-batches peak at 103 GB in the train phase; 2048 tokens peak at 94 GB.
+      # 2048-token micro-batches, and context parallel 4: a sample of 2048 + 8192 tokens is a micro-batch
+      # of its own, 102 GB of train phase on one device at CP 1, 80 GB split over 4 (planner).
       MAX_TOKENS_PER_GPU=${MAX_TOKENS_PER_GPU:-2048}
+      CP=${CP:-4}
     else
       MAX_TOKENS_PER_GPU=${MAX_TOKENS_PER_GPU:-4096}
     fi

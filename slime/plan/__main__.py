@@ -167,7 +167,8 @@ def _fewest(a: argparse.Namespace, model: ModelShape, ts: TrainSettings, rs: Rol
     recompute = (a.recompute,) if a.recompute else ("none", "full")
     etp_modes = ("1", "tp") if a.search_etp == "both" else (a.search_etp,)
     print(f"{model.describe()}\nfewest nodes that fit (distributed optimizer {ts.distributed_optimizer}, "
-          f"CPU offload {ts.optimizer_cpu_offload}, recompute {'/'.join(recompute)}, pp in {a.search_pp})")
+          f"CPU offload {ts.optimizer_cpu_offload}, recompute {'/'.join(recompute)}, pp in {a.search_pp}, "
+          f"cp in {a.search_cp})")
     print("| device | nodes x devices | layout | recompute | engine devices | train GB | peak GB / usable |")
     print("|---|---|---|---|---|---|---|")
     found = True

@@ -6,11 +6,12 @@ largest phase; without offload the trainer's state stays resident during rollout
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 from slime.plan.devices import GB, TB, DeviceProfile
 from slime.plan.layout import Layout, RolloutSettings, TrainSettings
-from slime.plan.memory import TrainMemory, micro_batches_per_step, train_memory
+from slime.plan.memory import TrainMemory, micro_batches_per_step, stage_layer_ranges, train_memory
 from slime.plan.model import ModelShape
 
 
@@ -37,6 +38,8 @@ class StepTime:
     sync_s: float
     train_flops: float
     bound: str  # "compute" or "memory" for the train phase
+    bubble: float = 0.0  # pipeline bubble: idle fraction of the log-prob and train phases, (pp-1)/(m+pp-1)
+    cp_comm_s: float = 0.0  # context-parallel gathers / reduce-scatters inside logprob_s and train_s
 
     @property
     def total_s(self) -> float:
@@ -100,6 +103,36 @@ def attention_flops_per_token(model: ModelShape, context: float) -> float:
     return mla + indexer
 
 
+def pipeline_bubble(pp: int, micro_batches: int) -> float:
+    """Idle fraction of a 1F1B pass of m micro-batches over pp stages: (pp - 1) / (m + pp - 1)."""
+    return (pp - 1) / (micro_batches + pp - 1)
+
+
+def cp_bytes_per_token_layer(model: ModelShape, ts: TrainSettings, forward_only: bool) -> float:
+    """Bytes one CP rank receives per local token, per layer and per (cp - 1) peers, in one pass: the forward
+    all-gathers the MLA latent + rope key and the DSA indexer key; full recompute gathers again; the backward
+    reduce-scatters the latent's grads (the indexer keys have none)."""
+    latent = (model.kv_lora_rank + model.qk_rope_head_dim) * ts.act_bytes
+    index_key = model.index_head_dim * ts.act_bytes if model.indexer_layers else 0.0
+    per_layer_fwd = latent + index_key * model.indexer_layers / model.num_layers
+    if forward_only:
+        return per_layer_fwd
+    return per_layer_fwd * (2 if ts.recompute == "full" else 1) + latent
+
+
+def cp_comm_seconds(model: ModelShape, layout: Layout, ts: TrainSettings, tokens: float, device: DeviceProfile,
+                    forward_only: bool) -> float:
+    """Time a device spends in CP collectives for `tokens` (all devices' tokens of the pass) on its stage's
+    layers, at the device's link bandwidth (CP ranks are TP ranks apart: within a node when tp x cp fits)."""
+    if layout.cp == 1:
+        return 0.0
+    local_tokens = tokens / (layout.dp * layout.cp)
+    layers = max(len(r) for r in stage_layer_ranges(model.num_layers, layout.pp))
+    layers += model.mtp_layers if ts.with_mtp else 0
+    bytes_in = local_tokens * (layout.cp - 1) * layers * cp_bytes_per_token_layer(model, ts, forward_only)
+    return bytes_in / (device.link_gb_s * GB)
+
+
 def step_time(model: ModelShape, layout: Layout, ts: TrainSettings, rs: RolloutSettings, device: DeviceProfile,
               worst: TrainMemory, engine: EngineMemory, micro_batches: int, rollout_devices: int,
               sync_ipc: bool) -> StepTime:
@@ -113,17 +146,23 @@ def step_time(model: ModelShape, layout: Layout, ts: TrainSettings, rs: RolloutS
     rollout_compute = fwd_per_token * tokens / (rollout_devices * peak)
     rollout_memory = rs.max_response_len * engine.weights / hbm
     rollout = max(rollout_compute, rollout_memory)
-    logprob = rs.logprob_passes * fwd_per_token * tokens / (layout.world * peak)
+    # Pipeline passes idle (pp - 1) of every (m + pp - 1) slots (1F1B; the forward-only passes alike).
+    stretch = 1 / (1 - pipeline_bubble(layout.pp, micro_batches))
+    cp_logprob = rs.logprob_passes * cp_comm_seconds(model, layout, ts, tokens, device, forward_only=True)
+    logprob = rs.logprob_passes * fwd_per_token * tokens / (layout.world * peak) * stretch + cp_logprob
     train_mult = 4 if ts.recompute == "full" else 3  # fwd + 2x bwd (+ recomputed fwd)
     train_flops = train_mult * fwd_per_token * tokens
     compute = train_flops / (layout.world * peak)
     weight_reads = micro_batches * (train_mult - 1) * worst.weights
     optimizer_traffic = 2 * (worst.weights + worst.grads + worst.optimizer)
     memory = (weight_reads + optimizer_traffic) / hbm
-    train = max(compute, memory)
+    # The CP gathers feed each layer's attention (on its critical path): added, not overlapped.
+    cp_train = cp_comm_seconds(model, layout, ts, tokens, device, forward_only=False)
+    train = max(compute, memory) * stretch + cp_train
     # Weight sync: each engine device receives its shard: a device copy with IPC, else over the links.
     sync = engine.weights / (hbm if sync_ipc else device.link_gb_s * GB)
-    return StepTime(rollout, logprob, train, sync, train_flops, "compute" if compute >= memory else "memory")
+    return StepTime(rollout, logprob, train, sync, train_flops, "compute" if compute >= memory else "memory",
+                    pipeline_bubble(layout.pp, micro_batches), cp_logprob + cp_train)
 
 
 def plan(model: ModelShape, layout: Layout, device: DeviceProfile, ts: TrainSettings | None = None,
@@ -131,6 +170,8 @@ def plan(model: ModelShape, layout: Layout, device: DeviceProfile, ts: TrainSett
     """Estimate one layout. `usable_fraction` and `reserve_gb` leave room for the runtime, communicator
     buffers and allocator fragmentation, which the formulas do not model."""
     ts, rs = ts or TrainSettings(), rs or RolloutSettings()
+    if ts.longest_sample is None:
+        ts = replace(ts, longest_sample=rs.max_prompt_len + rs.max_response_len)
     problems = layout.problems(model)
     if problems:
         raise ValueError(f"layout {layout.short()} cannot run {model.name}: {'; '.join(problems)}")
@@ -140,7 +181,7 @@ def plan(model: ModelShape, layout: Layout, device: DeviceProfile, ts: TrainSett
     n_engines = max(1, rollout_devices // rs.devices_per_engine)
     seq_len = rs.max_prompt_len + rs.mean_response_len
     step_samples = rs.global_batch_size or rs.samples
-    micro = micro_batches_per_step(step_samples * seq_len, layout, ts)
+    micro = micro_batches_per_step(step_samples * seq_len, layout, ts, step_samples)
     stages = train_memory(model, layout, ts, micro)
     worst = max(stages, key=lambda m: m.total)
     engine = engine_memory(model, rs, device, n_engines)

@@ -85,6 +85,9 @@ class TrainSettings:
     logits_bytes: int = 6  # per logit: bf16 output + fp32 working copy for the log-softmax
     with_mtp: bool = True  # MTP layers trained (load_hf_model(load_mtp=True); train.py does not yet: --no-mtp)
     moe_imbalance: float = 1.0  # routed tokens per rank relative to the balanced mean
+    # Tokens of the longest sample (prompt + max response): one longer than a micro-batch's budget
+    # (max_tokens_per_gpu x cp) is a micro-batch of its own, split over CP. None: not considered.
+    longest_sample: int | None = None
 
     def __post_init__(self) -> None:
         if self.recompute not in ("none", "full"):

@@ -103,12 +103,31 @@ def optimizer_state_bytes(sp: StageParams, layout: Layout, ts: TrainSettings) ->
     return per_param * (dense + expert)
 
 
+def tokens_per_device(layout: Layout, ts: TrainSettings) -> int:
+    """Tokens of one micro-batch on one device: --max-tokens-per-gpu (a micro-batch packs up to CP times
+    as many, split over the CP ranks), or the longest sample's share when that sample alone exceeds it."""
+    longest = ts.longest_sample or 0
+    return max(ts.max_tokens_per_gpu, math.ceil(longest / layout.cp))
+
+
+def cp_gathered_elements(model: ModelShape, layout: Layout) -> float:
+    """Context parallel, per local token per layer: what the (cp - 1) other ranks' tokens add to the saved
+    activations. MLA all-gathers their compressed latent + rope key and up-projects k / v for them locally
+    (kept for the attention backward); the DSA indexer's gathered keys have no grad and are not kept."""
+    if layout.cp == 1:
+        return 0.0
+    latent = model.kv_lora_rank + model.qk_rope_head_dim
+    kv = model.num_heads * (model.qk_head_dim + model.qk_nope_head_dim + model.v_head_dim) / layout.tp
+    return (layout.cp - 1) * (latent + kv)
+
+
 def layer_activation_elements(model: ModelShape, layout: Layout, ts: TrainSettings, moe: bool,
                               indexer: bool) -> float:
     """Saved-for-backward activation elements per token of one layer without recompute.
 
     Sequence-region tensors (norm inputs/outputs) are split over tp only with sequence parallel;
-    head-split tensors over tp; replicated low-rank tensors are whole on every tp rank.
+    head-split tensors over tp; replicated low-rank tensors are whole on every tp rank; with CP, the keys
+    and values of the other CP ranks' tokens (cp_gathered_elements).
     """
     h, H, tp = model.hidden_size, model.num_heads, layout.tp
     seq = tp if layout.sp else 1
@@ -116,6 +135,7 @@ def layer_activation_elements(model: ModelShape, layout: Layout, ts: TrainSettin
     elems += (2 * model.q_lora_rank) + (model.kv_lora_rank + model.qk_rope_head_dim) + model.kv_lora_rank
     # q, k (rope'd), kv_b output, attention output, fp32 softmax statistics (2 bf16 units per head)
     elems += H * (2 * model.qk_head_dim + model.qk_nope_head_dim + 2 * model.v_head_dim + 2) / tp
+    elems += cp_gathered_elements(model, layout)
     if indexer:
         elems += 2 * model.index_topk  # int32 top-k indices kept for the sparse attention backward
     if moe:
@@ -133,7 +153,7 @@ def layer_activation_elements(model: ModelShape, layout: Layout, ts: TrainSettin
 def activation_bytes(model: ModelShape, layout: Layout, ts: TrainSettings, sp: StageParams,
                      micro_batches: int, stage: int) -> tuple[float, int]:
     """(bytes, micro-batches in flight) for one stage under 1F1B: stage s holds min(pp - s, m) micro-batches."""
-    T, ab = ts.max_tokens_per_gpu, ts.act_bytes
+    T, ab = tokens_per_device(layout, ts), ts.act_bytes
     seq = layout.tp if layout.sp else 1
     in_flight = max(1, min(layout.pp - stage, micro_batches))
     dense = layer_activation_elements(model, layout, ts, moe=False, indexer=False)
@@ -173,6 +193,11 @@ def train_memory(model: ModelShape, layout: Layout, ts: TrainSettings, micro_bat
     return out
 
 
-def micro_batches_per_step(tokens_per_step: float, layout: Layout, ts: TrainSettings) -> int:
-    """Packed micro-batches each data-parallel rank runs per optimizer step (dynamic batch size)."""
-    return max(1, math.ceil(tokens_per_step / (layout.dp * layout.cp * ts.max_tokens_per_gpu)))
+def micro_batches_per_step(tokens_per_step: float, layout: Layout, ts: TrainSettings,
+                           samples_per_step: int | None = None) -> int:
+    """Packed micro-batches each data-parallel rank runs per optimizer step (dynamic batch size): the step's
+    tokens over the budget of max_tokens_per_gpu x cp, or one per sample when the mean sample exceeds it."""
+    budget = layout.dp * layout.cp * ts.max_tokens_per_gpu
+    if samples_per_step and tokens_per_step / samples_per_step > layout.cp * ts.max_tokens_per_gpu:
+        return max(1, math.ceil(samples_per_step / layout.dp))
+    return max(1, math.ceil(tokens_per_step / budget))

@@ -7,7 +7,7 @@ from typing import Sequence
 
 from slime.plan.devices import ASSUMPTION_NOTE, GB, device_table
 from slime.plan.estimate import Plan
-from slime.plan.memory import train_memory
+from slime.plan.memory import tokens_per_device, train_memory
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -31,7 +31,7 @@ def plan_text(p: Plan) -> str:
             f"device  {p.device.name}: {p.device.memory_gb:g} GB, usable {gb(p.usable)} GB "
             f"(after runtime reserve and fragmentation margin)\n"
             f"layout  {p.layout.short()}, sp={p.layout.sp}, edp={p.layout.expert_dp}, "
-            f"{p.micro_batches} micro-batches/step of {p.train.max_tokens_per_gpu} tokens, "
+            f"{p.micro_batches} micro-batches/step of {tokens_per_device(p.layout, p.train)} tokens per device, "
             f"recompute={p.train.recompute}, distributed optimizer={p.train.distributed_optimizer}, "
             f"optimizer offload={p.train.optimizer_cpu_offload}")
     rows = [
@@ -51,7 +51,8 @@ def plan_text(p: Plan) -> str:
     verdict = "FITS" if p.fits else "DOES NOT FIT"
     rows.append(["peak vs usable", f"{gb(p.peak)} / {gb(p.usable)}", verdict])
     times = (f"step-time lower bound {t.total_s:.1f} s = rollout {t.rollout_s:.1f} + logprob {t.logprob_s:.1f} "
-             f"+ train {t.train_s:.1f} ({t.bound}-bound) + sync {t.sync_s:.2f}")
+             f"+ train {t.train_s:.1f} ({t.bound}-bound) + sync {t.sync_s:.2f}; pipeline bubble {t.bubble:.0%}, "
+             f"CP collectives {t.cp_comm_s:.1f} s")
     out = [head, table(["per device", "GB", "note"], rows), times]
     out += [f"problem: {x}" for x in p.problems]
     return "\n".join(out)
