@@ -46,6 +46,22 @@ def test_torch_dist_checkpoint_written_at_cp2_resumes_at_cp1(tmp_path):
 
 
 @pytest.mark.timeout(400)
+def test_checkpoint_with_optimizer_cpu_offload_resumes_at_another_layout(tmp_path):
+    """--optimizer-cpu-offload (HybridDeviceOptimizer, float32 params): a DP2 checkpoint resumes at TP2 with the
+    same next rollout and the same checkpoint after its step (same checks as above)."""
+    from glm5_helpers import write_checkpoint
+    from slime.rollout.synthetic import make_dataset
+
+    ckpt = write_checkpoint(tmp_path / "model", "glm_moe_dsa", seed=4)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(x) + "\n" for x in make_dataset(16, seed=1, min_len=4, max_len=5)))
+    from checkpoint_reshard_worker import run
+
+    mp.spawn(run, args=(free_port(), ckpt, str(data), str(tmp_path), (("dp2", "tp2"),), ("--optimizer-cpu-offload",)),
+             nprocs=2, join=True)
+
+
+@pytest.mark.timeout(400)
 def test_checkpoint_round_trips_bit_exact_through_pp2_tp2_ep2_and_the_distributed_optimizer(tmp_path):
     """Checkpoint level: DP2 -> PP2 -> TP2 (distributed optimizer) -> EP2 x DP2 (distributed optimizer,
     sharded over 2 ranks) -> DP2, each loading the previous checkpoint and saving it again: weights and

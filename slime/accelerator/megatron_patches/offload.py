@@ -99,11 +99,22 @@ def make_fp32_shards_as_leaves(original):
     return classmethod(build)
 
 
-def _p(name, targets, replacement, why, replaces):
+def update_fp32_params_by_new_state(self) -> None:
+    """After a checkpoint load: copy each loaded master param into its fp32 copy, for the params that have
+    one (param_update_in_fp32 copies only the non-float32 params; a float32 param is its own master)."""
+    if not self.param_update_in_fp32:
+        return
+    for param, state in self.state.items():
+        fp32 = self.param_to_fp32_param.get(param)
+        if fp32 is not None:
+            fp32.data.copy_(state["master_param"])
+
+
+def _p(name, targets, replacement, why, replaces,
+       remove_when="megatron-core's HybridDeviceOptimizer takes device, streams and pinning from an "
+                   "accelerator API instead of torch.cuda / is_cuda"):
     return Patch(name=name, targets=tuple(targets), replacement=replacement, why=why, replaces=replaces,
-                 versions=MEGATRON_VERSIONS,
-                 remove_when="megatron-core's HybridDeviceOptimizer takes device, streams and pinning from an "
-                             "accelerator API instead of torch.cuda / is_cuda")
+                 versions=MEGATRON_VERSIONS, remove_when=remove_when)
 
 
 PATCHES = [
@@ -123,4 +134,11 @@ PATCHES = [
        lambda orig: with_accelerator_torch(orig, device_literal=True),
        "loading a checkpoint into the offloading optimizer moves the device optimizer's state back",
        'v.to("cuda") for the device sub-optimizer\'s state ("cuda" -> the accelerator\'s device type)'),
+    _p("hybrid_optimizer_fp32_masters_on_load", [f"{HYBRID}._update_fp32_params_by_new_state"],
+       lambda orig: update_fp32_params_by_new_state,
+       "resuming a checkpoint with --optimizer-cpu-offload and float32 params (the CPU runs and tests train in "
+       "float32; any run with some float32 params, e.g. norms kept in fp32)",
+       "`self.param_to_fp32_param[param]` for every param, a KeyError for the float32 params, which have no "
+       "fp32 copy (the offloading optimizer is built with param_update_in_fp32 for every dtype)",
+       remove_when="megatron-core's HybridDeviceOptimizer skips params without an fp32 copy on load"),
 ]

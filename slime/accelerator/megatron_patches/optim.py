@@ -148,14 +148,25 @@ def make_distributed_optimizer_state_dict(original):
     """DistributedOptimizer.state_dict before the first step, or of a shard without params: for torch's Adam
     (no apex / TransformerEngine) the original asserts exactly one Adam step count across the (empty) state.
     Give the params torch Adam's initial state first (an unchanged next step), so saving, and resuming into,
-    a fresh optimizer work; a shard without params gets the original's layout with step 0."""
+    a fresh optimizer work; a shard without params gets the original's layout with step 0. The same for
+    --optimizer-cpu-offload's HybridDeviceOptimizer (without apex / TE the original takes the torch-Adam
+    path for it too): its CPU and device sub-optimizers (torch Adam / AdamW) get the initial state, which
+    the hybrid optimizer then mirrors, as it does after each of its steps."""
 
     def state_dict(self):
+        from megatron.core.optimizer.cpu_offloading.hybrid_optimizer import HybridDeviceOptimizer
+
         inner = getattr(self, "optimizer", None)
         if isinstance(inner, torch.optim.Adam | torch.optim.AdamW) and not inner.state:
             if not any(g["params"] for g in inner.param_groups):  # e.g. a pipeline stage without experts
                 return _state_dict_without_params(self, inner)
             _fresh_torch_adam_state(inner)
+        elif isinstance(inner, HybridDeviceOptimizer) and not any(inner.state.values()):
+            subs = [o for o in inner.sub_optimizers if isinstance(o, torch.optim.Adam | torch.optim.AdamW)]
+            if subs and len(subs) == len(inner.sub_optimizers):
+                for sub in subs:
+                    _fresh_torch_adam_state(sub)
+                inner._sync_sub_optimizers_state_to_hdo()
         return original(self)
 
     return state_dict
@@ -229,7 +240,8 @@ PATCHES = [
        make_distributed_optimizer_state_dict,
        "checkpoints save, and resume into, distributed optimizers that have not stepped yet",
        "`assert len(steps) == 1` over torch Adam's empty lazy state (megatron's apex/TE FusedAdam path has no "
-       "such state; on CPU and Ascend torch's Adam runs)",
+       "such state; on CPU and Ascend torch's Adam runs), also for --optimizer-cpu-offload's HybridDeviceOptimizer "
+       "(its torch Adam sub-optimizers), which made a resume with CPU offload fail",
        remove_when="megatron-core's DistributedOptimizer.state_dict handles an unstepped torch Adam"),
     _p("distributed_optimizer_load_state_dict", [f"{DIST_OPT}:DistributedOptimizer.load_state_dict"],
        make_distributed_optimizer_load_state_dict,
