@@ -83,7 +83,7 @@ class TrainSettings:
     adam_bytes: int = 8  # exp_avg + exp_avg_sq in fp32
     act_bytes: int = 2  # bf16 activations
     logits_bytes: int = 6  # per logit: bf16 output + fp32 working copy for the log-softmax
-    with_mtp: bool = True  # MTP layers trained (load_hf_model(load_mtp=True); train.py does not yet: --no-mtp)
+    with_mtp: bool = True  # MTP layers trained (train.py --enable-mtp-training; without it plan with --no-mtp)
     moe_imbalance: float = 1.0  # routed tokens per rank relative to the balanced mean
     # Tokens of the longest sample (prompt + max response): one longer than a micro-batch's budget
     # (max_tokens_per_gpu x cp) is a micro-batch of its own, split over CP. None: not considered.
