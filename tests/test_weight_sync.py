@@ -445,3 +445,24 @@ def test_distributed_sync_with_a_refusing_engine_aborts_resumes_every_engine_and
                     p.wait(30)
                 except subprocess.TimeoutExpired:
                     p.kill()
+
+
+def test_mtp_layers_reach_only_engines_that_load_them():
+    """A checkpoint's MTP layers (model.layers.{N + k}.*) are not sent to engines without speculative decoding
+    (the embedded engine rejects them as unknown; SGLang loads them only as its draft model)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from slime.backends.megatron.weight_sync import engines_load_mtp, without_mtp_layers
+
+    arch = SimpleNamespace(num_hidden_layers=3)
+    t = torch.zeros(1)
+    buckets = [[("model.embed_tokens.weight", t), ("model.layers.2.mlp.gate.weight", t)],
+               [("model.layers.3.eh_proj.weight", t), ("model.layers.3.embed_tokens.weight", t)],
+               [("model.layers.30.enorm.weight", t), ("lm_head.weight", t)]]
+    kept = list(without_mtp_layers(iter(buckets), arch))
+    assert [[n for n, _ in b] for b in kept] == [["model.embed_tokens.weight", "model.layers.2.mlp.gate.weight"],
+                                                 ["lm_head.weight"]]
+    assert not engines_load_mtp(SimpleNamespace())
+    assert engines_load_mtp(SimpleNamespace(sglang_speculative_algorithm="EAGLE"))

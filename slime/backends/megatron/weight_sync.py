@@ -648,6 +648,24 @@ class _EngineCalls:
         if self.errors:
             raise self.errors[0]
 
+def engines_load_mtp(args) -> bool:
+    """Whether the engines hold the checkpoint's MTP layers: SGLang loads them only as the draft model of
+    speculative decoding (--sglang-speculative-algorithm, e.g. EAGLE in upstream's GLM-5 script); the
+    embedded engine (transformers' model) has none."""
+    return bool(getattr(args, "sglang_speculative_algorithm", None))
+
+
+def without_mtp_layers(buckets, arch):
+    """The exported buckets minus the MTP layers' tensors (model.layers.{N + k}.*); empty buckets dropped.
+    Every rank of a stage exports the same names, so all drop alike."""
+    from slime_plugins.models.common.weights import is_mtp_name
+
+    for bucket in buckets:
+        kept = [(n, t) for n, t in bucket if not is_mtp_name(arch, n)]
+        if kept:
+            yield kept
+
+
 def create_weight_sync(args, model, engines: list[dict[str, Any]], rank: int) -> WeightSync:
     from slime.backends.megatron import model_setup
 
@@ -664,8 +682,14 @@ def create_weight_sync(args, model, engines: list[dict[str, Any]], rank: int) ->
         world = dist.get_world_size()
         exchange = PayloadExchange(default_store(), rank, timeout) if mode == "ipc" and world > 1 else None
 
+    from slime.backends.megatron.hf_export import unwrap
+
+    arch = unwrap(model).arch
+    keep_mtp = engines_load_mtp(args)
+
     def export():
-        return model_setup.export_hf(model, args.update_weight_buffer_size)
+        buckets = model_setup.export_hf(model, args.update_weight_buffer_size)
+        return buckets if keep_mtp else without_mtp_layers(buckets, arch)
 
     return WeightSync(mode, export, endpoints, rank, check=bool(args.check_weight_sync),
                       buffer_bytes=args.update_weight_buffer_size, world_size=world, timeout_s=timeout,
