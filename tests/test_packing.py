@@ -100,3 +100,27 @@ def test_steps_and_dp_shards():
     assert D.fixed_micro_batches(5, 2) == [[0, 1], [2, 3], [4]]
     with pytest.raises(ValueError):
         D.step_indices(7, 4)
+
+
+def test_mtp_targets_and_loss_hand_example():
+    """MTP depth k at response row r predicts token r + k + 1 of the same sample; the loss is Megatron's masked
+    cross entropy times scale / depths, reduced like the RL loss (per-sample mean or per token), vs float64."""
+    from slime.backends.megatron.loss import mtp_loss
+
+    # sample A: prompt [5, 6], response [7, 8, 9]; sample B: prompt [3], response [4]; padded to 8
+    b = _batch([[5, 6, 7, 8, 9], [3, 4]], [3, 1], [[1, 0, 1], [1]])
+    mb = D.pack(b, [0, 1], pad_multiple=4)
+    targets, valid = D.mtp_targets(mb, 1)
+    # A's rows predict 7, 8, 9 at the main head; depth 1 predicts 8, 9, (past A's end); B's one row: past its end
+    assert targets.tolist() == [8, 9, 0, 0] and valid.tolist() == [1, 1, 0, 0]
+    targets2, valid2 = D.mtp_targets(mb, 2)
+    assert targets2.tolist()[:1] == [9] and valid2.tolist() == [1, 0, 0, 0]
+    lp = torch.log(torch.tensor([0.5, 0.25, 0.1, 0.2], dtype=torch.float64))
+    mask = mb.loss_mask.double() * valid.double()  # [1, 0, 0, 0]: A's second response token is masked out
+    loss, metric = mtp_loss([lp], [mask], mb.response_lengths, normalizer=2.0, scale=0.3, per_token=False)
+    # per-sample means: A = -log 0.5 over its one counted token, B = 0 (no target); sum / 2 samples x 0.3
+    assert float(loss) == pytest.approx(0.3 * (-torch.log(torch.tensor(0.5)).item()) / 2)
+    assert metric == pytest.approx(-torch.log(torch.tensor(0.5)).item())
+    mask = torch.tensor([1.0, 1.0, 0.0, 0.0], dtype=torch.float64)
+    loss, _ = mtp_loss([lp, lp], [mask, mask], mb.response_lengths, normalizer=4.0, scale=0.3, per_token=True)
+    assert float(loss) == pytest.approx(0.3 / 2 * 2 * -(torch.log(torch.tensor(0.5)) + torch.log(torch.tensor(0.25))).item() / 4)
