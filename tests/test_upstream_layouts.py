@@ -27,7 +27,8 @@ def _argv(tmp_path: Path, config_edit: dict | None = None) -> list[str]:
     for flag, value in (("--hf-checkpoint", hf), ("--ref-load", hf), ("--load", tmp_path / "ckpt"),
                         ("--save", tmp_path / "ckpt"), ("--prompt-data", tmp_path / "prompts.jsonl")):
         argv[argv.index(flag) + 1] = str(value)
-    return argv + ["--output-dir", str(tmp_path / "out")]
+    # one-node engines: a colocated engine of the script's 64 devices would span 8 nodes (a test below)
+    return argv + ["--output-dir", str(tmp_path / "out"), "--rollout-num-gpus-per-engine", "8"]
 
 
 @pytest.mark.parametrize("extra, cp", [([], 2), (["--enable-mtp-training", "--context-parallel-size", "1"], 1)])
@@ -64,6 +65,9 @@ def test_upstream_glm5_744b_dry_run_prints_its_stages(tmp_path, capsys):
      "trainer world size 256 is not divisible by TP*PP*CP=24; change --actor-num-gpus-per-node or the parallel sizes"),
     (["--expert-model-parallel-size", "128"], None,
      "--expert-model-parallel-size 128 x --pipeline-model-parallel-size 4 = 512 to divide the 256 trainer devices"),
+    (["--rollout-num-gpus-per-engine", "64"], None,
+     "--rollout-num-gpus-per-engine 64 with --colocate: an engine's devices must be on one node, and 64 does not "
+     "divide --actor-num-gpus-per-node 8; use a divisor of 8"),
     (["--enable-mtp-training"], None,
      "--enable-mtp-training with --context-parallel-size 2: MTP shifts tokens across CP chunks, which is not "
      "implemented; use --context-parallel-size 1 for MTP training"),

@@ -171,6 +171,17 @@ def _validate_pipeline(args: argparse.Namespace) -> None:
         raise ArgumentError(str(e)) from None
 
 
+def _validate_colocated_engine_span(args: argparse.Namespace) -> None:
+    """A colocated engine takes consecutive trainer devices of one node (placement refuses one that would span
+    nodes, after Ray has started): checked here, a warning under --dry-run (upstream's 744B script asks for
+    64-device engines on 8-device nodes)."""
+    g, per_node = args.rollout_num_gpus_per_engine, args.actor_num_gpus_per_node
+    _limit(args, per_node % g == 0,
+           f"--rollout-num-gpus-per-engine {g} with --colocate: an engine's devices must be on one node, and {g} does "
+           f"not divide --actor-num-gpus-per-node {per_node}; use a divisor of {per_node} (cross-node engines: "
+           "docs/rollout.md)")
+
+
 def _add_optimizer_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("optimizer (Adam)")
     _add(g, parser, "--lr", type=float, default=1e-6)
@@ -435,6 +446,7 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     if args.colocate:
         _require(args.rollout_num_gpus <= world,
                  f"--colocate: --rollout-num-gpus {args.rollout_num_gpus} exceeds the trainer's {world} devices; lower it")
+        _validate_colocated_engine_span(args)
 
     rollout_batch, n_samples = args.rollout_batch_size, args.n_samples_per_prompt
     _require(rollout_batch is None or rollout_batch >= 1, f"--rollout-batch-size must be >= 1, got {rollout_batch}")
