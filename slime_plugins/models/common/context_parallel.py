@@ -10,8 +10,8 @@ masking then give each query exactly its causal prefix, and key positions inside
 positions within the sequence (what DSA top-k indices count). Keys come from the whole sequence: the
 layer all-gathers a small per-token tensor (MLA's compressed latent + rope key, the DSA indexer key)
 over the CP group (`gather_sequence`: all-gather forward, reduce-scatter of the grad backward), and picks
-each key segment's rows out of the gathered sequence (`key_rows`). The device kernels (flash-attn varlen,
-npu_fusion_attention TND) take monotone key offsets only, so the shorter prefix of a sequence's two
+each key segment's rows out of the gathered sequence (`key_rows`). The device attention kernels (varlen flash,
+the NPU's TND fusion attention) take monotone key offsets only, so the shorter prefix of a sequence's two
 chunks is copied once more: (2*CP + 1) / (2*CP) of the sequence's keys per rank.
 """
 
