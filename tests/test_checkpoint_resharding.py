@@ -17,48 +17,36 @@ import torch.multiprocessing as mp
 from slime.utils.net import free_port
 
 
-@pytest.mark.timeout(600)
-def test_torch_dist_checkpoint_reshards_dp2_to_tp2_tp2_to_ep2_and_pp2_to_tp2(tmp_path):
+def _resume_pairs(tmp_path, pairs=None, extra=()) -> None:
+    """checkpoint_reshard_worker.run on 2 spawned ranks: the tiny GLM-5 checkpoint and 16 copy-task prompts."""
     from glm5_helpers import write_checkpoint
     from slime.rollout.synthetic import make_dataset
 
     ckpt = write_checkpoint(tmp_path / "model", "glm_moe_dsa", seed=4)
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(x) + "\n" for x in make_dataset(16, seed=1, min_len=4, max_len=5)))
-    from checkpoint_reshard_worker import run
+    from checkpoint_reshard_worker import PAIRS, run
 
-    mp.spawn(run, args=(free_port(), ckpt, str(data), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(run, args=(free_port(), ckpt, str(data), str(tmp_path), pairs or PAIRS, extra), nprocs=2, join=True)
+
+
+@pytest.mark.timeout(600)
+def test_torch_dist_checkpoint_reshards_dp2_to_tp2_tp2_to_ep2_and_pp2_to_tp2(tmp_path):
+    _resume_pairs(tmp_path)
 
 
 @pytest.mark.timeout(400)
 def test_torch_dist_checkpoint_written_at_cp2_resumes_at_cp1(tmp_path):
     """Context parallel shards no weights: a CP2 checkpoint (distributed optimizer sharded over DP x CP)
     resumes at CP1 x DP2 with the same next rollout (same checks as above)."""
-    from glm5_helpers import write_checkpoint
-    from slime.rollout.synthetic import make_dataset
-
-    ckpt = write_checkpoint(tmp_path / "model", "glm_moe_dsa", seed=4)
-    data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps(x) + "\n" for x in make_dataset(16, seed=1, min_len=4, max_len=5)))
-    from checkpoint_reshard_worker import run
-
-    mp.spawn(run, args=(free_port(), ckpt, str(data), str(tmp_path), (("cp2", "dp2"),)), nprocs=2, join=True)
+    _resume_pairs(tmp_path, (("cp2", "dp2"),))
 
 
 @pytest.mark.timeout(400)
 def test_checkpoint_with_optimizer_cpu_offload_resumes_at_another_layout(tmp_path):
     """--optimizer-cpu-offload (HybridDeviceOptimizer, float32 params): a DP2 checkpoint resumes at TP2 with the
     same next rollout and the same checkpoint after its step (same checks as above)."""
-    from glm5_helpers import write_checkpoint
-    from slime.rollout.synthetic import make_dataset
-
-    ckpt = write_checkpoint(tmp_path / "model", "glm_moe_dsa", seed=4)
-    data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps(x) + "\n" for x in make_dataset(16, seed=1, min_len=4, max_len=5)))
-    from checkpoint_reshard_worker import run
-
-    mp.spawn(run, args=(free_port(), ckpt, str(data), str(tmp_path), (("dp2", "tp2"),), ("--optimizer-cpu-offload",)),
-             nprocs=2, join=True)
+    _resume_pairs(tmp_path, (("dp2", "tp2"),), ("--optimizer-cpu-offload",))
 
 
 @pytest.mark.timeout(400)
