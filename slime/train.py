@@ -180,12 +180,8 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
             ray.get(rollout.onload.remote())
         # Engines that died since the rollout are restarted now (this sync gives them the weights); the
         # list may differ from the rollout's (a restarted engine may have a new port).
-        health = ray.get(rollout.check_engines.remote())
-        engines = health.pop("engines")
-        for key, value in health.items():
-            metrics[key] = metrics.get(key, 0.0) + value
         t_call = time.perf_counter()
-        metrics.update(actor.update_weights(rollout_id + 1, engines))
+        metrics.update(_sync_weights(actor, rollout, rollout_id + 1, metrics))
         metrics["time/weight_sync_call"] = time.perf_counter() - t_call
         if args.offload_train:
             actor.offload()
@@ -205,6 +201,28 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
             _evaluate(rollout, log, tracker, rollout_id + 1)
     tracker.close()
     return records
+
+
+def _sync_weights(actor, rollout, version: int, metrics: dict[str, Any]) -> dict[str, Any]:
+    """Push the trainer's weights to the engines. An engine that died since the rollout is restarted first; one
+    that dies during the sync fails it: then it is restarted and the sync runs once more (all-or-nothing per
+    engine, so a repeat is safe). Restart counts add to `metrics`."""
+    import ray
+
+    health = ray.get(rollout.check_engines.remote())
+    for attempt in (0, 1):
+        engines = health.pop("engines")
+        for key, value in health.items():
+            metrics[key] = metrics.get(key, 0.0) + value
+        try:
+            return actor.update_weights(version, engines)
+        except Exception as e:
+            health = ray.get(rollout.check_engines.remote())
+            if attempt or not health.get("rollout/engine_restarts"):
+                raise
+            logger.warning("weight sync %d failed on an engine that died meanwhile (restarted); syncing again: %s",
+                           version, str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__)
+    raise AssertionError("unreachable")
 
 
 def _evaluate(rollout, log, tracker, step: int) -> dict[str, Any]:

@@ -232,3 +232,62 @@ def test_a_signal_interrupts_the_wait(ray_session):
         for s, h in previous.items():
             signal.signal(s, h)
         ray.kill(actor)
+
+
+class _EngineDiesInSync(_Trainer):
+    """Its first sync of weight version 2 fails as when an engine dies in the middle of it."""
+
+    failed = False
+
+    def update_weights(self, version, engines):
+        if version == 2 and not self.failed:
+            self.failed = True
+            raise ConnectionError(f"engine {engines} unreachable")
+        return {"time/weight_sync": 0.0, "weight_sync/engines": float(len(engines))}
+
+
+class _RestartsOnCheck(_Rollout):
+    """check_engines finds the dead engine (and restarts it: a new instance) on the check after the failure."""
+
+    def __init__(self, n, restart):
+        super().__init__(n)
+        self.checks, self.restart = 0, restart
+
+    def check_engines(self):
+        self.checks += 1
+        restarted = self.restart and self.checks == 3  # rollout 0's check, rollout 1's, then after the failure
+        return {"engines": [{"url": "http://127.0.0.1:1", "instance": int(self.checks >= 3)}],
+                "rollout/engine_restarts": float(restarted)}
+
+
+@pytest.mark.parametrize("restart", [True, False])
+def test_engine_dying_during_the_weight_sync_is_restarted_and_synced_again(ray_session, tmp_path, monkeypatch, restart):
+    import ray
+
+    import slime.ray.rollout as rollout_module
+    from slime import train
+    from slime.ray.actor_group import RayTrainGroup
+    from slime.utils.arguments import parse_args
+
+    args = parse_args(["--hf-checkpoint", str(tmp_path), "--num-rollout", "3", "--rollout-batch-size", "1",
+                       "--n-samples-per-prompt", "8", "--global-batch-size", "8", "--actor-num-gpus-per-node", "1",
+                       "--output-dir", str(tmp_path / f"out-{restart}")])
+
+    class Slots(list):
+        def actor_options(self, i):
+            return {"num_cpus": 0}
+
+    handles = {"actor": RayTrainGroup(args, Slots([0]), actor_cls=ray.remote(_EngineDiesInSync))}
+    manager = ray.remote(_RestartsOnCheck).options(num_cpus=0).remote(8, restart)
+    monkeypatch.setattr(rollout_module, "create_rollout_manager", lambda args, slots: manager)
+    try:
+        if not restart:  # nothing was restarted: the sync's own error stops the run
+            with pytest.raises(Exception, match="unreachable"):
+                train._run(args, handles, {"rollout": None})
+            return
+        records = train._run(args, handles, {"rollout": None})
+        assert [r["rollout/engine_restarts"] for r in records] == [0.0, 1.0, 0.0]
+        assert all(r["weight_sync/engines"] == 1.0 for r in records)  # every version reached the engine
+    finally:
+        for a in handles["actor"].actors + [manager]:
+            ray.kill(a)

@@ -263,8 +263,8 @@ class RolloutManager:
                 continue
             status = self._ray().get(self.actors[idx].status.remote())
             if not status["running"]:
-                self.report_failure(idx, self._generation[idx], RuntimeError("engine process not running"),
-                                    resync=False)
+                self._recover_engine(idx, self._generation[idx], RuntimeError("engine process not running"),
+                                     resync=False)
         return {"engines": self.engines(), **self._restart_metrics(before)}
 
     def progress(self) -> dict[str, Any]:
@@ -385,6 +385,9 @@ class RolloutManager:
         up and no engine is left, or when the router failed a request although every engine is healthy."""
         if self.sglang_router is not None:
             return self._recover_behind_router(generation, error, resync)
+        self._recover_engine(idx, generation, error, resync)
+
+    def _recover_engine(self, idx: int, generation: int, error: BaseException, resync: bool) -> None:
         with self._engine_locks[idx]:
             if self._generation[idx] != generation:
                 return  # already handled by another request's report
