@@ -86,3 +86,18 @@ def test_context_parallel_equals_single_rank(tmp_path):
         worst = max(ref["weights"], key=lambda n: _max_rel(got["weights"][n], ref["weights"][n]))
         err = _max_rel(got["weights"][worst], ref["weights"][worst])
         assert err <= 1e-5, f"{name}: updated {worst} differs from the single-rank step by {err:.3g} (rel)"
+
+
+def test_one_writer_per_pipeline_stage_under_context_parallel(monkeypatch):
+    """HF export and the per-stage weight sync write from one rank per stage: the CP ranks of DP rank 0 hold the
+    same weights, and only CP rank 0 of them writes (two writers raced on the same shard file)."""
+    from megatron.core import parallel_state as ps
+
+    from slime.backends.megatron.hf_export import writer_of_stage
+
+    monkeypatch.setattr(ps, "get_tensor_model_parallel_rank", lambda: 0)
+    monkeypatch.setattr(ps, "get_expert_model_parallel_rank", lambda: 0)
+    for dp_rank, cp_rank, writes in ((0, 0, True), (0, 1, False), (1, 0, False)):
+        monkeypatch.setattr(ps, "get_data_parallel_rank", lambda with_context_parallel=False, d=dp_rank, c=cp_rank:
+                            d * 2 + c if with_context_parallel else d)
+        assert writer_of_stage() is writes, (dp_rank, cp_rank)

@@ -112,7 +112,7 @@ def _installed_version(library: str) -> str | None:
         return None  # not installed as a distribution (a test module): nothing to check
 
 
-def _check_version(patch: Patch, library: str) -> None:
+def check_version(patch: Patch, library: str) -> None:
     from packaging.specifiers import SpecifierSet
 
     version = _installed_version(library)
@@ -214,7 +214,7 @@ def apply_patch_set(accelerator: str, library: str) -> list[str]:
         applied: list[_Applied] = []
         patches = patch_set(accelerator, library)
         for patch in patches:
-            _check_version(patch, library)
+            check_version(patch, library)
         # Resolve (import) every target first: a module imported part-way through applying would
         # bind an already-patched function and record it as the "original".
         resolved = {(patch.name, t): _resolve(patch, t, library) for patch in patches for t in patch.targets}

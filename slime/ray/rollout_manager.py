@@ -403,7 +403,8 @@ class RolloutManager:
         with self._fleet_lock:
             if sum(self._generation) != generation:
                 return  # an engine was restarted since that request was sent: retry it
-            dead = [i for i in range(self.n) if i not in self._down and not self._alive(i)]
+            # a busy engine may answer /health late: asked twice before it counts as hung (and is stopped)
+            dead = [i for i in range(self.n) if i not in self._down and not self._alive(i, probes=2)]
             if not dead:
                 if self.sglang_router.process is not None and not self.sglang_router.process.running():
                     raise RolloutError(f"sglang-router exited: {self.sglang_router.process.describe_exit()}")
@@ -413,12 +414,13 @@ class RolloutManager:
                 with self._engine_locks[i]:
                     self._restart(i, error, resync)
 
-    def _alive(self, idx: int) -> bool:
-        """Process running and answering /health; an engine that runs but does not answer is stopped."""
+    def _alive(self, idx: int, probes: int = 1) -> bool:
+        """Process running and answering /health (within `probes` tries of 10 s); an engine that runs but does
+        not answer is stopped."""
         ray = self._ray()
         actor = self.actors[idx]
         status = ray.get(actor.status.remote())
-        if status["running"] and self.clients[idx].health(timeout=10):
+        if status["running"] and any(self.clients[idx].health(timeout=10) for _ in range(probes)):
             return True
         if status["running"]:
             ray.get(actor.stop.remote())  # alive but not answering: treat as dead
@@ -429,8 +431,13 @@ class RolloutManager:
         self.router.set_usable(idx, on)
         if self.sglang_router is not None:
             if on and self.urls[idx] not in self.sglang_router.workers:
-                self.sglang_router.add_worker(self.urls[idx])
-                self.sglang_router.wait_worker(self.urls[idx], float(self.args.rollout_engine_startup_timeout))
+                from slime.rollout.sglang_router import RouterError
+
+                try:  # the router health-checks a new worker within seconds (--worker-startup-check-interval 1)
+                    self.sglang_router.add_worker(self.urls[idx])
+                    self.sglang_router.wait_worker(self.urls[idx], min(120.0, float(self.args.rollout_engine_startup_timeout)))
+                except RouterError as e:
+                    raise RolloutError(f"rollout engine {idx} restarted but sglang-router does not take it: {e}") from e
             elif not on and self.urls[idx] in self.sglang_router.workers:
                 self.sglang_router.remove_worker(self.urls[idx])
 

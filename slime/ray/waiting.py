@@ -48,6 +48,25 @@ def _drain(fd: int) -> None:
         pass
 
 
+_futures: dict = {}  # ObjectRef -> its future while pending: a repeated wait (a progress loop) adds no callback
+_futures_lock = threading.RLock()  # a done future runs its callback inside add_done_callback
+
+
+def _future(ref: Any, wake_fd: int):
+    with _futures_lock:
+        f = _futures.get(ref)
+        if f is None:
+            f = _futures[ref] = ref.future()
+
+            def finished(_f, ref=ref):
+                with _futures_lock:
+                    _futures.pop(ref, None)
+                _poke(wake_fd)
+
+            f.add_done_callback(finished)  # runs at once (and drops the entry) when already done
+        return f
+
+
 def wait_ready(refs: Sequence[Any], timeout: float | None = None) -> bool:
     """Block until every object reference in `refs` is ready (True) or `timeout` seconds passed (False).
     Errors are not raised here: `ray.get` raises them. Off the main thread (where signal wake-ups cannot be
@@ -60,9 +79,7 @@ def wait_ready(refs: Sequence[Any], timeout: float | None = None) -> bool:
     if threading.current_thread() is not threading.main_thread():
         return len(ray.wait(refs, num_returns=len(refs), timeout=timeout, fetch_local=False)[0]) == len(refs)
     r, w = _wake_pipe()
-    futures = [ref.future() for ref in refs]
-    for f in futures:
-        f.add_done_callback(lambda _f: _poke(w))
+    futures = [_future(ref, w) for ref in refs]
     deadline = None if timeout is None else time.monotonic() + timeout
     previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
     try:

@@ -241,6 +241,16 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
             unfinished[0] -= n
             cond.notify_all()
 
+    def lost(batch: list[Sample], idx: int, gen: int, error: EngineError) -> None:
+        """The request never came back: the fleet restarts the engine (or raises RolloutError), then re-issue."""
+        fleet.release(idx, served=False)
+        for s in batch:
+            attempts[s.index].failures += 1
+            attempts[s.index].last_error = error
+        counters.add(reissued=len(batch))
+        fleet.report_failure(idx, gen, error)
+        retry(batch)
+
     def send(batch: list[Sample]) -> None:
         for s in batch:
             a = attempts[s.index]
@@ -260,12 +270,7 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
             try:
                 _custom_generate(custom, args, fleet.client(idx), batch[0], params[0])
             except EngineUnreachable as e:
-                fleet.release(idx, served=False)
-                attempts[batch[0].index].failures += 1
-                attempts[batch[0].index].last_error = e
-                counters.add(reissued=1)
-                fleet.report_failure(idx, gen, e)
-                retry(batch)
+                lost(batch, idx, gen, e)
                 return
             except BaseException:
                 fleet.release(idx, served=False)
@@ -284,26 +289,15 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
             else:
                 outs = client.generate([s.prompt_tokens for s in batch], params, return_logprob=True, timeout=timeout)
         except EngineUnreachable as e:
-            fleet.release(idx, served=False)
-            for s in batch:
-                attempts[s.index].failures += 1
-                attempts[s.index].last_error = e
-            counters.add(reissued=len(batch))
-            fleet.report_failure(idx, gen, e)  # restarts the engine, or raises RolloutError
-            retry(batch)
+            lost(batch, idx, gen, e)
             return
         except EngineError as e:
-            fleet.release(idx, served=False)
             if not (behind_router and e.status >= 500):
+                fleet.release(idx, served=False)
                 raise RolloutError(f"engine {idx} rejected sample {batch[0].index}: {e.message}") from e
             # sglang-router's 5xx: the engine it chose died (it retries live ones first); the fleet restarts
             # dead engines, or raises when every engine is up (then the error is the engine's own)
-            for s in batch:
-                attempts[s.index].failures += 1
-                attempts[s.index].last_error = e
-            counters.add(reissued=len(batch))
-            fleet.report_failure(idx, gen, e)
-            retry(batch)
+            lost(batch, idx, gen, e)
             return
         fleet.release(idx, served=True)
         if not isinstance(outs, list) or len(outs) != len(batch):

@@ -119,7 +119,16 @@ def _unpadded_param_index(optimizer):
     (`buffer.param_index_map`; its own TODO names the bug, issue #504). With one bucket per buffer nothing
     moves; with several (a shared embedding's own bucket under PP with MTP, or bucketed --overlap-grad-reduce)
     every parameter after a padded bucket end was saved shifted. For the call, the map is given the offsets
-    the gathered buffers use (order kept: the load side walks it for the state's order); restored after."""
+    the gathered buffers use (order kept: the load side walks it for the state's order); restored after.
+    Targets megatron-core 0.16 (MEGATRON_VERSIONS, checked like a patch: a fixed release would be shifted the
+    other way); remove when megatron's save slices at unpadded offsets itself."""
+    import types
+
+    from slime.accelerator.megatron_patches import MEGATRON_VERSIONS
+    from slime.accelerator.patches import check_version
+
+    check_version(types.SimpleNamespace(name="checkpoint._unpadded_param_index", versions=MEGATRON_VERSIONS),
+                   "megatron")
     swapped = []
     for opt in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
         for buffer in getattr(opt, "buffers", None) or []:

@@ -183,7 +183,7 @@ def pack(batch: RolloutBatch, indices: Sequence[int], pad_multiple: int = 1, pad
         lengths.append(r)
     real = sum(len(batch.tokens[i]) for i in indices)
     pad = (-len(tokens)) % max(1, pad_multiple)
-    if cp_size > 1 and pad % (2 * cp_size):
+    if cp_size > 1 and max(1, pad_multiple) % (2 * cp_size):
         raise ValueError(f"pad_multiple {pad_multiple} must be a multiple of 2*cp_size={2 * cp_size}")
     if pad:
         tokens.extend([pad_token_id] * pad)

@@ -104,11 +104,11 @@ def bucketed(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> It
 
 
 def writer_of_stage() -> bool:
-    """One rank per pipeline stage (TP, EP and DP rank 0) writes or sends the stage's exported tensors."""
+    """One rank per pipeline stage (TP, EP, CP and DP rank 0) writes or sends the stage's exported tensors."""
     from megatron.core import parallel_state as ps
 
     return (ps.get_tensor_model_parallel_rank() == 0 and ps.get_expert_model_parallel_rank() == 0
-            and ps.get_data_parallel_rank() == 0)
+            and ps.get_data_parallel_rank(with_context_parallel=True) == 0)
 
 
 def save_hf(model, out_dir: str, dtype: torch.dtype | None = None, max_shard_bytes: int = MAX_SHARD_BYTES) -> str:
