@@ -59,18 +59,12 @@ def record_indexer_selections(records: list) -> None:
 
 
 def run(rank: int, world: int, port: int, ckpt: str, batch_path: str, out_dir: str, names: list[str]) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-    torch.set_num_threads(1)
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    from slime.accelerator import get_accelerator
+    from glm5_helpers import exported_weights, init_rank
     from slime.backends.megatron import data as D
-    from slime.backends.megatron import model_setup
     from slime.backends.megatron.actor import MegatronTrainRayActor
     from slime.utils.arguments import parse_args
 
-    dist.init_process_group(get_accelerator().process_group_backend(), rank=rank, world_size=world)
+    init_rank(rank, world, port)
     fields = torch.load(batch_path)
     records: list = []
     record_indexer_selections(records)
@@ -93,8 +87,7 @@ def run(rank: int, world: int, port: int, ckpt: str, batch_path: str, out_dir: s
         actor.model.eval()
         log_probs = actor._log_probs_of(batch, list(range(len(batch))))
         metrics = actor.train(0, batch)
-        weights = {n: t.detach().cpu().clone() for bucket in model_setup.export_hf(actor.model, 1 << 20)
-                   for n, t in bucket}
+        weights = exported_weights(actor.model)
         torch.save(list(records), os.path.join(out_dir, f"{name}.indexer.{rank}.pt"))
         if rank == 0:
             torch.save({"loss": metrics["train/loss"], "log_probs": log_probs, "weights": weights,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import torch
 
 # Larger than the writer's default init (0.02) so attention is far from uniform and DSA's token dropping
@@ -154,3 +156,55 @@ def megatron_state_cleanup():
     if not had_group and dist.is_initialized():
         dist.destroy_process_group()
     revert_megatron_patches()
+
+
+def rl_batch(n: int, seed: int, lengths: tuple[int, int], responses: tuple[int, int]) -> dict:
+    """RolloutBatch fields of `n` random samples (token ids >= 3): lengths and response lengths drawn from the
+    inclusive ranges; odd samples get positive advantages, even ones negative; rewards alternate 0 / 1."""
+    rng = random.Random(seed)
+    tokens, resp, masks, adv = [], [], [], []
+    for i in range(n):
+        length = rng.randint(*lengths)
+        r = rng.randint(*responses)
+        tokens.append([rng.randrange(VOCAB_LOW, 512) for _ in range(length)])
+        resp.append(r)
+        masks.append([1] + [int(rng.random() > 0.2) for _ in range(r - 1)])
+        adv.append(torch.full((r,), 1.0 if i % 2 else -1.0) * (0.5 + rng.random()))
+    return dict(tokens=tokens, response_lengths=resp, rewards=[float(i % 2) for i in range(n)], loss_masks=masks,
+                advantages=adv, reuse_train_log_probs=True)
+
+
+def max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max |b|, in float64."""
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-12))
+
+
+def spawn_ranks(run, world: int, *args) -> None:
+    """torch.multiprocessing ranks 0..world-1 of `run(rank, world, port, *args)`, on a free rendezvous port."""
+    import torch.multiprocessing as mp
+
+    from slime.utils.net import free_port
+
+    mp.spawn(run, args=(world, free_port(), *args), nprocs=world, join=True)
+
+
+def init_rank(rank: int, world: int, port: int) -> None:
+    """A spawned trainer rank: one thread, no library warnings, the accelerator's process group on 127.0.0.1:port."""
+    import os
+    import warnings
+
+    import torch.distributed as dist
+
+    from slime.accelerator import get_accelerator
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    dist.init_process_group(get_accelerator().process_group_backend(), rank=rank, world_size=world)
+
+
+def exported_weights(model) -> dict[str, torch.Tensor]:
+    """Every HF tensor the trainer exports (a collective over the model's ranks), as CPU copies."""
+    from slime.backends.megatron import model_setup
+
+    return {n: t.detach().cpu().clone() for bucket in model_setup.export_hf(model, 1 << 20) for n, t in bucket}

@@ -8,38 +8,21 @@ from __future__ import annotations
 
 import glob
 import os
-import random
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from glm5_helpers import write_checkpoint
-from slime.utils.net import free_port
+from glm5_helpers import max_rel, rl_batch, spawn_ranks, write_checkpoint
 
 
-def long_rollout_batch(n: int = 4, seed: int = 1) -> dict:
-    rng = random.Random(seed)
-    tokens, resp, masks, adv = [], [], [], []
-    for i in range(n):
-        length = rng.randint(19, 30)  # > 2 x index_topk (8), odd lengths need CP padding
-        r = rng.randint(4, 9)
-        tokens.append([rng.randrange(3, 512) for _ in range(length)])
-        resp.append(r)
-        masks.append([1] + [int(rng.random() > 0.2) for _ in range(r - 1)])
-        adv.append(torch.full((r,), 1.0 if i % 2 else -1.0) * (0.5 + rng.random()))
-    return dict(tokens=tokens, response_lengths=resp, rewards=[float(i % 2) for i in range(n)], loss_masks=masks,
-                advantages=adv, reuse_train_log_probs=True)
+def long_rollout_batch() -> dict:
+    return rl_batch(4, 1, lengths=(19, 30), responses=(4, 9))  # > 2 x index_topk (8), odd lengths need CP padding
 
 
 def _spawn(world: int, names: list[str], ckpt: str, batch: str, out: str) -> None:
     from context_parallel_worker import run
 
-    mp.spawn(run, args=(world, free_port(), ckpt, batch, out, names), nprocs=world, join=True)
-
-
-def _max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-12))
+    spawn_ranks(run, world, ckpt, batch, out, names)
 
 
 def _selections(out: str, name: str) -> dict:
@@ -65,7 +48,7 @@ def test_context_parallel_equals_single_rank(tmp_path):
 
     ref = torch.load(os.path.join(out, "single.pt"))
     initial = load_file(os.path.join(ckpt, "model.safetensors"))
-    assert max(_max_rel(ref["weights"][n], initial[n]) for n in initial) > 1e-3  # the step moves the weights
+    assert max(max_rel(ref["weights"][n], initial[n]) for n in initial) > 1e-3  # the step moves the weights
     ref_sel = _selections(out, "single")
     real = sum(len(t) for t in batch["tokens"])
     assert len(ref_sel) == real * len({k[0] for k in ref_sel})  # every real token of every DSA layer
@@ -83,8 +66,8 @@ def test_context_parallel_equals_single_rank(tmp_path):
         assert got["loss"] == pytest.approx(ref["loss"], rel=1e-5, abs=1e-7), name
         assert got["entropy"] == pytest.approx(ref["entropy"], rel=1e-5), name
         assert got["weights"].keys() == ref["weights"].keys(), name
-        worst = max(ref["weights"], key=lambda n: _max_rel(got["weights"][n], ref["weights"][n]))
-        err = _max_rel(got["weights"][worst], ref["weights"][worst])
+        worst = max(ref["weights"], key=lambda n: max_rel(got["weights"][n], ref["weights"][n]))
+        err = max_rel(got["weights"][worst], ref["weights"][worst])
         assert err <= 1e-5, f"{name}: updated {worst} differs from the single-rank step by {err:.3g} (rel)"
 
 

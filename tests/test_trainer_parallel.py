@@ -8,38 +8,21 @@ TP2 x EP2 with the distributed optimizer. The single-rank reference runs the pla
 from __future__ import annotations
 
 import os
-import random
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from glm5_helpers import write_checkpoint
-from slime.utils.net import free_port
+from glm5_helpers import max_rel, rl_batch, spawn_ranks, write_checkpoint
 
 
-def fixed_rollout_batch(n: int = 8, seed: int = 0) -> dict:
-    rng = random.Random(seed)
-    tokens, resp, masks, adv = [], [], [], []
-    for i in range(n):
-        length = rng.randint(10, 16)  # > index_topk (8): DSA keeps 8 keys per query
-        r = rng.randint(3, 7)
-        tokens.append([rng.randrange(3, 512) for _ in range(length)])
-        resp.append(r)
-        masks.append([1] + [int(rng.random() > 0.2) for _ in range(r - 1)])
-        adv.append(torch.full((r,), 1.0 if i % 2 else -1.0) * (0.5 + rng.random()))
-    return dict(tokens=tokens, response_lengths=resp, rewards=[float(i % 2) for i in range(n)], loss_masks=masks,
-                advantages=adv, reuse_train_log_probs=True)
+def fixed_rollout_batch() -> dict:
+    return rl_batch(8, 0, lengths=(10, 16), responses=(3, 7))  # > index_topk (8): DSA keeps 8 keys per query
 
 
 def _spawn(world: int, names: list[str], ckpt: str, batch: str, out: str) -> None:
     from trainer_parallel_worker import run
 
-    mp.spawn(run, args=(world, free_port(), ckpt, batch, out, names), nprocs=world, join=True)
-
-
-def _max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-12))
+    spawn_ranks(run, world, ckpt, batch, out, names)
 
 
 @pytest.mark.timeout(600)
@@ -60,7 +43,7 @@ def test_parallel_train_step_equals_single_rank(tmp_path):
     assert ref["optimizer"] == "FP32Optimizer"
     initial = load_file(os.path.join(ckpt, "model.safetensors"))
     # The step moves the weights far beyond the tolerance, so equal weights mean an equal update.
-    moved = max(_max_rel(ref["weights"][n], initial[n]) for n in initial)
+    moved = max(max_rel(ref["weights"][n], initial[n]) for n in initial)
     assert moved > 1e-3, moved
     for name in [*two, "tp2ep2_distopt"]:
         got = torch.load(os.path.join(out, f"{name}.pt"))
@@ -69,6 +52,6 @@ def test_parallel_train_step_equals_single_rank(tmp_path):
             assert got["inner"] == "HybridDeviceOptimizer", name
         assert got["loss"] == pytest.approx(ref["loss"], rel=1e-5, abs=1e-7), name
         assert got["weights"].keys() == ref["weights"].keys(), name
-        worst = max(ref["weights"], key=lambda n: _max_rel(got["weights"][n], ref["weights"][n]))
-        err = _max_rel(got["weights"][worst], ref["weights"][worst])
+        worst = max(ref["weights"], key=lambda n: max_rel(got["weights"][n], ref["weights"][n]))
+        err = max_rel(got["weights"][worst], ref["weights"][worst])
         assert err <= 1e-5, f"{name}: updated {worst} differs from the single-rank step by {err:.3g} (rel)"

@@ -33,18 +33,12 @@ def common_flags(ckpt: str, world: int) -> list[str]:
 
 
 def run(rank: int, world: int, port: int, ckpt: str, batch_path: str, out_dir: str, names: list[str]) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-    torch.set_num_threads(1)
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    from slime.accelerator import get_accelerator
-    from slime.backends.megatron import model_setup
+    from glm5_helpers import exported_weights, init_rank
     from slime.backends.megatron.actor import MegatronTrainRayActor
     from slime.backends.megatron.data import RolloutBatch
     from slime.utils.arguments import parse_args
 
-    dist.init_process_group(get_accelerator().process_group_backend(), rank=rank, world_size=world)
+    init_rank(rank, world, port)
     fields = torch.load(batch_path)
     for name in names:
         size, flags = CONFIGS[name]
@@ -53,8 +47,7 @@ def run(rank: int, world: int, port: int, ckpt: str, batch_path: str, out_dir: s
         actor = MegatronTrainRayActor(world, rank)
         actor.init(args)
         metrics = actor.train(0, RolloutBatch(**fields))
-        weights = {n: t.detach().cpu().clone() for bucket in model_setup.export_hf(actor.model, 1 << 20)
-                   for n, t in bucket}
+        weights = exported_weights(actor.model)
         if rank == 0:
             torch.save({"loss": metrics["train/loss"], "grad_norm": metrics["train/grad_norm"], "weights": weights,
                         "optimizer": type(actor.optimizer.chained_optimizers[0]).__name__,
