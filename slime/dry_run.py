@@ -19,7 +19,7 @@ PLAN_DEVICE_DEFAULT = "h200"
 
 def missing_paths(args: argparse.Namespace) -> list[str]:
     """Checkpoint, data and output paths that do not exist yet (a dry run on a laptop has none of them)."""
-    from slime.rollout.arguments import eval_datasets
+    from slime.config.rollout_args import eval_datasets
 
     out = []
     for flag, path in (("--ref-load", args.ref_load), ("--load", args.load), ("--save", args.save),
@@ -109,8 +109,8 @@ def warnings(args: argparse.Namespace, parser: argparse.ArgumentParser | None) -
 def runtime_warnings(args: argparse.Namespace, parser: argparse.ArgumentParser | None) -> list[str]:
     """What a real run says before Ray starts: flags this device or engine cannot honor (one line each)."""
     from slime.ray.rollout_manager import resolve_engine_kind
-    from slime.rollout.sglang_args import embedded_ignored_line
-    from slime.utils.megatron_flags import implementation_warning, not_yet_honored
+    from slime.config.sglang_args import embedded_ignored_line
+    from slime.config.megatron_flags import implementation_warning, not_yet_honored
 
     out = []
     impl = implementation_warning(args)
@@ -143,7 +143,7 @@ def runtime_warnings(args: argparse.Namespace, parser: argparse.ArgumentParser |
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None, out: Printer = print) -> int:
     cfg = args.hf_config
-    from slime.utils.model_args import model_args_given
+    from slime.config.model_args import model_args_given
 
     out(f"dry run: flags checked against {os.path.join(args.hf_checkpoint, 'config.json')} (no weights, no Ray)")
     out(f"model: {cfg.get('model_type')}, {cfg.get('num_hidden_layers')} layers, hidden {cfg.get('hidden_size')}; "

@@ -242,13 +242,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Exit status: 0 done, 1 error (one line; SLIME_DEBUG=1 for the traceback), 2 bad input found
     before Ray starts, 130/143 after SIGINT/SIGTERM (engines, trainer ranks and shared memory released)."""
     from slime.utils import exits
-    from slime.utils.arguments import parse_args
-    from slime.utils.preflight import PreflightError, run_preflight
+    from slime.config.arguments import parse_args
+    from slime.config.preflight import PreflightError, run_preflight
 
     _setup_logging()
     args = parse_args(argv)
     from slime.dry_run import run, runtime_warnings
-    from slime.utils.arguments import build_parser
+    from slime.config.arguments import build_parser
 
     if args.dry_run:  # flags against config.json only: no preflight of paths (missing ones are warnings), no Ray
         return run(args, build_parser())

@@ -26,7 +26,7 @@ PAIRS = (("dp2", "tp2"), ("tp2", "ep2"), ("pp2", "tp2"))
 
 
 def _args(ckpt: str, layout: str, save: str, load: str | None = None, *extra: str):
-    from slime.utils.arguments import parse_args
+    from slime.config.arguments import parse_args
 
     tp, ep, pp, cp = LAYOUTS[layout]
     argv = ["--hf-checkpoint", ckpt, "--num-rollout", "2", "--actor-num-gpus-per-node", "2",

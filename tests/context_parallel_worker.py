@@ -62,7 +62,7 @@ def run(rank: int, world: int, port: int, ckpt: str, batch_path: str, out_dir: s
     from glm5_helpers import exported_weights, init_rank
     from slime.backends.megatron import data as D
     from slime.backends.megatron.actor import MegatronTrainRayActor
-    from slime.utils.arguments import parse_args
+    from slime.config.arguments import parse_args
 
     init_rank(rank, world, port)
     fields = torch.load(batch_path)

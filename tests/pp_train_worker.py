@@ -30,7 +30,7 @@ def batch(n: int = 8):
 
 
 def train_args(ckpt: str, world: int, layout: dict):
-    from slime.utils.arguments import parse_args
+    from slime.config.arguments import parse_args
 
     flags = ["--hf-checkpoint", ckpt, "--num-rollout", "1", "--global-batch-size", "8", "--actor-num-gpus-per-node",
              str(world), "--use-dynamic-batch-size", "--max-tokens-per-gpu", "30", *LR_ARGS, "--clip-grad", "1.0",

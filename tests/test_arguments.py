@@ -2,7 +2,7 @@
 
 import pytest
 
-from slime.utils.arguments import ArgumentError, build_parser, parse_args, validate_args
+from slime.config.arguments import ArgumentError, build_parser, parse_args, validate_args
 
 
 def _argv(tmp_path, *extra):

@@ -143,7 +143,7 @@ def test_every_profile_fits_by_the_planner(name, plan_device):
 
 def test_dry_run_command_parses_with_train_py_flags():
     """Every flag the script passes is one train.py defines (rollout/SGLang flags once their module exists)."""
-    from slime.utils.arguments import build_parser, validate_args
+    from slime.config.arguments import build_parser, validate_args
 
     for env in ({"SLIME_PROFILE": "cuda"}, NPU_SIM_ENV, {"SLIME_PROFILE": "npu", "PLAN_DEVICE": "a3"}):
         _check_train_py_flags(_dry_run(**env)[1], build_parser, validate_args)
@@ -152,19 +152,19 @@ def test_dry_run_command_parses_with_train_py_flags():
 def _check_train_py_flags(args, build_parser, validate_args):
     parsed, unknown = build_parser().parse_known_args(args)
     try:
-        import slime.rollout.arguments  # noqa: F401
+        import slime.config.rollout_args  # noqa: F401
         rollout_flags_available = True
     except ImportError:
         rollout_flags_available = False
     if rollout_flags_available:
         assert unknown == [], f"train.py does not define: {unknown}"
-    else:  # only the rollout issue's flags (and their values) may be missing until slime.rollout.arguments lands
+    else:  # only the rollout issue's flags (and their values) may be missing until slime.config.rollout_args lands
         pending = {"--prompt-data", "--input-key", "--label-key", "--apply-chat-template", "--rm-type",
                    "--rollout-batch-size", "--n-samples-per-prompt", "--rollout-max-response-len",
                    "--rollout-temperature", "--sglang-mem-fraction-static"}
         unknown_flags = {u for u in unknown if u.startswith("--")}
         assert unknown_flags <= pending, f"train.py does not define: {sorted(unknown_flags - pending)}"
-        pytest.skip("slime.rollout.arguments not present yet: rollout/SGLang flags unchecked")
+        pytest.skip("slime.config.rollout_args not present yet: rollout/SGLang flags unchecked")
     parsed.hf_checkpoint = str(ROOT)  # validation needs an existing directory, nothing more
     validate_args(parsed)
     mp = parsed.tensor_model_parallel_size * parsed.pipeline_model_parallel_size * parsed.context_parallel_size

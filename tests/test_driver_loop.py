@@ -142,7 +142,7 @@ def _loop_calls(tmp_path, monkeypatch, n_samples: int, num_rollout: int) -> dict
     import slime.ray.rollout as rollout_module
     from slime import train
     from slime.ray.actor_group import RayTrainGroup
-    from slime.utils.arguments import parse_args
+    from slime.config.arguments import parse_args
 
     args = parse_args(["--hf-checkpoint", str(tmp_path), "--num-rollout", str(num_rollout),
                        "--rollout-batch-size", str(n_samples // 8), "--n-samples-per-prompt", "8",
@@ -267,7 +267,7 @@ def test_engine_dying_during_the_weight_sync_is_restarted_and_synced_again(ray_s
     import slime.ray.rollout as rollout_module
     from slime import train
     from slime.ray.actor_group import RayTrainGroup
-    from slime.utils.arguments import parse_args
+    from slime.config.arguments import parse_args
 
     args = parse_args(["--hf-checkpoint", str(tmp_path), "--num-rollout", "3", "--rollout-batch-size", "1",
                        "--n-samples-per-prompt", "8", "--global-batch-size", "8", "--actor-num-gpus-per-node", "1",

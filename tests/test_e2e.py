@@ -103,7 +103,7 @@ def test_e2e_simulated_npu(assets, tmp_path):
 @pytest.fixture(scope="module")
 def uninterrupted(assets, ray_session):
     from slime.train import train
-    from slime.utils.arguments import parse_args
+    from slime.config.arguments import parse_args
 
     out, save = str(assets["dir"] / "run_a"), str(assets["dir"] / "ckpt_a")
     args = parse_args(_argv(assets, out, "--colocate", "--update-weight-mode", "ipc", "--num-rollout", "2",
@@ -134,7 +134,7 @@ def test_e2e_resume_distributed_reproduces(assets, uninterrupted):
     """Resume after iteration 0 with split placement and broadcast weight sync: iteration 1 must equal
     the uninterrupted (colocated, IPC) run's iteration 1."""
     from slime.train import train
-    from slime.utils.arguments import parse_args
+    from slime.config.arguments import parse_args
 
     resume = assets["dir"] / "ckpt_b"
     shutil.copytree(os.path.join(uninterrupted["save"], "iter_0000000"), resume / "iter_0000000")

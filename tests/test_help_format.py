@@ -2,7 +2,7 @@
 
 import re
 
-from slime.utils.arguments import build_parser
+from slime.config.arguments import build_parser
 
 
 def test_each_default_once():

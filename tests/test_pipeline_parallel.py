@@ -51,7 +51,7 @@ def _glm5_dir(tmp_path, layers):
      "--expert-tensor-parallel-size", "1"],
 ])
 def test_upstream_glm5_pipeline_layouts_validate(tmp_path, layout):
-    from slime.utils.arguments import parse_args
+    from slime.config.arguments import parse_args
 
     args = parse_args(["--hf-checkpoint", _glm5_dir(tmp_path, 78), "--num-rollout", "1", "--global-batch-size", "64",
                        *layout])
@@ -66,7 +66,7 @@ def test_upstream_glm5_pipeline_layouts_validate(tmp_path, layout):
       "1"], "need --pipeline-model-parallel-size > 1"),
 ])
 def test_bad_pipeline_layouts_fail_with_one_line(tmp_path, extra, needle, capsys):
-    from slime.utils.arguments import parse_args
+    from slime.config.arguments import parse_args
 
     with pytest.raises(SystemExit) as e:
         parse_args(["--hf-checkpoint", _glm5_dir(tmp_path, 3), "--num-rollout", "1", "--global-batch-size", "8",

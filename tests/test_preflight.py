@@ -15,7 +15,7 @@ import zipfile
 
 import pytest
 
-from slime.utils import preflight as P
+from slime.config import preflight as P
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -165,7 +165,7 @@ def test_train_py_subprocess_exit_2(tmp_path, model):
 
 
 def test_good_inputs_pass_and_report_the_prompt_count(tmp_path, model):
-    from slime.utils.arguments import parse_args
+    from slime.config.arguments import parse_args
 
     data = _prompts(tmp_path / "d.jsonl", [{"prompt": "a", "label": "a"}, {"prompt": "b", "label": "b"}, ""])
     args = parse_args(_argv(model, data, str(tmp_path / "run"), "--save", str(tmp_path / "ckpt" / "x")))
@@ -176,7 +176,7 @@ def test_good_inputs_pass_and_report_the_prompt_count(tmp_path, model):
 
 
 def test_custom_reward_needs_no_label(tmp_path, model):
-    from slime.utils.arguments import parse_args
+    from slime.config.arguments import parse_args
 
     data = _prompts(tmp_path / "d.jsonl", [{"prompt": "a"}])
     argv = _argv(model, data, str(tmp_path / "run"))
@@ -185,7 +185,7 @@ def test_custom_reward_needs_no_label(tmp_path, model):
 
 
 def test_resume_is_allowed_and_reported(tmp_path, model):
-    from slime.utils.arguments import parse_args
+    from slime.config.arguments import parse_args
 
     load = _torch_dist(tmp_path / "ckpt", 1)
     out = tmp_path / "run"

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from slime.rollout.arguments import rollout_defaults, sglang_passthrough
+from slime.config.rollout_args import rollout_defaults, sglang_passthrough
 from slime.rollout.data_source import DataSourceError, JsonlDataSource
 from slime.rollout.generate import RolloutError, generate_rollout, sample_seed, sampling_params
 from slime.rollout.rewards import RewardError, get_reward_fn, load_custom, math_answers_match
@@ -321,7 +321,7 @@ def test_engine_side_errors_are_reported_not_retried(engines, tmp_path, tokenize
     ({"rollout_max_response_len": 0}, "--rollout-max-response-len"),
 ])
 def test_rollout_flag_validation(overrides, needle):
-    from slime.rollout.arguments import RolloutArgumentError, validate_rollout_args
+    from slime.config.rollout_args import RolloutArgumentError, validate_rollout_args
 
     with pytest.raises(RolloutArgumentError, match=needle):
         validate_rollout_args(rollout_defaults(**overrides))

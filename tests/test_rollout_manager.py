@@ -15,7 +15,7 @@ ray = pytest.importorskip("ray")
 @pytest.fixture(scope="module")
 def manager(tmp_path_factory):
     from slime.ray.rollout_manager import create_rollout_manager
-    from slime.rollout.arguments import rollout_defaults
+    from slime.config.rollout_args import rollout_defaults
     from slime.rollout.synthetic import main as write_dataset
     from slime_plugins.models.glm5.tiny import write_tiny_checkpoint
 

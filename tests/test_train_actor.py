@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from slime.backends.megatron.data import RolloutBatch
-from slime.utils.arguments import parse_args
+from slime.config.arguments import parse_args
 
 
 @pytest.fixture(scope="module")

@@ -35,8 +35,8 @@ def _config(name: str) -> dict:
 
 @pytest.mark.parametrize("name", MODELS)
 def test_model_scripts_agree_with_their_configs(name, tmp_path):
-    from slime.utils.arguments import build_parser
-    from slime.utils.model_args import model_arg_mismatches
+    from slime.config.arguments import build_parser
+    from slime.config.model_args import model_arg_mismatches
 
     args = build_parser().parse_args(_base(tmp_path, _config(name)) + _model_args(name))
     assert model_arg_mismatches(args, _config(name)) == []
@@ -47,8 +47,8 @@ def test_model_scripts_agree_with_their_configs(name, tmp_path):
 
 def test_switch_left_out_means_megatron_default(tmp_path):
     """Without --untie-embeddings-and-output-weights Megatron ties them; an untied config disagrees."""
-    from slime.utils.arguments import build_parser
-    from slime.utils.model_args import model_arg_mismatches
+    from slime.config.arguments import build_parser
+    from slime.config.model_args import model_arg_mismatches
 
     argv = [a for a in _model_args("qwen3-32B") if a != "--untie-embeddings-and-output-weights"]
     args = build_parser().parse_args(_base(tmp_path, _config("qwen3-32B")) + argv)
@@ -57,7 +57,7 @@ def test_switch_left_out_means_megatron_default(tmp_path):
 
 
 def test_moe_layer_freq_forms():
-    from slime.utils.model_args import ModelArgsError, parse_layer_freq
+    from slime.config.model_args import ModelArgsError, parse_layer_freq
 
     assert parse_layer_freq("[0]*3+[1]*2", None) == [0, 0, 0, 1, 1]
     assert parse_layer_freq("[1, 1, 0]", None) == [1, 1, 0]
@@ -67,9 +67,9 @@ def test_moe_layer_freq_forms():
 
 
 def test_any_sglang_option_passes_through(tmp_path):
-    from slime.rollout.arguments import sglang_passthrough
-    from slime.rollout.sglang_args import embedded_ignored_line
-    from slime.utils.arguments import parse_args
+    from slime.config.rollout_args import sglang_passthrough
+    from slime.config.sglang_args import embedded_ignored_line
+    from slime.config.arguments import parse_args
 
     args = parse_args(_base(tmp_path, _config("qwen3-4B")) + [
         "--sglang-enable-dp-attention", "--sglang-dp-size", "8", "--sglang-disaggregation-ib-device", "mlx5_1,mlx5_2",
@@ -84,7 +84,7 @@ def test_any_sglang_option_passes_through(tmp_path):
 
 
 def test_sglang_reserved_option_is_refused(tmp_path, capsys):
-    from slime.utils.arguments import parse_args
+    from slime.config.arguments import parse_args
 
     with pytest.raises(SystemExit):
         parse_args(_base(tmp_path, _config("qwen3-4B")) + ["--sglang-tp-size", "2"])
@@ -111,7 +111,7 @@ YAML_OK = """sglang:
     ("sglang: [\n", "not valid YAML"),
 ])
 def test_sglang_config_is_validated(tmp_path, text, needle, capsys):
-    from slime.utils.arguments import parse_args
+    from slime.config.arguments import parse_args
 
     path = tmp_path / "s.yaml"
     path.write_text(text)
@@ -123,7 +123,7 @@ def test_sglang_config_is_validated(tmp_path, text, needle, capsys):
 
 
 def test_sglang_config_devices_must_match(tmp_path, capsys):
-    from slime.utils.arguments import parse_args
+    from slime.config.arguments import parse_args
 
     path = tmp_path / "s.yaml"
     path.write_text(YAML_OK)
@@ -167,10 +167,10 @@ def test_dapo_reward(response, label, want):
 
 
 def test_rm_types_selectable_and_unknown_rejected_before_ray(tmp_path, capsys):
-    from slime.rollout.arguments import rollout_defaults
+    from slime.config.rollout_args import rollout_defaults
     from slime.rollout.rewards import f1_score, get_reward_fn
     from slime.rollout.sample import Sample
-    from slime.utils.arguments import parse_args
+    from slime.config.arguments import parse_args
 
     for rm in ("deepscaler", "dapo", "math", "f1", "random", "boxed_f1"):
         fn = get_reward_fn(rollout_defaults(rm_type=rm))
@@ -189,7 +189,7 @@ def test_lr_schedule_follows_megatron_formulas(style, tmp_path):
     import math
 
     from slime.backends.megatron.lr_schedule import build_lr_scheduler
-    from slime.utils.arguments import parse_args
+    from slime.config.arguments import parse_args
 
     args = parse_args(_base(tmp_path, _config("qwen3-4B")) + [
         "--num-rollout", "10", "--lr", "1e-3", "--min-lr", "1e-4", "--lr-decay-style", style, "--lr-warmup-iters", "2"])
@@ -213,8 +213,8 @@ def test_lr_schedule_follows_megatron_formulas(style, tmp_path):
 
 
 def test_implementation_warning_names_unhonored_flags(tmp_path):
-    from slime.utils.arguments import parse_args
-    from slime.utils.megatron_flags import implementation_warning
+    from slime.config.arguments import parse_args
+    from slime.config.megatron_flags import implementation_warning
 
     class Ops:
         accelerator_name = "cpu"
@@ -261,7 +261,7 @@ def test_tracking_flags_without_packages_are_one_line_each(tmp_path, monkeypatch
     import importlib.util
 
     from slime.utils import tracking
-    from slime.utils.arguments import parse_args
+    from slime.config.arguments import parse_args
 
     real = importlib.util.find_spec
     monkeypatch.setattr(tracking.importlib.util, "find_spec",

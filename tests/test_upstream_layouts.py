@@ -33,7 +33,7 @@ def _argv(tmp_path: Path, config_edit: dict | None = None) -> list[str]:
 
 @pytest.mark.parametrize("extra, cp", [([], 2), (["--enable-mtp-training", "--context-parallel-size", "1"], 1)])
 def test_upstream_glm5_744b_layout_validates_as_a_real_run(tmp_path, extra, cp):
-    from slime.utils.arguments import parse_args
+    from slime.config.arguments import parse_args
 
     args = parse_args(_argv(tmp_path) + extra)  # MTP training: on the last of the 4 stages, without CP
     assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.expert_model_parallel_size,
@@ -78,7 +78,7 @@ def test_upstream_glm5_744b_dry_run_prints_its_stages(tmp_path, capsys):
      "use --pipeline-model-parallel-size 1 for this checkpoint"),
 ])
 def test_unsupported_change_to_the_744b_layout_fails_with_one_line(tmp_path, capsys, change, config_edit, needle):
-    from slime.utils.arguments import parse_args
+    from slime.config.arguments import parse_args
 
     argv = _argv(tmp_path, config_edit)
     if (config_edit or {}).get("tie_word_embeddings"):  # MODEL_ARGS must say so too, else that is the error

@@ -36,7 +36,7 @@ def run(rank: int, world: int, port: int, ckpt: str, batch_path: str, out_dir: s
     from glm5_helpers import exported_weights, init_rank
     from slime.backends.megatron.actor import MegatronTrainRayActor
     from slime.backends.megatron.data import RolloutBatch
-    from slime.utils.arguments import parse_args
+    from slime.config.arguments import parse_args
 
     init_rank(rank, world, port)
     fields = torch.load(batch_path)

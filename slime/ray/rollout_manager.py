@@ -50,7 +50,7 @@ class RolloutManager:
     def __init__(self, args: Any, slots: Any = None) -> None:
         from transformers import AutoTokenizer
 
-        from slime.rollout.arguments import validate_rollout_args
+        from slime.config.rollout_args import validate_rollout_args
         from slime.rollout.rewards import get_reward_fn
 
         self.args = validate_rollout_args(args)
@@ -115,7 +115,7 @@ class RolloutManager:
 
     def _create_actor(self, i: int, slots: Any):
         from slime.ray.engine_actor import EngineSpec, RolloutEngineActor
-        from slime.rollout.arguments import sglang_passthrough
+        from slime.config.rollout_args import sglang_passthrough
 
         ray, a, acc = self._ray(), self.args, get_accelerator()
         device_ids: list[int] = []

@@ -44,7 +44,7 @@ def eval_sampling_args(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def load_eval_sets(args: argparse.Namespace, tokenizer: Any) -> list[EvalSet]:
-    from slime.rollout.arguments import eval_datasets
+    from slime.config.rollout_args import eval_datasets
 
     return [EvalSet(name, JsonlDataSource(
         path, tokenizer, args.eval_input_key or args.input_key, args.eval_label_key or args.label_key,

@@ -85,7 +85,7 @@ def extra_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def embedded_ignored_line(args: argparse.Namespace) -> str | None:
     """One line naming the --sglang-* options the embedded engine ignores, or None."""
-    from slime.rollout.arguments import SGLANG_FLAGS, SGLANG_PASSTHROUGH
+    from slime.config.rollout_args import SGLANG_FLAGS, SGLANG_PASSTHROUGH
 
     given = [n for n in SGLANG_PASSTHROUGH if getattr(args, "sglang_" + n.replace("-", "_"), None) is not None]
     given += [n for n in SGLANG_FLAGS if getattr(args, "sglang_" + n.replace("-", "_"), False)]

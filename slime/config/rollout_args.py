@@ -2,7 +2,7 @@
 train.py's parser; the rollout code reads only an argparse Namespace.
 
 `--sglang-<flag> VALUE` options are passed to `sglang.launch_server` as `--<flag> VALUE`: the ones
-below are typed here, any other SGLang server option is accepted through `slime.rollout.sglang_args`;
+below are typed here, any other SGLang server option is accepted through `slime.config.sglang_args`;
 `--sglang-server-args "..."` passes anything verbatim. The embedded engine reads
 `--sglang-max-running-requests`, `--sglang-context-length` and `--sglang-dtype` too.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from slime.utils.arguments import add_argument_once
+from slime.config.arguments import add_argument_once
 
 ROLLOUT_ENGINES = ("auto", "embedded", "sglang")
 # --sglang-<name>: (type, help). Values are forwarded as --<name> to sglang.launch_server.
@@ -122,7 +122,7 @@ def _add_eval_arguments(parser: argparse.ArgumentParser) -> None:
 
 def rollout_defaults(**overrides: Any) -> argparse.Namespace:
     """A Namespace with every train.py flag at its default, unvalidated (tests, scripts), updated by `overrides`."""
-    from slime.utils.arguments import build_parser
+    from slime.config.arguments import build_parser
 
     ns = build_parser().parse_args([])
     for k, v in overrides.items():
@@ -142,7 +142,7 @@ def sglang_passthrough(args: argparse.Namespace) -> list[str]:
     for name in SGLANG_FLAGS:
         if getattr(args, "sglang_" + name.replace("-", "_"), False):
             out.append(f"--{name}")
-    from slime.rollout.sglang_args import extra_options
+    from slime.config.sglang_args import extra_options
 
     for name, value in extra_options(args).items():
         out += [f"--{name}"] if value is True else [f"--{name}", str(value)]
@@ -228,7 +228,7 @@ def _validate_sglang_args(args: argparse.Namespace, need) -> None:
     if args.prefill_num_servers is not None:
         need(args.prefill_num_servers >= 1, f"--prefill-num-servers must be >= 1, got {args.prefill_num_servers}")
     if args.sglang_config:
-        from slime.rollout.sglang_args import SGLangConfigError, load_sglang_config
+        from slime.config.sglang_args import SGLangConfigError, load_sglang_config
 
         try:
             models = load_sglang_config(args.sglang_config, args.rollout_num_gpus_per_engine)

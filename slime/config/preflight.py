@@ -347,7 +347,7 @@ def check_no_overwrite(args: Any, report: PreflightReport) -> None:
 # ------------------------------------------------------------------ all
 def run_preflight(args: Any) -> PreflightReport:
     """Every check above, in order of what a user most likely got wrong; raises PreflightError."""
-    from slime.rollout.arguments import RolloutArgumentError, validate_rollout_args
+    from slime.config.rollout_args import RolloutArgumentError, validate_rollout_args
 
     report = PreflightReport()
     if getattr(args, "hf_checkpoint", None):
