@@ -321,7 +321,7 @@ def _model_case(acc, s: Section, a, label: str, cfg_overrides: dict, dtype_name:
     opt = torch.optim.Adam(params, lr=1e-5) if label == "tiny" else torch.optim.SGD(params, lr=1e-5)
     model.train()
 
-    def step():
+    def step(model=model, opt=opt):
         opt.zero_grad(set_to_none=True)
         logits = model(ids, pos)
         loss = -torch.log_softmax(logits.float(), -1)[:, :-1].gather(-1, ids[:, 1:, None]).mean()

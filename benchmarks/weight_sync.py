@@ -31,7 +31,6 @@ outputs/glm5-tiny/model) served by the engine's own CLI (`python -m slime.backen
 from __future__ import annotations
 
 import argparse
-import base64
 import math
 import os
 import secrets

@@ -63,7 +63,7 @@ def run(rank: int, port: int, accel: str, ckpt: str, ref_path: str) -> None:
                 p.grad = p.main_grad
         groups = {W.EXPERT_W1: ps.get_expert_model_parallel_group(), W.EXPERT_W2: ps.get_expert_model_parallel_group()}
         grads = megatron_grads_by_hf_name(
-            ddp.module, gather=lambda g, kind: [g] if kind == W.REPLICATED else _gather(g, groups.get(kind, ps.get_tensor_model_parallel_group())))
+            ddp.module, gather=lambda g, kind, groups=groups: [g] if kind == W.REPLICATED else _gather(g, groups.get(kind, ps.get_tensor_model_parallel_group())))
         if os.environ.get("GLM5_DEBUG"):
             for name, g in ref["grads"].items():
                 d = (grads[name] - g).abs().max().item()

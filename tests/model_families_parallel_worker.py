@@ -111,7 +111,7 @@ def run(rank: int, port: int, cases: list[tuple[str, str, str, list]], save_root
                 if p.requires_grad:
                     p.grad = p.main_grad
             ep_group, tp_group = ps.get_expert_model_parallel_group(), ps.get_tensor_model_parallel_group()
-            grads = megatron_grads_by_hf_name(ddp.module, gather=lambda g, kind: [g] if kind == W.REPLICATED else _gather(
+            grads = megatron_grads_by_hf_name(ddp.module, gather=lambda g, kind, ep_group=ep_group, tp_group=tp_group: [g] if kind == W.REPLICATED else _gather(
                 g, ep_group if kind in (W.EXPERT_W1, W.EXPERT_W2) else tp_group))
             assert grads.keys() == ref["grads"].keys(), f"{where}: grad names"
             for name, g in ref["grads"].items():

@@ -131,7 +131,7 @@ def sync_to_engine(actor, args, rank: int, engine: dict) -> dict:
         if mode == "distributed":
             send = ws._send_distributed
 
-            def corrupted(bucket, version):  # stage 1's transport flips a value after its checksum was taken
+            def corrupted(bucket, version, ws=ws, send=send):  # stage 1's transport flips a value after its checksum was taken
                 if ws.role.stage == 1:
                     bucket = [(n, t + 1.0 if i == 0 else t) for i, (n, t) in enumerate(bucket)]
                 send(bucket, version)

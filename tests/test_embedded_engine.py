@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from slime.backends.embedded import EmbeddedEngine, EngineConfig, EngineHTTPServer
-from slime.utils.http_client import EngineClient, EngineError, encode_named_tensors
+from slime.utils.http_client import EngineClient, EngineError
 
 TOKEN = "test-token-5f2c"
 MAX_NEW = 10
@@ -238,8 +238,8 @@ def test_control_endpoints_require_the_token(served):
     server, client = served
     anonymous, wrong = EngineClient(server.url), EngineClient(server.url, "nope")
     for c in (anonymous, wrong):
-        for call in (lambda: c.pause_generation(), lambda: c.release_memory_occupation(),
-                     lambda: c.update_weights_from_disk("/x"), lambda: c.destroy_weights_update_group("g")):
+        for call in (lambda c=c: c.pause_generation(), lambda c=c: c.release_memory_occupation(),
+                     lambda c=c: c.update_weights_from_disk("/x"), lambda c=c: c.destroy_weights_update_group("g")):
             with pytest.raises(EngineError) as e:
                 call()
             assert e.value.status == 401 and "Authorization: Bearer" in e.value.message

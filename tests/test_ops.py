@@ -158,7 +158,7 @@ def naive_attention(q, k, v, lq, lk, causal, scale, allowed_extra=None):
     out = torch.zeros(q.shape[0], q.shape[1], v.shape[2], dtype=torch.float64)
     rep = q.shape[1] // k.shape[1]
     oq = ok = 0
-    for b, (sq, sk) in enumerate(zip(lq, lk)):
+    for sq, sk in zip(lq, lk):
         for i in range(sq):
             for h in range(q.shape[1]):
                 keys = [j for j in range(sk) if not causal or j <= i + sk - sq]

@@ -70,7 +70,7 @@ def test_packed_log_probs_equal_unpacked_float64():
 
 def test_dynamic_micro_batches_budget_and_cover():
     rng = random.Random(3)
-    for trial in range(50):
+    for _ in range(50):
         lengths = [rng.randint(1, 40) for _ in range(rng.randint(1, 17))]
         budget = rng.randint(20, 90)
         min_count = rng.randint(1, len(lengths))

@@ -1,7 +1,5 @@
 """metrics.jsonl logging, the console line, and `python -m slime.report`."""
 
-import json
-import os
 
 import pytest
 

@@ -4,7 +4,6 @@ and why SGLang's package cannot be imported on CPU)."""
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import subprocess

@@ -66,7 +66,7 @@ def load_plugins() -> None:
         try:
             importlib.import_module(mod)
         except Exception as e:
-            raise _fail(f"{PLUGINS_ENV_VAR}: cannot import accelerator plugin {mod!r} ({type(e).__name__}: {e}); fix or unset it")
+            raise _fail(f"{PLUGINS_ENV_VAR}: cannot import accelerator plugin {mod!r} ({type(e).__name__}: {e}); fix or unset it") from e
 
 
 def detect() -> Accelerator:

@@ -6,7 +6,6 @@ largest phase; without offload the trainer's state stays resident during rollout
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 from slime.plan.devices import GB, TB, DeviceProfile

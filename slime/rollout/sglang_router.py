@@ -107,10 +107,10 @@ class SGLangRouter:
                 pass
         except urllib.error.HTTPError as e:
             if e.code not in (404, 405):
-                raise RouterError(f"sglang-router {self.url} refused worker {url}: HTTP {e.code}: {e.read()[:200]!r}")
+                raise RouterError(f"sglang-router {self.url} refused worker {url}: HTTP {e.code}: {e.read()[:200]!r}") from e
             status, body = self._call("POST", "/add_worker?url=" + urllib.parse.quote(url, safe=""))
             if status >= 300:
-                raise RouterError(f"sglang-router {self.url} refused worker {url}: HTTP {status}: {body[:200]!r}")
+                raise RouterError(f"sglang-router {self.url} refused worker {url}: HTTP {status}: {body[:200]!r}") from e
         if url not in self.workers:
             self.workers.append(url)
 

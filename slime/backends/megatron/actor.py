@@ -358,10 +358,10 @@ class MegatronTrainRayActor:
                     mismatch_max = torch.maximum(mismatch_max, torch.tensor([float(diff.max()) if diff.numel() else 0.0],
                                                                             dtype=torch.float64))
                 loss, m = rl_loss(self.loss_config, log_probs, entropy, old, cat(batch.advantages),
-                                  loss_mask, mb.response_lengths, normalizer,
+                                  loss_mask, mb.response_lengths, normalizer,  # noqa: B023 (runs within this step)
                                   ref_log_probs=cat(batch.ref_log_probs), rollout_log_probs=rollout_lp)
                 if mtp:
-                    loss_mtp, m["mtp_loss"] = self._mtp_loss(mb, mtp_depths, loss_mask, normalizer)
+                    loss_mtp, m["mtp_loss"] = self._mtp_loss(mb, mtp_depths, loss_mask, normalizer)  # noqa: B023
                     loss = loss + loss_mtp
                 step_loss += float(loss.detach())
                 for k in keys:

@@ -125,7 +125,7 @@ def save_hf(model, out_dir: str, dtype: torch.dtype | None = None, max_shard_byt
         os.makedirs(tmp)
     if dist.is_initialized():
         dist.barrier()
-    stage, stages = ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size()
+    stage = ps.get_pipeline_model_parallel_rank()
     writer = writer_of_stage()
     files: list[tuple[str, list[str]]] = []
     shard: dict[str, torch.Tensor] = {}

@@ -34,7 +34,6 @@ other engine (SGLang) the check is skipped with one log line per engine.
 
 from __future__ import annotations
 
-import base64
 import logging
 import threading
 import time

@@ -57,7 +57,7 @@ class RMSNorm(MegatronModule):
         self.eps = float(eps)
         self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype))
         sp = config.sequence_parallel if sequence_parallel is None else sequence_parallel
-        setattr(self.weight, "sequence_parallel", bool(sp))
+        self.weight.sequence_parallel = bool(sp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return get_accelerator().ops.rms_norm(x, self.weight, self.eps)

@@ -81,7 +81,7 @@ class MoELayer(KeepsFloat32, MegatronModule):
         self.router_weight = torch.nn.Parameter(torch.empty(arch.n_routed_experts, arch.hidden_size,
                                                             dtype=torch.float32 if fp32 else config.params_dtype))
         torch.nn.init.normal_(self.router_weight, std=0.02)
-        setattr(self.router_weight, "sequence_parallel", config.sequence_parallel)
+        self.router_weight.sequence_parallel = config.sequence_parallel
         if arch.router == "sigmoid":
             self.register_buffer("expert_bias", torch.zeros(arch.n_routed_experts, dtype=torch.float32))  # not trained
         else:

@@ -43,7 +43,7 @@ class MtpLayer(MegatronModule):
         self.hnorm = RMSNorm(config, h, eps=glm.rms_norm_eps)
         self.eh_proj = ReplicatedLinear(2 * h, h, dtype=config.params_dtype)
         # Sequence parallel: each TP rank projects its own tokens, so the weight's grad is summed over TP.
-        setattr(self.eh_proj.weight, "sequence_parallel", config.sequence_parallel)
+        self.eh_proj.weight.sequence_parallel = config.sequence_parallel
         self.transformer_layer = build_module(layer_spec(glm, glm.num_hidden_layers + depth - 1), config=config,
                                   layer_number=glm.num_hidden_layers + depth)
         self.final_layernorm = RMSNorm(config, h, eps=glm.rms_norm_eps)
