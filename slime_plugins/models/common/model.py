@@ -114,7 +114,7 @@ class DecoderModel(MegatronModule):
         each is stored under its global index (decoder.layers.{i}.*), which also lets a checkpoint load at
         another pipeline split. TP / EP shards: megatron's parallel layers, SwiGLUMLP and GroupedExperts.
         The last stage's embedding copy is a replica of the first stage's (saved by the first, loaded by both)."""
-        metadata = {**(metadata or {}), "non_homogeneous_layers": True}
+        metadata = {"non_homogeneous_layers": True, **(metadata or {})}  # False: megatron's stacked layer form
         out = super().sharded_state_dict(prefix, sharded_offsets, metadata)
         if self.holds_embedding_copy:
             copy = out[f"{prefix}embedding.weight"]
