@@ -10,7 +10,7 @@ import pytest
 from slime.config.rollout_args import rollout_defaults, sglang_passthrough
 from slime.rollout.data_source import DataSourceError, JsonlDataSource
 from slime.rollout.generate import RolloutError, generate_rollout, sample_seed, sampling_params
-from slime.rollout.rewards import RewardError, get_reward_fn, load_custom, math_answers_match
+from slime.rollout.rewards import RewardError, compute_reward, get_reward_fn, load_custom, reward_value
 from slime.rollout.router import NoEngineAvailable, Router
 from slime.rollout.sample import Sample, SampleStatus
 from slime.rollout.synthetic import ALPHABET, W_ALPHABET, W_POSITION, W_STOP, make_dataset, score, synthetic_reward
@@ -69,35 +69,44 @@ def test_synthetic_reward_has_variance_at_random_init():
 
 
 # ------------------------------------------------------------------ rewards hub
-@pytest.mark.parametrize("response, label, ok", [
+@pytest.mark.parametrize("response, label, ok", [  # upstream's grade_answer_verl (tests/test_rm_hub.py: the table)
     ("so the answer is \\boxed{42}.", "42", True),
     ("\\boxed{\\frac{1}{2}}", "0.5", True),
     ("\\boxed{\\dfrac{3}{4}}", "3/4", True),
-    ("The answer is: 1,234.", "1234", True),
-    ("we get 3 then 7", "7", True),
-    ("we get 3 then 7", "3", False),
+    ("The answer is: 1,234.", "1234", False),  # only a \\boxed{} answer counts
+    ("we get 3 then 7", "7", False),
     ("\\boxed{x+1}", "x + 1", True),
     ("$\\boxed{-5}$", "-5", True),
     ("no number here", "5", False),
     ("\\boxed{12}", "13", False),
 ])
 def test_math_exact_match(response, label, ok):
-    assert math_answers_match(response, label) is ok
+    args = rollout_defaults(rm_type="math")
+    assert compute_reward(get_reward_fn(args), args, Sample(0, 0, "p", label=label, response=response)) == int(ok)
 
 
 def test_reward_selection_and_custom_path():
     args = rollout_defaults(rm_type="math")
     s = Sample(0, 0, "p", label="4", response="2+2 = \\boxed{4}")
-    assert get_reward_fn(args)(args, s) == 1.0
+    assert compute_reward(get_reward_fn(args), args, s) == 1
     args = rollout_defaults(rm_type="math", custom_rm_path="slime.rollout.synthetic:synthetic_reward")
     assert get_reward_fn(args).__name__ == "synthetic_reward"
     assert load_custom("slime.rollout.rewards.math_reward").__name__ == "math_reward"
     for bad, needle in (("nodots", "package.module.function"), ("no_such_mod.fn", "cannot import"),
-                        ("slime.rollout.rewards.nope", "no function")):
+                        ("slime.rollout.rewards.nope", "no attribute")):
         with pytest.raises(RewardError, match=needle):
             load_custom(bad)
     with pytest.raises(RewardError, match="choose one of"):
         get_reward_fn(rollout_defaults(rm_type="bleu"))
+    args = rollout_defaults(rm_type="dapo")  # a dict reward needs --reward-key
+    s = Sample(0, 7, "p", label="4", response="Answer: 4")
+    with pytest.raises(RewardError, match="sample 7: .*pass --reward-key"):
+        compute_reward(get_reward_fn(args), args, s)
+    args.reward_key = "score"
+    assert compute_reward(get_reward_fn(args), args, s) == {"score": 1.0, "acc": True, "pred": "4"}
+    assert reward_value({"score": -1.0, "acc": False}, "score") == -1.0
+    with pytest.raises(RewardError, match="'acc' is not in"):
+        reward_value({"score": 1.0}, "acc")
 
 
 # ------------------------------------------------------------------ data source

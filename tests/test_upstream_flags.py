@@ -74,10 +74,12 @@ def test_any_sglang_option_passes_through(tmp_path):
     args = parse_args(_base(tmp_path, _config("qwen3-4B")) + [
         "--sglang-enable-dp-attention", "--sglang-dp-size", "8", "--sglang-disaggregation-ib-device", "mlx5_1,mlx5_2",
         "--sglang-mem-fraction-static", "0.7", "--sglang-max-running-requests", "16"])
-    assert args.sglang_dp_size == "8" and args.sglang_enable_dp_attention is True
+    assert args.sglang_dp_size == 8 and args.sglang_enable_dp_attention is True  # typed as SGLang types them
     cmd = sglang_passthrough(args)
-    assert cmd == ["--mem-fraction-static", "0.7", "--max-running-requests", "16", "--enable-dp-attention",
-                   "--dp-size", "8", "--disaggregation-ib-device", "mlx5_1,mlx5_2"]
+    assert cmd[:4] == ["--mem-fraction-static", "0.7", "--max-running-requests", "16"]
+    tail = [cmd[4:][i:i + 2] for i in range(0, len(cmd) - 4)]
+    assert ["--dp-size", "8"] in tail and ["--disaggregation-ib-device", "mlx5_1,mlx5_2"] in tail
+    assert "--enable-dp-attention" in cmd and len(cmd) == 9
     line = embedded_ignored_line(args)
     assert line.startswith("embedded engine: ignoring") and "\n" not in line
     assert "--sglang-dp-size" in line and "--sglang-max-running-requests," not in line.split("(")[0]
@@ -147,9 +149,9 @@ def test_sglang_config_devices_must_match(tmp_path, capsys):
     ("<think>..</think> \\boxed{8}", "7", 0),
 ])
 def test_deepscaler_reward(response, label, want):
-    from slime.rollout.rewards import deepscaler_score
+    from slime.rollout.rm_hub.deepscaler import get_deepscaler_rule_based_reward
 
-    assert deepscaler_score(response, label) == want
+    assert get_deepscaler_rule_based_reward(response, label) == want
 
 
 @pytest.mark.parametrize("response, label, want", [
@@ -161,22 +163,23 @@ def test_deepscaler_reward(response, label, want):
     ("Answer: 42" + "x" * 400, "42", -1.0),  # outside the final 300 characters
 ])
 def test_dapo_reward(response, label, want):
-    from slime.rollout.rewards import dapo_score
+    from slime.rollout.rm_hub.math_dapo_utils import compute_score
 
-    assert dapo_score(response, label) == want
+    assert compute_score(response, label)["score"] == want
 
 
 def test_rm_types_selectable_and_unknown_rejected_before_ray(tmp_path, capsys):
     from slime.config.rollout_args import rollout_defaults
-    from slime.rollout.rewards import f1_score, get_reward_fn
+    from slime.rollout.rewards import compute_reward, get_reward_fn, reward_value
+    from slime.rollout.rm_hub.f1 import f1_score
     from slime.rollout.sample import Sample
     from slime.config.arguments import parse_args
 
-    for rm in ("deepscaler", "dapo", "math", "f1", "random", "boxed_f1"):
-        fn = get_reward_fn(rollout_defaults(rm_type=rm))
-        value = fn(rollout_defaults(rm_type=rm), Sample(0, 3, "p", label="a b", response="\\boxed{a b}"))
-        assert isinstance(value, float)
-    assert f1_score("the cat sat", "cat sat down") == pytest.approx(0.8)
+    for rm in ("deepscaler", "dapo", "math", "f1", "gpqa", "random", "boxed_f1"):
+        args = rollout_defaults(rm_type=rm, reward_key="score" if rm == "dapo" else None)
+        value = compute_reward(get_reward_fn(args), args, Sample(0, 3, "p", label="7", response="\\boxed{a b}"))
+        assert isinstance(reward_value(value, args.reward_key), float)
+    assert f1_score("the cat sat", "cat sat down")[0] == pytest.approx(0.8)
     with pytest.raises(SystemExit):
         parse_args(_base(tmp_path, _config("qwen3-4B")) + ["--prompt-data", "x.jsonl", "--rm-type", "bleu"])
     assert "--rm-type 'bleu' is unknown" in capsys.readouterr().err

@@ -69,10 +69,18 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
 
     g = parser.add_argument_group("rewards")
     _add(g, parser, "--rm-type", type=str, default=None,
-         help="built-in reward: deepscaler, dapo, math, f1, random or synthetic (prefix boxed_ to grade the "
-              "last \\boxed{} only); see slime/rollout/rewards.py")
+         help="built-in reward: deepscaler, dapo, math, f1, gpqa, remote_rm, random or synthetic (prefix boxed_ "
+              "to grade the last \\boxed{} only); see slime/rollout/rm_hub/__init__.py")
     _add(g, parser, "--custom-rm-path", type=str, default=None,
-         help="module.fn (or module:fn) computing fn(args, sample) -> float; overrides --rm-type")
+         help="module.fn (or module:fn): async fn(args, sample, **kwargs) -> number or dict (plain functions "
+              "too; with --group-rm fn(args, samples) -> list); overrides --rm-type")
+    _add(g, parser, "--reward-key", type=str, default=None,
+         help="the reward function returns a dict: train on this key (e.g. --rm-type dapo --reward-key score)")
+    _add(g, parser, "--eval-reward-key", type=str, default=None, help="the same for evaluation (default: --reward-key)")
+    _add(g, parser, "--group-rm", action="store_true",
+         help="score a prompt's samples with one call (rm_hub.batched_async_rm; the custom reward gets the list)")
+    _add(g, parser, "--rm-url", type=str, default=None,
+         help="reward service for --rm-type remote_rm: POST {prompt, response, label} -> reward (JSON)")
 
     g = parser.add_argument_group("rollout engines")
     _add(g, parser, "--rollout-engine", choices=ROLLOUT_ENGINES, default="auto",
@@ -188,6 +196,8 @@ def validate_rollout_args(args: argparse.Namespace) -> argparse.Namespace:
                 load_custom(path, "--" + flag.replace("_", "-"))
             except RewardError as e:
                 raise RolloutArgumentError(str(e)) from e
+    if (args.rm_type or "").removeprefix("boxed_") == "remote_rm":
+        need(bool(args.rm_url), "--rm-type remote_rm needs --rm-url http://host:port/path (the reward service)")
     if args.over_sampling_batch_size is not None:
         need(args.over_sampling_batch_size >= 1, f"--over-sampling-batch-size must be >= 1, got {args.over_sampling_batch_size}")
     need(args.max_sampling_rounds >= 1, f"--max-sampling-rounds must be >= 1, got {args.max_sampling_rounds}")

@@ -29,6 +29,7 @@ from typing import Any
 
 from slime.accelerator import get_accelerator
 from slime.rollout.generate import RolloutError, _Counters, generate_rollout
+from slime.rollout.rewards import reward_value
 from slime.rollout.router import Router
 from slime.utils.http_client import EngineClient, EngineError
 
@@ -235,7 +236,7 @@ class RolloutManager:
                                             self._progress)
         metrics.update(self._restart_metrics(before))
         if self.reward_fn is not None:
-            rewards = [s.reward for s in samples]
+            rewards = [reward_value(s.reward, getattr(self.args, "reward_key", None)) for s in samples]
             metrics["rollout/raw_reward_mean"] = sum(rewards) / len(rewards)
         return samples, metrics
 

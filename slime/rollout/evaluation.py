@@ -20,6 +20,7 @@ from typing import Any
 
 from slime.rollout.data_source import JsonlDataSource
 from slime.rollout.generate import RolloutError, make_samples, run_samples
+from slime.rollout.rewards import reward_value
 from slime.rollout.sample import SampleStatus
 
 EVAL_INDEX_BASE = 1 << 48  # eval sample indices (seeds) never meet the training ones
@@ -40,6 +41,7 @@ def eval_sampling_args(args: argparse.Namespace) -> argparse.Namespace:
         value = getattr(args, eval_flag)
         if value is not None:
             setattr(out, rollout_flag, value)
+    out.reward_key = getattr(args, "eval_reward_key", None) or getattr(args, "reward_key", None)
     return out
 
 
@@ -67,7 +69,7 @@ def evaluate(args: argparse.Namespace, fleet: Any, sets: list[EvalSet], tokenize
         samples = make_samples(items, n, range(base, base + len(items) * n))
         base += len(items) * n
         run_samples(sampling, fleet, samples, tokenizer, reward_fn)
-        rewards = [float(x.reward) for x in samples]
+        rewards = [reward_value(x.reward, sampling.reward_key) for x in samples]
         lengths = [x.response_length for x in samples]
         prefix = f"eval/{s.name}"
         metrics[f"{prefix}/reward_mean"] = statistics.fmean(rewards)

@@ -19,7 +19,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any, Protocol
 
 from slime.rollout.data_source import PromptItem
-from slime.rollout.rewards import RewardFn, compute_reward
+from slime.rollout.rewards import RewardFn, compute_group_rewards, compute_reward
 from slime.rollout.sample import Sample, SampleStatus
 from slime.utils.http_client import EngineClient, EngineError, EngineUnreachable
 
@@ -277,7 +277,7 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
                 raise
             fleet.release(idx, served=True)
             s = batch[0]
-            if reward_fn is not None:
+            if reward_fn is not None and not getattr(args, "group_rm", False):
                 s.reward = compute_reward(reward_fn, args, s)
             counters.add(done=1)
             done(1)
@@ -316,7 +316,7 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
                 continue
             fleet.note_version(idx, out["meta_info"].get("weight_version"))
             _finish_sample(s, out, idx, tokenizer)
-            if reward_fn is not None:
+            if reward_fn is not None and not getattr(args, "group_rm", False):
                 s.reward = compute_reward(reward_fn, args, s)
             counters.add(done=1)
             done(1)
@@ -409,6 +409,10 @@ def generate_rollout(args: Any, fleet: EngineFleet, data_source: Any, tokenizer:
         all_samples += samples
         generated += len(items)
         groups = [samples[i:i + n] for i in range(0, len(samples), n)]
+        if reward_fn is not None and getattr(args, "group_rm", False):
+            for g in groups:  # --group-rm: the reward sees a prompt's samples together
+                for s, r in zip(g, compute_group_rewards(reward_fn, args, g)):
+                    s.reward = r
         kept += groups if filter_fn is None else [g for g in groups if _keep_group(filter_fn, args, g)]
     samples = [s for g in kept[:target] for s in g]
     metrics = rollout_metrics(samples, counters, time.perf_counter() - t0)

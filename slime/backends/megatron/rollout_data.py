@@ -24,9 +24,12 @@ from slime.utils import ppo_utils
 AllReduce = Callable[[torch.Tensor], torch.Tensor]
 
 
-def pack_samples(samples: Sequence[Any]) -> dict[str, Any]:
+def pack_samples(samples: Sequence[Any], reward_key: str | None = None) -> dict[str, Any]:
     """Flat arrays of the fields the trainer needs (tokens, response lengths, rewards, loss masks, engine
-    log-probs). Numpy buffers travel through Ray's object store without a per-sample pickle."""
+    log-probs). Numpy buffers travel through Ray's object store without a per-sample pickle. A dict
+    reward is read at `reward_key` (--reward-key)."""
+    from slime.rollout.rewards import reward_value
+
     lengths = np.array([len(s.tokens) for s in samples], dtype=np.int64)
     response = np.array([int(s.response_length) for s in samples], dtype=np.int64)
     masks = [s.loss_mask if s.loss_mask is not None else [1] * int(s.response_length) for s in samples]
@@ -35,7 +38,7 @@ def pack_samples(samples: Sequence[Any]) -> dict[str, Any]:
         "tokens": np.fromiter((t for s in samples for t in s.tokens), dtype=np.int64, count=int(lengths.sum())),
         "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
         "response_lengths": response,
-        "rewards": np.array([float(s.reward) for s in samples], dtype=np.float64),
+        "rewards": np.array([reward_value(s.reward, reward_key) for s in samples], dtype=np.float64),
         "loss_masks": np.fromiter((m for mask in masks for m in mask), dtype=np.int8, count=int(response.sum())),
         "rollout_log_probs": np.fromiter((x for s in samples for x in s.rollout_log_probs), dtype=np.float32,
                                          count=int(response.sum())) if with_lp else None,

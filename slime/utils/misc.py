@@ -1,0 +1,26 @@
+"""Small helpers upstream slime's plugins import from here: `load_function`."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import Any, Callable
+
+
+class FunctionPathError(ImportError):
+    """A `--custom-*-path` that names no importable function. One line: the path and the fix."""
+
+
+@functools.cache
+def load_function(path: str) -> Callable[..., Any]:
+    """The object named by `package.module.attr` (or `package.module:attr`), e.g. a hook given on the command line."""
+    module_name, _, attr = path.partition(":") if ":" in path else path.rpartition(".")
+    if not module_name or not attr:
+        raise FunctionPathError(f"{path!r} must look like package.module.function")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise FunctionPathError(f"cannot import {module_name!r} for {path!r} ({e}); is it on PYTHONPATH?") from e
+    if not hasattr(module, attr):
+        raise FunctionPathError(f"{module_name} has no attribute {attr!r} (from {path!r})")
+    return getattr(module, attr)
