@@ -10,7 +10,15 @@ FORBIDDEN = [
     r"torch\.cuda", r"\.cuda\(", r"torch_npu", r"torch\.npu", r"[\"']nccl[\"']", r"[\"']hccl[\"']",
     r"CUDA_VISIBLE_DEVICES", r"ASCEND_RT_VISIBLE_DEVICES",
 ]
-PATTERN = re.compile("|".join(FORBIDDEN))
+# Branches on which device this is: ask a behaviour predicate or a Capabilities field instead
+# (acc.is_synchronized_device(), acc.memory_is_host(), acc.capabilities.ipc, ...).
+DEVICE_BRANCHES = [
+    r"device_type\s*(?:[!=]=|(?:not\s+)?in\b)",  # acc.device_type == "cpu", t.device_type in (...)
+    r"\.type\s*[!=]=\s*[\"'](?:cpu|cuda|npu)[\"']",  # t.device.type == "cpu"
+    r"\.name\s*[!=]=\s*[\"'](?:cpu|cuda|npu)[\"']",  # acc.name == "npu"
+    r"\bNull(?:Stream|Event)\b",  # isinstance(..., NullStream) spelled "has no streams" as a type test
+]
+PATTERN = re.compile("|".join(FORBIDDEN + DEVICE_BRANCHES))
 ALLOWED_DIR = os.path.join(REPO, "slime", "accelerator")
 
 
@@ -43,6 +51,11 @@ def test_detector_catches_a_violation(tmp_path, monkeypatch):
     pkg = tmp_path / "slime" / "backends"
     pkg.mkdir(parents=True)
     (pkg / "bad.py").write_text("import torch\nx = torch.cuda.current_device()\nb = 'nccl'\n")
+    # one line per device-type branch the rule must catch (the forms the code base had before)
+    branches = ['if acc.device_type == "cpu":', 'k = "e" if acc.device_type != "cpu" else "s"',
+                'dt = torch.float32 if self.device.type == "cpu" else "auto"', 'if t.device.type != "cpu":',
+                'isinstance(acc.current_stream(), NullStream)', 'if acc.name == "npu":']
+    (pkg / "branches.py").write_text("\n".join(branches) + "\nok = acc.is_synchronized_device()\n")
     monkeypatch.setattr(__import__(__name__), "REPO", str(tmp_path), raising=False)
     global REPO, ALLOWED_DIR
     old = REPO, ALLOWED_DIR
@@ -51,4 +64,7 @@ def test_detector_catches_a_violation(tmp_path, monkeypatch):
         hits = offending_lines()
     finally:
         REPO, ALLOWED_DIR = old
-    assert len(hits) == 2 and "bad.py:2" in hits[0] and "bad.py:3" in hits[1]
+    bad = [h for h in hits if "bad.py" in h]
+    assert len(bad) == 2 and "bad.py:2" in bad[0] and "bad.py:3" in bad[1]
+    caught = sorted(int(h.split(":")[1]) for h in hits if "branches.py" in h)
+    assert caught == list(range(1, len(branches) + 1))  # every branch, not the predicate call

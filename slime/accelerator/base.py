@@ -8,6 +8,7 @@ implement it: `CpuAccelerator`, `CudaAccelerator`, `AscendAccelerator`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Sequence
@@ -24,13 +25,13 @@ class AcceleratorUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What the device can do; code branches on these, never on the accelerator name."""
+    """What the device can do, probed once per accelerator instance; code branches on these (and on the
+    behaviour predicates of `Accelerator`), never on the accelerator name. Each field has a reader:
+    bf16 and graphs `Accelerator.check_and_update_config`, ipc the weight-sync mode and `reduce_tensor`."""
 
-    bf16: bool
-    fp8: bool
+    bf16: bool  # bfloat16 compute (--bf16 is refused without it)
     ipc: bool  # cross-process tensor sharing (colocated weight sync)
-    graphs: bool  # CUDA/ACL graph capture
-    triton: bool
+    graphs: bool  # CUDA/ACL graph capture (SGLang's graph capture is turned off without it)
 
 
 class NullStream:
@@ -107,8 +108,57 @@ class Accelerator(ABC):
         return f"accelerator '{cls.name}' is not available in this process"
 
     @property
-    @abstractmethod
-    def capabilities(self) -> Capabilities: ...
+    def capabilities(self) -> Capabilities:
+        """Probed on first access, then cached for this instance (`probe_capabilities` may query the device
+        and import libraries)."""
+        caps = self.__dict__.get("_capabilities")
+        if caps is None:
+            caps = self.probe_capabilities()
+            self.__dict__["_capabilities"] = caps
+        return caps
+
+    def probe_capabilities(self) -> Capabilities:
+        """What this device can do (called once per instance by `capabilities`)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement probe_capabilities()")
+
+    # --- behaviour ------------------------------------------------------------------------
+    # Predicates in the style of DeepSpeed's accelerator (`is_synchronized_device`): code outside
+    # slime/accelerator asks what the device does, never which device it is.
+    def is_synchronized_device(self) -> bool:
+        """Ops complete before they return: streams and events are no-ops, so there is no compute/comm overlap
+        on device streams (CPU)."""
+        return False
+
+    def memory_is_host(self) -> bool:
+        """Device memory is the host's memory (CPU): offloading to the host frees nothing, and sharing a tensor
+        across processes means moving it into shared memory, done once when a buffer is allocated."""
+        return False
+
+    def auto_model_dtype(self) -> torch.dtype | str:
+        """The dtype `--dtype auto` loads a rollout model in: "auto" keeps the checkpoint's."""
+        return "auto"
+
+    def auto_rollout_engine(self) -> str:
+        """`--rollout-engine auto` where SGLang is installed: "sglang", or "embedded" where SGLang has no fast
+        path on this device."""
+        return "sglang"
+
+    def check_and_update_config(self, args: Any) -> None:
+        """Device policy on the parsed arguments, on the driver before anything starts (vLLM's platform hook
+        of the same name): refuses what the device cannot do (one line naming the flag and the fix) and turns
+        off what it lacks. Subclasses extend it (call super())."""
+        caps = self.capabilities
+        if args.bf16 and not caps.bf16:
+            raise ValueError(f"--bf16: the {self.name} device has no bfloat16 compute; drop --bf16 (float32)")
+        if not caps.graphs and not args.sglang_disable_cuda_graph:
+            args.sglang_disable_cuda_graph = True  # SGLang would try to capture graphs the device cannot
+        if args.update_weight_mode == "ipc" and not caps.ipc:
+            raise ValueError(f"--update-weight-mode ipc: the {self.name} device cannot share tensors across "
+                             "processes; use --update-weight-mode distributed (or auto)")
+
+    def init_worker_process(self) -> None:
+        """Per-process set-up in a trainer worker, after `worker_env` took effect (nothing by default)."""
+        return None
 
     # --- device ---------------------------------------------------------------------------
     def device(self, index: int | None = None) -> torch.device:
@@ -232,7 +282,7 @@ class Accelerator(ABC):
 
     # --- helpers shared by backends -------------------------------------------------------
     def describe(self) -> str:
-        caps = ", ".join(f"{k}={v}" for k, v in self.capabilities.__dict__.items())
+        caps = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(self.capabilities).items())
         return f"{self.name} (devices={self.device_count()}, backend={self.process_group_backend()}, {caps})"
 
     def __repr__(self) -> str:

@@ -38,9 +38,34 @@ class CpuAccelerator(Accelerator):
     def is_available(cls) -> bool:
         return True
 
-    @property
-    def capabilities(self) -> Capabilities:
-        return Capabilities(bf16=True, fp8=False, ipc=True, graphs=False, triton=False)
+    def probe_capabilities(self) -> Capabilities:
+        return Capabilities(bf16=True, ipc=True, graphs=False)
+
+    # behaviour: host execution, host memory
+    def is_synchronized_device(self) -> bool:
+        return True
+
+    def memory_is_host(self) -> bool:
+        return True
+
+    def auto_model_dtype(self) -> torch.dtype | str:
+        return torch.float32  # bfloat16 matmuls on the host are slower than float32 and round
+
+    def auto_rollout_engine(self) -> str:
+        return "embedded"  # SGLang's CPU backend targets x86 AMX servers; the embedded engine runs anywhere
+
+    def check_and_update_config(self, args: Any) -> None:
+        super().check_and_update_config(args)
+        # Trainer ranks and engines take turns (colocated) or split the cores; Ray would give each 1 thread.
+        if "SLIME_CPU_THREADS" not in os.environ:
+            cores = args.num_cpus or os.cpu_count() or 1
+            workers = args.world_size if args.colocate else args.world_size + args.rollout_num_gpus
+            os.environ["SLIME_CPU_THREADS"] = str(max(1, cores // max(1, workers)))
+
+    def init_worker_process(self) -> None:
+        threads = os.environ.get("OMP_NUM_THREADS")
+        if threads:
+            torch.set_num_threads(int(threads))  # Ray starts actors with 1 thread; worker_env sets our share
 
     # device: one logical CPU device
     def device(self, index: int | None = None) -> torch.device:

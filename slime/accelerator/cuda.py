@@ -37,20 +37,8 @@ class CudaAccelerator(DeviceModuleAccelerator):
             )
         return "SLIME_ACCELERATOR=cuda but no CUDA device is visible; check the driver and CUDA_VISIBLE_DEVICES"
 
-    @property
-    def capabilities(self) -> Capabilities:
-        m = self._module()
-        major, _ = m.get_device_capability()
-        try:
-            import triton  # noqa: F401
-
-            has_triton = True
-        except Exception:
-            has_triton = False
-        return Capabilities(
-            bf16=bool(m.is_bf16_supported()), fp8=major >= 9 or (major, _) >= (8, 9), ipc=True,
-            graphs=True, triton=has_triton,
-        )
+    def probe_capabilities(self) -> Capabilities:
+        return Capabilities(bf16=bool(self._module().is_bf16_supported()), ipc=True, graphs=True)
 
     def _device_env(self) -> dict[str, str]:
         return {

@@ -41,7 +41,8 @@ def resolve_engine_kind(args: Any) -> str:
 
     kind = args.rollout_engine
     if kind == "auto":
-        return "sglang" if sglang_available() and get_accelerator().device_type != "cpu" else "embedded"
+        preferred = get_accelerator().auto_rollout_engine()
+        return "sglang" if preferred == "sglang" and sglang_available() else "embedded"
     if kind == "sglang" and not sglang_available():
         raise RolloutError("--rollout-engine sglang but sglang is not installed; install it or use --rollout-engine embedded")
     return kind

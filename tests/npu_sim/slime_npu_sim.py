@@ -75,8 +75,8 @@ class SimulatedAscendAccelerator(AscendAccelerator):
 
     @property
     def capabilities(self) -> Capabilities:
-        # Host execution: no fp8 kernels, no graph capture; IPC through host shared memory.
-        return Capabilities(bf16=True, fp8=False, ipc=True, graphs=False, triton=False)
+        # Host execution: no graph capture; IPC through host shared memory.
+        return Capabilities(bf16=True, ipc=True, graphs=False)
 
     def process_group_backend(self) -> str:
         return "gloo"

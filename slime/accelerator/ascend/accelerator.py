@@ -90,7 +90,7 @@ class AscendAccelerator(DeviceModuleAccelerator):
         ipc = env == "1" if env in ("0", "1") else "950DT" not in self.device_name()
         m = self._module()
         bf16 = bool(getattr(m, "is_bf16_supported", lambda: True)())
-        return Capabilities(bf16=bf16, fp8="950" in self.device_name(), ipc=ipc, graphs=True, triton=False)
+        return Capabilities(bf16=bf16, ipc=ipc, graphs=True)
 
     def _device_env(self) -> dict[str, str]:
         return {

@@ -113,7 +113,7 @@ class EmbeddedEngine(WeightControl):
     # ------------------------------------------------------------------ loading
     def _torch_dtype(self) -> torch.dtype | str:
         if self.cfg.dtype == "auto":
-            return torch.float32 if self.device.type == "cpu" else "auto"
+            return self.acc.auto_model_dtype()
         return parse_dtype(self.cfg.dtype)
 
     def _load_model(self) -> torch.nn.Module:

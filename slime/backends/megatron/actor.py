@@ -9,7 +9,6 @@ train steps over packed micro-batches with gradient clipping, weight sync to the
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
@@ -58,9 +57,7 @@ class MegatronTrainRayActor:
         warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
         self.args = args
         acc = get_accelerator()
-        threads = os.environ.get("OMP_NUM_THREADS")
-        if threads and acc.device_type == "cpu":
-            torch.set_num_threads(int(threads))  # Ray starts actors with 1 thread; worker_env sets our share
+        acc.init_worker_process()
         acc.set_device(0)  # worker_env made exactly this rank's device visible
         self.device = acc.device()
         if not dist.is_initialized():
@@ -471,7 +468,7 @@ class MegatronTrainRayActor:
         from slime.backends.megatron.offload import Offloader
 
         acc = get_accelerator()
-        if acc.device_type == "cpu":
+        if acc.memory_is_host():
             return 0
         if getattr(self, "_offloader", None) is None:
             self._offloader = Offloader(self.model, self.optimizer)

@@ -62,10 +62,8 @@ def _check_precision_aware(memory: MemoryOptions) -> None:
 
 def _note_overlap(memory: MemoryOptions) -> None:
     from slime.accelerator import get_accelerator
-    from slime.accelerator.base import NullStream
 
-    if (memory.overlap_grad_reduce or memory.overlap_param_gather) and isinstance(
-            get_accelerator().current_stream(), NullStream):
+    if (memory.overlap_grad_reduce or memory.overlap_param_gather) and get_accelerator().is_synchronized_device():
         logger.info("%s has no device streams: --overlap-grad-reduce/--overlap-param-gather run as asynchronous "
                     "collectives on the backend's own threads, sharing the host cores with compute",
                     get_accelerator().name)

@@ -481,7 +481,7 @@ class WeightSync:
         if self._sender is None or self._sender.reuse != reuse:
             if self._sender is not None:
                 self._sender.close()
-            share = acc.reduce_tensor if acc.device_type == "cpu" else None  # into shared memory once, at allocation
+            share = acc.reduce_tensor if acc.memory_is_host() else None  # into shared memory once, at allocation
             self._sender = SharedBucketSender(self.buffer_bytes, acc.device(), self._post_packed, reuse=reuse,
                                               share=share)
         self._sender.checksums = self.check and self.role.sender
