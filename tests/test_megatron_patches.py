@@ -147,6 +147,43 @@ def test_device_shim_maps_only_listed_cuda_members():
     assert torch.cuda.current_device is not None and "torch.cuda" in torch.cuda.__name__  # torch itself untouched
 
 
+def test_jit_fused_functions_run_eagerly_and_match_float64():
+    """megatron's torch.compile'd fusions (jit_fuser) run as their eager functions: no dynamo frame is
+    compiled (on CPU that would build C++ with g++), closures decorated later are eager too, and the
+    fused SwiGLU / bias-GeLU forward and backward equal float64 references."""
+    import torch._dynamo.utils as dynamo_utils
+    import torch.nn.functional as F
+    from megatron.core import jit as megatron_jit
+    from megatron.core.fusions.fused_bias_gelu import bias_gelu_impl
+    from megatron.core.fusions.fused_bias_swiglu import bias_swiglu_impl
+    from megatron.core.transformer.moe import experts
+
+    from slime.accelerator.megatron_patches import jit
+    from slime.backends.megatron.parallel import apply_megatron_patches
+
+    apply_megatron_patches()
+    for target in jit.PATCHES[0].targets:
+        fn = _current(*_owner_and_attr(target))
+        assert not hasattr(fn, "_torchdynamo_orig_callable"), target
+    assert megatron_jit.jit_fuser is jit.eager_fuser and experts.jit_fuser is jit.eager_fuser
+    frames = dynamo_utils.counters["frames"]["total"]
+    g = torch.Generator().manual_seed(5)
+    y = torch.randn(3, 5, 14, generator=g, requires_grad=True)  # odd shape, even last dim (gate | up)
+    bias = torch.randn(14, generator=g, requires_grad=True)
+    y64, bias64 = (t.detach().double().requires_grad_() for t in (y, bias))
+    upstream = torch.randn(3, 5, 7, generator=g)
+    for fused, reference in [
+        (bias_swiglu_impl(y, bias), (lambda a, b: F.silu(a) * b)(*torch.chunk(y64 + bias64, 2, dim=-1))),
+        (bias_gelu_impl(y, bias)[..., :7], F.gelu(y64 + bias64, approximate="tanh")[..., :7]),
+    ]:
+        torch.testing.assert_close(fused.double(), reference, rtol=1e-5, atol=1e-6)
+        got = torch.autograd.grad(fused, (y, bias), upstream)
+        want = torch.autograd.grad(reference, (y64, bias64), upstream.double())
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5)
+    assert dynamo_utils.counters["frames"]["total"] == frames  # nothing went through torch.compile
+
+
 @pytest.fixture
 def megatron_world1(accel):
     from slime.backends.megatron.parallel import init_parallel

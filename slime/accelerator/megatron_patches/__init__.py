@@ -3,10 +3,10 @@ the current accelerator (`get_accelerator()`) for device, RNG, streams and event
 
 megatron-core calls `torch.cuda.*` in ~500 places; only the ones on the paths slime uses are replaced
 (GPT / GLM model forward+backward with TP, SP, EP, the alltoall MoE dispatcher, RNG tracker, DDP,
-optimizer and grad clipping, torch_dist checkpoints). Every replacement is a `Patch` (why, what it replaces, target versions,
-remove-when) in one of the topic modules below; `common_patches()` is the set shared by every
-non-CUDA accelerator (CPU and Ascend), `cpu.py` registers the CPU set, `ascend/megatron_patches.py` the
-Ascend one. CUDA needs none.
+optimizer and grad clipping, torch_dist checkpoints); megatron's torch.compile'd fusions run eagerly (jit.py).
+Every replacement is a `Patch` (why, what it replaces, target versions, remove-when) in one of the topic
+modules below; `common_patches()` is the set shared by every non-CUDA accelerator (CPU and Ascend), `cpu.py`
+registers the CPU set, `ascend/megatron_patches.py` the Ascend one. CUDA needs none.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ MEGATRON_VERSIONS = ">=0.16,<0.17"
 
 def common_patches() -> list[Patch]:
     """Patches every accelerator without CUDA needs (CPU, Ascend). Imports megatron.core lazily."""
-    from slime.accelerator.megatron_patches import checkpoint, comm, memory, moe, offload, optim, pipeline, rng
+    from slime.accelerator.megatron_patches import checkpoint, comm, jit, memory, moe, offload, optim, pipeline, rng
 
     return [*rng.PATCHES, *memory.PATCHES, *comm.PATCHES, *moe.PATCHES, *optim.PATCHES, *offload.PATCHES,
-            *pipeline.PATCHES, *checkpoint.PATCHES]
+            *pipeline.PATCHES, *checkpoint.PATCHES, *jit.PATCHES]
 
 
 def register_set(accelerator: str, patches: list[Patch]) -> None:
