@@ -24,7 +24,7 @@ def _ours(case: dict) -> dict:
             value = getattr(importlib.import_module(f"slime.rollout.rm_hub.{module}"), fn)(*case["args"])
         else:
             args = types.SimpleNamespace(custom_rm_path=None, rm_type=case["rm_type"])
-            sample = Sample(0, 0, "", response=case["response"], label=case["label"],
+            sample = Sample(group_index=0, index=0, prompt="", response=case["response"], label=case["label"],
                             metadata=dict(case.get("metadata") or {}))
             value = asyncio.run(rm_hub.async_rm(args, sample))
         return {"value": json.loads(json.dumps(value))}
@@ -60,7 +60,7 @@ def test_issue_examples():
 
     def score(response, label, rm="deepscaler"):
         args.rm_type = rm
-        return asyncio.run(rm_hub.async_rm(args, Sample(0, 0, "", response=response, label=label)))
+        return asyncio.run(rm_hub.async_rm(args, Sample(group_index=0, index=0, prompt="", response=response, label=label)))
 
     assert score("</think>\\boxed{1,012}", "1012") == 1 and score("</think>\\boxed{012}", "12") == 1
     assert score("</think>\\boxed{24/2}", "12") == 0 and score("</think>\\fbox{5}", "5") == 0
@@ -79,7 +79,7 @@ def test_custom_and_batched_dispatch(monkeypatch):
 
     mod.single, mod.batched = single, batched
     monkeypatch.setitem(__import__("sys").modules, mod.__name__, mod)
-    samples = [Sample(0, i, "", response="x" * i, label="") for i in range(3)]
+    samples = [Sample(group_index=0, index=i, prompt="", response="x" * i, label="") for i in range(3)]
     args = types.SimpleNamespace(custom_rm_path=f"{mod.__name__}.single", rm_type=None)
     assert asyncio.run(rm_hub.async_rm(args, samples[2], bonus=10)) == 12
     args.custom_rm_path = f"{mod.__name__}.batched"

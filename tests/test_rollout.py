@@ -64,7 +64,7 @@ def test_synthetic_reward_has_variance_at_random_init():
     rewards = [score(" ".join(rng.choice(vocab) for _ in range(8)), "c a d b") for _ in range(4000)]
     nonzero = sum(r > 0 for r in rewards) / len(rewards)
     assert 0.02 < nonzero < 0.1  # ~4 positions x 5/512: some groups of 8 get signal
-    s = Sample(0, 0, "p", label="c a d", response="c a d", status=SampleStatus.TRUNCATED)
+    s = Sample(group_index=0, index=0, prompt="p", label="c a d", response="c a d", status=SampleStatus.TRUNCATED)
     assert synthetic_reward(None, s) == pytest.approx(1.0 - W_STOP)
 
 
@@ -82,12 +82,12 @@ def test_synthetic_reward_has_variance_at_random_init():
 ])
 def test_math_exact_match(response, label, ok):
     args = rollout_defaults(rm_type="math")
-    assert compute_reward(get_reward_fn(args), args, Sample(0, 0, "p", label=label, response=response)) == int(ok)
+    assert compute_reward(get_reward_fn(args), args, Sample(group_index=0, index=0, prompt="p", label=label, response=response)) == int(ok)
 
 
 def test_reward_selection_and_custom_path():
     args = rollout_defaults(rm_type="math")
-    s = Sample(0, 0, "p", label="4", response="2+2 = \\boxed{4}")
+    s = Sample(group_index=0, index=0, prompt="p", label="4", response="2+2 = \\boxed{4}")
     assert compute_reward(get_reward_fn(args), args, s) == 1
     args = rollout_defaults(rm_type="math", custom_rm_path="slime.rollout.synthetic:synthetic_reward")
     assert get_reward_fn(args).__name__ == "synthetic_reward"
@@ -99,7 +99,7 @@ def test_reward_selection_and_custom_path():
     with pytest.raises(RewardError, match="choose one of"):
         get_reward_fn(rollout_defaults(rm_type="bleu"))
     args = rollout_defaults(rm_type="dapo")  # a dict reward needs --reward-key
-    s = Sample(0, 7, "p", label="4", response="Answer: 4")
+    s = Sample(group_index=0, index=7, prompt="p", label="4", response="Answer: 4")
     with pytest.raises(RewardError, match="sample 7: .*pass --reward-key"):
         compute_reward(get_reward_fn(args), args, s)
     args.reward_key = "score"
@@ -440,7 +440,7 @@ def test_dynamic_sampling_keeps_only_groups_that_pass_the_filter(engines, tmp_pa
     args.dynamic_sampling_filter_path, args.max_sampling_rounds = "tests.test_rollout:_no_group", 2
     with pytest.raises(RolloutError, match="kept 0 of 3 groups after 2 rounds"):
         generate_rollout(args, _Fleet(clients), ds, tokenizer, get_reward_fn(args))
-    tie = [Sample(0, i, "p", reward=0.5) for i in range(3)]
+    tie = [Sample(group_index=0, index=i, prompt="p", reward=0.5) for i in range(3)]
     assert not check_reward_nonzero_std(args, tie)
     tie[1].reward = 0.0
     assert check_reward_nonzero_std(args, tie)

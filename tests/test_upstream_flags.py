@@ -177,7 +177,7 @@ def test_rm_types_selectable_and_unknown_rejected_before_ray(tmp_path, capsys):
 
     for rm in ("deepscaler", "dapo", "math", "f1", "gpqa", "random", "boxed_f1"):
         args = rollout_defaults(rm_type=rm, reward_key="score" if rm == "dapo" else None)
-        value = compute_reward(get_reward_fn(args), args, Sample(0, 3, "p", label="7", response="\\boxed{a b}"))
+        value = compute_reward(get_reward_fn(args), args, Sample(group_index=0, index=3, prompt="p", label="7", response="\\boxed{a b}"))
         assert isinstance(reward_value(value, args.reward_key), float)
     assert f1_score("the cat sat", "cat sat down")[0] == pytest.approx(0.8)
     with pytest.raises(SystemExit):

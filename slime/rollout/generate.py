@@ -63,7 +63,7 @@ def sample_seed(args: Any, index: int) -> int:
 
 def make_samples(items: list[PromptItem], n_per_prompt: int, indices: range) -> list[Sample]:
     it = iter(indices)
-    return [Sample(group_index=p.group_index, index=next(it), prompt=p.prompt, prompt_length=len(p.prompt_ids),
+    return [Sample(group_index=p.group_index, index=next(it), prompt=p.prompt,
                    tokens=list(p.prompt_ids), label=p.label, metadata=dict(p.metadata))
             for p in items for _ in range(n_per_prompt)]
 
@@ -132,7 +132,7 @@ def _finish_sample(sample: Sample, out: dict[str, Any], idx: int, tokenizer: Any
                            "--rollout-max-response-len must be >= 1")
     if logprobs is None or len(logprobs) != len(ids) or [int(x[1]) for x in logprobs] != ids:
         raise RolloutError(f"sample {sample.index}: engine {idx} returned logprobs that do not match its tokens")
-    sample.tokens = sample.tokens[: sample.prompt_length] + ids
+    sample.tokens = sample.prompt_tokens + ids
     sample.response_length = len(ids)
     sample.loss_mask = [1] * len(ids)
     sample.rollout_log_probs = [float(x[0]) for x in logprobs]
@@ -173,17 +173,18 @@ def _custom_generate(fn: Any, args: Any, client: EngineClient, sample: Sample, p
 
     call_args = copy.copy(args)
     call_args.sglang_router_ip, call_args.sglang_router_port, call_args.engine_client = client.host, client.port, client
+    prompt_length = sample.prompt_length
     out = fn(call_args, sample, params)
     if inspect.isawaitable(out):
         out = asyncio.run(_await(out))
     if out is not sample:  # copy the returned sample's result onto the tracked one
         for field in ("tokens", "response", "response_length", "loss_mask", "rollout_log_probs", "status",
-                      "weight_version", "metadata"):
+                      "weight_versions", "metadata"):
             setattr(sample, field, getattr(out, field))
     n = sample.response_length
-    if n < 1 or len(sample.tokens) != sample.prompt_length + n:
+    if n < 1 or len(sample.tokens) != prompt_length + n:
         raise RolloutError(f"--custom-generate-function-path returned sample {sample.index} with response_length {n} "
-                           f"and {len(sample.tokens)} tokens for a {sample.prompt_length}-token prompt")
+                           f"and {len(sample.tokens)} tokens for a {prompt_length}-token prompt")
     if sample.loss_mask is None:
         sample.loss_mask = [1] * n
     if len(sample.loss_mask) != n or (sample.rollout_log_probs is not None and len(sample.rollout_log_probs) != n):
