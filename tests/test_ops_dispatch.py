@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
+import types
 
 import pytest
 import torch
@@ -118,8 +120,14 @@ def test_broken_provider_falls_back(caplog, monkeypatch):
             return DeviceOp(lambda x, w, eps=1e-6: x, "fake.rms_norm")
         return None
 
-    monkeypatch.setitem(ops_mod._PROVIDERS, "cpu", provider)
-    table = build_op_table(CpuAccelerator())
+    module = types.ModuleType("slime_test_broken_provider")
+    module.resolve = provider
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+
+    class WithProvider(CpuAccelerator):
+        op_provider = module.__name__
+
+    table = build_op_table(WithProvider())
     assert table.source("rms_norm") == "fake.rms_norm" and table.swiglu is reference.swiglu
     assert any("swiglu" in r.getMessage() and "probe exploded" in r.getMessage() for r in caplog.records)
 

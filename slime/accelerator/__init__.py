@@ -17,7 +17,6 @@ from slime.accelerator.base import (
 )
 from slime.accelerator.cpu import CpuAccelerator
 from slime.accelerator.cuda import CudaAccelerator
-from slime.accelerator.patches import register_patch_loader
 from slime.accelerator.registry import (
     accelerator_class,
     accelerator_names,
@@ -26,38 +25,11 @@ from slime.accelerator.registry import (
     set_accelerator,
 )
 
+# The one registry: each class declares its op provider and patch sets (Accelerator.op_provider,
+# Accelerator.patch_sets); out-of-tree devices join through the `slime.accelerators` entry-point group.
 register_accelerator(AscendAccelerator)
 register_accelerator(CudaAccelerator)
 register_accelerator(CpuAccelerator)
-
-
-def _load_megatron_patches(module: str):
-    def load() -> None:
-        import importlib
-
-        importlib.import_module(module)
-
-    return load
-
-
-# megatron-core patch sets, imported on first apply_patches("megatron") (CUDA needs none).
-register_patch_loader("cpu", "megatron", _load_megatron_patches("slime.accelerator.megatron_patches.cpu"))
-register_patch_loader("npu", "megatron", _load_megatron_patches("slime.accelerator.ascend.megatron_patches"))
-
-
-def _load_transformers_patches(accelerator: str):
-    def load() -> None:
-        from slime.accelerator import transformers_patches
-
-        transformers_patches.register(accelerator)
-
-    return load
-
-
-# transformers patch set (GLM-5 DSA indexer tie rule), the same on every built-in accelerator.
-for _name in ("cpu", "cuda", "npu"):
-    register_patch_loader(_name, "transformers", _load_transformers_patches(_name))
-del _name
 
 __all__ = [
     "MEMORY_STAT_KEYS",

@@ -11,7 +11,7 @@ import contextlib
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Mapping, Sequence
 
 import torch
 
@@ -96,6 +96,15 @@ class Accelerator(ABC):
     dist_backend: ClassVar[str]  # "gloo" | "nccl" | "hccl"
     visible_devices_env: ClassVar[str | None]  # env var that restricts visible devices
     ray_resource: ClassVar[str | None]  # Ray resource name for one device, None = CPU bundles
+
+    # --- what the device brings: declared here, looked up by the one accelerator registry --------------------
+    # Module with `resolve(op_name, accelerator) -> DeviceOp | None` (slime.accelerator.ops), imported when the
+    # op table is built; None: the pure-torch reference for every op.
+    op_provider: ClassVar[str | None] = None
+    # library -> where its patch set is declared (slime.accelerator.patches), imported on first apply_patches:
+    # "package.module" registers its patches when imported; "package.module:function" is called with the
+    # accelerator name and registers them. A library not named here gets no patches on this device.
+    patch_sets: ClassVar[Mapping[str, str]] = {}
 
     @classmethod
     @abstractmethod

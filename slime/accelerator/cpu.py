@@ -30,6 +30,7 @@ class CpuAccelerator(Accelerator):
     dist_backend = "gloo"
     visible_devices_env = None
     ray_resource = None
+    patch_sets = {"megatron": "slime.accelerator.megatron_patches.cpu", "transformers": "slime.accelerator.transformers_patches:register"}
 
     def __init__(self) -> None:
         self._peak_rss = 0

@@ -17,6 +17,8 @@ class CudaAccelerator(DeviceModuleAccelerator):
     visible_devices_env = "CUDA_VISIBLE_DEVICES"
     ray_resource = "GPU"
     ray_noset_env = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
+    op_provider = "slime.accelerator.ops.cuda"
+    patch_sets = {"transformers": "slime.accelerator.transformers_patches:register"}  # megatron-core runs on CUDA as written: no megatron set
 
     def _module(self) -> Any:
         return torch.cuda

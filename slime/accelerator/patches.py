@@ -2,8 +2,9 @@
 
 Each `Patch` replaces named attributes (module functions, class methods, module globals)
 and records why, what it replaces, which library versions it targets and when it can
-be removed. Patch sets are registered per (accelerator name, library); an accelerator's
-`apply_patches(library)` applies its set once per process, and `revert_patches` restores
+be removed. Patch sets are registered per (accelerator name, library); the accelerator class
+says where each of its sets is declared (`Accelerator.patch_sets`, imported on first use), its
+`apply_patches(library)` applies the set once per process, and `revert_patches` restores
 the originals (tests use this). No blanket device remapping: only named targets change.
 
 Applying fails early, with one line naming the patch (`PatchError`), instead of letting the
@@ -71,7 +72,6 @@ class _Applied:
 
 _REGISTRY: dict[tuple[str, str], list[Patch]] = {}
 _APPLIED: dict[tuple[str, str], list[_Applied]] = {}
-_LOADERS: dict[tuple[str, str], Callable[[], None]] = {}
 _LOCK = threading.RLock()
 
 # Distribution names for `versions` checks, per library key.
@@ -87,21 +87,38 @@ def register_patch(accelerator: str, library: str, patch: Patch) -> Patch:
     return patch
 
 
-def register_patch_loader(accelerator: str, library: str, loader: Callable[[], None]) -> None:
-    """A function that imports the module defining a patch set (lazy: no library import at slime import)."""
-    _LOADERS[(accelerator, library)] = loader
+def declared_sets(accelerator: str) -> dict[str, str]:
+    """library -> where the registered accelerator class `accelerator` declares its set (Accelerator.patch_sets);
+    {} for a name no class is registered under."""
+    from slime.accelerator.registry import registered_class
+
+    cls = registered_class(accelerator)
+    return dict(cls.patch_sets) if cls is not None else {}
 
 
 def registered_sets() -> list[tuple[str, str]]:
-    """Every (accelerator, library) with a registered set or a loader for one."""
-    return sorted(set(_LOADERS) | set(_REGISTRY))
+    """Every (accelerator, library) with a declared or a registered set."""
+    from slime.accelerator.registry import accelerator_names
+
+    declared = {(name, library) for name in accelerator_names() for library in declared_sets(name)}
+    return sorted(declared | set(_REGISTRY))
+
+
+def _load_declared(accelerator: str, library: str) -> None:
+    """Import the declaration of the set (lazy: no library is imported at `import slime`)."""
+    where = declared_sets(accelerator).get(library)
+    if not where:
+        return
+    module, _, function = where.partition(":")
+    loaded = importlib.import_module(module)
+    if function:
+        getattr(loaded, function)(accelerator)
 
 
 def patch_set(accelerator: str, library: str) -> list[Patch]:
     with _LOCK:
-        loader = _LOADERS.get((accelerator, library))
-        if loader is not None and (accelerator, library) not in _REGISTRY:
-            loader()
+        if (accelerator, library) not in _REGISTRY:
+            _load_declared(accelerator, library)
         return list(_REGISTRY.get((accelerator, library), []))
 
 

@@ -16,6 +16,9 @@ ENV_VAR = "SLIME_ACCELERATOR"
 # Comma-separated modules imported before detection; each may call register_accelerator()
 # (out-of-tree devices, or a replacement backend such as a test simulator).
 PLUGINS_ENV_VAR = "SLIME_ACCELERATOR_PLUGINS"
+# Installed packages add devices through this entry-point group (as vLLM's `vllm.platform_plugins`):
+# `[project.entry-points."slime.accelerators"] musa = "slime_musa:MusaAccelerator"`, loaded before detection.
+ENTRY_POINT_GROUP = "slime.accelerators"
 
 _CLASSES: dict[str, type[Accelerator]] = {}
 _PRIORITIES: dict[str, tuple[int, int]] = {}  # name -> (priority, registration sequence)
@@ -46,6 +49,10 @@ def accelerator_names() -> list[str]:
     return list(_DETECTION_ORDER)
 
 
+def registered_class(name: str) -> type[Accelerator] | None:
+    return _CLASSES.get(name)
+
+
 def accelerator_class(name: str) -> type[Accelerator]:
     if name not in _CLASSES:
         raise AcceleratorUnavailable(
@@ -59,9 +66,36 @@ def _fail(msg: str) -> AcceleratorUnavailable:
     return AcceleratorUnavailable(msg)
 
 
+def _entry_point_class(ep) -> type[Accelerator] | None:
+    """The class an entry point names: an Accelerator subclass, or a function returning one (None: this
+    package's device is not usable here, e.g. its runtime is missing)."""
+    try:
+        obj = ep.load()
+        cls = obj() if callable(obj) and not isinstance(obj, type) else obj
+    except Exception as e:
+        raise _fail(f"{ENTRY_POINT_GROUP} entry point {ep.name!r} ({ep.value}) failed to load "
+                    f"({type(e).__name__}: {e}); fix or uninstall that package") from e
+    if cls is not None and not (isinstance(cls, type) and issubclass(cls, Accelerator)):
+        raise _fail(f"{ENTRY_POINT_GROUP} entry point {ep.name!r} ({ep.value}) gave {cls!r}, not an Accelerator "
+                    "subclass; point it at the class (or a function returning it)")
+    return cls
+
+
+def load_entry_points() -> None:
+    """Register the accelerators installed packages declare in the `slime.accelerators` group; a name
+    already registered keeps its place in detection (re-registering replaces the class)."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        cls = _entry_point_class(ep)
+        if cls is not None:
+            register_accelerator(cls)
+
+
 def load_plugins() -> None:
     import importlib
 
+    load_entry_points()
     for mod in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV_VAR, "").split(","))):
         try:
             importlib.import_module(mod)

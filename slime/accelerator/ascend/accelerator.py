@@ -41,6 +41,8 @@ class AscendAccelerator(DeviceModuleAccelerator):
     visible_devices_env = "ASCEND_RT_VISIBLE_DEVICES"
     ray_resource = "NPU"
     ray_noset_env = "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES"
+    op_provider = "slime.accelerator.ascend.ops"
+    patch_sets = {"megatron": "slime.accelerator.ascend.megatron_patches", "transformers": "slime.accelerator.transformers_patches:register"}
 
     _import_error: str | None = None
 

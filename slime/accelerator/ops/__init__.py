@@ -5,7 +5,7 @@
     ops.source("attention")   # e.g. "reference", "flash_attn.flash_attn_varlen_func", "torch_npu.npu_fusion_attention"
 
 Every op has a pure-torch reference (slime/accelerator/ops/reference.py: the contracts and the
-source of truth). A device provider, registered per accelerator name, may supply a faster
+source of truth). A device provider, the module the accelerator class names in `op_provider`, may supply a faster
 implementation with the same signature; when it cannot (library missing, version too old) the op
 falls back to the reference with one log line. Providers are imported and probed when the table is
 built (first `acc.ops` access), never at `import slime`.
@@ -56,25 +56,14 @@ class DeviceOp:
     unavailable: str = ""  # fn is None: one-line reason, logged once
 
 
-# accelerator name -> provider: a module path (imported lazily) or a callable. A provider resolves
-# `resolve(op_name, accelerator) -> DeviceOp | None` (None: no device implementation, use the reference).
-_PROVIDERS: dict[str, str | Callable[[str, "Accelerator"], DeviceOp | None]] = {
-    "cuda": "slime.accelerator.ops.cuda",
-    "npu": "slime.accelerator.ascend.ops",
-}
 _LOGGED: set[str] = set()
 
 
-def register_op_provider(accelerator_name: str, provider: str | Callable[[str, "Accelerator"], DeviceOp | None]) -> None:
-    """Set the device-op provider for an accelerator name (a module path with `resolve`, or the function)."""
-    _PROVIDERS[accelerator_name] = provider
-
-
-def _provider_fn(accelerator_name: str) -> Callable[[str, "Accelerator"], DeviceOp | None] | None:
-    provider = _PROVIDERS.get(accelerator_name)
-    if provider is None or callable(provider):
-        return provider
-    return importlib.import_module(provider).resolve
+def _provider_fn(acc: "Accelerator") -> Callable[[str, "Accelerator"], DeviceOp | None] | None:
+    """`resolve(op_name, accelerator) -> DeviceOp | None` of the module `acc` declares as its op provider
+    (Accelerator.op_provider; None there: no device implementations, the reference for every op)."""
+    provider = type(acc).op_provider
+    return None if provider is None else importlib.import_module(provider).resolve
 
 
 def parse_ops_env(value: str | None) -> dict[str, str]:
@@ -152,7 +141,7 @@ def build_op_table(acc: "Accelerator", env: str | None = None) -> OpTable:
     sources = {n: REFERENCE for n in OP_NAMES}
     wanted = [n for n in OP_NAMES if modes.get(n, "auto") != REFERENCE]
     try:
-        resolve = _provider_fn(acc.name) if wanted else None
+        resolve = _provider_fn(acc) if wanted else None
     except Exception as e:  # a broken provider must not stop training: the reference always works
         log_once(f"ops[{acc.name}]: device op provider failed to load ({type(e).__name__}: {e}); using reference ops")
         resolve = None
@@ -172,4 +161,4 @@ def build_op_table(acc: "Accelerator", env: str | None = None) -> OpTable:
     return OpTable(acc.name, fns, sources)
 
 
-__all__ = ["ENV_VAR", "OP_NAMES", "DeviceOp", "OpTable", "build_op_table", "parse_ops_env", "register_op_provider", "reference"]
+__all__ = ["ENV_VAR", "OP_NAMES", "DeviceOp", "OpTable", "build_op_table", "parse_ops_env", "reference"]
