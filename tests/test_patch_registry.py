@@ -141,3 +141,98 @@ def test_duplicate_names_rejected(victim):
     P.register_patch("testacc", "victimlib", _patch("dup", ("slime_test_victim:f",)))
     with pytest.raises(ValueError, match="already registered"):
         P.register_patch("testacc", "victimlib", _patch("dup", ("slime_test_victim:f",)))
+
+
+def test_second_patch_on_a_target_refused_unless_it_composes(victim):
+    P.register_patch("testacc", "victimlib", _patch("first", ("slime_test_victim:f",)))
+    with pytest.raises(P.PatchError) as info:
+        P.register_patch("testacc", "victimlib", _patch("second", ("slime_test_victim:K.m", "slime_test_victim:f")))
+    msg = str(info.value)
+    assert "\n" not in msg and "'second'" in msg and "'first'" in msg and "slime_test_victim:f" in msg
+    wrap = P.Patch(name="wraps", targets=("slime_test_victim:f",), replacement=lambda orig: (lambda: orig() + "+w"),
+                   why="w", replaces="r", versions=">=0", remove_when="never", composes=True,
+                   check_signature=False)
+    P.register_patch("testacc", "victimlib", wrap)
+    assert P.apply_patch_set("testacc", "victimlib") == ["first", "wraps"]
+    assert victim.f() == "patched+w"  # in declaration order, the composing one around the first
+    P.revert_patch_set("testacc", "victimlib")
+    assert victim.f() == "original"
+
+
+def test_patch_on_a_target_another_applied_set_replaced_is_refused(victim):
+    P.register_patch("testacc", "victimlib", _patch("one", ("slime_test_victim:f",)))
+    P.register_patch("otheracc", "victimlib", _patch("two", ("slime_test_victim:f",), value="other"))
+    P.apply_patch_set("testacc", "victimlib")
+    try:
+        with pytest.raises(P.PatchError, match=r"'two'.*slime_test_victim:f.*applied patch 'one'"):
+            P.apply_patch_set("otheracc", "victimlib")
+        assert victim.f() == "patched" and not P.is_applied("otheracc", "victimlib")
+    finally:
+        P.revert_patch_set("testacc", "victimlib")
+    assert P.apply_patch_set("otheracc", "victimlib") == ["two"] and victim.f() == "other"  # after the revert
+    P.revert_patch_set("otheracc", "victimlib")
+
+
+def test_factory_error_is_a_patch_error_naming_the_patch(victim):
+    def factory(orig):
+        return orig.no_such_attribute  # a bare AttributeError inside the factory
+
+    P.register_patch("testacc", "victimlib", _patch("good", ("slime_test_victim:f",)))
+    P.register_patch("testacc", "victimlib", P.Patch(name="broken", targets=("slime_test_victim:K.m",),
+                                                     replacement=factory, why="w", replaces="r", versions=">=0",
+                                                     remove_when="never"))
+    with pytest.raises(P.PatchError) as info:
+        P.apply_patch_set("testacc", "victimlib")
+    msg = str(info.value)
+    assert "\n" not in msg and "'broken'" in msg and "slime_test_victim:K.m" in msg and "AttributeError" in msg
+    assert isinstance(info.value.__cause__, AttributeError)
+    assert victim.f() == "original" and not P.is_applied("testacc", "victimlib")
+
+
+def test_changed_original_source_refuses_to_apply(tmp_path, monkeypatch):
+    import importlib
+
+    src = tmp_path / "slime_test_fp_lib.py"
+    src.write_text("def f(x):\n    return x + 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    lib = importlib.import_module("slime_test_fp_lib")
+    target = "slime_test_fp_lib:f"
+    patch = P.Patch(name="rewrite_f", targets=(target,), replacement=lambda orig: (lambda x: x + 2), why="w",
+                    replaces="r", versions=">=0", remove_when="never")
+    P.register_patch("testacc", "fplib", patch)
+    monkeypatch.setattr(P, "_FINGERPRINTS", {"fplib": {"rewrite_f": {target: P.source_fingerprint(lib.f)}}})
+    try:
+        P.apply_patch_set("testacc", "fplib")  # the source it was written against: applies
+        assert lib.f(1) == 3
+        P.revert_patch_set("testacc", "fplib")
+        src.write_text("def f(x):\n    return x + 1  # upstream fixed something here\n")
+        importlib.reload(lib)
+        with pytest.raises(P.PatchError) as info:
+            P.apply_patch_set("testacc", "fplib")
+        msg = str(info.value)
+        assert "\n" not in msg and "'rewrite_f'" in msg and target in msg and "changed" in msg
+        assert "re-check the rewrite" in msg and "--record-fingerprints" in msg
+        assert lib.f(1) == 2 and not P.is_applied("testacc", "fplib")  # nothing applied
+    finally:
+        P.revert_patch_set("testacc", "fplib")
+        P._REGISTRY.pop(("testacc", "fplib"), None)
+        sys.modules.pop("slime_test_fp_lib", None)
+
+
+def test_every_declared_set_matches_its_recorded_fingerprints():
+    """The installed megatron-core / transformers are the code the patches were written against."""
+    from slime.accelerator.registry import accelerator_names
+
+    fingerprints = P.recorded_fingerprints()
+    checked = 0
+    for name in accelerator_names():
+        for library in P.declared_sets(name):
+            for patch in P.patch_set(name, library):
+                for target, want in fingerprints.get(library, {}).get(patch.name, {}).items():
+                    if P.is_applied(name, library):
+                        continue
+                    _, _, original = P._resolve(patch, target, library)
+                    assert P.source_fingerprint(original) == want, f"{patch.name}: {target} changed"
+                    checked += 1
+    assert checked >= 40
+    assert all(P.upstream_ref(p, "megatron") for p in P.patch_set("cpu", "megatron"))

@@ -43,7 +43,7 @@ def smoke(acc) -> int:
 
 def patches_text() -> str:
     """Every registered patch set, grouped by accelerator then library (loads the sets, applies none)."""
-    from slime.accelerator.patches import patch_set, registered_sets
+    from slime.accelerator.patches import patch_set, registered_sets, upstream_ref
     from slime.accelerator.registry import accelerator_names
 
     lines: list[str] = []
@@ -62,6 +62,7 @@ def patches_text() -> str:
             lines.append(f"    why: {p.why}")
             lines.append(f"    replaces: {p.replaces}")
             lines.append(f"    remove when: {p.remove_when}")
+            lines.append(f"    upstream: {upstream_ref(p, library)}")
     return "\n".join(lines)
 
 
@@ -72,7 +73,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", action="store_true", help="print the accelerator name")
     ap.add_argument("--env", action="store_true", help="print the job's device environment as KEY=VALUE lines")
     ap.add_argument("--patches", action="store_true", help="list every accelerator's patch sets")
+    ap.add_argument("--record-fingerprints", action="store_true",
+                    help="fingerprint the installed originals every patch replaces (after re-checking the rewrites "
+                         "against a changed library) into slime/accelerator/patch_fingerprints.json")
     a = ap.parse_args(argv)
+    if a.record_fingerprints:
+        from slime.accelerator.patches import FINGERPRINTS_PATH, record_fingerprints
+
+        table = record_fingerprints()
+        print(f"{sum(len(t) for lib in table.values() for t in lib.values())} fingerprints in {FINGERPRINTS_PATH}")
+        return 0
     if a.patches:
         print(patches_text())
         return 0

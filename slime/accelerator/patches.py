@@ -16,13 +16,21 @@ original code break later inside the library:
   pass-through) must restate them exactly: names, kinds and which have defaults;
 - other bindings of a replaced module-level object (`from x import f` in another module of the
   same library) are found by sweeping `sys.modules` and replaced too, so targets list only the
-  defining module.
+  defining module;
+- a second patch on a target another patch already replaces is refused, unless it declares
+  `composes=True` (it wraps whatever it is given);
+- an exception inside a replacement factory is a PatchError naming the patch and the target;
+- the source of each replaced original is fingerprinted (patch_fingerprints.json, written by
+  `python -m slime.accelerator --record-fingerprints`): a library whose code changed under a patch,
+  even inside its `versions`, is refused until someone re-checks the rewrite and records the new source.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import inspect
+import json
 import logging
 import os
 import sys
@@ -54,6 +62,10 @@ class Patch:
     library: str = ""  # distribution name checked against `versions` (filled by register)
     add_if_missing: bool = False  # the target may be absent (the patch adds it; revert deletes it again)
     check_signature: bool = True  # False only where the replacement deliberately takes other parameters
+    composes: bool = False  # may go on a target another patch already replaced (it wraps what it is given)
+    # The upstream issue/PR this works around, or the upstream code it replaces (as vllm-ascend's "Related
+    # PR"); empty: `upstream_ref` names the replaced code in the installed library.
+    upstream: str = ""
 
     def __post_init__(self) -> None:
         for field_name in ("name", "why", "replaces", "versions", "remove_when"):
@@ -83,8 +95,100 @@ def register_patch(accelerator: str, library: str, patch: Patch) -> Patch:
         patches = _REGISTRY.setdefault((accelerator, library), [])
         if any(p.name == patch.name for p in patches):
             raise ValueError(f"patch {patch.name!r} already registered for {accelerator}/{library}")
+        if not patch.composes:
+            for other in patches:
+                shared = sorted(set(other.targets) & set(patch.targets))
+                if shared:
+                    raise PatchError(f"patch {patch.name!r}: target {shared[0]} is already replaced by patch "
+                                     f"{other.name!r} of {accelerator}/{library}; merge the two, or declare "
+                                     f"{patch.name!r} composes=True if it wraps the other's replacement")
         patches.append(patch)
     return patch
+
+
+# --- fingerprints of the replaced originals ----------------------------------------------------------------
+FINGERPRINTS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "patch_fingerprints.json")
+_FINGERPRINTS: dict[str, dict[str, dict[str, str]]] | None = None  # library -> patch -> target -> digest
+
+
+def source_fingerprint(obj: Any) -> str | None:
+    """sha256 (16 hex) of the source of a function, method or class; None where there is no source."""
+    obj = obj.__func__ if isinstance(obj, (staticmethod, classmethod)) else obj
+    obj = obj.fget if isinstance(obj, property) and obj.fget is not None else obj
+    if not (inspect.isfunction(obj) or inspect.isclass(obj) or inspect.ismethod(obj)):
+        return None
+    try:
+        source = inspect.getsource(obj)  # follows functools.wraps' __wrapped__ to the original
+    except (OSError, TypeError):
+        return None
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def recorded_fingerprints() -> dict[str, dict[str, dict[str, str]]]:
+    global _FINGERPRINTS
+    if _FINGERPRINTS is None:
+        try:
+            with open(FINGERPRINTS_PATH, encoding="utf-8") as f:
+                _FINGERPRINTS = json.load(f)
+        except FileNotFoundError:
+            _FINGERPRINTS = {}
+    return _FINGERPRINTS
+
+
+def _check_fingerprint(patch: Patch, target: str, library: str, original: Any) -> None:
+    want = recorded_fingerprints().get(library, {}).get(patch.name, {}).get(target)
+    got = source_fingerprint(original)
+    if want is None or got is None or want == got:
+        return
+    version = _installed_version(library)
+    where = f"{LIBRARY_DISTRIBUTIONS.get(library, library)} {version}" if version else library
+    raise PatchError(f"patch {patch.name!r}: the source of {target} in {where} changed since the patch was written "
+                     f"(fingerprint {got}, recorded {want}); re-check the rewrite against the new code, then run "
+                     f"`python -m slime.accelerator --record-fingerprints`")
+
+
+def record_fingerprints(path: str | None = None) -> dict[str, dict[str, dict[str, str]]]:
+    """Fingerprint the installed originals of every declared patch set (applies nothing) and write them,
+    temp file then rename. Sets that cannot load here keep their recorded entries."""
+    from slime.accelerator.registry import accelerator_names
+
+    table = {lib: {name: dict(t) for name, t in patches.items()} for lib, patches in recorded_fingerprints().items()}
+    for accelerator in accelerator_names():
+        for library in declared_sets(accelerator):
+            try:
+                patches = patch_set(accelerator, library)
+            except ImportError:
+                continue
+            if is_applied(accelerator, library):
+                continue  # the installed values are the replacements
+            for patch in patches:
+                for target in patch.targets:
+                    _, _, original = _resolve(patch, target, library)
+                    digest = None if original is _MISSING else source_fingerprint(original)
+                    if digest is not None:
+                        table.setdefault(library, {}).setdefault(patch.name, {})[target] = digest
+    path = path or FINGERPRINTS_PATH
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(table, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+    global _FINGERPRINTS
+    _FINGERPRINTS = table
+    return table
+
+
+def upstream_ref(patch: Patch, library: str) -> str:
+    """`patch.upstream`, else the replaced code: library version, file inside the library, attribute."""
+    if patch.upstream:
+        return patch.upstream
+    version = _installed_version(library)
+    dist = LIBRARY_DISTRIBUTIONS.get(library, library)
+    places = []
+    for target in patch.targets:
+        module, attr = target.split(":", 1)
+        places.append(f"{module.replace('.', '/')}.py:{attr}")
+    return f"{dist} {version or '(not installed)'}: " + ", ".join(places)
 
 
 def declared_sets(accelerator: str) -> dict[str, str]:
@@ -218,6 +322,18 @@ def _aliases(owner: Any, attr: str, original: Any) -> list[tuple[Any, str]]:
     return found
 
 
+def _installed_by(owner: Any, attr: str, value: Any) -> str | None:
+    """Name of the applied patch whose replacement sits at owner.attr now, if any."""
+    if value is _MISSING:
+        return None
+    for records in _APPLIED.values():
+        for record in records:
+            for o, a, _ in record.originals:
+                if o is owner and a == attr:
+                    return record.patch.name
+    return None
+
+
 def is_applied(accelerator: str, library: str) -> bool:
     return (accelerator, library) in _APPLIED
 
@@ -244,7 +360,21 @@ def apply_patch_set(accelerator: str, library: str) -> list[str]:
                     owner, attr, original = resolved[(patch.name, target)]
                     if (id(owner), attr) in done:
                         continue
-                    new = patch.replacement(None if original is _MISSING else original)
+                    if patch.composes:  # wraps what is there now: an earlier patch of this set may have replaced it
+                        original = owner.__dict__.get(attr, _MISSING) if isinstance(owner, type) \
+                            else getattr(owner, attr, _MISSING)
+                    holder = _installed_by(owner, attr, original)
+                    if holder is not None and holder != patch.name and not patch.composes:
+                        raise PatchError(f"patch {patch.name!r}: target {target} is already replaced by applied patch "
+                                         f"{holder!r}; revert that set first, or declare {patch.name!r} "
+                                         f"composes=True if it wraps the other's replacement")
+                    if holder is None and original is not _MISSING:
+                        _check_fingerprint(patch, target, library, original)
+                    try:
+                        new = patch.replacement(None if original is _MISSING else original)
+                    except Exception as e:
+                        raise PatchError(f"patch {patch.name!r}: its replacement factory for {target} failed "
+                                         f"({type(e).__name__}: {e}); fix the patch or the library version") from e
                     _check_signature(patch, target, original, new)
                     for o, a in [(owner, attr), *_aliases(owner, attr, original)]:
                         if (id(o), a) in done:
