@@ -203,7 +203,7 @@ class RolloutManager:
         from slime.backends.megatron.rollout_data import pack_samples, payload_summary
 
         samples, metrics = self._generate(rollout_id)
-        payload = pack_samples(samples)
+        payload = pack_samples(samples, getattr(self.args, "reward_key", None))
         metrics.update(payload_summary(payload))
         # engines: the list after this rollout (restarts happen during one), for the weight sync that follows
         out = {"data": self._ray().put(payload), "num_samples": len(samples), "metrics": metrics,
@@ -225,16 +225,33 @@ class RolloutManager:
         self._rollout_id = rollout_id
         return evaluate(self.args, self, self._eval_sets, self.tokenizer, self.reward_fn)
 
+    def _plugin_rollout(self, rollout_id: int):
+        """Upstream's plugin contracts (slime.rollout.plugin_rollout): the rollout function gets args naming
+        the router and upstream's data source (made once, over this manager's prompts)."""
+        from slime.rollout import plugin_rollout
+
+        url = self.sglang_router.url if self.sglang_router is not None else self.urls[0]
+        args = plugin_rollout.plugin_args(self.args, url, self.n)
+        if getattr(self, "_plugin_data_source", None) is None:
+            self._plugin_data_source = plugin_rollout.make_data_source(args, self.data_source, self.tokenizer)
+        return plugin_rollout.run_plugin_rollout(args, rollout_id, self._plugin_data_source)
+
     def _generate(self, rollout_id: int):
-        if self.data_source is None:
+        from slime.rollout.plugin_rollout import uses_plugin_rollout
+
+        plugin = uses_plugin_rollout(self.args)
+        if self.data_source is None and not (plugin and getattr(self.args, "data_source_path", None)):
             raise RolloutError("no prompts: pass --prompt-data")
         self._refresh_versions()
         self._note_current_versions()
         self._rollout_id = rollout_id
         self._progress = _Counters()
         before = self._restart_counters()
-        samples, metrics = generate_rollout(self.args, self, self.data_source, self.tokenizer, self.reward_fn,
-                                            self._progress)
+        if plugin:
+            samples, metrics = self._plugin_rollout(rollout_id)
+        else:
+            samples, metrics = generate_rollout(self.args, self, self.data_source, self.tokenizer, self.reward_fn,
+                                                self._progress)
         metrics.update(self._restart_metrics(before))
         if self.reward_fn is not None:
             rewards = [reward_value(s.reward, getattr(self.args, "reward_key", None)) for s in samples]

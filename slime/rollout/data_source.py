@@ -5,14 +5,22 @@ Each line is a JSON object; `--input-key` holds the prompt (a string, or a list 
 `--apply-chat-template` a string prompt becomes one user message and the tokenizer's chat
 template (with the generation prompt) is applied. Shuffling is a permutation seeded by
 `--rollout-seed` + epoch, so a resumed run sees exactly the prompts it would have seen.
+
+`RolloutDataSourceWithBuffer` / `DataSource` are upstream slime's data-source API (`--data-source-path`)
+over the same prompts: `get_samples(n)` -> n groups of fresh Samples, `add_samples(groups)` gives some back.
 """
 
 from __future__ import annotations
 
+import abc
 import json
+import os
 import random
 from dataclasses import dataclass
 from typing import Any
+
+from slime.utils.misc import load_function
+from slime.utils.types import Sample
 
 
 class DataSourceError(ValueError):
@@ -124,3 +132,113 @@ class JsonlDataSource:
         self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
         self.next_group_index, self.next_sample_index = int(state["next_group_index"]), int(state["next_sample_index"])
         self._order = self._epoch_order(self.epoch)
+
+
+# ------------------------------------------------------------------ upstream slime's data-source API
+class DataSource(abc.ABC):
+    """`--data-source-path` contract (upstream's): groups of samples to generate, and a way to give some back."""
+
+    @abc.abstractmethod
+    def get_samples(self, num_samples: int) -> list[list[Sample]]:
+        """`num_samples` prompt groups, each of --n-samples-per-prompt samples."""
+
+    @abc.abstractmethod
+    def add_samples(self, samples: list[list[Sample]]) -> None:
+        """Groups to serve again (e.g. partial rollouts aborted at the end of a rollout)."""
+
+    @abc.abstractmethod
+    def save(self, rollout_id: int) -> None: ...
+
+    @abc.abstractmethod
+    def load(self, rollout_id: int | None = None) -> None: ...
+
+    @abc.abstractmethod
+    def __len__(self) -> int: ...
+
+
+class RolloutDataSource(DataSource):
+    """--prompt-data as upstream's data source: prompts become groups of fresh samples (indices unique over
+    the run); its position is this project's JsonlDataSource state (saved in checkpoints by the manager)."""
+
+    def __init__(self, args: Any, tokenizer: Any = None, source: JsonlDataSource | None = None) -> None:
+        self.args = args
+        if source is None:
+            if tokenizer is None:
+                from transformers import AutoTokenizer
+
+                tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
+            source = JsonlDataSource(args.prompt_data, tokenizer, args.input_key, args.label_key, args.metadata_key,
+                                     args.apply_chat_template, args.rollout_shuffle, args.rollout_seed,
+                                     args.rollout_max_prompt_len)
+        self.source = source
+
+    def get_samples(self, num_samples: int) -> list[list[Sample]]:
+        n = int(self.args.n_samples_per_prompt)
+        items = self.source.next_batch(num_samples)
+        indices = iter(self.source.take_sample_indices(len(items) * n))
+        return [[Sample(group_index=p.group_index, index=next(indices), prompt=p.prompt, tokens=list(p.prompt_ids),
+                        label=p.label, metadata=dict(p.metadata)) for _ in range(n)] for p in items]
+
+    def add_samples(self, samples: list[list[Sample]]) -> None:
+        raise DataSourceError("RolloutDataSource keeps no buffer; use RolloutDataSourceWithBuffer to give groups back")
+
+    def _state_path(self, rollout_id: int, directory: str | None) -> str | None:
+        return os.path.join(directory, "rollout", f"data_source_{rollout_id}.json") if directory else None
+
+    def save(self, rollout_id: int) -> None:
+        path = self._state_path(rollout_id, getattr(self.args, "save", None))
+        if path is None:
+            return
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            json.dump(self.source.state_dict(), f)
+        os.replace(path + ".tmp", path)
+
+    def load(self, rollout_id: int | None = None) -> None:
+        path = self._state_path(rollout_id, getattr(self.args, "load", None)) if rollout_id is not None else None
+        if path and os.path.exists(path):
+            with open(path) as f:
+                self.source.load_state_dict(json.load(f))
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+
+class RolloutDataSourceWithBuffer(RolloutDataSource):
+    """Upstream's default: groups given back with add_samples are served first (through --buffer-filter-path,
+    `fn(args, rollout_id, buffer, num_samples) -> groups`, default the oldest first)."""
+
+    def __init__(self, args: Any, tokenizer: Any = None, source: JsonlDataSource | None = None) -> None:
+        super().__init__(args, tokenizer, source)
+        self.buffer: list[list[Sample]] = []
+        self.metadata: dict[str, Any] = {}
+        path = getattr(args, "buffer_filter_path", None)
+        self.buffer_filter = load_function(path) if path else pop_first
+
+    def get_samples(self, num_samples: int) -> list[list[Sample]]:
+        from_buffer = self.buffer_filter(self.args, None, self.buffer, num_samples) if self.buffer else []
+        return list(from_buffer) + (super().get_samples(num_samples - len(from_buffer))
+                                    if num_samples > len(from_buffer) else [])
+
+    def add_samples(self, samples: list[list[Sample]]) -> None:
+        for group in samples:
+            if len(group) != int(self.args.n_samples_per_prompt):
+                raise DataSourceError(f"add_samples takes groups of --n-samples-per-prompt "
+                                      f"({self.args.n_samples_per_prompt}) samples, got one of {len(group)}")
+            self.buffer.append(group)
+
+    def update_metadata(self, metadata: dict) -> None:
+        self.metadata.update(metadata)
+
+    def get_metadata(self) -> dict:
+        return self.metadata
+
+    def get_buffer_length(self) -> int:
+        return len(self.buffer)
+
+
+def pop_first(args: Any, rollout_id: Any, buffer: list[list[Sample]], num_samples: int) -> list[list[Sample]]:
+    """The default buffer filter: the oldest `num_samples` groups, removed from the buffer."""
+    taken = buffer[:num_samples]
+    del buffer[:num_samples]
+    return taken

@@ -1,4 +1,4 @@
-"""Small helpers upstream slime's plugins import from here: `load_function`."""
+"""Small helpers upstream slime's plugins import from here: `load_function`, `SingletonMeta`."""
 
 from __future__ import annotations
 
@@ -24,3 +24,17 @@ def load_function(path: str) -> Callable[..., Any]:
     if not hasattr(module, attr):
         raise FunctionPathError(f"{module_name} has no attribute {attr!r} (from {path!r})")
     return getattr(module, attr)
+
+
+class SingletonMeta(type):
+    """One instance per class (GenerateState); `clear_instances()` forgets it (a new run, a test)."""
+
+    _instances: dict = {}
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls not in cls._instances:
+            cls._instances[cls] = super().__call__(*args, **kwargs)
+        return cls._instances[cls]
+
+    def clear_instances(cls) -> None:
+        cls._instances.pop(cls, None)

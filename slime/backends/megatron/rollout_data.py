@@ -32,7 +32,9 @@ def pack_samples(samples: Sequence[Any], reward_key: str | None = None) -> dict[
 
     lengths = np.array([len(s.tokens) for s in samples], dtype=np.int64)
     response = np.array([int(s.response_length) for s in samples], dtype=np.int64)
-    masks = [s.loss_mask if s.loss_mask is not None else [1] * int(s.response_length) for s in samples]
+    # a sample marked remove_sample (--rollout-sample-filter-path) stays in the batch without loss
+    masks = [[0] * int(s.response_length) if getattr(s, "remove_sample", False) else
+             s.loss_mask if s.loss_mask is not None else [1] * int(s.response_length) for s in samples]
     with_lp = bool(samples) and all(s.rollout_log_probs is not None for s in samples)
     return {
         "tokens": np.fromiter((t for s in samples for t in s.tokens), dtype=np.int64, count=int(lengths.sum())),

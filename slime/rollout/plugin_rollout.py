@@ -1,0 +1,93 @@
+"""Rollouts through upstream slime's plugin contracts, run by the rollout manager when a run names one:
+`--rollout-function-path`, `--data-source-path` or `--custom-generate-function-path`.
+
+The plugins see the args upstream's see: `sglang_router_ip`/`sglang_router_port` name the sglang-router
+in front of the engines (or the first engine when requests are routed in-process), and the data source
+is upstream's `RolloutDataSourceWithBuffer` over --prompt-data (its position is the manager's data source,
+saved with checkpoints) or the `--data-source-path` class built as `cls(args)`. The rollout function's
+groups are flattened in order for the trainer; every sample must carry its tokens, response length,
+loss mask, engine log-probs and reward (checked here, one line naming the sample).
+
+This path runs the plugins as upstream does; it does not re-issue requests lost to an engine failure
+(the project's own rollout loop, slime.rollout.generate, does).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+from slime.rollout.base_types import RolloutFnTrainOutput, call_rollout_fn
+from slime.rollout.generate import RolloutError
+from slime.utils.http_utils import init_http_client
+from slime.utils.misc import load_function
+from slime.utils.types import Sample
+
+DEFAULT_ROLLOUT_FUNCTION = "slime.rollout.sglang_rollout.generate_rollout"
+
+
+def uses_plugin_rollout(args: Any) -> bool:
+    return any(getattr(args, name, None) for name in
+               ("rollout_function_path", "data_source_path", "custom_generate_function_path"))
+
+
+def plugin_args(args: Any, router_url: str, num_engines: int) -> Any:
+    out = copy.copy(args)
+    parts = urlsplit(router_url)
+    out.sglang_router_ip, out.sglang_router_port = parts.hostname, parts.port
+    out.rollout_num_engines = num_engines
+    out.rollout_global_dataset = True
+    return out
+
+
+def make_data_source(args: Any, source: Any, tokenizer: Any) -> Any:
+    path = getattr(args, "data_source_path", None)
+    if path:
+        return load_function(path)(args)
+    from slime.rollout.data_source import RolloutDataSourceWithBuffer
+
+    return RolloutDataSourceWithBuffer(args, tokenizer, source)
+
+
+def _flatten(groups: list) -> list[Sample]:
+    out: list[Sample] = []
+    for group in groups:
+        for item in group:
+            out.extend(item if isinstance(item, list) else [item])
+    return out
+
+
+def check_samples(samples: list[Sample], where: str) -> None:
+    for s in samples:
+        n = s.response_length
+        problem = None
+        if n < 1 or len(s.tokens) <= n:
+            problem = f"response_length {n} with {len(s.tokens)} tokens (prompt + response)"
+        elif s.loss_mask is not None and len(s.loss_mask) != n:
+            problem = f"{len(s.loss_mask)} loss-mask entries for {n} response tokens"
+        elif s.rollout_log_probs is None or len(s.rollout_log_probs) != n:
+            problem = f"rollout_log_probs must have {n} entries (append_response_tokens fills them)"
+        elif s.reward is None:
+            problem = "no reward"
+        if problem:
+            raise RolloutError(f"{where} returned sample {s.index}: {problem}")
+
+
+def run_plugin_rollout(args: Any, rollout_id: int, data_source: Any) -> tuple[list[Sample], dict[str, float]]:
+    init_http_client(args)
+    path = getattr(args, "rollout_function_path", None) or DEFAULT_ROLLOUT_FUNCTION
+    t0 = time.perf_counter()
+    out = call_rollout_fn(load_function(path), args, rollout_id, data_source, evaluation=False)
+    if not isinstance(out, RolloutFnTrainOutput):
+        raise RolloutError(f"--rollout-function-path {path} returned {type(out).__name__} for a training rollout")
+    samples = _flatten(out.samples)
+    check_samples(samples, path)
+    elapsed = time.perf_counter() - t0
+    tokens = sum(s.response_length for s in samples)
+    metrics = {"rollout/generate_time": elapsed, "rollout/response_tokens": float(tokens),
+               "rollout/truncated_ratio": sum(s.status == Sample.Status.TRUNCATED for s in samples) / max(1, len(samples)),
+               "perf/engine_tokens_per_s": tokens / max(elapsed, 1e-9)}
+    metrics.update({k: float(v) for k, v in (out.metrics or {}).items()})
+    return samples, metrics

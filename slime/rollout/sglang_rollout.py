@@ -1,0 +1,255 @@
+"""Upstream slime's rollout module and its contracts, for plugins (`--rollout-function-path`,
+`--custom-generate-function-path`) and the rollouts that use them.
+
+    state = GenerateState(args)                    # tokenizer, processor, semaphore, sampling_params
+    sample = await generate(args, sample, params)  # SGLang text /generate at the router, one turn
+    out = await generate_and_rm(args, sample, params, evaluation=False)
+    generate_rollout(args, rollout_id, data_source, evaluation=False) -> RolloutFnTrainOutput | RolloutFnEvalOutput
+
+Requests go to `http://{args.sglang_router_ip}:{args.sglang_router_port}/generate` (the sglang-router
+in front of the engines; the rollout manager sets these) with `return_logprob`; the answer's
+`meta_info.output_token_logprobs` ([[logprob, token_id, ...], ...]) and `meta_info.finish_reason.type`
+fill the sample through `Sample.append_response_tokens`. A group's samples are generated concurrently,
+at most --sglang-server-concurrency x engines in flight; the rollout keeps the first
+--rollout-batch-size groups to finish that pass --dynamic-sampling-filter-path, submitting
+--over-sampling-batch-size more whenever too few are pending, and aborts the rest (given back to
+the data source with --partial-rollout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from argparse import Namespace
+from typing import Any
+
+from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
+from slime.rollout.filter_hub.base_types import MetricGatherer, call_dynamic_filter, should_drop_dynamic_filter_output
+from slime.rollout.rm_hub import async_rm, batched_async_rm
+from slime.utils.async_utils import run
+from slime.utils.http_utils import get_rollout_num_engines, post
+from slime.utils.misc import SingletonMeta, load_function
+from slime.utils.types import Sample
+
+__all__ = ["GenerateState", "generate", "generate_and_rm", "generate_and_rm_group", "generate_rollout",
+           "eval_rollout", "get_model_url"]
+
+logger = logging.getLogger(__name__)
+
+
+def get_model_url(args: Namespace, model_name: str | None = None, endpoint: str = "/generate") -> str:
+    """The router URL (a named model's router under --sglang-config, when the run has several)."""
+    routers = getattr(args, "sglang_model_routers", None) or {}
+    if model_name in routers:
+        ip, port = routers[model_name]
+        return f"http://{ip}:{port}{endpoint}"
+    return f"http://{args.sglang_router_ip}:{args.sglang_router_port}{endpoint}"
+
+
+class GenerateState(metaclass=SingletonMeta):
+    """The process-wide generation state: tokenizer, processor, request semaphore, default sampling params."""
+
+    def __init__(self, args: Namespace) -> None:
+        from transformers import AutoTokenizer
+
+        self.args = args
+        self.tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
+        self.processor = None  # text-only models here; multimodal processors are not loaded
+        concurrency = int(getattr(args, "sglang_server_concurrency", None) or 512)
+        self.semaphore = asyncio.Semaphore(concurrency * max(1, get_rollout_num_engines(args)))
+        self.sampling_params: dict[str, Any] = dict(
+            temperature=args.rollout_temperature, top_p=args.rollout_top_p, top_k=args.rollout_top_k,
+            max_new_tokens=args.rollout_max_response_len, stop=getattr(args, "rollout_stop", None),
+            stop_token_ids=getattr(args, "rollout_stop_token_ids", None),
+            skip_special_tokens=bool(getattr(args, "rollout_skip_special_tokens", False)),
+            no_stop_trim=True, spaces_between_special_tokens=False)
+        self.sampling_params = {k: v for k, v in self.sampling_params.items() if v is not None}
+        self.reset()
+
+    def reset(self) -> None:
+        self.remaining_batch_size = 0
+        self.pendings: set[asyncio.Task] = set()
+        self.aborted = False
+
+    def submit_generate_tasks(self, groups: list[list[Sample]]) -> None:
+        for group in groups:
+            self.pendings.add(asyncio.ensure_future(
+                generate_and_rm_group(self.args, group, sampling_params=self.sampling_params.copy(), evaluation=False)))
+        self.remaining_batch_size += len(groups)
+
+
+def _prompt_ids(sample: Sample, tokenizer: Any) -> list[int]:
+    if sample.tokens:
+        return list(sample.tokens)
+    return list(tokenizer.encode(sample.prompt, add_special_tokens=False))
+
+
+async def generate(args: Namespace, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
+    """One model turn for `sample` (its tokens so far are the prompt), appended with its log-probs."""
+    state = GenerateState(args)
+    if sample.status not in (Sample.Status.PENDING, Sample.Status.ABORTED):
+        raise ValueError(f"sample {sample.index} is {sample.status.value}; only pending or aborted samples generate")
+    prompt_ids = _prompt_ids(sample, state.tokenizer)
+    params = dict(sampling_params)
+    params["max_new_tokens"] = int(params["max_new_tokens"]) - sample.response_length
+    if params["max_new_tokens"] < 0:
+        raise ValueError(f"sample {sample.index} already has {sample.response_length} response tokens, more than "
+                         "--rollout-max-response-len")
+    if params["max_new_tokens"] == 0:
+        sample.status = Sample.Status.TRUNCATED
+        return sample
+    if not sample.tokens:
+        sample.tokens = prompt_ids
+    output = await post(get_model_url(args), {"input_ids": prompt_ids, "sampling_params": params,
+                                              "return_logprob": True})
+    pairs = output["meta_info"].get("output_token_logprobs") or []
+    sample.append_response_tokens(args, tokens=[p[1] for p in pairs], log_probs=[p[0] for p in pairs],
+                                  trainable=True, meta_info=output["meta_info"], text=output.get("text", ""))
+    return sample
+
+
+async def _custom_generate(fn: Any, args: Namespace, sample: Sample, params: dict, evaluation: bool) -> Any:
+    takes_evaluation = "evaluation" in inspect.signature(fn).parameters
+    out = fn(args, sample, params, evaluation=evaluation) if takes_evaluation else fn(args, sample, params)
+    return await out if inspect.isawaitable(out) else out
+
+
+async def generate_and_rm(args: Namespace, sample: Sample, sampling_params: dict[str, Any],
+                          evaluation: bool = False) -> Sample | list[Sample]:
+    """Generate (the sample's own generate_function_path, else --custom-generate-function-path, else
+    `generate`), then reward it unless --group-rm or the generate function already did."""
+    if getattr(args, "partial_rollout", False) and getattr(args, "mask_offpolicy_in_partial_rollout", False) \
+            and sample.response_length > 0:
+        sample.loss_mask = [0] * sample.response_length  # the earlier part came from older weights
+    if sample.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED):
+        return sample  # finished before (a partial rollout given back)
+    state = GenerateState(args)
+    async with state.semaphore:
+        if state.aborted:
+            sample.status = Sample.Status.ABORTED
+            return sample
+        path = sample.generate_function_path or getattr(args, "custom_generate_function_path", None)
+        if path:
+            sample = await _custom_generate(load_function(path), args, sample, sampling_params, evaluation)
+        else:
+            sample = await generate(args, sample, sampling_params)
+    if getattr(args, "group_rm", False):
+        return sample
+    if isinstance(sample, list):
+        if any(s.status == Sample.Status.ABORTED for s in sample):
+            return sample
+        todo = [s for s in sample if s.reward is None]
+        for s, reward in zip(todo, await batched_async_rm(args, todo)):
+            s.reward = reward
+        return sample
+    if sample.status != Sample.Status.ABORTED and sample.reward is None:
+        sample.reward = await async_rm(args, sample)
+    return sample
+
+
+async def generate_and_rm_group(args: Namespace, group: list[Sample], sampling_params: dict[str, Any],
+                                evaluation: bool = False) -> list:
+    """A prompt's samples, concurrently; with --group-rm one batched reward call for the group."""
+    state = GenerateState(args)
+    if state.aborted:
+        return group
+    group = list(await asyncio.gather(*(generate_and_rm(args, s, sampling_params.copy(), evaluation=evaluation)
+                                        for s in group)))
+    if not state.aborted and getattr(args, "group_rm", False):
+        for s, reward in zip(group, await batched_async_rm(args, group)):
+            s.reward = reward
+    return group
+
+
+async def abort(args: Namespace, rollout_id: int) -> list[list[Sample]]:
+    """Stop the groups still generating: cancelled here (their requests' answers are dropped) and, with
+    --partial-rollout, returned to be given back to the data source."""
+    state = GenerateState(args)
+    state.aborted = True
+    leftover: list[list[Sample]] = []
+    while state.pendings:
+        done, state.pendings = await asyncio.wait(state.pendings, return_when=asyncio.FIRST_COMPLETED)
+        if getattr(args, "partial_rollout", False):
+            for task in done:
+                group = task.result()
+                for s in group:
+                    if s.response and "start_rollout_id" not in s.metadata:
+                        s.metadata["start_rollout_id"] = rollout_id
+                leftover.append(group)
+    return leftover
+
+
+def _first(group: list) -> Sample:
+    return group[0][0] if isinstance(group[0], list) else group[0]
+
+
+async def generate_rollout_async(args: Namespace, rollout_id: int, data_source: Any
+                                 ) -> tuple[RolloutFnTrainOutput, list[list[Sample]]]:
+    """--rollout-batch-size groups: the first to finish that the dynamic-sampling filter keeps."""
+    state = GenerateState(args)
+    path = getattr(args, "dynamic_sampling_filter_path", None)
+    dynamic_filter = load_function(path) if path else None
+    gatherer = MetricGatherer()
+    target = int(args.rollout_batch_size)
+    batch = int(getattr(args, "over_sampling_batch_size", None) or target)
+    data: list[list[Sample]] = []
+    every: list[list[Sample]] = []
+    while len(data) < target:
+        while state.remaining_batch_size < target:
+            state.submit_generate_tasks(data_source(batch))
+        done, state.pendings = await asyncio.wait(state.pendings, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            group = task.result()
+            every.append(group)
+            verdict = call_dynamic_filter(dynamic_filter, args, group)
+            if should_drop_dynamic_filter_output(verdict, remaining_batch_size=state.remaining_batch_size,
+                                                 target_data_size=target):
+                gatherer.on_dynamic_filter_drop(verdict.reason)
+                state.remaining_batch_size -= 1
+                continue
+            if len(data) < target:
+                data.append(group)
+    leftover = await abort(args, rollout_id)
+    data.sort(key=lambda g: _first(g).index)
+    every.sort(key=lambda g: _first(g).index)
+    state.reset()
+    if getattr(args, "rollout_sample_filter_path", None):
+        load_function(args.rollout_sample_filter_path)(args, data)
+    if getattr(args, "rollout_all_samples_process_path", None):
+        load_function(args.rollout_all_samples_process_path)(args, every, data_source)
+    return RolloutFnTrainOutput(samples=data, metrics=gatherer.collect()), leftover
+
+
+async def eval_rollout(args: Namespace, rollout_id: int) -> tuple[RolloutFnEvalOutput, list]:
+    """Every prompt of each --eval-prompt-data set, --n-samples-per-eval-prompt samples each, eval sampling."""
+    from slime.rollout.evaluation import eval_sampling_args, load_eval_sets
+
+    state = GenerateState(args)
+    eval_args = eval_sampling_args(args)
+    params = dict(state.sampling_params, temperature=eval_args.rollout_temperature, top_p=eval_args.rollout_top_p,
+                  top_k=eval_args.rollout_top_k, max_new_tokens=eval_args.rollout_max_response_len)
+    key = eval_args.reward_key
+    data: dict[str, dict[str, Any]] = {}
+    n = int(args.n_samples_per_eval_prompt)
+    for eval_set in load_eval_sets(args, state.tokenizer):
+        items = eval_set.source.next_batch(len(eval_set.source))
+        samples = [Sample(group_index=p.group_index, index=i * n + k, prompt=p.prompt, tokens=list(p.prompt_ids),
+                          label=p.label, metadata=dict(p.metadata)) for i, p in enumerate(items) for k in range(n)]
+        samples = list(await asyncio.gather(*(generate_and_rm(args, s, params.copy(), evaluation=True)
+                                              for s in samples)))
+        data[eval_set.name] = {"rewards": [s.reward if not key else s.reward[key] for s in samples],
+                               "truncated": [s.status == Sample.Status.TRUNCATED for s in samples],
+                               "samples": samples}
+    return RolloutFnEvalOutput(data=data), []
+
+
+def generate_rollout(args: Namespace, rollout_id: int, data_source: Any, evaluation: bool = False
+                     ) -> RolloutFnTrainOutput | RolloutFnEvalOutput:
+    """Upstream's default rollout function (`--rollout-function-path slime.rollout.sglang_rollout.generate_rollout`)."""
+    if evaluation:
+        return run(eval_rollout(args, rollout_id))[0]
+    output, leftover = run(generate_rollout_async(args, rollout_id, data_source.get_samples))
+    if leftover:
+        data_source.add_samples(leftover)
+    return output

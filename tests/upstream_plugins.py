@@ -1,0 +1,105 @@
+"""Plugins written only against upstream slime's documented contracts (its customization guide and the
+modules it names: slime.utils.types.Sample, slime.utils.http_utils.post, slime.rollout.sglang_rollout,
+slime.rollout.rm_hub), for tests/test_plugins.py. They record what they saw in $SLIME_PLUGIN_LOG (JSONL)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+from slime.rollout.sglang_rollout import GenerateState, generate_rollout
+from slime.rollout.synthetic import score
+from slime.utils.http_utils import post
+from slime.utils.types import Sample
+
+
+def _log(kind: str, **record) -> None:
+    with open(os.environ["SLIME_PLUGIN_LOG"], "a") as f:
+        f.write(json.dumps({"kind": kind, **record}) + "\n")
+
+
+# --custom-generate-function-path: two model turns around one tool call
+async def tool_calling_generate(args, sample: Sample, sampling_params: dict) -> Sample:
+    state = GenerateState(args)
+    url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate"
+    if not sample.tokens:
+        sample.tokens = state.tokenizer.encode(sample.prompt, add_special_tokens=False)
+    prompt_len, tool_tokens = len(sample.tokens), 0
+    for turn in range(2):
+        params = dict(sampling_params, max_new_tokens=3)
+        out = await post(url, {"input_ids": sample.tokens, "sampling_params": params, "return_logprob": True})
+        pairs = out["meta_info"]["output_token_logprobs"]
+        sample.append_response_tokens(args, tokens=[p[1] for p in pairs], log_probs=[p[0] for p in pairs],
+                                      trainable=True, meta_info=out["meta_info"], text=out["text"])
+        if turn == 0:
+            result = await post(os.environ["SLIME_TOOL_URL"], {"query": out["text"]})
+            ids = state.tokenizer.encode(result["text"], add_special_tokens=False)
+            tool_tokens = len(ids)
+            sample.append_response_tokens(args, tokens=ids, trainable=False, text=result["text"])
+    _log("generate", index=sample.index, prompt_len=prompt_len, tokens=len(sample.tokens),
+         response_length=sample.response_length, loss_mask=sample.loss_mask, tool_tokens=tool_tokens,
+         status=sample.status.value, log_probs=len(sample.rollout_log_probs))
+    return sample
+
+
+# --custom-rm-path: async, one sample
+async def async_reward(args, sample: Sample, **kwargs) -> float:
+    await asyncio.sleep(0)
+    _log("reward", index=sample.index)
+    return score(sample.response, sample.label)
+
+
+# --custom-rm-path with --group-rm: a prompt's samples at once
+async def batched_reward(args, samples: list[Sample], **kwargs) -> list[float]:
+    _log("batched_reward", indices=[s.index for s in samples])
+    return [score(s.response, s.label) for s in samples]
+
+
+# --rollout-function-path: the default rollout, plus a metric of its own
+def custom_rollout(args, rollout_id, data_source, evaluation=False):
+    out = generate_rollout(args, rollout_id, data_source, evaluation)
+    _log("rollout", rollout_id=rollout_id, groups=len(out.samples), sizes=[len(g) for g in out.samples])
+    out.metrics = dict(out.metrics or {}, **{"rollout/custom_fn_rollout_id": float(rollout_id)})
+    return out
+
+
+# --data-source-path: prompts from the JSONL file, served in file order, groups given back served first
+class FileOrderDataSource:
+    def __init__(self, args):
+        from transformers import AutoTokenizer
+
+        self.args = args
+        self.tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
+        with open(args.prompt_data) as f:
+            self.rows = [json.loads(line) for line in f if line.strip()]
+        self.position, self.next_index, self.buffer = 0, 0, []
+
+    def get_samples(self, num_samples: int) -> list[list[Sample]]:
+        groups = self.buffer[:num_samples]
+        del self.buffer[:num_samples]
+        while len(groups) < num_samples:
+            row = self.rows[self.position % len(self.rows)]
+            text = self.tokenizer.apply_chat_template([{"role": "user", "content": row[self.args.input_key]}],
+                                                      tokenize=False, add_generation_prompt=True)
+            group = []
+            for _ in range(self.args.n_samples_per_prompt):
+                group.append(Sample(group_index=self.position, index=self.next_index, prompt=text,
+                                    label=row[self.args.label_key]))
+                self.next_index += 1
+            groups.append(group)
+            self.position += 1
+        _log("get_samples", n=num_samples, first_group=groups[0][0].group_index)
+        return groups
+
+    def add_samples(self, samples: list[list[Sample]]):
+        self.buffer.extend(samples)
+
+    def save(self, rollout_id):
+        pass  # nothing to persist: the position restarts with the run
+
+    def load(self, rollout_id=None):
+        pass
+
+    def __len__(self):
+        return len(self.rows)
