@@ -1,6 +1,7 @@
 """Upstream slime's run scripts on this train.py: their captured command lines (tests/data/
-upstream_train_commands.json, with the upstream commit) pass `--dry-run` against a directory that holds
-only the matching scripts/models/configs/<model>.json as config.json: no unknown flag, MODEL_ARGS agreeing."""
+upstream_train_commands.json, all 23 scripts/run-*.sh of the upstream commit) pass `--dry-run` against a directory
+that holds only the matching scripts/models/configs/<model>.json as config.json: no unknown flag, MODEL_ARGS
+agreeing, no "would fail at start-up" line. The ones needing what is not built yet are strict xfails naming it."""
 
 from __future__ import annotations
 
@@ -18,6 +19,33 @@ DATA = json.loads((ROOT / "tests/data/upstream_train_commands.json").read_text()
 SCRIPTS = sorted(DATA["scripts"])
 
 
+# Scripts that need what is not built yet (issue 20 part 2): strict, so each flips to a failure once it passes.
+_DSV3 = "deepseek_v3 family not built (MLA with YaRN mscale: --rotary-scaling-factor, --mscale, --mscale-all-dim)"
+_SFT = "train_async.py and SFT not built (--loss-type sft_loss, --num-epoch, --debug-train-only, ...)"
+_SPAN = "colocated SGLang engines spanning nodes not built (--rollout-num-gpus-per-engine > --actor-num-gpus-per-node)"
+PENDING = {
+    "run-deepseek-r1.sh": _DSV3,
+    "run-kimi-k2-Instruct.sh": _DSV3,
+    "run-kimi-k2-Thinking.sh": _DSV3,
+    "run-moonlight-16B-A3B.sh": _DSV3 + "; --no-masked-softmax-fusion",
+    "run-glm4-9B.sh": "glm4 family not built (--post-self-attn-layernorm, --post-mlp-layernorm, --rotary-interleaved)",
+    "run-glm4.7-30B-A3B.sh": "MTP training under context parallel 2 not built, and its EP8 x PP2 layout on 8 devices refused",
+    "run-glm4.7-355B-A32B.sh": _SPAN,
+    "run-glm5-744B-A40B.sh": _SPAN,
+    "run-glm5.2-744B-A40B.sh": _SPAN,
+    "run-mimo-7B-rl-eagle.sh": "MiMo family (qwen2 + MTP) not built (--max-position-embeddings, model_type mimo)",
+    "run-minimax-m2.sh": "minimax_m2 family not built (--model-name minimax_m2, model_type minimax_m2)",
+    "run-qwen2.5-0.5B-reproducibility.sh": "--deterministic-mode not built",
+    "run-qwen3-4B-amd.sh": "--no-offload-train, --no-offload-rollout, --no-gradient-accumulation-fusion not built",
+    "run-qwen3-next-80B-A3B.sh": "qwen3_next family not built (--use-gated-attention, --apply-layernorm-1p, "
+                                 "--attention-output-gate, --moe-shared-expert-gate; Gated DeltaNet)",
+    "run-qwen3.5-27B.sh": "Qwen3.5 family not built (gated attention, Gated DeltaNet; model_type qwen3_5)",
+    "run-qwen3-4B-base-sft.sh": _SFT,
+    "run-qwen3-235B-A22B-sft.sh": _SFT,
+    "run-qwen3.5-35B-A3B-sft.sh": _SFT + "; Qwen3.5 MoE family not built",
+}
+
+
 def _argv(script: str, tmp_path: Path) -> list[str]:
     entry = DATA["scripts"][script]
     ckpt = tmp_path / "hf"
@@ -32,28 +60,57 @@ def _argv(script: str, tmp_path: Path) -> list[str]:
     return argv + ["--output-dir", str(tmp_path / "out"), "--dry-run"]
 
 
+def _main(program: str):
+    """The entry point the script submits: train.py or train_async.py (by file, as `python3 <program>` runs it)."""
+    import importlib.util
+
+    path = ROOT / program
+    assert path.is_file(), f"{program} does not exist"
+    if program == "train.py":
+        from slime.train import main
+
+        return main
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.main
+
+
 def test_captured_commands_name_their_upstream_commit():
     assert DATA["repository"] == "THUDM/slime" and len(DATA["commit"]) == 40
-    assert set(SCRIPTS) == {"run-glm5-744B-A40B.sh", "run-glm5.2-744B-A40B.sh", "run-glm4.7-30B-A3B.sh",
-                            "run-glm4.7-355B-A32B.sh", "run-qwen3-4B.sh"}
+    assert len(SCRIPTS) == 23 and set(PENDING) <= set(SCRIPTS)
+    assert {DATA["scripts"][s]["program"] for s in SCRIPTS} == {"train.py", "train_async.py"}
+    for s in SCRIPTS:  # every script has its model's config.json
+        assert (ROOT / DATA["scripts"][s]["config"]).is_file(), s
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("script", [
+    pytest.param(s, marks=pytest.mark.xfail(reason=PENDING[s], strict=True)) if s in PENDING else s for s in SCRIPTS])
 def test_upstream_script_dry_run_passes(script, tmp_path, capsys):
+    """--dry-run exits 0 with no "would fail" line (memory verdicts are printed, not judged)."""
+    entry = DATA["scripts"][script]
+    try:
+        code = _main(entry["program"])(_argv(script, tmp_path))
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    assert code == 0, err.strip().splitlines()[-3:]
+    assert "MODEL_ARGS agree with config.json" in out and out.rstrip().endswith("dry run OK")
+    assert "would fail" not in out and "error" not in out
+
+
+def test_upstream_script_paths_are_warnings(tmp_path, capsys):
+    """BASE_DIR paths do not exist here: warnings, not errors."""
     from slime.train import main
 
-    assert main(_argv(script, tmp_path)) == 0
-    out = capsys.readouterr().out
-    assert "MODEL_ARGS agree with config.json" in out and out.rstrip().endswith("dry run OK")
-    assert "error" not in out
-    # BASE_DIR paths do not exist here: warnings, not errors
-    assert "warning: --prompt-data /BASE/" in out or "warning: --prompt-data /root/" in out
+    assert main(_argv("run-qwen3-4B.sh", tmp_path)) == 0
+    assert "warning: --prompt-data /root/" in capsys.readouterr().out
 
 
 def test_upstream_layout_is_resolved(tmp_path, capsys):
     from slime.train import main
 
-    assert main(_argv("run-glm5.2-744B-A40B.sh", tmp_path)) == 0
+    assert main(_argv("run-glm5.2-744B-A40B.sh", tmp_path)) == 0  # (with a "would fail" line: engines span nodes)
     out = capsys.readouterr().out
     # TP4 PP8 CP8 on 256 devices: DP 1; first/last stages 14/16 layers, six middle stages of 8
     assert "world 256 = dp 1 x tp 4 x pp 8 x cp 8" in out

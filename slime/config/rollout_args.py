@@ -2,7 +2,8 @@
 train.py's parser; the rollout code reads only an argparse Namespace.
 
 `--sglang-<flag> VALUE` options are passed to `sglang.launch_server` as `--<flag> VALUE`: the ones
-below are typed here, any other SGLang server option is accepted through `slime.config.sglang_args`;
+below are typed here, every other SGLang server option (and every sglang-router option as `--router-*`)
+is registered from SGLang's own surface by `slime.config.sglang_options`, typed as SGLang types it;
 `--sglang-server-args "..."` passes anything verbatim. The embedded engine reads
 `--sglang-max-running-requests`, `--sglang-context-length` and `--sglang-dtype` too.
 """
@@ -21,9 +22,7 @@ SGLANG_PASSTHROUGH: dict[str, tuple[Any, str]] = {
     "context-length": (int, "context length (default: the model's)"),
     "dtype": (str, "weight dtype (auto, bfloat16, float16, float32)"),
     "max-running-requests": (int, "concurrent requests per engine"),
-    "attention-backend": (str, "attention kernel backend (default: the accelerator's)"),
     "chunked-prefill-size": (int, "prefill chunk size in tokens"),
-    "log-level": (str, "server log level"),
     "random-seed": (int, "server random seed"),
 }
 SGLANG_FLAGS = ("disable-cuda-graph", "enable-memory-saver", "disable-radix-cache")
@@ -96,10 +95,13 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     for name in SGLANG_FLAGS:
         _add(g, parser, f"--sglang-{name}", action="store_true", help=f"SGLang --{name}")
     _add(g, parser, "--sglang-server-args", type=str, default="", help="extra sglang.launch_server arguments, verbatim")
+    _add(g, parser, "--sglang-server-concurrency", type=int, default=512,
+         help="client-side limit of concurrent generate requests per engine (upstream's; not an SGLang option): "
+              "at most this x engines samples in flight, within --max-concurrency")
     _add(g, parser, "--sglang-config", type=str, default=None,
          help="YAML of SGLang server groups (upstream's format: sglang: [{name, server_groups: [{worker_type, "
               "num_gpus, num_gpus_per_engine, overrides}]}]); read and checked before Ray starts")
-    parser.set_defaults(sglang_extra_options=[], sglang_deployments=None)  # filled by parse_args / validation
+    parser.set_defaults(sglang_deployments=None)  # filled by validation
     _add(g, parser, "--prefill-num-servers", type=int, default=None,
          help="PD disaggregation: engines that only prefill (the rest decode); exclusive with --sglang-config")
     g = parser.add_argument_group("rollout router")
@@ -108,6 +110,12 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     _add(g, parser, "--sglang-router-ip", type=str, default=None,
          help="a running sglang-router to register the engines with (default: start one)")
     _add(g, parser, "--sglang-router-port", type=int, default=None, help="port of --sglang-router-ip")
+    _add(g, parser, "--sglang-router-request-timeout-secs", type=int, default=14400,
+         help="seconds the router lets one request take (its --request-timeout-secs)")
+    from slime.config.sglang_options import add_router_options, add_server_options
+
+    add_server_options(parser)  # every other --sglang-<option>, typed as SGLang types it
+    add_router_options(parser)  # --router-<option>, upstream slime's defaults
     _add_eval_arguments(parser)
     return parser
 
@@ -175,10 +183,9 @@ def sglang_passthrough(args: argparse.Namespace) -> list[str]:
     for name in SGLANG_FLAGS:
         if getattr(args, "sglang_" + name.replace("-", "_"), False):
             out.append(f"--{name}")
-    from slime.config.sglang_args import extra_options
+    from slime.config.sglang_options import server_option_tokens
 
-    for name, value in extra_options(args).items():
-        out += [f"--{name}"] if value is True else [f"--{name}", str(value)]
+    out += server_option_tokens(args, skip=SGLANG_FLAGS + tuple(SGLANG_PASSTHROUGH))
     out += shlex.split(args.sglang_server_args or "")
     return out
 
@@ -205,6 +212,8 @@ def validate_rollout_args(args: argparse.Namespace) -> argparse.Namespace:
     need(0 < args.rollout_top_p <= 1, f"--rollout-top-p must be in (0, 1], got {args.rollout_top_p}")
     need(args.rollout_top_k == -1 or args.rollout_top_k >= 1, f"--rollout-top-k must be -1 or >= 1, got {args.rollout_top_k}")
     need(args.max_concurrency >= 1, f"--max-concurrency must be >= 1, got {args.max_concurrency}")
+    need(args.sglang_server_concurrency >= 1,
+         f"--sglang-server-concurrency must be >= 1, got {args.sglang_server_concurrency}")
     need(args.rollout_engine_max_restarts >= 0, "--rollout-engine-max-restarts must be >= 0")
     if args.rm_type:
         from slime.rollout.rewards import BUILTIN
@@ -212,6 +221,8 @@ def validate_rollout_args(args: argparse.Namespace) -> argparse.Namespace:
         base = args.rm_type[len("boxed_"):] if args.rm_type.startswith("boxed_") else args.rm_type
         need(base in BUILTIN or args.custom_rm_path,
              f"--rm-type {args.rm_type!r} is unknown; choose one of {', '.join(sorted(BUILTIN))} or use --custom-rm-path")
+    if (args.rm_type or "").removeprefix("boxed_") == "remote_rm":
+        need(bool(args.rm_url), "--rm-type remote_rm needs --rm-url http://host:port/path (the reward service)")
     for flag in ("custom_rm_path", "dynamic_sampling_filter_path", "custom_generate_function_path",
                  "rollout_function_path", "data_source_path", "buffer_filter_path", "rollout_sample_filter_path",
                  "rollout_all_samples_process_path"):
@@ -223,8 +234,6 @@ def validate_rollout_args(args: argparse.Namespace) -> argparse.Namespace:
                 load_custom(path, "--" + flag.replace("_", "-"))
             except RewardError as e:
                 raise RolloutArgumentError(str(e)) from e
-    if (args.rm_type or "").removeprefix("boxed_") == "remote_rm":
-        need(bool(args.rm_url), "--rm-type remote_rm needs --rm-url http://host:port/path (the reward service)")
     if args.over_sampling_batch_size is not None:
         need(args.over_sampling_batch_size >= 1, f"--over-sampling-batch-size must be >= 1, got {args.over_sampling_batch_size}")
     need(args.max_sampling_rounds >= 1, f"--max-sampling-rounds must be >= 1, got {args.max_sampling_rounds}")
@@ -277,3 +286,9 @@ def _validate_sglang_args(args: argparse.Namespace, need) -> None:
              f"--sglang-config {args.sglang_config}: its server groups use {total} devices but --rollout-num-gpus is "
              f"{rollout_gpus}; make them agree")
         args.sglang_deployments = models
+
+
+def request_concurrency(args: argparse.Namespace, num_engines: int) -> int:
+    """Generate requests in flight over the fleet: --sglang-server-concurrency per engine (upstream's
+    client-side limit), within --max-concurrency."""
+    return max(1, min(int(args.max_concurrency), int(args.sglang_server_concurrency) * max(1, int(num_engines))))

@@ -1,11 +1,9 @@
 """`--sglang-*` options: any SGLang server option, passed to `sglang.launch_server` as `--<name>`.
 
-Upstream slime derives its `--sglang-*` flags from SGLang's `ServerArgs`; so does this module where
-SGLang is installed (names are then checked against ServerArgs and typed like it). Without SGLang
-(CPU machines, the embedded engine) any `--sglang-<name>` is accepted: `--sglang-<name> VALUE`, or
-a switch when no value follows. `register_sglang_options(parser, argv)` adds the ones `argv` uses
-to the parser before it parses, so `args.sglang_<name>` exists like any other flag and
-`args.sglang_extra_options` lists them.
+As upstream slime, every SGLang ServerArgs option is a `--sglang-<option>` flag, typed as SGLang types it
+(`slime.config.sglang_options`: read from the installed SGLang, or its recorded surface where SGLang cannot
+be imported). `check_sglang_argv(parser, argv)` turns a reserved or unknown `--sglang-<name>` into one line
+before argparse sees it; `extra_options(args)` lists the options given (values unlike SGLang's defaults).
 
 The embedded engine honors the options in `EMBEDDED_HONORED`; `embedded_ignored_line(args)` names
 the others in one line. `--sglang-config FILE` (YAML server groups, upstream's format) is read and
@@ -19,9 +17,8 @@ import dataclasses
 import os
 from typing import Any, Sequence
 
-# slime sets these itself for every engine (model, ports, devices); upstream skips them too
-RESERVED = ("model-path", "config", "port", "host", "tp-size", "nnodes", "node-rank", "dist-init-addr",
-            "base-gpu-id", "gpu-id-step", "nccl-port", "trust-remote-code", "skip-server-warmup")
+from slime.config.sglang_options import RENAMED, RESERVED, given_server_options, server_surface
+
 # options the embedded engine reads (slime/ray/rollout_manager.py)
 EMBEDDED_HONORED = ("max-running-requests", "context-length", "dtype", "random-seed")
 WORKER_TYPES = ("regular", "prefill", "decode", "placeholder", "encoder")
@@ -31,56 +28,33 @@ class SGLangConfigError(ValueError):
     """A bad --sglang-config file or --sglang-* option. One line: the problem and the fix."""
 
 
-def server_args_fields() -> dict[str, Any] | None:
-    """SGLang's ServerArgs fields {name-with-dashes: default}, or None when SGLang is not installed."""
-    try:
-        from sglang.srt.server_args import ServerArgs
-    except Exception:  # not installed, or its import needs a GPU stack
-        return None
-    return {f.name.replace("_", "-"): f.default for f in dataclasses.fields(ServerArgs)}
+def server_args_fields() -> set[str]:
+    """SGLang's ServerArgs field names (dashes) that have a command-line option."""
+    return {o.dest.replace("_", "-") for o in server_surface().options}
 
 
-def _flag_name(token: str) -> str:
-    return token.split("=", 1)[0][len("--sglang-"):]
-
-
-def register_sglang_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
-    """Add every `--sglang-<name>` in argv that the parser does not define yet; returns their names."""
-    fields = server_args_fields()
-    added: list[str] = []
-    for i, token in enumerate(argv):
+def check_sglang_argv(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
+    """One-line errors for a `--sglang-<name>` that slime sets itself or SGLang does not have; returns the
+    SGLang option names argv gives."""
+    names = []
+    for token in argv:
         if not token.startswith("--sglang-"):
             continue
         flag = token.split("=", 1)[0]
-        name = _flag_name(token)
-        if flag in parser._option_string_actions or name in added:
+        name = flag[len("--sglang-"):]
+        if flag in parser._option_string_actions:  # slime's own, or SGLang's registered
+            names.append(name)
             continue
         if name in RESERVED:
             raise SGLangConfigError(f"{flag}: slime sets SGLang's --{name} itself for every engine; remove it")
-        if fields is not None and name not in fields:
-            raise SGLangConfigError(f"{flag}: SGLang's ServerArgs has no option --{name}; check the name "
-                                    "(python -m sglang.launch_server --help)")
-        has_value = "=" in token or (i + 1 < len(argv) and not argv[i + 1].startswith("--"))
-        default = None if fields is None else fields[name]
-        if has_value:
-            typ = type(default) if isinstance(default, (int, float)) and not isinstance(default, bool) else str
-            parser.add_argument(flag, type=typ, default=None, help=argparse.SUPPRESS)
-        else:
-            if fields is not None and not isinstance(default, bool):
-                raise SGLangConfigError(f"{flag} needs a value (SGLang's --{name} is not a switch)")
-            parser.add_argument(flag, action="store_true", default=None, help=argparse.SUPPRESS)
-        added.append(name)
-    return added
+        raise SGLangConfigError(f"{flag}: SGLang {server_surface().version}'s ServerArgs has no option --{name}; "
+                                "check the name (python -m sglang.launch_server --help)")
+    return names
 
 
 def extra_options(args: argparse.Namespace) -> dict[str, Any]:
-    """{sglang option name: value} of the options register_sglang_options added and argv set."""
-    out = {}
-    for name in args.sglang_extra_options:
-        value = getattr(args, "sglang_" + name.replace("-", "_"), None)
-        if value is not None:
-            out[name] = value
-    return out
+    """{SGLang option name: value} of the SGLang options set unlike SGLang's defaults."""
+    return given_server_options(args)
 
 
 def embedded_ignored_line(args: argparse.Namespace) -> str | None:
@@ -89,7 +63,7 @@ def embedded_ignored_line(args: argparse.Namespace) -> str | None:
 
     given = [n for n in SGLANG_PASSTHROUGH if getattr(args, "sglang_" + n.replace("-", "_"), None) is not None]
     given += [n for n in SGLANG_FLAGS if getattr(args, "sglang_" + n.replace("-", "_"), False)]
-    given += list(extra_options(args))
+    given += [n for n in extra_options(args) if n not in given]
     ignored = [f"--sglang-{n}" for n in given if n not in EMBEDDED_HONORED]
     if args.sglang_config:
         ignored.append("--sglang-config")
@@ -173,13 +147,17 @@ def load_sglang_config(path: str, default_gpus_per_engine: int) -> list[ModelDep
             overrides = g.get("overrides") or {}
             if not isinstance(overrides, dict):
                 raise bad(f"{where}: overrides must be a mapping of SGLang ServerArgs names")
-            for key in overrides:
+            current = {}
+            for key, value in overrides.items():
                 name = str(key).replace("_", "-")
                 if not str(key).replace("_", "").isalnum():
                     raise bad(f"{where}: override {key!r} is not an option name")
-                if fields is not None and name not in fields:
+                if name not in fields and RENAMED.get(name) in fields:
+                    name = RENAMED[name]  # an SGLang 0.5.7 name upstream's scripts use
+                if name not in fields:
                     raise bad(f"{where}: override {key!r} is not an SGLang ServerArgs field")
-            groups.append(ServerGroup(wt, n, per, dict(overrides)))
+                current[name.replace("-", "_")] = value
+            groups.append(ServerGroup(wt, n, per, current))
         if {g.worker_type for g in groups} & {"prefill", "decode"} and not (
                 {"prefill", "decode"} <= {g.worker_type for g in groups}):
             raise bad(f"model {m['name']!r}: PD disaggregation needs both a prefill and a decode group")
