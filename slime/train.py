@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import time
 from typing import Any, Sequence
@@ -86,12 +87,19 @@ def train(args) -> list[dict[str, Any]]:
     from slime.ray.actor_group import RayTrainGroup
     from slime.ray.placement_group import create_placement_groups, init_ray
 
+    from slime.utils.exits import library_signal_handlers_reclaimed
+
     _cpu_threads_default(args)
-    init_ray(args.num_cpus)
+    with library_signal_handlers_reclaimed():  # ray.init replaces the SIGTERM handler
+        init_ray(args.num_cpus)
     slots = create_placement_groups(args)
     handles: dict[str, Any] = {}  # filled as they start, so a failure still stops what is running
     try:
         handles["actor"] = RayTrainGroup(args, slots["actor"])
+        from slime.utils.run_identity import record_processes
+
+        record_processes(args.output_dir, handles["actor"].pids, "trainer")  # freed by the next run if killed
+        _trainer_pids[:] = handles["actor"].pids
         return _run(args, handles, slots)
     finally:
         _cleanup(handles.get("actor"), handles.get("rollout"), slots)
@@ -107,7 +115,14 @@ def _cleanup(actor, rollout, slots) -> None:
     from slime.accelerator import get_accelerator
     from slime.utils.exits import signals_deferred
 
+    from slime.utils import exits
+
     with signals_deferred():
+        if exits.ray_core_dead():  # the signal reached Ray's GCS/raylet too: Ray calls would hang, go around it
+            exits.kill_session_processes(exits.local_ray_node_pids().get("raylet"))
+            if actor is not None:
+                get_accelerator().release_ipc_memory(actor.pids)
+            return
         if actor is not None:  # first: a distributed weight sync tells the engines to leave its group
             actor.shutdown()
         if rollout is not None:
@@ -242,10 +257,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Exit status: 0 done, 1 error (one line; SLIME_DEBUG=1 for the traceback), 2 bad input found
     before Ray starts, 130/143 after SIGINT/SIGTERM (engines, trainer ranks and shared memory released)."""
     from slime.utils import exits
+
+    _setup_logging()
+    exits.install_signal_handlers()  # first: a signal while parsing or in preflight also exits 128 + N, one line
+    exits.start_stop_watchdog(_take_over_stop)
+    try:
+        code = _main(argv)
+    except exits.Interrupted as e:  # before Ray started (later ones are handled with the cleanup in _main)
+        print(f"train.py: {e.name}: stopped; exit {e.exit_code}", file=sys.stderr, flush=True)
+        return e.exit_code
+    if code >= 128 and exits.ray_core_dead():  # interpreter exit would run Ray's hooks, which wait for the GCS
+        sys.stdout.flush()
+        os._exit(code)
+    return code
+
+
+_trainer_pids: list[int] = []  # the run's trainer ranks, for a cleanup that cannot go through Ray
+
+
+def _stop_line(name: str, code: int) -> str:
+    return f"train.py: {name}: stopped the engines and trainer ranks, released their shared memory; exit {code}"
+
+
+def _take_over_stop(signum: int) -> bool:
+    """The watchdog's cleanup when the main thread is stuck in a Ray call after the signal killed Ray's own
+    processes too: stop the session's processes and free the trainer ranks' shared memory directly."""
+    from slime.accelerator import get_accelerator
+    from slime.utils import exits
+
+    if not exits.ray_core_dead():
+        return False  # Ray answers: the main thread's cleanup goes through it
+    exits.kill_session_processes(exits.local_ray_node_pids().get("raylet"))
+    get_accelerator().release_ipc_memory(_trainer_pids)
+    exits.hard_exit(128 + signum, _stop_line(signal.Signals(signum).name, 128 + signum))
+    return True
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    from slime.utils import exits
     from slime.config.arguments import parse_args
     from slime.config.preflight import PreflightError, run_preflight
 
-    _setup_logging()
     args = parse_args(argv)
     from slime.dry_run import run, runtime_warnings
     from slime.config.arguments import build_parser
@@ -259,11 +311,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     for line in preflight.lines(args):
         print(line, flush=True)
+    _start_run(args, preflight)
     for line in runtime_warnings(args, build_parser()):
         logger.warning(line)
+    if preflight.resume_iteration is not None and preflight.resume_iteration + 1 >= args.num_rollout:
+        print(f"nothing to do: {args.load} already holds rollout {preflight.resume_iteration} (--num-rollout "
+              f"{args.num_rollout}); raise --num-rollout to continue", flush=True)
+        return 0  # found before Ray starts
     if not exits.debug():
         os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")  # errors reach the console once, below
-    exits.install_signal_handlers()
     started_ray = False
     try:
         import ray
@@ -273,8 +329,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BaseException as e:  # noqa: BLE001 - every way out gets one line and a status
         stop = exits.interruption(e)
         if stop is not None:
-            print(f"train.py: {stop.name}: stopped the engines and trainer ranks, released their shared memory; "
-                  f"exit {stop.exit_code}", file=sys.stderr, flush=True)
+            print(_stop_line(stop.name, stop.exit_code), file=sys.stderr, flush=True)
+            exits.mark_exit_reported()
             return stop.exit_code
         if exits.debug() or not isinstance(e, Exception):
             raise
@@ -295,23 +351,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"reward: first {rewards[0]:.3f} -> last {rewards[-1]:.3f} (mean of first {k}: "
               f"{sum(rewards[:k]) / k:.3f}, last {k}: {sum(rewards[-k:]) / k:.3f}) over {len(records)} iterations; "
               f"metrics in {os.path.join(args.output_dir, 'metrics.jsonl')}", flush=True)
-    elif preflight.resume_iteration is not None and preflight.resume_iteration + 1 >= args.num_rollout:
-        print(f"nothing to do: {args.load} already holds rollout {preflight.resume_iteration} (--num-rollout "
-              f"{args.num_rollout}); raise --num-rollout to continue", flush=True)
     return 0
+
+
+def _start_run(args, preflight) -> None:
+    """Before Ray: free what a killed earlier run of this output dir left (its trainer ranks' shared memory),
+    discard the records of a restarted run's unsaved rollouts, and write this run's identity."""
+    from slime.utils import run_identity
+
+    freed = run_identity.release_stale_memory(args.output_dir)
+    if freed:
+        logger.info("released %d shared-memory files of an earlier run's dead trainer ranks", freed)
+    if preflight.restart_records:
+        run_identity.discard_unsaved_records(args.output_dir)
+    run_identity.start_run(args)
 
 
 def _shutdown_ray() -> None:
     """Stop the local Ray session this process started (its raylet, object store and agents)."""
     import ray
 
-    from slime.utils.exits import signals_deferred
+    from slime.utils import exits
 
-    with signals_deferred():
-        try:
-            ray.shutdown()
-        except Exception as e:  # noqa: BLE001 - exiting anyway
-            logger.warning("ray shutdown: %s", e)
+    with exits.signals_deferred():
+        raylet = exits.local_ray_node_pids().get("raylet")
+        if not exits.ray_core_dead():  # else ray.shutdown would wait for the GCS
+            try:
+                ray.shutdown()
+            except Exception as e:  # noqa: BLE001 - exiting anyway
+                logger.warning("ray shutdown: %s", e)
+        # what ray.shutdown leaves (agents that outlive the raylet for up to a minute, workers of a dead raylet)
+        exits.kill_session_processes(raylet)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ What is checked, each failure one line naming the file or flag and the fix (`Pre
   iteration's `.metadata` storage ranges fit its `.distcp` files and `common.pt` is a complete archive; the
   former per-rank `rank_*.pt` archives are complete; an HF dir passes the --hf-checkpoint checks;
 - runs are never overwritten: an output dir holding metrics.jsonl, or a `--save` dir holding checkpoints,
-  is refused unless `--load` resumes from it or `--overwrite-output` is given.
+  is refused unless `--load` resumes from it, the same command re-runs it before its first checkpoint
+  (`slime.utils.run_identity`: it restarts) or `--overwrite-output` is given.
 Nothing is created: the probes are removed before returning, directories are made later by the run.
 """
 
@@ -54,6 +55,7 @@ class PreflightReport:
     labelled: int = 0
     resume_iteration: int | None = None  # the --load iteration the run will resume after
     resume_root: str | None = None  # the checkpoint root (holding the tracker) of that iteration
+    restart_records: int = 0  # the same run re-run before its first checkpoint: its records to discard
 
     def lines(self, args: Any) -> list[str]:
         out = []
@@ -61,6 +63,10 @@ class PreflightReport:
             out.append(f"prompts: {self.prompts} in {args.prompt_data} ({self.labelled} with a label)")
         if self.resume_iteration is not None:
             out.append(f"resuming from {args.load} after rollout {self.resume_iteration}")
+        if self.restart_records:
+            n = self.restart_records
+            out.append(f"restarting from rollout 0: this run was stopped before its first checkpoint; {n} metric "
+                       f"record{'s' if n != 1 else ''} of its unsaved rollouts discarded")
         return out
 
 
@@ -334,6 +340,12 @@ def check_no_overwrite(args: Any, report: PreflightReport) -> None:
     resuming = report.resume_iteration is not None
     metrics = os.path.join(args.output_dir, METRICS_FILE) if args.output_dir else None
     if metrics and os.path.isfile(metrics) and os.path.getsize(metrics) > 0 and not resuming:
+        from slime.utils.run_identity import same_run
+
+        if same_run(args):  # this command's own run, stopped before its first checkpoint: restart it
+            with open(metrics) as f:
+                report.restart_records = sum(1 for line in f if line.strip())
+            return
         raise PreflightError(f"--output-dir {args.output_dir} holds another run's {METRICS_FILE}; resume it with "
                              "--load CKPT_DIR, pass --overwrite-output, or choose a fresh --output-dir")
     save = getattr(args, "save", None)

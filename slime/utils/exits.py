@@ -13,7 +13,10 @@ import glob
 import os
 import re
 import signal
-from typing import Iterator
+import sys
+import threading
+import time
+from typing import Callable, Iterator
 
 DEBUG_ENV = "SLIME_DEBUG"
 _HANDLED = (signal.SIGINT, signal.SIGTERM)
@@ -41,6 +44,7 @@ _received: list[int] = []  # signals seen by the handler, in order
 
 def _raise_interrupted(signum: int, _frame) -> None:
     _received.append(signum)
+    _notify_watchdog(signum)
     raise Interrupted(signum)
 
 
@@ -60,8 +64,31 @@ def install_signal_handlers() -> None:
     """SIGINT/SIGTERM raise `Interrupted` in the main thread (Ctrl-C would otherwise be KeyboardInterrupt,
     SIGTERM an exit without cleanup)."""
     _received.clear()
+    reclaim_signal_handlers()
+
+
+def reclaim_signal_handlers() -> None:
+    """Put the handlers back after a library replaced them (signals seen so far are kept). `ray.init` does:
+    it sets a Python SIGTERM handler (`sys.exit(15)`) and its core worker installs absl's crash handler,
+    which takes SIGTERM at the C level (a crash dump, then SIGABRT: exit 134, no cleanup)."""
     for s in _HANDLED:
         signal.signal(s, _raise_interrupted)
+
+
+@contextlib.contextmanager
+def library_signal_handlers_reclaimed() -> Iterator[None]:
+    """Run a call that installs its own SIGTERM handler (`ray.init`): our handlers are put back after it,
+    and its handler's `sys.exit(SIGTERM)` during the call becomes `Interrupted`, so that stage also exits
+    143 through the same cleanup."""
+    try:
+        yield
+    except SystemExit as e:
+        if e.code == signal.SIGTERM:
+            _received.append(signal.SIGTERM)
+            raise Interrupted(signal.SIGTERM) from None
+        raise
+    finally:
+        reclaim_signal_handlers()
 
 
 @contextlib.contextmanager
@@ -146,3 +173,136 @@ def describe_error(e: BaseException, logs_dir: str | None = None) -> list[str]:
     if "last lines:" in first:  # an engine's exit report: show the tail
         lines += ["  | " + line for line in rest.splitlines()[-20:]]
     return lines
+
+
+# ------------------------------------------------------------------ the local Ray session's processes
+def local_ray_node_pids() -> dict[str, int]:
+    """{name: pid} of the Ray node processes this driver started (gcs_server, raylet, ...); {} when it
+    joined a cluster or Ray is not running."""
+    try:
+        import ray
+
+        node = ray._private.worker._global_node
+        if node is None or not node.head:
+            return {}
+        return {name: infos[0].process.pid for name, infos in node.all_processes.items() if infos}
+    except Exception:
+        return {}
+
+
+def ray_core_dead() -> bool:
+    """Whether the local Ray session's GCS or raylet has exited (or is exiting): a SIGTERM sent to the whole
+    process group (`timeout`, `kill -TERM -PGID`, Slurm) reaches them too (Ray blocks only SIGINT in them).
+    Ray calls would then wait 60 s for the GCS and end the process, so the cleanup goes around Ray
+    (`kill_session_processes`). After a SIGTERM they are given up to 2 s to show it."""
+    import time
+
+    try:
+        import ray
+
+        node = ray._private.worker._global_node
+        if node is None or not node.head:
+            return False
+        core = [info.process for name in ("gcs_server", "raylet") for info in node.all_processes.get(name) or []]
+    except Exception:
+        return False
+    deadline = time.monotonic() + (2.0 if signal.SIGTERM in _received else 0.0)
+    while True:
+        if any(p.poll() is not None for p in core):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+def kill_session_processes(raylet_pid: int | None, grace_s: float = 3.0) -> int:
+    """Stop every process of the local Ray session still running: the workers (Ray gives them
+    RAY_RAYLET_PID; their children, e.g. an engine's server, inherit it) and the raylet's agents. SIGTERM,
+    then SIGKILL after `grace_s`. Returns how many were found."""
+    if not raylet_pid:
+        return 0
+    import psutil
+
+    found = []
+    me = os.getpid()
+    for p in psutil.process_iter(["pid"]):
+        if p.pid == me:
+            continue
+        try:
+            if p.environ().get("RAY_RAYLET_PID") == str(raylet_pid):
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    try:  # the agents run under the raylet
+        found += [c for c in psutil.Process(raylet_pid).children(recursive=True) if c not in found]
+    except psutil.Error:
+        pass
+    for p in found:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(found, timeout=grace_s)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=grace_s)
+    return len(found)
+
+
+# ------------------------------------------------------------------ a stop that Ray does not let through
+_watch: dict = {}  # "fd": write end of the watchdog's pipe, "done": set once the exit line is printed
+
+
+def _notify_watchdog(signum: int) -> None:
+    fd = _watch.get("fd")
+    if fd is not None:
+        try:
+            os.write(fd, bytes([signum]))
+        except OSError:
+            pass
+
+
+def mark_exit_reported() -> None:
+    """The main thread has printed the run's last line: the watchdog must not take over any more."""
+    if "done" in _watch:
+        _watch["done"].set()
+
+
+def start_stop_watchdog(take_over: Callable[[int], bool], grace_s: float = 5.0) -> None:
+    """A thread that sees SIGINT/SIGTERM even while the main thread is stuck inside a Ray call that does not
+    return (the GCS died from the same group signal: Ray retries for 60 s, then aborts): the signal's
+    C-level wake-up byte (`signal.set_wakeup_fd`; slime.ray.waiting puts this fd back after its waits) or
+    the handler's own write reach it; `grace_s` later, if the main thread has not reported the exit yet,
+    `take_over(signum)` runs there (it returns True when it ended the stop itself)."""
+    if "fd" in _watch or threading.current_thread() is not threading.main_thread():
+        return
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    _watch.update(fd=w, done=threading.Event())
+    signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+
+    def watch() -> None:
+        while True:
+            try:
+                data = os.read(r, 64)
+            except OSError:
+                return
+            stops = [b for b in data if b in (signal.SIGINT, signal.SIGTERM)]
+            if not stops:
+                continue
+            if _watch["done"].wait(grace_s):
+                return
+            if take_over(stops[0]):
+                return
+
+    threading.Thread(target=watch, name="slime-stop-watchdog", daemon=True).start()
+
+
+def hard_exit(code: int, line: str) -> None:
+    """Print the last line and end the process now (no interpreter shutdown: Ray's atexit hooks would wait
+    for the dead GCS)."""
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+        sys.stdout.flush()
+    finally:
+        os._exit(code)
