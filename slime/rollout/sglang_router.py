@@ -13,11 +13,13 @@ import importlib.util
 import logging
 import os
 import sys
+import json
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+from slime.utils.http_client import HttpClient
 
 logger = logging.getLogger(__name__)
 
@@ -71,13 +73,18 @@ class SGLangRouter:
         router.wait_ready(timeout_s)
         return router
 
-    def _call(self, method: str, path: str, timeout: float = 30.0) -> tuple[int, bytes]:
-        req = urllib.request.Request(self.url + path, method=method, data=b"" if method == "POST" else None)
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                return resp.status, resp.read()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read()
+    @property
+    def http(self) -> HttpClient:
+        client = self.__dict__.get("_http")
+        if client is None:
+            client = self.__dict__["_http"] = HttpClient(self.url)
+        return client
+
+    def _call(self, method: str, path: str, timeout: float = 30.0, body: Any = None) -> tuple[int, bytes]:
+        """(status, body) whatever the status; EngineUnreachable (a ConnectionError) when it does not answer."""
+        data = json.dumps(body).encode() if body is not None else (b"" if method == "POST" else None)
+        return self.http.send(method, path, data, {"Content-Type": "application/json"} if body is not None else None,
+                              timeout)
 
     def wait_ready(self, timeout_s: float) -> None:
         """Until the router answers /get_model_info through a worker (it registers workers asynchronously)."""
@@ -91,33 +98,24 @@ class SGLangRouter:
                 if status == 200:
                     return
                 last = f"HTTP {status}: {body[:200]!r}"
-            except (urllib.error.URLError, OSError) as e:
+            except OSError as e:  # EngineUnreachable: not listening yet
                 last = str(e)
             time.sleep(0.5)
         raise RouterError(f"sglang-router at {self.url} does not reach its workers after {timeout_s:.0f} s ({last})")
 
     def add_worker(self, url: str) -> None:
         """Register a worker: sglang-router >= 0.3 takes `POST /workers {"url"}`; older ones `/add_worker?url=`."""
-        import json
-
-        req = urllib.request.Request(self.url + "/workers", data=json.dumps({"url": url}).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=30):
-                pass
-        except urllib.error.HTTPError as e:
-            if e.code not in (404, 405):
-                raise RouterError(f"sglang-router {self.url} refused worker {url}: HTTP {e.code}: {e.read()[:200]!r}") from e
-            status, body = self._call("POST", "/add_worker?url=" + urllib.parse.quote(url, safe=""))
-            if status >= 300:
-                raise RouterError(f"sglang-router {self.url} refused worker {url}: HTTP {status}: {body[:200]!r}") from e
+        status, body = self._call("POST", "/workers", body={"url": url})
+        if status in (404, 405):
+            status, body = self._call("POST", "/add_worker?url=" + quote(url, safe=""))
+        if status >= 300:
+            raise RouterError(f"sglang-router {self.url} refused worker {url}: HTTP {status}: {body[:200]!r}")
         if url not in self.workers:
             self.workers.append(url)
 
     def wait_worker(self, url: str, timeout_s: float) -> None:
         """Until the router lists `url` as a healthy worker (it registers and health-checks added workers
         asynchronously: a request sent before that finds no worker). Routers without `GET /workers`: wait_ready."""
-        import json
 
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -131,14 +129,13 @@ class SGLangRouter:
         raise RouterError(f"sglang-router at {self.url} did not take worker {url} within {timeout_s:.0f} s")
 
     def remove_worker(self, url: str) -> None:
-        import json
 
         status, body = self._call("GET", "/workers")
         ids = [w.get("id") for w in (json.loads(body).get("workers", []) if status == 200 else []) if w.get("url") == url]
         for wid in ids:
             self._call("DELETE", f"/workers/{wid}")
         if status != 200:
-            self._call("POST", "/remove_worker?url=" + urllib.parse.quote(url, safe=""))
+            self._call("POST", "/remove_worker?url=" + quote(url, safe=""))
         if url in self.workers:
             self.workers.remove(url)
 
@@ -148,5 +145,6 @@ class SGLangRouter:
             self.add_worker(new)
 
     def stop(self) -> None:
+        self.http.close()
         if self.process is not None:
             self.process.stop()

@@ -1,11 +1,14 @@
-"""The one HTTP client for rollout engines: drives the embedded engine and SGLang servers alike.
+"""The one HTTP client of slime: rollout engines (embedded and SGLang), the sglang-router and the weight sync.
 
     client = EngineClient("http://127.0.0.1:30000", token)
     out = client.generate([1, 2, 3], {"max_new_tokens": 8, "temperature": 0}, return_logprob=True)
     client.update_weights_from_tensor([(name, tensor), ...])   # IPC handles, no copy
 
-Errors: `EngineError` (the engine answered with an error status or success=false; `.status`,
-one-line `.message`), `EngineUnreachable` (no connection: the engine is down or not yet up).
+`HttpClient` keeps one HTTP/1.1 connection per thread and host open between requests (the embedded engine
+and SGLang keep connections alive), reconnecting once when the server had closed an idle one.
+One error taxonomy: `EngineError` (the server answered with an error status, or JSON `success: false`;
+`.status`, one-line `.message`) and its subclass `EngineUnreachable` (no answer: not up, down, or timed out;
+also a ConnectionError, status 0). Nothing else in slime/ speaks HTTP through urllib or http.client.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import base64
 import http.client
 import json
 import socket
+import threading
 import time
 from typing import Any, Callable, Sequence
 from urllib.parse import urlsplit
@@ -27,9 +31,130 @@ class EngineError(RuntimeError):
         self.url, self.path, self.status, self.message = url, path, status, message
 
 
-class EngineUnreachable(EngineError):
+class EngineUnreachable(EngineError, ConnectionError):
     def __init__(self, url: str, path: str, cause: BaseException) -> None:
         super().__init__(url, path, 0, f"cannot reach engine ({type(cause).__name__}: {cause})")
+
+
+# A kept-alive connection the server closed while idle fails with one of these before any reply: the
+# request never ran, so it is sent once more on a new connection.
+_STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+
+
+class HttpClient:
+    """JSON over HTTP/1.1 to one server (http://host:port), a persistent connection per calling thread."""
+
+    def __init__(self, url: str, token: str | None = None, timeout: float | None = None) -> None:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname or not parts.port:
+            raise ValueError(f"server url must look like http://host:port, got {url!r}")
+        self.url = url.rstrip("/")
+        self.host, self.port = parts.hostname, parts.port
+        self.token = token
+        self.timeout = timeout
+        self._local = threading.local()
+        self._open: set[http.client.HTTPConnection] = set()
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url})"
+
+    def __getstate__(self) -> dict[str, Any]:  # connections stay in their process
+        return {k: v for k, v in self.__dict__.items() if k not in ("_local", "_open", "_lock")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._local, self._open, self._lock = threading.local(), set(), threading.Lock()
+
+    # ------------------------------------------------------------------ transport
+    def _connection(self) -> tuple[http.client.HTTPConnection, bool]:
+        """(this thread's connection, whether it carried a request before)."""
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            return conn, True
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        self._local.conn = conn
+        with self._lock:
+            self._open.add(conn)
+        return conn, False
+
+    def _discard(self, conn: http.client.HTTPConnection) -> None:
+        conn.close()
+        if getattr(self._local, "conn", None) is conn:
+            self._local.conn = None
+        with self._lock:
+            self._open.discard(conn)
+
+    def close(self) -> None:
+        """Close every connection this client holds (any thread's)."""
+        with self._lock:
+            conns, self._open = list(self._open), set()
+        for conn in conns:
+            conn.close()
+        self._local = threading.local()
+
+    def send(self, method: str, path: str, data: bytes | None = None, headers: dict[str, str] | None = None,
+             timeout: float | None = None) -> tuple[int, bytes]:
+        """One request: (status, body bytes) whatever the status; EngineUnreachable when there is no answer."""
+        headers = dict(headers or {})
+        if self.token:
+            headers.setdefault("Authorization", f"Bearer {self.token}")
+        for attempt in (0, 1):
+            conn, reused = self._connection()
+            conn.timeout = timeout or self.timeout
+            if conn.sock is not None:
+                conn.sock.settimeout(conn.timeout)
+            try:
+                conn.request(method, path, body=data, headers=headers)
+                resp = conn.getresponse()
+                raw = resp.read()
+            except _STALE as e:
+                self._discard(conn)
+                if reused and attempt == 0:
+                    continue
+                raise EngineUnreachable(self.url, path, e) from e
+            except (ConnectionError, socket.timeout, http.client.HTTPException, OSError) as e:
+                self._discard(conn)  # a late reply must not be read as the next request's
+                raise EngineUnreachable(self.url, path, e) from e
+            if resp.will_close:
+                self._discard(conn)
+            return resp.status, raw
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def request(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
+        """JSON in, JSON out (text when the reply is not JSON); EngineError on an error status or success=false."""
+        data = json.dumps(body).encode() if body is not None else None
+        status, raw = self.send(method, path, data, {"Content-Type": "application/json"}, timeout)
+        try:
+            obj = json.loads(raw) if raw else None
+        except json.JSONDecodeError:
+            obj = raw.decode(errors="replace")
+        if status >= 400:
+            raise EngineError(self.url, path, status, _message(obj))
+        if isinstance(obj, dict) and obj.get("success") is False:
+            raise EngineError(self.url, path, status, _message(obj))
+        return obj
+
+    def get(self, path: str, timeout: float | None = None) -> Any:
+        return self.request("GET", path, None, timeout)
+
+    def post(self, path: str, body: Any = None, timeout: float | None = None) -> Any:
+        return self.request("POST", path, body if body is not None else {}, timeout)
+
+
+_SHARED: dict[tuple[str, str | None], HttpClient] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_client(url: str, token: str | None = None) -> HttpClient:
+    """One client per (server, token) in this process, so callers that only hold a URL (the weight sync's
+    endpoints) still reuse connections."""
+    key = (url.rstrip("/"), token)
+    with _SHARED_LOCK:
+        client = _SHARED.get(key)
+        if client is None:
+            client = _SHARED[key] = HttpClient(url, token)
+        return client
 
 
 def encode_named_tensors(named: Sequence[tuple[str, torch.Tensor]], acc: Any = None) -> str:
@@ -40,49 +165,8 @@ def encode_named_tensors(named: Sequence[tuple[str, torch.Tensor]], acc: Any = N
     return base64.b64encode(serialize_named_tensors(acc or get_accelerator(), list(named))).decode("ascii")
 
 
-class EngineClient:
-    def __init__(self, url: str, token: str | None = None, timeout: float | None = None) -> None:
-        parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname or not parts.port:
-            raise ValueError(f"engine url must look like http://host:port, got {url!r}")
-        self.url = url.rstrip("/")
-        self.host, self.port = parts.hostname, parts.port
-        self.token = token
-        self.timeout = timeout
-
-    def __repr__(self) -> str:
-        return f"EngineClient({self.url})"
-
-    # ------------------------------------------------------------------ transport
-    def request(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
-        data = json.dumps(body).encode() if body is not None else None
-        headers = {"Content-Type": "application/json"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout or self.timeout)
-        try:
-            conn.request(method, path, body=data, headers=headers)
-            resp = conn.getresponse()
-            raw = resp.read()
-        except (ConnectionError, socket.timeout, http.client.HTTPException, OSError) as e:
-            raise EngineUnreachable(self.url, path, e) from e
-        finally:
-            conn.close()
-        try:
-            obj = json.loads(raw) if raw else None
-        except json.JSONDecodeError:
-            obj = raw.decode(errors="replace")
-        if resp.status >= 400:
-            raise EngineError(self.url, path, resp.status, _message(obj))
-        if isinstance(obj, dict) and obj.get("success") is False:
-            raise EngineError(self.url, path, resp.status, _message(obj))
-        return obj
-
-    def get(self, path: str, timeout: float | None = None) -> Any:
-        return self.request("GET", path, None, timeout)
-
-    def post(self, path: str, body: Any = None, timeout: float | None = None) -> Any:
-        return self.request("POST", path, body if body is not None else {}, timeout)
+class EngineClient(HttpClient):
+    """SGLang's engine API (the embedded engine serves the same endpoints)."""
 
     # ------------------------------------------------------------------ health
     def health(self, timeout: float = 5.0) -> bool:

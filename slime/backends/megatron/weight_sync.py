@@ -34,6 +34,7 @@ other engine (SGLang) the check is skipped with one log line per engine.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -44,6 +45,7 @@ import torch
 
 from slime.accelerator import get_accelerator
 from slime.utils import weight_checksum
+from slime.utils.http_client import shared_client
 
 logger = logging.getLogger(__name__)
 
@@ -82,37 +84,22 @@ class EngineEndpoint:
 def default_post(endpoint: EngineEndpoint, path: str, payload: dict[str, Any] | None,
                  timeout: float = 600.0) -> dict[str, Any]:
     """POST JSON to an engine; returns the decoded body, raises WeightSyncError on a non-2xx reply."""
-    import json
-    import urllib.error
-    import urllib.request
-
-    headers = {"Content-Type": "application/json"}
-    if endpoint.token:
-        headers["Authorization"] = f"Bearer {endpoint.token}"
-    req = urllib.request.Request(endpoint.url + path, data=json.dumps(payload or {}).encode(), headers=headers,
-                                 method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            body = resp.read()
-    except urllib.error.HTTPError as e:
-        detail = e.read().decode(errors="replace")[:500]
-        raise WeightSyncError(f"{endpoint.url}{path} answered HTTP {e.code}: {detail}") from None
-    return json.loads(body) if body else {}
+    return _engine_call(endpoint, "POST", path, json.dumps(payload or {}).encode(), timeout)
 
 
 def default_get(endpoint: EngineEndpoint, path: str, timeout: float = 60.0) -> dict[str, Any]:
     """GET JSON from an engine; returns the decoded body, raises WeightSyncError on a non-2xx reply."""
-    import json
-    import urllib.error
-    import urllib.request
+    return _engine_call(endpoint, "GET", path, None, timeout)
 
-    headers = {"Authorization": f"Bearer {endpoint.token}"} if endpoint.token else {}
-    req = urllib.request.Request(endpoint.url + path, headers=headers, method="GET")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            body = resp.read()
-    except urllib.error.HTTPError as e:
-        raise WeightSyncError(f"{endpoint.url}{path} answered HTTP {e.code}") from None
+
+def _engine_call(endpoint: EngineEndpoint, method: str, path: str, data: bytes | None,
+                 timeout: float) -> dict[str, Any]:
+    # the process-wide client of this engine: its connection stays open across the sync's many posts
+    status, body = shared_client(endpoint.url, endpoint.token).send(
+        method, path, data, {"Content-Type": "application/json"} if data is not None else None, timeout)
+    if status >= 300:
+        detail = body.decode(errors="replace")[:500]
+        raise WeightSyncError(f"{endpoint.url}{path} answered HTTP {status}" + (f": {detail}" if detail else ""))
     return json.loads(body) if body else {}
 
 
