@@ -18,6 +18,7 @@ from collections import deque
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any, Protocol
 
+from slime.config.rollout_args import request_concurrency  # --sglang-server-concurrency x engines, within --max-concurrency
 from slime.rollout.data_source import PromptItem
 from slime.rollout.rewards import RewardFn, compute_group_rewards, compute_reward
 from slime.rollout.sample import Sample, SampleStatus
@@ -151,7 +152,7 @@ def samples_per_request(args: Any, fleet: Any, num_samples: int) -> int:
         return 1  # (sglang-router takes one sampling_params object per request: a sample per request there)
     engines = max(1, int(count()))
     # every engine gets a request in flight (the router spreads them) within --max-concurrency samples
-    return max(1, min(int(args.max_concurrency) // engines, -(-num_samples // engines)))
+    return max(1, min(request_concurrency(args, engines) // engines, -(-num_samples // engines)))
 
 
 def load_generate_function(args: Any):
@@ -337,7 +338,8 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
                 cond.notify_all()
             raise
 
-    concurrency = max(1, int(args.max_concurrency))
+    count = getattr(fleet, "num_engines", None)
+    concurrency = request_concurrency(args, int(count()) if count is not None else 1)
     workers = max(1, min(concurrency // chunk, -(-len(samples) // chunk)))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rollout") as pool:
         futures = [pool.submit(worker) for _ in range(workers)]
