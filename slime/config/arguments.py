@@ -11,7 +11,9 @@ Every flag's default is stated once, here or in those modules; code reads `args.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import re
 from typing import Sequence
 
 from slime.utils.help_format import DefaultsOnceFormatter
@@ -310,8 +312,37 @@ def _add_dry_run_arguments(parser: argparse.ArgumentParser) -> None:
          help="device profile for the dry run's memory plan (python -m slime.plan --list-devices; default h200)")
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """train.py's parser: no abbreviations (`--num-roll` is not `--num-rollout`, as in Megatron's parser), an
+    error is one line (no usage block) with the closest flag names for an unknown one, and a value that reads
+    as a negative number (`--lr -1e-3`) is a value, not a flag."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        # argparse's own pattern misses exponents and a leading "-.": "-1e-3" would be taken for a flag
+        self._negative_number_matcher = re.compile(r"^-(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$|^-inf$")
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {self._suggest(message)}\n")
+
+    def _suggest(self, message: str) -> str:
+        prefix = "unrecognized arguments: "
+        if not message.startswith(prefix):
+            return message
+        known = [f for f in self._option_string_actions if f.startswith("--")]
+        hints = []
+        for token in message[len(prefix):].split():
+            flag = token.split("=", 1)[0]
+            if flag.startswith("--"):
+                close = difflib.get_close_matches(flag, known, n=3, cutoff=0.75)
+                if close:
+                    hints.append(f"{flag}: did you mean {' or '.join(close)}?")
+        return message + ("; " + "; ".join(hints) if hints else "; train.py --help lists the flags")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="train.py",
         description="slime RL training: rollout -> reward -> policy update -> weight sync, on GPU, NPU or CPU.",
         formatter_class=DefaultsOnceFormatter,
