@@ -20,15 +20,6 @@ def _setup_logging() -> None:
                         datefmt="%H:%M:%S", stream=sys.stderr)
 
 
-def _cpu_threads_default(args) -> None:
-    """CPU: trainer ranks and engines take turns (colocated) or split the cores; Ray would give each 1 thread."""
-    if "SLIME_CPU_THREADS" in os.environ:
-        return
-    cores = args.num_cpus or os.cpu_count() or 1
-    workers = args.world_size if args.colocate else args.world_size + args.rollout_num_gpus
-    os.environ["SLIME_CPU_THREADS"] = str(max(1, cores // max(1, workers)))
-
-
 def reuses_train_log_probs(args, num_samples: int) -> bool:
     """Whether the first training forward's detached log-probs can serve as the old log-probs, saving the
     separate old-policy forward: exactly one optimizer step per rollout (so that forward runs on the weights
@@ -89,7 +80,9 @@ def train(args) -> list[dict[str, Any]]:
 
     from slime.utils.exits import library_signal_handlers_reclaimed
 
-    _cpu_threads_default(args)
+    from slime.accelerator import get_accelerator
+
+    get_accelerator().check_and_update_config(args)  # device policy (CPU: each worker's share of the cores)
     with library_signal_handlers_reclaimed():  # ray.init replaces the SIGTERM handler
         init_ray(args.num_cpus)
     slots = create_placement_groups(args)
@@ -314,6 +307,13 @@ def _main(argv: Sequence[str] | None) -> int:
     _start_run(args, preflight)
     for line in runtime_warnings(args, build_parser()):
         logger.warning(line)
+    from slime.accelerator import DeviceConfigError, get_accelerator
+
+    try:  # after the warnings: it also turns off what the device lacks (SGLang graph capture)
+        get_accelerator().check_and_update_config(args)
+    except DeviceConfigError as e:
+        print(f"train.py: error: {e}", file=sys.stderr, flush=True)
+        return 2
     if preflight.resume_iteration is not None and preflight.resume_iteration + 1 >= args.num_rollout:
         print(f"nothing to do: {args.load} already holds rollout {preflight.resume_iteration} (--num-rollout "
               f"{args.num_rollout}); raise --num-rollout to continue", flush=True)

@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from slime.accelerator import Capabilities, CpuAccelerator, CudaAccelerator
+from slime.accelerator import Capabilities, CpuAccelerator, CudaAccelerator, DeviceConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -95,9 +95,9 @@ def test_cpu_config_hook_keeps_the_users_thread_count(monkeypatch):
 def test_config_hook_refuses_what_the_device_cannot_do(monkeypatch):
     monkeypatch.setenv("SLIME_CPU_THREADS", "1")
     acc = _Counting()
-    with pytest.raises(ValueError, match="--bf16.*drop --bf16"):
+    with pytest.raises(DeviceConfigError, match="--bf16.*drop --bf16"):
         acc.check_and_update_config(_args(bf16=True))
-    with pytest.raises(ValueError, match="--update-weight-mode ipc.*distributed"):
+    with pytest.raises(DeviceConfigError, match="--update-weight-mode ipc.*distributed"):
         acc.check_and_update_config(_args(update_weight_mode="ipc"))
     args = _args(update_weight_mode="distributed")
     acc.check_and_update_config(args)  # what it can do passes

@@ -12,6 +12,7 @@ from slime.accelerator.base import (
     Accelerator,
     AcceleratorUnavailable,
     Capabilities,
+    DeviceConfigError,
     NullEvent,
     NullStream,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "Capabilities",
     "CpuAccelerator",
     "CudaAccelerator",
+    "DeviceConfigError",
     "NullEvent",
     "NullStream",
     "accelerator_class",

@@ -23,6 +23,10 @@ class AcceleratorUnavailable(RuntimeError):
     """An accelerator was requested that this process cannot use. The message is one line: cause and fix."""
 
 
+class DeviceConfigError(ValueError):
+    """A flag asks for something this device cannot do (`check_and_update_config`). One line: the flag, the fix."""
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What the device can do, probed once per accelerator instance; code branches on these (and on the
@@ -158,11 +162,11 @@ class Accelerator(ABC):
         off what it lacks. Subclasses extend it (call super())."""
         caps = self.capabilities
         if args.bf16 and not caps.bf16:
-            raise ValueError(f"--bf16: the {self.name} device has no bfloat16 compute; drop --bf16 (float32)")
+            raise DeviceConfigError(f"--bf16: the {self.name} device has no bfloat16 compute; drop --bf16 (float32)")
         if not caps.graphs and not args.sglang_disable_cuda_graph:
             args.sglang_disable_cuda_graph = True  # SGLang would try to capture graphs the device cannot
         if args.update_weight_mode == "ipc" and not caps.ipc:
-            raise ValueError(f"--update-weight-mode ipc: the {self.name} device cannot share tensors across "
+            raise DeviceConfigError(f"--update-weight-mode ipc: the {self.name} device cannot share tensors across "
                              "processes; use --update-weight-mode distributed (or auto)")
 
     def init_worker_process(self) -> None:
