@@ -78,7 +78,8 @@ def test_probe_runs_once_per_op_and_process(monkeypatch):
     with npu_sim.activate() as acc:
         for _ in range(3):
             build_op_table(acc)
-    assert sorted(calls) == sorted([*npu_ops.MAPPINGS, "sparse_attention_absorbed"])
+    # one probe per op and mode: rotary in "half" and "interleave"
+    assert sorted(calls) == sorted([*npu_ops.MAPPINGS, "sparse_attention_absorbed", "apply_rotary"])
 
 
 def test_probe_rejects_non_finite_results_and_kernels_it_did_not_reach(caplog):

@@ -43,7 +43,7 @@ def test_fusion_attention_contract(npu):
 @pytest.mark.parametrize(
     "kwargs,error",
     [
-        (dict(actual_seq_qlen=torch.tensor([2, 6]), actual_seq_kvlen=[2, 6]), TypeError),  # host ints only
+        (dict(actual_seq_qlen=torch.tensor([2, 6]), actual_seq_kvlen=[2, 6]), RuntimeError),  # int[]: host ints only
         (dict(actual_seq_qlen=[2, 5], actual_seq_kvlen=[2, 6]), RuntimeError),  # must end at T
         (dict(actual_seq_qlen=[4, 2, 6], actual_seq_kvlen=[4, 2, 6]), RuntimeError),  # not cumulative
         (dict(actual_seq_qlen=[2, 6], actual_seq_kvlen=[2, 6], sparse_mode=3), RuntimeError),  # mask missing
@@ -67,33 +67,52 @@ def test_fusion_attention_rejects_dv_larger_than_dk(npu):
 
 
 def test_rotary_mul_contract(npu):
-    x = torch.randn(5, 2, 8)
+    x = torch.randn(1, 5, 2, 8)  # BSND, r1/r2 1S1D
+    ones, zeros = torch.ones(1, 5, 1, 8), torch.zeros(1, 5, 1, 8)
     with pytest.raises(RuntimeError, match="full width"):
-        npu.npu_rotary_mul(x, torch.ones(5, 1, 4), torch.zeros(5, 1, 4))
+        npu.npu_rotary_mul(x, ones[..., :4], zeros[..., :4])
     with pytest.raises(RuntimeError, match="dtype"):
-        npu.npu_rotary_mul(x, torch.ones(5, 1, 8, dtype=torch.float64), torch.zeros(5, 1, 8, dtype=torch.float64))
-    torch.testing.assert_close(npu.npu_rotary_mul(x, torch.ones(5, 1, 8), torch.zeros(5, 1, 8)), x)
-    quarter = npu.npu_rotary_mul(x, torch.zeros(5, 1, 8), torch.ones(5, 1, 8), rotary_mode="interleave")
+        npu.npu_rotary_mul(x, ones.double(), zeros.double())
+    torch.testing.assert_close(npu.npu_rotary_mul(x, ones, zeros), x)
+    quarter = npu.npu_rotary_mul(x, zeros, ones, rotary_mode="interleave")
     torch.testing.assert_close(quarter[..., 0], -x[..., 1])  # GPT-J pairs (0, 1)
-    half = npu.npu_rotary_mul(x, torch.zeros(5, 1, 8), torch.ones(5, 1, 8))
+    half = npu.npu_rotary_mul(x, zeros, ones)
     torch.testing.assert_close(half[..., 0], -x[..., 4])  # NeoX pairs (0, 4)
+
+
+def test_rotary_mul_refuses_what_the_docstring_leaves_out(npu):
+    """Every wheel read documents 4-D input only, and for interleave r1/r2 only 11SD/1S1D/S11D."""
+    x3 = torch.randn(5, 2, 8)
+    for mode in ("half", "interleave"):
+        with pytest.raises(RuntimeError, match="4-D"):
+            npu.npu_rotary_mul(x3, torch.ones(5, 1, 8), torch.zeros(5, 1, 8), rotary_mode=mode)
+    x = torch.randn(2, 5, 3, 8)
+    bs1d = torch.ones(2, 5, 1, 8)
+    npu.npu_rotary_mul(x, bs1d, bs1d)  # half takes BS1D
+    with pytest.raises(RuntimeError, match="fits none of 11SD/1S1D/S11D"):
+        npu.npu_rotary_mul(x, bs1d, bs1d, rotary_mode="interleave")
+    with pytest.raises(RuntimeError, match="unknown keyword"):
+        npu.npu_rotary_mul(x, bs1d, bs1d, mode="half")  # torch.ops: RuntimeError, not TypeError
 
 
 def test_rotary_mode_missing_before_7_0():
     with npu_sim.activate(release="6.0.0"):
         import torch_npu
 
-        x = torch.randn(3, 1, 4)
-        with pytest.raises(TypeError, match="rotary_mode"):
-            torch_npu.npu_rotary_mul(x, torch.ones(3, 1, 4), torch.zeros(3, 1, 4), rotary_mode="interleave")
+        x = torch.randn(1, 3, 1, 4)
+        with pytest.raises(RuntimeError, match="rotary_mode"):
+            torch_npu.npu_rotary_mul(x, torch.ones(1, 3, 1, 4), torch.zeros(1, 3, 1, 4), rotary_mode="interleave")
 
 
 def test_rms_norm_swiglu_contract(npu):
     x = torch.randn(4, 6)
     y, rstd = npu.npu_rms_norm(x, torch.ones(6))
     assert y.shape == x.shape and rstd.dtype == torch.float32
-    with pytest.raises(RuntimeError, match="dtype pair"):
-        npu.npu_rms_norm(x, torch.ones(6, dtype=torch.bfloat16))
+    for gamma_dtype in (torch.bfloat16, torch.float64):
+        with pytest.raises(RuntimeError, match="gamma dtype"):
+            npu.npu_rms_norm(x, torch.ones(6, dtype=gamma_dtype))
+    with pytest.raises(RuntimeError, match="gamma dtype"):  # the docstring: gamma's dtype = self's
+        npu.npu_rms_norm(x.bfloat16(), torch.ones(6))
     with pytest.raises(RuntimeError, match="contiguous"):
         npu.npu_swiglu(torch.randn(6, 4).t())
     a, b = x.chunk(2, -1)
@@ -157,42 +176,56 @@ def test_gating_backward_only_from_26_1():
 
 
 def test_permute_contract(npu):
-    tokens = torch.arange(3.0).view(3, 1)
+    """Docstrings of every wheel read: bfloat16 tokens / probs, int64 indices and sorted_indices in;
+    sorted_indices out int32."""
+    bf = torch.bfloat16
+    tokens = torch.arange(3.0, dtype=bf).view(3, 1)
     permuted, sorted_indices = npu.npu_moe_token_permute(tokens, torch.tensor([[1, 0], [0, 2], [1, 2]]))
     assert sorted_indices.dtype == torch.int32
     assert sorted_indices.tolist() == [2, 0, 1, 4, 3, 5]  # destination row of each (token, k) copy
     assert permuted[:, 0].tolist() == [0.0, 1.0, 0.0, 2.0, 1.0, 2.0]
-    with pytest.raises(RuntimeError, match="probs dtype"):
-        npu.npu_moe_token_unpermute(permuted, sorted_indices, probs=torch.ones(3, 2, dtype=torch.float64))
-    with pytest.raises(RuntimeError, match="int32"):
+    with pytest.raises(RuntimeError, match="tokens must be bfloat16"):
+        npu.npu_moe_token_permute(tokens.float(), torch.tensor([[1, 0], [0, 2], [1, 2]]))
+    with pytest.raises(RuntimeError, match="indices must be int64"):
+        npu.npu_moe_token_permute(tokens, torch.tensor([[1, 0], [0, 2], [1, 2]], dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="probs must be bfloat16"):
         npu.npu_moe_token_unpermute(permuted, sorted_indices.long(), probs=torch.ones(3, 2))
+    with pytest.raises(RuntimeError, match="sorted_indices must be int64"):
+        npu.npu_moe_token_unpermute(permuted, sorted_indices, probs=torch.ones(3, 2, dtype=bf))
+    out = npu.npu_moe_token_unpermute(permuted, sorted_indices.long(), probs=torch.full((3, 2), 0.5, dtype=bf))
+    torch.testing.assert_close(out, tokens)
     # No tokens (an expert-parallel rank that received none): empty outputs of the right width.
-    empty, empty_map = npu.npu_moe_token_permute(torch.zeros(0, 4), torch.zeros(0, 2, dtype=torch.int64))
+    empty, empty_map = npu.npu_moe_token_permute(torch.zeros(0, 4, dtype=bf), torch.zeros(0, 2, dtype=torch.int64))
     assert empty.shape == (0, 4) and empty_map.shape == (0,)
-    assert npu.npu_moe_token_unpermute(empty, empty_map, probs=torch.zeros(0, 2)).shape == (0, 4)
-    assert npu.npu_moe_token_unpermute(empty, empty_map).shape == (0, 4)
+    assert npu.npu_moe_token_unpermute(empty, empty_map.long(), probs=torch.zeros(0, 2, dtype=bf)).shape == (0, 4)
+    assert npu.npu_moe_token_unpermute(empty, empty_map.long()).shape == (0, 4)
 
 
 def test_dsa_kernel_contracts(npu):
     q = torch.randn(5, 4, 128, dtype=torch.bfloat16)
     k = torch.randn(5, 1, 128, dtype=torch.bfloat16)
     w = torch.randn(5, 4, dtype=torch.bfloat16)
-    ends = torch.tensor([2, 5], dtype=torch.int32)
-    idx, _ = npu.npu_lightning_indexer(q, k, w, actual_seq_lengths_query=ends, actual_seq_lengths_key=ends,
+    ends, counts = torch.tensor([2, 5], dtype=torch.int32), torch.tensor([2, 3], dtype=torch.int32)
+    idx, _ = npu.npu_lightning_indexer(q, k, w, actual_seq_lengths_query=ends, actual_seq_lengths_key=counts,
                                        layout_query="TND", layout_key="TND", sparse_count=3)
     assert idx.shape == (5, 1, 3) and idx[0, 0].tolist()[1:] == [-1, -1]  # first token sees only itself
     with pytest.raises(RuntimeError, match="128"):
         npu.npu_lightning_indexer(q[..., :64].contiguous(), k[..., :64].contiguous(), w, actual_seq_lengths_query=ends,
-                                  actual_seq_lengths_key=ends, layout_query="TND", layout_key="TND")
+                                  actual_seq_lengths_key=counts, layout_query="TND", layout_key="TND")
     with pytest.raises(RuntimeError, match="int32"):
-        npu.npu_lightning_indexer(q, k, w, actual_seq_lengths_query=ends.long(), actual_seq_lengths_key=ends,
+        npu.npu_lightning_indexer(q, k, w, actual_seq_lengths_query=ends.long(), actual_seq_lengths_key=counts,
+                                  layout_query="TND", layout_key="TND")
+    with pytest.raises(RuntimeError, match="per-batch token counts and must sum to T2=5"):  # key lengths: counts
+        npu.npu_lightning_indexer(q, k, w, actual_seq_lengths_query=ends, actual_seq_lengths_key=ends,
                                   layout_query="TND", layout_key="TND")
     qn, qr = torch.randn(5, 2, 512, dtype=torch.bfloat16), torch.randn(5, 2, 64, dtype=torch.bfloat16)
     kn, kr = torch.randn(5, 1, 512, dtype=torch.bfloat16), torch.randn(5, 1, 64, dtype=torch.bfloat16)
     good = torch.tensor([[0, -1], [1, 0], [0, -1], [1, 0], [2, -1]], dtype=torch.int32).view(5, 1, 2)
-    kw = dict(actual_seq_lengths_query=ends, actual_seq_lengths_kv=ends, query_rope=qr, key_rope=kr,
+    kw = dict(actual_seq_lengths_query=ends, actual_seq_lengths_kv=counts, query_rope=qr, key_rope=kr,
               layout_query="TND", layout_kv="TND", attention_mode=2)
     assert npu.npu_sparse_flash_attention(qn, kn, kn, good, 0.1, **kw)[0].shape == (5, 2, 512)
+    with pytest.raises(RuntimeError, match="must sum to T2"):
+        npu.npu_sparse_flash_attention(qn, kn, kn, good, 0.1, **(kw | dict(actual_seq_lengths_kv=ends)))
     with pytest.raises(RuntimeError, match="valid entries first"):
         npu.npu_sparse_flash_attention(qn, kn, kn, good.flip(-1).contiguous(), 0.1, **kw)
     with pytest.raises(RuntimeError, match="attention_mode"):
@@ -233,7 +266,7 @@ def test_runtime_stand_in_and_restore():
 
 @pytest.mark.parametrize("soc,device_name,source", [
     ("", "Ascend910_9392", "torch_npu.npu_fusion_attention"),  # default: an Atlas A3
-    ("950PR", "Ascend950PR", "reference"),  # npu_fusion_attention's docs list 950DT, not 950PR: the probe fails
+    ("950PR", "Ascend950PR_9579", "reference"),  # npu_fusion_attention's docs list 950DT, not 950PR: the probe fails
 ])
 def test_plugin_makes_npu_available_in_a_fresh_process(soc, device_name, source):
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "tests", "npu_sim"), SLIME_ACCELERATOR_PLUGINS="slime_npu_sim",
@@ -250,7 +283,7 @@ def test_plugin_makes_npu_available_in_a_fresh_process(soc, device_name, source)
     assert out.stdout.split() == ["SimulatedAscendAccelerator", "npu", source, "gloo", device_name, "(simulated)"]
     if source == "reference":
         lines = [ln for ln in out.stderr.splitlines() if "ops[npu].attention" in ln]
-        assert len(lines) == 1 and "probe of torch_npu.npu_fusion_attention on 950PR failed" in lines[0], out.stderr
+        assert len(lines) == 1 and "probe of torch_npu.npu_fusion_attention (mode TND) on 950PR failed" in lines[0], out.stderr
 
 
 # --------------------------------------------------------------------------------- per-SoC and per-release rules
@@ -264,7 +297,7 @@ def test_kernels_not_documented_for_the_soc_fail_when_called(soc, refused):
     x = torch.randn(4, 2, 8)
     calls = {
         "npu_rms_norm": lambda n: n.npu_rms_norm(x, torch.ones(8)),
-        "npu_rotary_mul": lambda n: n.npu_rotary_mul(x, torch.ones(4, 1, 8), torch.zeros(4, 1, 8)),
+        "npu_rotary_mul": lambda n: n.npu_rotary_mul(x[None], torch.ones(1, 4, 1, 8), torch.zeros(1, 4, 1, 8)),
         "npu_moe_gating_top_k": lambda n: n.npu_moe_gating_top_k(torch.randn(2, 8), 2, k_group=1, group_count=2,
                                                                   group_select_mode=1, norm_type=1),
         "npu_fusion_attention": lambda n: n.npu_fusion_attention(x, x, x, 2, "TND", actual_seq_qlen=[4],
@@ -288,8 +321,8 @@ def test_kernels_not_documented_for_the_soc_fail_when_called(soc, refused):
 def _indexer_args(heads, wdtype=torch.bfloat16):
     q = torch.randn(5, heads, 128, dtype=torch.bfloat16)
     k = torch.randn(5, 1, 128, dtype=torch.bfloat16)
-    ends = torch.tensor([2, 5], dtype=torch.int32)
-    return (q, k, torch.randn(5, heads, dtype=wdtype)), dict(actual_seq_lengths_query=ends, actual_seq_lengths_key=ends,
+    ends, counts = torch.tensor([2, 5], dtype=torch.int32), torch.tensor([2, 3], dtype=torch.int32)
+    return (q, k, torch.randn(5, heads, dtype=wdtype)), dict(actual_seq_lengths_query=ends, actual_seq_lengths_key=counts,
                                                              layout_query="TND", layout_key="TND", sparse_count=2)
 
 
@@ -322,8 +355,8 @@ def test_sparse_flash_attention_head_counts_per_soc(soc, heads, ok):
     qn, qr = torch.randn(5, heads, 512, dtype=torch.bfloat16), torch.randn(5, heads, 64, dtype=torch.bfloat16)
     kn, kr = torch.randn(5, 1, 512, dtype=torch.bfloat16), torch.randn(5, 1, 64, dtype=torch.bfloat16)
     idx = torch.tensor([[0, -1], [1, 0], [0, -1], [1, 0], [2, -1]], dtype=torch.int32).view(5, 1, 2)
-    kw = dict(actual_seq_lengths_query=ends, actual_seq_lengths_kv=ends, query_rope=qr, key_rope=kr,
-              layout_query="TND", layout_kv="TND", attention_mode=2)
+    kw = dict(actual_seq_lengths_query=ends, actual_seq_lengths_kv=torch.tensor([2, 3], dtype=torch.int32),
+              query_rope=qr, key_rope=kr, layout_query="TND", layout_kv="TND", attention_mode=2)
     with npu_sim.activate(soc=soc):
         import torch_npu
 
@@ -353,7 +386,7 @@ def test_grouped_matmul_has_the_6_0_0_signature_before_7_0_0():
     with npu_sim.activate(release="6.0.0"):
         import torch_npu
 
-        with pytest.raises(TypeError, match="group_type"):
+        with pytest.raises(RuntimeError, match="group_type"):
             torch_npu.npu_grouped_matmul([x], [torch.stack(w)], group_list=torch.tensor([2, 5]), split_item=3, group_type=0)
         y = torch_npu.npu_grouped_matmul([x], w, group_list=[2, 5], split_item=3)[0]  # host cumulative ends
         torch.testing.assert_close(y, torch.cat((x[:2] @ w[0], x[2:] @ w[1])))

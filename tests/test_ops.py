@@ -422,8 +422,9 @@ def test_moe_permute_unpermute(accel, kernel_calls, dtype):
     dtr, dwr = grads(expected, (tr, wr), up.double())
     assert_close(dt, dtr, TOL[dtype], "d tokens")
     assert_close(dw, dwr, TOL[dtype] * 2, "d weights")
-    assert_kernel(kernel_calls, "npu_moe_token_permute")
-    assert_kernel(kernel_calls, "npu_moe_token_unpermute")
+    if dtype == torch.bfloat16:  # torch_npu documents bfloat16 tokens only: other dtypes run the reference
+        assert_kernel(kernel_calls, "npu_moe_token_permute")
+        assert_kernel(kernel_calls, "npu_moe_token_unpermute")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

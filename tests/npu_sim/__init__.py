@@ -25,21 +25,39 @@ def forget_probes() -> None:
     ops.forget_probes()
 
 
+_PROBE_CACHE: dict[tuple, tuple] = {}
+
+
 @contextlib.contextmanager
-def activate(release: str | None = None, soc: str | None = None) -> Iterator[SimulatedAscendAccelerator]:
+def activate(release: str | None = None, soc: str | None = None, defects: tuple[str, ...] = (),
+             reuse_probes: bool = False) -> Iterator[SimulatedAscendAccelerator]:
     """Install the simulator as `torch_npu` (and torch.npu) and yield a SimulatedAscendAccelerator;
     `release` simulates an older Ascend PyTorch release (e.g. "7.2.0"), `soc` another SoC (e.g. "950PR";
-    default A3). Everything is restored on exit, and slime's per-process op probes are forgotten."""
+    default A3), `defects` finite-but-wrong kernels (torch_npu.simulate_defects). Everything is restored on
+    exit, and slime's per-process op probes are forgotten. `reuse_probes`: start from the probe results an
+    earlier reuse_probes activation with the same release, SoC and defects left (the probes are
+    deterministic; tests that patch kernels must not reuse)."""
     previous = sys.modules.get("torch_npu")
     sys.modules["torch_npu"] = fake_torch_npu
     fake_torch_npu.install_runtime()
     fake_torch_npu.simulate_release(release)
     fake_torch_npu.simulate_soc(soc)
+    fake_torch_npu.simulate_defects(*defects)
     forget_probes()
+    key = (release, soc, tuple(defects))
+    if reuse_probes and key in _PROBE_CACHE:
+        from slime.accelerator.ascend import ops
+
+        ops.restore_probe_results(_PROBE_CACHE[key])
     try:
         yield SimulatedAscendAccelerator()
     finally:
+        if reuse_probes:
+            from slime.accelerator.ascend import ops
+
+            _PROBE_CACHE[key] = ops.probe_results()
         forget_probes()
+        fake_torch_npu.simulate_defects()
         fake_torch_npu.simulate_soc(None)
         fake_torch_npu.simulate_release(None)
         fake_torch_npu.uninstall_runtime()

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from slime.accelerator.ascend.support import soc_of
 from slime.accelerator.base import Capabilities
 from slime.accelerator.device_module import DeviceModuleAccelerator
 
@@ -87,9 +88,10 @@ class AscendAccelerator(DeviceModuleAccelerator):
 
     @property
     def capabilities(self) -> Capabilities:
-        # Ascend 950DT has no IPC (torch_npu notes); SLIME_NPU_IPC=0/1 overrides the name check.
+        # Ascend 950DT has no IPC (torch_npu notes); SLIME_NPU_IPC=0/1 overrides the name check. soc_of knows
+        # every wheel's 950 names (Ascend950PR_*, Ascend950DT_*; Ascend910_9589 / _9599 up to 2.9.x).
         env = os.environ.get("SLIME_NPU_IPC")
-        ipc = env == "1" if env in ("0", "1") else "950DT" not in self.device_name()
+        ipc = env == "1" if env in ("0", "1") else soc_of(self.device_name()) != "950DT"
         m = self._module()
         bf16 = bool(getattr(m, "is_bf16_supported", lambda: True)())
         return Capabilities(bf16=bf16, ipc=ipc, graphs=True)

@@ -6,7 +6,8 @@ torch_npu is looked up at call time, so the documented-contract simulator in tes
 `MAPPINGS` records which torch_npu release each mapping needs (`since`, compared with the installed
 torch_npu's release); docs/ops.md has the same table. Input limits of a SoC (the Ascend 950's indexer
 head counts, the sparse flash attention's head counts on A2/A3) are checked per call: the reference (or
-the next kernel) with one log line. Each mapping is probed once per process before use (probes.py).
+the next kernel) with one log line. Each mapping is probed once per process and mode before use: its
+result is compared with the float64 reference (probes.py); a failing mode uses the reference.
 """
 
 from __future__ import annotations
@@ -45,15 +46,17 @@ MAPPINGS: dict[str, NpuMapping] = {
                    "native (npu_rotary_mul_backward); interleaved needs rotary_mode, 7.0.0+"),
         NpuMapping("attention", ("npu_fusion_attention",), "6.0.0", "native (npu_fusion_attention_grad)"),
         NpuMapping("sparse_attention", ("npu_fusion_attention",), "6.0.0",
-                   "native; absorbed-MLA shapes use npu_sparse_flash_attention (7.3.0+) when present"),
+                   "native; absorbed-MLA shapes use npu_sparse_flash_attention from 7.3.0 when present"),
         NpuMapping("lightning_indexer", ("npu_lightning_indexer",), "7.3.0", "none needed (integer output)"),
         NpuMapping("swiglu", ("npu_swiglu",), "6.0.0", "native (npu_swiglu_backward)"),
         NpuMapping("moe_route", ("npu_moe_gating_top_k",), "7.0.0",
-                   "native from 26.1.0 (npu_moe_gating_top_k_backward), else the reference backward"),
-        NpuMapping("moe_permute", ("npu_moe_token_permute",), "7.2.0", "native (npu_moe_token_permute_grad_v2)"),
+                   "native (npu_moe_gating_top_k_backward from 26.1.0), else the reference backward"),
+        NpuMapping("moe_permute", ("npu_moe_token_permute",), "7.2.0",
+                   "native (npu_moe_token_permute_grad; npu_moe_token_permute_grad_v2 from 26.1.0)"),
         NpuMapping("moe_unpermute", ("npu_moe_token_unpermute",), "7.2.0", "native (npu_moe_token_unpermute_grad)"),
         NpuMapping("grouped_matmul", ("npu_grouped_matmul",), "7.0.0",
-                   "slime autograd.Function: dx and dw by grouped matmuls (group_type 0 and 2)"),
+                   "slime autograd.Function: dx by a grouped matmul (group_type 0); dw by one (group_type 2) "
+                   "from 26.0.0, per expert in torch before"),
     )
 }
 
@@ -118,17 +121,17 @@ def _host_offsets(cu: torch.Tensor, total: int, name: str) -> list[int]:
 
 # --- norm / activation ----------------------------------------------------------------------
 
-# (x dtype, gamma dtype) pairs npu_rms_norm takes on A2/A3.
-_RMS_NORM_DTYPES = {(d, d) for d in FLOATS} | {(torch.float16, torch.float32), (torch.bfloat16, torch.float32)}
-
-
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6) -> torch.Tensor:
     # The kernel refuses 1-D input (x needs a leading dim besides gamma's).
-    if weight is None or (x.dtype, weight.dtype) not in _RMS_NORM_DTYPES or x.dim() < 2 or x.numel() == 0:
+    if weight is None or x.dim() < 2 or x.numel() == 0:
         return reference.rms_norm(x, weight, eps)
-    y, _rstd = _kernel("npu_rms_norm")(x, weight, epsilon=float(eps))
-    out_dtype = torch.promote_types(x.dtype, weight.dtype)
-    return y if y.dtype == out_dtype else y.to(out_dtype)
+    # The docstring requires gamma's dtype = x's: mixed pairs (bf16 x, fp32 weight) run in the promoted
+    # dtype, which is also the reference's output dtype.
+    dtype = torch.promote_types(x.dtype, weight.dtype)
+    if dtype not in FLOATS:
+        return reference.rms_norm(x, weight, eps)
+    y, _rstd = _kernel("npu_rms_norm")(x.to(dtype), weight.to(dtype), epsilon=float(eps))
+    return y
 
 
 def swiglu(x: torch.Tensor) -> torch.Tensor:
@@ -139,34 +142,33 @@ def swiglu(x: torch.Tensor) -> torch.Tensor:
 
 # --- rotary ---------------------------------------------------------------------------------
 
-_ROTARY_INTERLEAVE_OK: list[bool] = [True]  # flips to False when the installed kernel lacks rotary_mode
+# Rotary modes whose kernel path is on: "interleave" needs rotary_mode (7.0.0+); each mode's probe must pass.
+_ROTARY_MODES: dict[str, bool] = {"half": True, "interleave": True}
+_ROTARY_MODE_KW = [True]  # the kernel has the rotary_mode argument (7.0.0+); set by _prepare
+_ROTARY_HEADS_LIMIT = 1000  # docstring: B, N < 1000 ("half"), B * N < 1000 ("interleave"); here B = 1
 
 
 def apply_rotary(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int | None = None, interleaved: bool = False
 ) -> torch.Tensor:
     rd = check_rotary_dim(x, rotary_dim)
-    if x.dim() != 3 or rd >= 896 or x.dtype not in FLOATS or x.shape[0] == 0 or (interleaved and not _ROTARY_INTERLEAVE_OK[0]):
+    mode = "interleave" if interleaved else "half"
+    if x.dim() != 3 or rd >= 896 or x.dtype not in FLOATS or x.shape[0] == 0 or x.shape[1] >= _ROTARY_HEADS_LIMIT \
+            or not _ROTARY_MODES[mode]:
         return reference.apply_rotary(x, cos, sin, rotary_dim, interleaved)
     c, s = rotary_pair_angles(x, cos, sin, rd)
-    if c.dim() != 3 or c.shape[0] != x.shape[0] or c.shape[1] != 1:  # kernel takes TND with r1/r2 as T1D
+    if c.dim() != 3 or c.shape[0] != x.shape[0] or c.shape[1] != 1:  # one angle row per token
         return reference.apply_rotary(x, cos, sin, rotary_dim, interleaved)
-    # The kernel rotates the whole last dim and takes cos/sin at full width: "half" pairs (i, i+d/2)
-    # share an angle -> cat(c, c); "interleave" pairs (2i, 2i+1) -> each angle repeated twice.
+    # The kernel takes 4-D input only (every wheel's docstring): [T, H, D] goes in as BSND [1, T, H, D] with
+    # cos/sin as 1S1D [1, T, 1, D], the one r1 layout both modes take for BSND. It rotates the whole last
+    # dim and takes cos/sin at full width: "half" pairs (i, i+d/2) share an angle -> cat(c, c);
+    # "interleave" pairs (2i, 2i+1) -> each angle repeated twice.
     widen = (lambda a: a.repeat_interleave(2, dim=-1)) if interleaved else (lambda a: torch.cat((a, a), dim=-1))
-    r1 = widen(c.detach()).to(x.dtype).contiguous()
-    r2 = widen(s.detach()).to(x.dtype).contiguous()
-    xr = x[..., :rd].contiguous()
+    r1 = widen(c.detach()).to(x.dtype).unsqueeze(0).contiguous()
+    r2 = widen(s.detach()).to(x.dtype).unsqueeze(0).contiguous()
+    xr = x[..., :rd].unsqueeze(0).contiguous()
     kernel = _kernel("npu_rotary_mul")
-    if interleaved:
-        try:
-            out = kernel(xr, r1, r2, rotary_mode="interleave")
-        except TypeError:  # kernels before Ascend PyTorch 7.0.0 only rotate "half"
-            _ROTARY_INTERLEAVE_OK[0] = False
-            _unsupported("apply_rotary", "installed npu_rotary_mul has no rotary_mode; interleaved uses the reference")
-            return reference.apply_rotary(x, cos, sin, rotary_dim, interleaved)
-    else:
-        out = kernel(xr, r1, r2)
+    out = (kernel(xr, r1, r2, rotary_mode=mode) if _ROTARY_MODE_KW[0] else kernel(xr, r1, r2)).squeeze(0)
     return out if rd == x.shape[-1] else torch.cat((out, x[..., rd:]), dim=-1)
 
 
@@ -330,8 +332,9 @@ def _sparse_flash_attention(q, k, topk_indices, cq, ck, causal, scale):
     need_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
     out = _kernel("npu_sparse_flash_attention")(
         q[..., :_SFA_NOPE].contiguous(), latent, latent, idx.unsqueeze(1).contiguous(), scale,
+        # Docstring: the query's TND lengths are prefix sums, the kv lengths each batch's valid token count.
         actual_seq_lengths_query=torch.tensor(cq[1:], dtype=torch.int32, device=dev),
-        actual_seq_lengths_kv=torch.tensor(ck[1:], dtype=torch.int32, device=dev),
+        actual_seq_lengths_kv=torch.tensor([b - a for a, b in zip(ck, ck[1:])], dtype=torch.int32, device=dev),
         query_rope=q[..., _SFA_NOPE:].contiguous(), key_rope=k[..., _SFA_NOPE:].contiguous(),
         sparse_block_size=1, layout_query="TND", layout_kv="TND", sparse_mode=3 if causal else 0,
         attention_mode=2, return_softmax_lse=need_grad,  # softmax statistics feed the backward
@@ -379,8 +382,10 @@ def lightning_indexer(
     with torch.no_grad():
         indices = _kernel("npu_lightning_indexer")(
             q.contiguous(), k3.contiguous(), w,
+            # Docstring: the query's TND lengths are prefix sums, the key's each batch's valid token count.
             actual_seq_lengths_query=torch.tensor(seq_q, dtype=torch.int32, device=q.device),
-            actual_seq_lengths_key=torch.tensor(seq_k, dtype=torch.int32, device=q.device),
+            actual_seq_lengths_key=torch.tensor([b - a for a, b in zip([0] + seq_k, seq_k)], dtype=torch.int32,
+                                                device=q.device),
             layout_query="TND", layout_key="TND", sparse_count=int(topk), sparse_mode=3 if causal else 0,
         )[0]
     return indices.view(q.shape[0], int(topk)).to(torch.int32)
@@ -450,26 +455,49 @@ def moe_route(
 _NATIVE_GATING_BACKWARD = [False]
 
 
+# Docstrings of every wheel read: permute takes bfloat16 tokens and int64 indices (topK <= 512); unpermute
+# bfloat16 permuted tokens and probs, int64 sorted_indices. Other token dtypes use the reference (a cast
+# to bfloat16 would round float32 / float16 tokens).
+_PERMUTE_TOPK_MAX = 512
+
+
 def moe_permute(tokens: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     idx2 = indices.unsqueeze(1) if indices.dim() == 1 else indices
-    if tokens.dim() != 2 or idx2.dim() != 2 or tokens.dtype not in FLOATS or tokens.shape[0] == 0 or idx2.shape[0] != tokens.shape[0]:
+    if tokens.dim() != 2 or idx2.dim() != 2 or tokens.dtype != torch.bfloat16 or tokens.shape[0] == 0 \
+            or idx2.shape[0] != tokens.shape[0] or idx2.shape[1] > _PERMUTE_TOPK_MAX:
         return reference.moe_permute(tokens, indices)
-    permuted, sorted_indices = _kernel("npu_moe_token_permute")(tokens, idx2)
+    permuted, sorted_indices = _kernel("npu_moe_token_permute")(tokens, idx2.to(torch.int64))
     return permuted, sorted_indices.to(torch.int32)
 
 
 def moe_unpermute(permuted: torch.Tensor, sort_map: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     w2 = weights.unsqueeze(1) if weights.dim() == 1 else weights
-    if permuted.dim() != 2 or permuted.dtype not in FLOATS or w2.dim() != 2 or permuted.shape[0] == 0 \
+    if permuted.dim() != 2 or permuted.dtype != torch.bfloat16 or w2.dim() != 2 or permuted.shape[0] == 0 \
             or permuted.shape[0] != w2.numel() or sort_map.numel() != w2.numel():
         return reference.moe_unpermute(permuted, sort_map, weights)
-    # The kernel takes probs in the tokens' dtype (autograd casts the gradient back to float32).
-    return _kernel("npu_moe_token_unpermute")(permuted, sort_map.to(torch.int32), probs=w2.to(permuted.dtype))
+    # probs in bfloat16 as documented (autograd casts the gradient back to the weights' dtype).
+    return _kernel("npu_moe_token_unpermute")(permuted, sort_map.to(torch.int64), probs=w2.to(torch.bfloat16))
+
+
+_GMM_MAX_GROUPS = 1024  # docstring: group_type 0 takes at most 1024 groups
+# dw by group_type 2 (groups along k, x transposed): the docstring lists group_type -1/0/1 only; the meta
+# registration takes 2 from the 26.0.0 wheels (2.7.1.post4, 2.8.0.post4, 2.9.0.post2, 2.10.0) on. Before,
+# and whenever the probe's dw check fails, dw is computed per expert in torch. Set by _prepare.
+_GMM_DW_KERNEL = [True]
+
+
+def _dw_per_expert(x: torch.Tensor, dy: torch.Tensor, group_list: torch.Tensor, experts: int) -> torch.Tensor:
+    ends = [0] + [int(e) for e in group_list.tolist()]
+    dw = x.new_zeros(experts, x.shape[1], dy.shape[1])
+    for e in range(experts):
+        if ends[e + 1] > ends[e]:
+            dw[e] = x[ends[e]: ends[e + 1]].t() @ dy[ends[e]: ends[e + 1]]
+    return dw
 
 
 class _GroupedMatmul(torch.autograd.Function):
-    """y = x @ w[e] per expert row block. npu_grouped_matmul has no autograd; dx and dw are grouped
-    matmuls too (group_type 0 = groups along m, 2 = groups along k)."""
+    """y = x @ w[e] per expert row block. npu_grouped_matmul has no autograd; dx is a grouped matmul too
+    (group_type 0 = groups along m), dw one along k (group_type 2) where _GMM_DW_KERNEL allows."""
 
     @staticmethod
     def forward(ctx, x, w, group_list, empty_experts):
@@ -486,7 +514,9 @@ class _GroupedMatmul(torch.autograd.Function):
         dx = dw = None
         if ctx.needs_input_grad[0]:
             dx = gmm([dy], [w.transpose(1, 2)], group_list=group_list, split_item=3, group_type=0, group_list_type=0)[0]
-        if ctx.needs_input_grad[1]:
+        if ctx.needs_input_grad[1] and not _GMM_DW_KERNEL[0]:
+            dw = _dw_per_expert(x, dy, group_list, w.shape[0])
+        elif ctx.needs_input_grad[1]:
             dw = gmm([x.t()], [dy], group_list=group_list, split_item=3, group_type=2, group_list_type=0)[0]
             # The kernel documents nothing for empty k-groups: make an expert without tokens get 0.
             dw = dw.masked_fill(empty_experts.view(-1, 1, 1), 0)
@@ -495,7 +525,8 @@ class _GroupedMatmul(torch.autograd.Function):
 
 def grouped_matmul(x: torch.Tensor, w: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
     reference.check_grouped_matmul(x, w)
-    if x.dtype not in FLOATS or w.dtype != x.dtype or x.shape[0] == 0 or w.shape[0] == 0:
+    if x.dtype not in FLOATS or w.dtype != x.dtype or x.shape[0] == 0 or w.shape[0] == 0 \
+            or w.shape[0] > _GMM_MAX_GROUPS:
         return reference.grouped_matmul(x, w, tokens_per_expert)
     counts = tokens_per_expert.to(device=x.device, dtype=torch.int64)
     reference.tokens_per_expert_to_host(counts, w.shape[0], x.shape[0])  # one host sync: bad counts corrupt silently
@@ -516,19 +547,24 @@ IMPLEMENTATIONS: dict[str, Callable] = {
 }
 
 
-_PROBED: dict[str, str] = {}  # op -> '' (probe passed) or why it failed; one probe per op and process
+_PROBED: dict[str, str] = {}  # "op" / "op[mode]" -> '' (probe passed) or why it failed; once per process
 
 
-def _probe_once(op_name: str, acc, kernel: str) -> str:
-    if op_name not in _PROBED:
-        _PROBED[op_name] = probes.probe(op_name, IMPLEMENTATIONS[op_name], acc.device(), KERNEL_CALLS, kernel)
-    return _PROBED[op_name]
+def _probe_once(op_name: str, acc, kernel: str, mode: str = "default") -> str:
+    key = op_name if mode == "default" else f"{op_name}[{mode}]"
+    if key not in _PROBED:
+        _PROBED[key] = probes.probe(op_name, IMPLEMENTATIONS[op_name], acc.device(), KERNEL_CALLS, kernel, mode)
+    return _PROBED[key]
 
 
 def _prepare(op_name: str, acc, version: str) -> None:
     """Release- and SoC-dependent switches inside a mapping, decided before its probe."""
     if op_name == "apply_rotary":
-        _ROTARY_INTERLEAVE_OK[0] = _at_least("7.0.0")
+        _ROTARY_MODE_KW[0] = _at_least("7.0.0")
+        _ROTARY_MODES["half"] = True
+        _ROTARY_MODES["interleave"] = _ROTARY_MODE_KW[0]  # kernels before 7.0.0 only rotate "half"
+    elif op_name == "grouped_matmul":
+        _GMM_DW_KERNEL[0] = _at_least("26.0.0")
     elif op_name == "moe_route":
         _NATIVE_GATING_BACKWARD[0] = _at_least("26.1.0") and has_kernel("npu_moe_gating_top_k_backward")
         if not _NATIVE_GATING_BACKWARD[0]:
@@ -543,8 +579,42 @@ def _prepare(op_name: str, acc, version: str) -> None:
             why = _PROBED["sparse_attention_absorbed"]
             if why:
                 _SFA_OK[0] = False
-                log_once(f"ops[npu].sparse_attention: npu_sparse_flash_attention failed its probe on {current_soc()} "
-                         f"({why}); absorbed-MLA shapes use npu_fusion_attention per sequence")
+                log_once(f"ops[npu].sparse_attention: probe of torch_npu.npu_sparse_flash_attention (mode absorbed "
+                         f"MLA, TND) on {current_soc()} failed: {why}; absorbed-MLA shapes use npu_fusion_attention "
+                         f"per sequence")
+
+
+def _modes(op_name: str) -> list[str]:
+    """The probe modes the installed release has (interleave rotary needs rotary_mode)."""
+    if op_name == "apply_rotary":
+        return [m for m in probes.modes(op_name) if _ROTARY_MODES[m]]
+    return list(probes.modes(op_name))
+
+
+def _probe_modes(op_name: str, acc, kernel: str, soc: str) -> str:
+    """Probe every mode; a failing mode is switched to the reference with one log line. '' when the
+    kernel runs in at least one mode, else why not."""
+    if op_name == "grouped_matmul":  # dw by group_type 2 (undocumented), else dw per expert in torch
+        results = {"dw_group_type_2": _probe_once(op_name, acc, kernel, "dw_group_type_2")} if _GMM_DW_KERNEL[0] else {}
+        if not results or results["dw_group_type_2"]:
+            _GMM_DW_KERNEL[0] = False
+            results["dw_per_expert"] = _probe_once(op_name, acc, kernel, "dw_per_expert")
+            if not results["dw_per_expert"] and len(results) == 2:
+                log_once(f"ops[npu].grouped_matmul: probe of torch_npu.npu_grouped_matmul (mode dw_group_type_2) on "
+                         f"{soc} failed: {results['dw_group_type_2']}; dw per expert in torch")
+                return ""
+    else:
+        results = {m: _probe_once(op_name, acc, kernel, m) for m in _modes(op_name)}
+    failed = {m: why for m, why in results.items() if why}
+    if failed and len(failed) == len(results):
+        mode, why = next(iter(failed.items()))
+        return f"probe of torch_npu.{kernel} (mode {mode}) on {soc} failed: {why}"
+    for mode, why in failed.items():
+        if op_name == "apply_rotary":
+            _ROTARY_MODES[mode] = False
+        log_once(f"ops[npu].{op_name}: probe of torch_npu.{kernel} (mode {mode}) on {soc} failed: {why}; "
+                 f"{mode} uses the reference")
+    return ""
 
 
 def resolve(op_name: str, acc) -> DeviceOp | None:
@@ -575,12 +645,22 @@ def resolve(op_name: str, acc) -> DeviceOp | None:
     soc = current_soc()
     _prepare(op_name, acc, version)
     kernel = mapping.kernels[0]
-    why = _probe_once(op_name, acc, kernel)
+    why = _probe_modes(op_name, acc, kernel, soc)
     if why:
-        return DeviceOp(None, "", f"probe of torch_npu.{kernel} on {soc} failed: {why}")
+        return DeviceOp(None, "", why)
     if not documented_on(kernel, soc):
         log_once(f"ops[npu].{op_name}: torch_npu.{kernel} is not documented for {soc}; its probe passed, using it")
     return DeviceOp(IMPLEMENTATIONS[op_name], "torch_npu." + kernel)
+
+
+def probe_results() -> tuple[dict[str, str], list[str]]:
+    """The per-process probe results and SoC, for restore_probe_results (the simulator's tests reuse them)."""
+    return dict(_PROBED), list(_SOC)
+
+
+def restore_probe_results(saved: tuple[dict[str, str], list[str]]) -> None:
+    _PROBED.update(saved[0])
+    _SOC[:] = saved[1]
 
 
 def forget_probes() -> None:
@@ -588,3 +668,5 @@ def forget_probes() -> None:
     _PROBED.clear()
     _SOC.clear()
     _SFA_OK[0] = False
+    _ROTARY_MODES.update(half=True, interleave=True)
+    _GMM_DW_KERNEL[0] = True

@@ -9,7 +9,10 @@ documented-contract violation raises, as the real kernels do. Importing it insta
 
 `simulate_release("7.2.0")` makes it behave like an older Ascend PyTorch release: ops added later
 disappear, derivatives added later raise on backward (see _RELEASE_OF), and 6.0.0's npu_grouped_matmul
-has that release's signature. `simulate_soc("950PR")` (or SLIME_NPU_SIM_SOC in a fresh process) picks the
+has that release's signature. Each op checks its arguments against the schema of the simulated release's wheel and raises
+RuntimeError as torch.ops does; ranks, layouts and dtypes follow the docstrings read from the wheels
+(tests/data/torch_npu_facts.json, scripts/npu-wheel-facts.py). `simulate_defects(...)` makes a kernel
+finite but wrong, to test slime's numerical probes. `simulate_soc("950PR")` (or SLIME_NPU_SIM_SOC in a fresh process) picks the
 SoC: torch.npu.get_device_name() names it, and kernels whose docs leave it out raise when called, as
 aclnn-only SoCs do; the Ascend 950 indexer takes only 8/16/24/32/64 query heads and no float32 weights.
 The default SoC is an Atlas A3, where every simulated kernel is documented.
@@ -26,6 +29,7 @@ from ._moe import (
     npu_grouped_matmul, npu_grouped_matmul_6_0, npu_moe_gating_top_k, npu_moe_token_permute,
     npu_moe_token_unpermute,
 )
+from . import _nn
 from ._nn import npu_rms_norm, npu_rotary_mul, npu_swiglu
 
 SIMULATED = True
@@ -66,20 +70,35 @@ _OPS["npu_moe_gating_top_k_backward"] = npu_moe_gating_top_k_backward
 __version__ = _common.RELEASE_WHEELS[_common.NEWEST_RELEASE] + "+sim"
 
 
+def _rotary_mul_before_7_0(self, r1, r2, *args, **kwargs):
+    if args or kwargs:  # the schema before Ascend PyTorch 7.0.0 is npu_rotary_mul(Tensor self, Tensor r1, Tensor r2)
+        raise _common.fail("npu_rotary_mul", "unknown argument rotary_mode (added in Ascend PyTorch 7.0.0)")
+    return _nn.npu_rotary_mul(self, r1, r2)
+
+
 def simulate_release(release: str | None = None) -> None:
-    """Behave like Ascend PyTorch `release` (None = newest): hide later ops, set __version__."""
+    """Behave like Ascend PyTorch `release` (None = newest): hide later ops, set __version__. Every op is
+    bound like torch.ops.npu.<op>: its arguments are matched against the schema of the release's wheel in
+    tests/data/torch_npu_facts.json, and a mismatch raises RuntimeError."""
     global __version__
     release = release or _common.NEWEST_RELEASE
     _common.set_release(release)
     module = sys.modules[__name__]
-    for name, fn in _OPS.items():
+    ops = dict(_OPS)
+    if not _common.at_least("7.0.0"):
+        ops.update(npu_grouped_matmul=npu_grouped_matmul_6_0, npu_rotary_mul=_rotary_mul_before_7_0)
+    for name, fn in ops.items():
         if _common.at_least(_RELEASE_OF[name]):
-            setattr(module, name, fn)
+            setattr(module, name, _common.torch_ops_call(name, fn))
         elif hasattr(module, name):
             delattr(module, name)
-    if not _common.at_least("7.0.0"):
-        module.npu_grouped_matmul = npu_grouped_matmul_6_0
     __version__ = _common.RELEASE_WHEELS[release] + "+sim"
+
+
+def simulate_defects(*names: str) -> None:
+    """Make kernels finite but wrong (names in _common.DEFECTS, e.g. "npu_lightning_indexer:
+    key_lengths_as_prefix_sums"); no names = none. For the tests of slime's numerical probes."""
+    _common.set_defects(names)
 
 
 def simulate_soc(name: str | None = None) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import check, check_contiguous, f64, fail, is_950, require_soc, soc
+from ._common import check, check_contiguous, defect, doc, f64, fail, is_950, require_soc, soc
 
 _MAX_INT32 = 2147483647
 _MAX_INT64 = 9223372036854775807
@@ -59,7 +59,7 @@ def _seq_mask(sparse_mode, sq, sk, mask2d, device):
 def _ends(op: str, name: str, value, total: int) -> list[int]:
     check(value is not None, op, f"{name} is required for input_layout TND")
     if isinstance(value, torch.Tensor):
-        raise TypeError(f"{op}(): argument '{name}' must be a list of ints (host values), not Tensor")
+        raise fail(op, f"argument '{name}' must be int[] (a host list of ints), not Tensor")  # torch.ops: RuntimeError
     ends = [int(v) for v in value]
     while len(ends) > 1 and ends[-1] == 0:  # documented: trailing zeros exclude trailing batches
         ends.pop()
@@ -173,6 +173,27 @@ def _int32_prefix(op, name, t, batches=None):
     return ends
 
 
+def _key_ends(op, name, t, batches, total, misread):
+    """TND key/kv lengths. The docstrings (every wheel read) call actual_seq_lengths_key / _kv each batch's
+    valid token count, and only the query's lengths prefix sums: counts, summing to T2. `misread` is the
+    deliberate defect that takes them as prefix sums (finite but wrong for more than one batch)."""
+    check(isinstance(t, torch.Tensor) and t.dtype == torch.int32 and t.dim() == 1, op,
+          f"{name} must be a 1-D int32 tensor of per-batch token counts (TND)")
+    vals = [int(x) for x in t.tolist()]
+    check(len(vals) == batches, op, f"{name} must have one entry per batch")
+    check(all(v >= 0 for v in vals), op, f"{name} must be non-negative")
+    if misread:
+        return [min(v, total) for v in vals]
+    if doc(op).get("key_lengths", "valid_token_counts") == "prefix_sums":
+        return _int32_prefix(op, name, t, batches)
+    check(sum(vals) == total, op, f"{name} are per-batch token counts and must sum to T2={total}, got {vals[:8]}")
+    ends, acc = [], 0
+    for v in vals:
+        acc += v
+        ends.append(acc)
+    return ends
+
+
 def npu_lightning_indexer(query, key, weights, *, actual_seq_lengths_query=None, actual_seq_lengths_key=None,
                           block_table=None, layout_query="BSND", layout_key="BSND", sparse_count=2048, sparse_mode=3,
                           pre_tokens=_MAX_INT64, next_tokens=_MAX_INT64, return_value=False):
@@ -202,8 +223,9 @@ def npu_lightning_indexer(query, key, weights, *, actual_seq_lengths_query=None,
     check(tuple(weights.shape) == tuple(query.shape[:-1]), op, f"weights must be {tuple(query.shape[:-1])}")
     if tnd:
         ends_q = _int32_prefix(op, "actual_seq_lengths_query", actual_seq_lengths_query)
-        ends_k = _int32_prefix(op, "actual_seq_lengths_key", actual_seq_lengths_key, len(ends_q))
-        check(ends_q[-1] == query.shape[0] and ends_k[-1] == key.shape[0], op, "prefix sums must end at T1 / T2")
+        check(ends_q[-1] == query.shape[0], op, "actual_seq_lengths_query (prefix sums) must end at T1")
+        ends_k = _key_ends(op, "actual_seq_lengths_key", actual_seq_lengths_key, len(ends_q), key.shape[0],
+                           defect("npu_lightning_indexer:key_lengths_as_prefix_sums"))
         spans = list(zip([0] + ends_q[:-1], ends_q, [0] + ends_k[:-1], ends_k))
         qs, ks, ws = query, key[:, 0], weights
     else:
@@ -264,8 +286,9 @@ def npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *
     valid = sparse_indices[:, 0] >= 0
     check(bool((valid[:, 1:] <= valid[:, :-1]).all()), op, "sparse_indices: valid entries first, -1 after")
     ends_q = _int32_prefix(op, "actual_seq_lengths_query", actual_seq_lengths_query)
-    ends_k = _int32_prefix(op, "actual_seq_lengths_kv", actual_seq_lengths_kv, len(ends_q))
-    check(ends_q[-1] == query.shape[0] and ends_k[-1] == key.shape[0], op, "prefix sums must end at T1 / T2")
+    check(ends_q[-1] == query.shape[0], op, "actual_seq_lengths_query (prefix sums) must end at T1")
+    ends_k = _key_ends(op, "actual_seq_lengths_kv", actual_seq_lengths_kv, len(ends_q), key.shape[0],
+                       defect("npu_sparse_flash_attention:kv_lengths_as_prefix_sums"))
     q = torch.cat((f64(query), f64(query_rope)), dim=-1)
     k = torch.cat((f64(key), f64(key_rope)), dim=-1)
     v = f64(value)
@@ -275,6 +298,8 @@ def npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *
         if sq == 0:
             continue
         idx = sparse_indices[q0:q1, 0].long()
+        if defect("npu_sparse_flash_attention:kv_lengths_as_prefix_sums"):
+            idx = torch.where(idx >= sk, -1, idx)  # the defective kernel drops what its misread lengths exclude
         check(bool((idx < sk).all()), op, "sparse_indices must be < the batch's kv length")
         selected = torch.zeros(sq, sk + 1, dtype=torch.bool, device=query.device)
         selected.scatter_(1, torch.where(idx < 0, sk, idx), True)

@@ -4,9 +4,23 @@ from __future__ import annotations
 
 import torch
 
-from ._common import at_least, check, f64, fail, require_soc, without_derivative
+from ._common import at_least, check, doc, f64, fail, require_soc, without_derivative
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "int32": torch.int32,
+           "int64": torch.int64}
+
+
+def _documented(op: str, key: str, fallback: tuple) -> tuple:
+    """The dtypes the simulated wheel's docstring lists for one argument (`fallback` where it says nothing)."""
+    names = doc(op).get(key)
+    return tuple(_DTYPES[n] for n in names) if names else fallback
+
+
+def _check_dtype(op: str, name: str, t: torch.Tensor, key: str, fallback: tuple) -> None:
+    allowed = _documented(op, key, fallback)
+    check(t.dtype in allowed, op, f"{name} must be {'/'.join(str(d).replace('torch.', '') for d in allowed)} "
+                                  f"(docstring), got {t.dtype}")
 
 
 def npu_moe_gating_top_k(x, k, *, bias=None, k_group=1, group_count=1, group_select_mode=0, renorm=0, norm_type=0,
@@ -62,9 +76,10 @@ def npu_moe_token_permute(tokens, indices, num_out_tokens=None, padded_mode=Fals
     permuted[sorted_indices[i]] = tokens[i // topK]. -> (permuted_tokens, sorted_indices int32)."""
     op = "npu_moe_token_permute"
     check(not padded_mode, op, "padded_mode=True is not supported")
-    check(tokens.dim() == 2 and tokens.dtype in _FLOATS, op, "tokens must be 2-D float16/bfloat16/float32")
+    check(tokens.dim() == 2, op, "tokens must be 2-D")
+    _check_dtype(op, "tokens", tokens, "tokens_dtypes", _FLOATS)
     check(indices.dim() in (1, 2) and indices.shape[0] == tokens.shape[0], op, "indices must be [T] or [T, topK]")
-    check(indices.dtype in (torch.int32, torch.int64), op, f"indices must be an integer tensor, got {indices.dtype}")
+    _check_dtype(op, "indices", indices, "indices_dtypes", (torch.int32, torch.int64))
     topk = 1 if indices.dim() == 1 else indices.shape[1]
     flat = indices.reshape(-1)
     first = torch.argsort(flat, stable=True)
@@ -80,10 +95,13 @@ def npu_moe_token_unpermute(permuted_tokens, sorted_indices, probs=None, padded_
     """out[t] = sum_k probs[t, k] * permuted_tokens[sorted_indices[t*topK + k]] (probs None = 1)."""
     op = "npu_moe_token_unpermute"
     check(not padded_mode, op, "padded_mode=True is not supported")
-    check(permuted_tokens.dim() == 2 and permuted_tokens.dtype in _FLOATS, op, "permuted_tokens must be 2-D float")
-    check(sorted_indices.dtype == torch.int32 and sorted_indices.dim() == 1, op, "sorted_indices must be 1-D int32")
+    check(permuted_tokens.dim() == 2, op, "permuted_tokens must be 2-D")
+    _check_dtype(op, "permuted_tokens", permuted_tokens, "permuted_tokens_dtypes", _FLOATS)
+    check(sorted_indices.dim() == 1, op, "sorted_indices must be 1-D")
+    _check_dtype(op, "sorted_indices", sorted_indices, "sorted_indices_dtypes", (torch.int32,))
     if probs is not None:
         check(probs.dim() == 2 and probs.numel() == sorted_indices.numel(), op, "probs must be [T, topK]")
+        _check_dtype(op, "probs", probs, "probs_dtypes", (permuted_tokens.dtype,))
         check(probs.dtype == permuted_tokens.dtype, op, f"probs dtype {probs.dtype} must equal permuted_tokens dtype")
         t, topk = probs.shape
     else:
@@ -142,11 +160,15 @@ def npu_grouped_matmul(x, weight, *, bias=None, scale=None, offset=None, antiqua
     if group_type == 0:
         check(split_item in (2, 3), op, "one x with a 3-D weight and group_type=0 needs split_item 2 or 3")
         check(wt.dim() == 3 and wt.shape[1] == xt.shape[1], op, f"weight must be [E, K={xt.shape[1]}, N], got {tuple(wt.shape)}")
+        limit = doc(op).get("group_type0_max_groups") or 1024
+        check(wt.shape[0] <= limit, op, f"group_type=0 takes at most {limit} groups (docstring), got {wt.shape[0]}")
         bounds = _group_bounds(op, group_list, group_list_type, wt.shape[0], xt.shape[0])
         y = torch.full((xt.shape[0], wt.shape[2]), float("nan"), dtype=torch.float64, device=xt.device)
         for e, (a, b) in enumerate(bounds):
             y[a:b] = f64(xt[a:b]) @ f64(wt[e])
     elif group_type == 2:
+        # Undocumented (the docstring lists -1/0/1); the meta registration takes it from the 26.0.0 wheels.
+        check(at_least("26.0.0"), op, "group_type 2 is not supported by this release (meta: -1 and 0 only)")
         check(split_item == 3, op, "group_type=2 (grouped k) needs split_item=3")
         check(wt.dim() == 2 and wt.shape[0] == xt.shape[1], op, f"need x [K, M] and weight [M, N]; got {tuple(xt.shape)}, {tuple(wt.shape)}")
         groups = group_list.shape[0] if isinstance(group_list, torch.Tensor) else 0
