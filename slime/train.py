@@ -143,6 +143,8 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
     actor = handles["actor"]
     # Trainer first: in colocated mode the engines then start on devices the trainer already holds.
     start_rollout_id = actor.init("actor", with_ref=args.use_ref_model)
+    if args.start_rollout_id is not None:  # upstream's --start-rollout-id overrides the resumed position
+        start_rollout_id = args.start_rollout_id
     rollout = handles["rollout"] = create_rollout_manager(args, slots["rollout"])
     records: list[dict[str, Any]] = []
     if start_rollout_id > 0:

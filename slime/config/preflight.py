@@ -171,32 +171,21 @@ def check_prompts(args: Any, report: PreflightReport) -> None:
 
     base = _reward_base(getattr(args, "rm_type", None))
     rule_reward = not getattr(args, "custom_rm_path", None) and base in BUILTIN and base not in UNLABELLED_REWARDS
-    try:
-        f = open(path, encoding="utf-8")
-    except OSError as e:
-        raise PreflightError(f"--prompt-data {path} cannot be read ({e.strerror}); pass a JSONL file") from e
+    from slime.rollout.prompt_files import PromptFileError, read_records
+
     count = labelled = 0
-    with f:
-        try:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise PreflightError(f"{path}:{lineno} is not valid JSON ({e.msg}); write one JSON object per "
-                                         "line") from e
-                if not isinstance(rec, dict) or input_key not in rec:
-                    raise PreflightError(f"{path}:{lineno} has no key {input_key!r}; set --input-key to the prompt's "
-                                         "key")
-                has_label = label_key is not None and rec.get(label_key) is not None
-                if rule_reward and not has_label:
-                    raise PreflightError(f"{path}:{lineno} has no label {label_key!r}, which --rm-type {args.rm_type} "
-                                         "scores against; set --label-key or add labels")
-                count += 1
-                labelled += has_label
-        except UnicodeDecodeError as e:
-            raise PreflightError(f"--prompt-data {path} is not UTF-8 text ({e.reason}); pass a JSONL file") from e
+    try:
+        for where, rec in read_records(path):  # .jsonl lines or .parquet rows (PATH@[start:end] slices them)
+            if not isinstance(rec, dict) or input_key not in rec:
+                raise PreflightError(f"{where} has no key {input_key!r}; set --input-key to the prompt's key")
+            has_label = label_key is not None and rec.get(label_key) is not None
+            if rule_reward and not has_label:
+                raise PreflightError(f"{where} has no label {label_key!r}, which --rm-type {args.rm_type} "
+                                     "scores against; set --label-key or add labels")
+            count += 1
+            labelled += has_label
+    except PromptFileError as e:
+        raise PreflightError(str(e)) from e
     if not count:
         raise PreflightError(f"--prompt-data {path} holds no prompts; pass a JSONL file with one object per line")
     report.prompts, report.labelled = count, labelled

@@ -11,6 +11,7 @@ is registered from SGLang's own surface by `slime.config.sglang_options`, typed 
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 from slime.config.arguments import add_argument_once
@@ -33,14 +34,22 @@ _add = add_argument_once  # train.py's parser may define a shared flag (e.g. --r
 
 def add_rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g = parser.add_argument_group("rollout data")
-    _add(g, parser, "--prompt-data", type=str, default=None, help="JSONL file of prompts")
+    _add(g, parser, "--prompt-data", type=str, default=None,
+         help="prompts: a .jsonl or .parquet file (PATH@[start:end] takes those rows)")
     _add(g, parser, "--input-key", type=str, default="prompt", help="JSONL key of the prompt (string or chat messages)")
     _add(g, parser, "--label-key", type=str, default="label", help="JSONL key of the reference answer")
     _add(g, parser, "--metadata-key", type=str, default="metadata", help="JSONL key of per-prompt metadata (optional)")
     _add(g, parser, "--apply-chat-template", action="store_true", help="wrap prompts with the tokenizer's chat template")
+    _add(g, parser, "--apply-chat-template-kwargs", type=json.loads, default="{}",
+         help='JSON object of extra chat-template arguments, e.g. \'{"enable_thinking": false}\'')
     _add(g, parser, "--rollout-shuffle", action="store_true", help="shuffle prompts each epoch (seeded)")
     _add(g, parser, "--rollout-seed", type=int, default=42, help="seed of prompt shuffling and of sampling")
     _add(g, parser, "--rollout-max-prompt-len", type=int, default=None, help="drop prompts longer than this (tokens)")
+    _add(g, parser, "--rollout-max-context-len", type=int, default=None,
+         help="context size of a rollout (prompt + response tokens); --rollout-max-prompt-len defaults to it - 1 "
+              "(at most the model's max_position_embeddings)")
+    _add(g, parser, "--start-rollout-id", type=int, default=None,
+         help="first rollout id (default: the one after the checkpoint --load resumes, else 0)")
 
     g = parser.add_argument_group("rollout generation")
     _add(g, parser, "--rollout-batch-size", type=int, default=None, help="prompts per rollout")
@@ -237,6 +246,18 @@ def validate_rollout_args(args: argparse.Namespace) -> argparse.Namespace:
     if args.over_sampling_batch_size is not None:
         need(args.over_sampling_batch_size >= 1, f"--over-sampling-batch-size must be >= 1, got {args.over_sampling_batch_size}")
     need(args.max_sampling_rounds >= 1, f"--max-sampling-rounds must be >= 1, got {args.max_sampling_rounds}")
+    if not isinstance(args.apply_chat_template_kwargs, dict):
+        raise RolloutArgumentError("--apply-chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'")
+    if args.rollout_max_context_len is not None:
+        need(args.rollout_max_context_len >= 2, f"--rollout-max-context-len must be >= 2, got {args.rollout_max_context_len}")
+        if args.rollout_max_prompt_len is None:
+            args.rollout_max_prompt_len = args.rollout_max_context_len - 1  # at least one response token
+        need(args.rollout_max_prompt_len <= args.rollout_max_context_len - 1,
+             f"--rollout-max-prompt-len {args.rollout_max_prompt_len} leaves no response token within "
+             f"--rollout-max-context-len {args.rollout_max_context_len}; lower it below the context length")
+    if args.start_rollout_id is not None:
+        need(0 <= args.start_rollout_id < (args.num_rollout or 1 << 62),
+             f"--start-rollout-id {args.start_rollout_id} must be in [0, --num-rollout)")
     _validate_eval_args(args, need)
     _validate_sglang_args(args, need)
     return args

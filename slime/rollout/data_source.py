@@ -1,4 +1,4 @@
-"""Prompts from a JSONL file: tokenized once, served in (optionally shuffled) epochs, resumable.
+"""Prompts from a JSONL or parquet file (slime.rollout.prompt_files): tokenized once, served in (optionally shuffled) epochs, resumable.
 
 Each line is a JSON object; `--input-key` holds the prompt (a string, or a list of chat messages
 {"role", "content"}), `--label-key` the reference answer for the reward. With
@@ -36,10 +36,13 @@ class PromptItem:
     metadata: dict[str, Any]
 
 
-def tokenize_prompt(tokenizer: Any, prompt: Any, apply_chat_template: bool) -> list[int]:
+def tokenize_prompt(tokenizer: Any, prompt: Any, apply_chat_template: bool,
+                    chat_template_kwargs: dict[str, Any] | None = None) -> list[int]:
     if apply_chat_template:
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        # --apply-chat-template-kwargs (e.g. {"enable_thinking": false}) reach the template as upstream passes them
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                             **(chat_template_kwargs or {}))
     elif isinstance(prompt, str):
         text = prompt
     else:
@@ -50,34 +53,29 @@ def tokenize_prompt(tokenizer: Any, prompt: Any, apply_chat_template: bool) -> l
 class JsonlDataSource:
     def __init__(self, path: str, tokenizer: Any, input_key: str = "prompt", label_key: str | None = "label",
                  metadata_key: str | None = "metadata", apply_chat_template: bool = False, shuffle: bool = False,
-                 seed: int = 42, max_prompt_len: int | None = None) -> None:
+                 seed: int = 42, max_prompt_len: int | None = None,
+                 chat_template_kwargs: dict[str, Any] | None = None) -> None:
+        from slime.rollout.prompt_files import PromptFileError, read_records
+
         self.path, self.shuffle, self.seed = path, shuffle, seed
         self.items: list[tuple[Any, list[int], Any, dict]] = []
         dropped = 0
         try:
-            f = open(path, encoding="utf-8")
-        except OSError as e:
-            raise DataSourceError(f"--prompt-data {path!r} cannot be read ({e.strerror}); pass a JSONL file") from e
-        with f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataSourceError(f"{path}:{lineno} is not valid JSON ({e.msg}); one JSON object per line") from e
+            for where, rec in read_records(path):  # .jsonl or .parquet, optionally PATH@[start:end]
                 if not isinstance(rec, dict) or input_key not in rec:
-                    raise DataSourceError(f"{path}:{lineno} has no key {input_key!r}; set --input-key to the prompt's key")
+                    raise DataSourceError(f"{where} has no key {input_key!r}; set --input-key to the prompt's key")
                 prompt = rec[input_key]
-                ids = tokenize_prompt(tokenizer, prompt, apply_chat_template)
+                ids = tokenize_prompt(tokenizer, prompt, apply_chat_template, chat_template_kwargs)
                 if not ids:
-                    raise DataSourceError(f"{path}:{lineno}: the prompt tokenizes to nothing")
+                    raise DataSourceError(f"{where}: the prompt tokenizes to nothing")
                 if max_prompt_len is not None and len(ids) > max_prompt_len:
                     dropped += 1
                     continue
                 meta = rec.get(metadata_key) if metadata_key else None
                 self.items.append((prompt, ids, rec.get(label_key) if label_key else None,
                                    meta if isinstance(meta, dict) else {}))
+        except PromptFileError as e:
+            raise DataSourceError(str(e)) from e
         if not self.items:
             raise DataSourceError(f"{path} holds no usable prompts ({dropped} longer than --rollout-max-prompt-len)")
         self.dropped = dropped
@@ -169,7 +167,7 @@ class RolloutDataSource(DataSource):
                 tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
             source = JsonlDataSource(args.prompt_data, tokenizer, args.input_key, args.label_key, args.metadata_key,
                                      args.apply_chat_template, args.rollout_shuffle, args.rollout_seed,
-                                     args.rollout_max_prompt_len)
+                                     args.rollout_max_prompt_len, args.apply_chat_template_kwargs)
         self.source = source
 
     def get_samples(self, num_samples: int) -> list[list[Sample]]:

@@ -49,12 +49,14 @@ def sampling_params(args: Any, seed: int) -> dict[str, Any]:
         "top_p": float(args.rollout_top_p),
         "top_k": int(args.rollout_top_k),
         "sampling_seed": seed,
-        "skip_special_tokens": False,
+        "skip_special_tokens": bool(args.rollout_skip_special_tokens),
         "no_stop_trim": True,
     }
     stop_ids = args.rollout_stop_token_ids
     if stop_ids:
         params["stop_token_ids"] = list(stop_ids)
+    if args.rollout_stop:
+        params["stop"] = list(args.rollout_stop)  # stop strings (upstream's --rollout-stop)
     return params
 
 
@@ -124,7 +126,8 @@ def _engine_stats(client: Any) -> dict[str, float] | None:
     return stats if isinstance(stats, dict) and "wave_seconds" in stats else None
 
 
-def _finish_sample(sample: Sample, out: dict[str, Any], idx: int, tokenizer: Any) -> None:
+def _finish_sample(sample: Sample, out: dict[str, Any], idx: int, tokenizer: Any,
+                   skip_special_tokens: bool = False) -> None:
     meta = out["meta_info"]
     ids = list(out["output_ids"])
     logprobs = meta.get("output_token_logprobs")
@@ -137,7 +140,9 @@ def _finish_sample(sample: Sample, out: dict[str, Any], idx: int, tokenizer: Any
     sample.response_length = len(ids)
     sample.loss_mask = [1] * len(ids)
     sample.rollout_log_probs = [float(x[0]) for x in logprobs]
-    sample.response = tokenizer.decode(ids, skip_special_tokens=True) if tokenizer is not None else out.get("text", "")
+    # the response text keeps special tokens unless --rollout-skip-special-tokens, as upstream's engine text does
+    sample.response = (tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+                       if tokenizer is not None else out.get("text", ""))
     sample.status = SampleStatus.COMPLETED if meta["finish_reason"]["type"] == "stop" else SampleStatus.TRUNCATED
     sample.weight_version = meta.get("weight_version")
     sample.engine_index = idx
@@ -317,7 +322,7 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
                 again.append(s)
                 continue
             fleet.note_version(idx, out["meta_info"].get("weight_version"))
-            _finish_sample(s, out, idx, tokenizer)
+            _finish_sample(s, out, idx, tokenizer, bool(args.rollout_skip_special_tokens))
             if reward_fn is not None and not getattr(args, "group_rm", False):
                 s.reward = compute_reward(reward_fn, args, s)
             counters.add(done=1)

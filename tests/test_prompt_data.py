@@ -1,0 +1,120 @@
+"""Prompt data as upstream reads it: .parquet and .jsonl files (row slices PATH@[a:b]), --apply-chat-template-kwargs,
+--rollout-max-context-len, --rollout-stop, --rollout-skip-special-tokens, --start-rollout-id."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from slime.config.rollout_args import rollout_defaults
+
+ROWS = [{"prompt": f"copy : {c} =", "label": c, "metadata": {"i": i}} for i, c in enumerate("abcdefg")]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from slime.utils.tiny_tokenizer import build_tokenizer
+
+    return build_tokenizer(512)
+
+
+def _files(tmp_path: Path) -> tuple[str, str]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    parquet = tmp_path / "p.parquet"
+    pq.write_table(pa.Table.from_pylist(ROWS), parquet, row_group_size=3)  # several batches
+    return str(jsonl), str(parquet)
+
+
+def _items(ds) -> list[tuple]:
+    return [(p.prompt, p.prompt_ids, p.label, p.metadata) for p in ds.next_batch(len(ds))]
+
+
+@pytest.mark.parametrize("rows", ["", "@[2:5]", "@[-3:]", "@[:2]"])
+def test_parquet_and_jsonl_give_the_same_prompts(tmp_path, tokenizer, rows):
+    from slime.rollout.data_source import JsonlDataSource
+
+    jsonl, parquet = _files(tmp_path)
+    a = _items(JsonlDataSource(jsonl + rows, tokenizer, apply_chat_template=True))
+    b = _items(JsonlDataSource(parquet + rows, tokenizer, apply_chat_template=True))
+    want = ROWS[{"": slice(None), "@[2:5]": slice(2, 5), "@[-3:]": slice(-3, None), "@[:2]": slice(0, 2)}[rows]]
+    assert a == b and [x[2] for x in a] == [r["label"] for r in want]
+    assert [x[3] for x in a] == [r["metadata"] for r in want]
+
+
+def test_preflight_reads_parquet_and_names_the_row(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from slime.config.preflight import PreflightError, PreflightReport, check_prompts
+
+    _, parquet = _files(tmp_path)
+    report = PreflightReport()
+    check_prompts(rollout_defaults(prompt_data=parquet, rm_type="math"), report)
+    assert (report.prompts, report.labelled) == (7, 7)
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.Table.from_pylist([{"prompt": "x", "label": "1"}, {"prompt": "y", "label": None}]), bad)
+    with pytest.raises(PreflightError, match=r"bad.parquet row 1 has no label 'label'"):
+        check_prompts(rollout_defaults(prompt_data=str(bad), rm_type="math"), PreflightReport())
+    with pytest.raises(PreflightError, match="not a readable parquet file"):
+        (tmp_path / "junk.parquet").write_text("not parquet")
+        check_prompts(rollout_defaults(prompt_data=str(tmp_path / "junk.parquet"), rm_type="math"), PreflightReport())
+
+
+def test_chat_template_kwargs_reach_the_template(tmp_path, tokenizer):
+    import copy
+
+    from slime.rollout.data_source import JsonlDataSource
+
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = ("{% for m in messages %}{{ m['content'] }}{% endfor %}"
+                         "{% if enable_thinking is defined and not enable_thinking %} /no_think{% endif %}")
+    jsonl, _ = _files(tmp_path)
+    plain = JsonlDataSource(jsonl, tok, apply_chat_template=True).next_batch(1)[0].prompt_ids
+    off = JsonlDataSource(jsonl, tok, apply_chat_template=True,
+                          chat_template_kwargs={"enable_thinking": False}).next_batch(1)[0].prompt_ids
+    assert off[:len(plain)] == plain and off[len(plain):] == tok(" /no_think", add_special_tokens=False)["input_ids"]
+
+
+def _parse(tmp_path: Path, *extra: str):
+    from slime.config.arguments import parse_args
+
+    cfg = Path(__file__).resolve().parents[1] / "scripts/models/configs/qwen3-4B.json"
+    (tmp_path / "config.json").write_text(cfg.read_text())
+    return parse_args(["--hf-checkpoint", str(tmp_path), "--num-rollout", "4", "--rollout-batch-size", "2",
+                       "--n-samples-per-prompt", "2", *extra])
+
+
+def test_context_len_bounds_the_prompt_len(tmp_path, capsys):
+    args = _parse(tmp_path, "--rollout-max-context-len", "64", "--apply-chat-template-kwargs", '{"enable_thinking": false}')
+    assert args.rollout_max_prompt_len == 63 and args.apply_chat_template_kwargs == {"enable_thinking": False}
+    assert _parse(tmp_path).apply_chat_template_kwargs == {}
+    for extra, needle in ((["--rollout-max-context-len", "64", "--rollout-max-prompt-len", "64"], "leaves no response"),
+                          (["--apply-chat-template-kwargs", "[1]"], "must be a JSON object"),
+                          (["--start-rollout-id", "4"], "--start-rollout-id 4 must be in [0, --num-rollout)")):
+        with pytest.raises(SystemExit):
+            _parse(tmp_path, *extra)
+        assert needle in capsys.readouterr().err
+
+
+def test_stop_strings_and_special_tokens_follow_the_flags(tokenizer):
+    from slime.rollout.generate import _finish_sample, sampling_params
+    from slime.rollout.sample import Sample
+
+    p = sampling_params(rollout_defaults(rollout_stop=["\n\n", "</answer>"]), 1)
+    assert p["stop"] == ["\n\n", "</answer>"] and p["skip_special_tokens"] is False
+    assert sampling_params(rollout_defaults(rollout_skip_special_tokens=True), 1)["skip_special_tokens"] is True
+    ids = tokenizer("a b", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    out = {"output_ids": ids, "meta_info": {"finish_reason": {"type": "stop"}, "output_token_logprobs": [[-0.1, t, None] for t in ids]}}
+    texts = []
+    for skip in (False, True):
+        s = Sample(index=0, tokens=[5, 6])
+        _finish_sample(s, out, 0, tokenizer, skip)
+        texts.append(s.response)
+    assert texts[0] == tokenizer.decode(ids) and texts[1] == tokenizer.decode(ids[:-1])
+    assert tokenizer.eos_token in texts[0] and tokenizer.eos_token not in texts[1]
