@@ -52,6 +52,7 @@ def env(tmp_path_factory):
     model = write_tiny_checkpoint(str(d / "model"))
     data = d / "data.jsonl"
     data.write_text("".join(json.dumps(x) + "\n" for x in make_dataset(32, seed=0, min_len=3, max_len=3)))
+    (d / "eval.jsonl").write_text("".join(json.dumps(x) + "\n" for x in make_dataset(2, seed=1, min_len=3, max_len=3)))
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Tool)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     saved = {k: os.environ.get(k) for k in ("SLIME_TOOL_URL", "SLIME_PLUGIN_LOG", "PYTHONPATH")}
@@ -97,17 +98,27 @@ def test_tool_calling_generate_async_reward_custom_data_source(env):
     _Tool.calls = 0
     records, log = _run(env, "tool", "--custom-generate-function-path", "tests.upstream_plugins.tool_calling_generate",
                         "--custom-rm-path", "tests.upstream_plugins.async_reward",
-                        "--data-source-path", "tests.upstream_plugins.FileOrderDataSource")
+                        "--data-source-path", "tests.upstream_plugins.FileOrderDataSource",
+                        "--eval-interval", "3", "--skip-eval-before-train", "--eval-prompt-data", "copy",
+                        str(env["dir"] / "eval.jsonl"), "--n-samples-per-eval-prompt", "1")
     _check_records(records)
-    gens = [x for x in log if x["kind"] == "generate"]
-    assert len(gens) == 3 * 2 * 4 and _Tool.calls == len(gens)  # every sample called the tool once
+    from slime.utils.metrics import read_metrics
+
+    evals = read_metrics(str(env["dir"] / "tool"), kind="eval")  # upstream's eval path: evaluation=True
+    assert [e["eval_step"] for e in evals] == [3] and evals[0]["eval/copy/samples"] == 2.0
+    assert 0.0 <= evals[0]["eval/copy/reward_mean"] <= 1.0
+    eval_gens = [x["index"] for x in log if x["kind"] == "generate" and x["evaluation"]]
+    assert len(eval_gens) == 2
+    gens = [x for x in log if x["kind"] == "generate" and not x["evaluation"]]
+    assert len(gens) == 3 * 2 * 4 and _Tool.calls == len(gens) + 2  # every sample called the tool once
     for g in gens:
         first = g["response_length"] - g["tool_tokens"]
         assert g["tool_tokens"] > 0 and g["tokens"] == g["prompt_len"] + g["response_length"]
         mask = g["loss_mask"]
         assert len(mask) == g["response_length"] == g["log_probs"] and sum(mask) == first
         assert 0 in mask and mask[0] == 1 and mask[-1] == 1  # model, tool (0), model
-    assert sorted(x["index"] for x in log if x["kind"] == "reward") == sorted(g["index"] for g in gens)
+    rewarded = sorted(x["index"] for x in log if x["kind"] == "reward")  # each sample once (eval ones too)
+    assert rewarded == sorted([g["index"] for g in gens] + eval_gens)
     assert [x["first_group"] for x in log if x["kind"] == "get_samples"][:2] == [0, 2]  # file order, 2 a rollout
 
 

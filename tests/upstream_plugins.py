@@ -20,7 +20,7 @@ def _log(kind: str, **record) -> None:
 
 
 # --custom-generate-function-path: two model turns around one tool call
-async def tool_calling_generate(args, sample: Sample, sampling_params: dict) -> Sample:
+async def tool_calling_generate(args, sample: Sample, sampling_params: dict, evaluation: bool = False) -> Sample:
     state = GenerateState(args)
     url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate"
     if not sample.tokens:
@@ -39,7 +39,7 @@ async def tool_calling_generate(args, sample: Sample, sampling_params: dict) -> 
             sample.append_response_tokens(args, tokens=ids, trainable=False, text=result["text"])
     _log("generate", index=sample.index, prompt_len=prompt_len, tokens=len(sample.tokens),
          response_length=sample.response_length, loss_mask=sample.loss_mask, tool_tokens=tool_tokens,
-         status=sample.status.value, log_probs=len(sample.rollout_log_probs))
+         status=sample.status.value, log_probs=len(sample.rollout_log_probs), evaluation=evaluation)
     return sample
 
 

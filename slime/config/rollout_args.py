@@ -135,6 +135,9 @@ def _add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--rollout-function-path", type=str, default=None,
          help="fn(args, rollout_id, data_source, evaluation=False) -> RolloutFnTrainOutput | list[list[Sample]] "
               "(upstream's default: slime.rollout.sglang_rollout.generate_rollout); default: this project's loop")
+    _add(g, parser, "--eval-function-path", type=str, default=None,
+         help="the rollout function for evaluation, called with evaluation=True -> RolloutFnEvalOutput "
+              "(default: --rollout-function-path)")
     _add(g, parser, "--data-source-path", type=str, default=None,
          help="a class built as cls(args) with get_samples(n) -> list[list[Sample]], add_samples, save, load, "
               "__len__ (default: slime.rollout.data_source.RolloutDataSourceWithBuffer over --prompt-data)")
@@ -234,7 +237,7 @@ def validate_rollout_args(args: argparse.Namespace) -> argparse.Namespace:
         need(bool(args.rm_url), "--rm-type remote_rm needs --rm-url http://host:port/path (the reward service)")
     for flag in ("custom_rm_path", "dynamic_sampling_filter_path", "custom_generate_function_path",
                  "rollout_function_path", "data_source_path", "buffer_filter_path", "rollout_sample_filter_path",
-                 "rollout_all_samples_process_path"):
+                 "rollout_all_samples_process_path", "eval_function_path"):
         path = getattr(args, flag)
         if path:
             from slime.rollout.rewards import RewardError, load_custom

@@ -218,8 +218,17 @@ class RolloutManager:
 
     def eval(self, rollout_id: int) -> dict[str, float]:
         """Evaluation rollouts on --eval-prompt-data with the eval sampling flags (slime.rollout.evaluation)."""
+        from slime.rollout import plugin_rollout
         from slime.rollout.evaluation import evaluate, load_eval_sets
 
+        if plugin_rollout.uses_plugin_eval(self.args):  # upstream's eval function contract
+            self._refresh_versions()
+            self._rollout_id = rollout_id
+            url = self.sglang_router.url if self.sglang_router is not None else self.urls[0]
+            args = plugin_rollout.plugin_args(self.args, url, self.n)
+            if getattr(self, "_plugin_data_source", None) is None:
+                self._plugin_data_source = plugin_rollout.make_data_source(args, self.data_source, self.tokenizer)
+            return plugin_rollout.run_plugin_eval(args, rollout_id, self._plugin_data_source)
         if self._eval_sets is None:
             self._eval_sets = load_eval_sets(self.args, self.tokenizer)
         self._refresh_versions()

@@ -91,3 +91,39 @@ def run_plugin_rollout(args: Any, rollout_id: int, data_source: Any) -> tuple[li
                "perf/engine_tokens_per_s": tokens / max(elapsed, 1e-9)}
     metrics.update({k: float(v) for k, v in (out.metrics or {}).items()})
     return samples, metrics
+
+
+def uses_plugin_eval(args: Any) -> bool:
+    return bool(getattr(args, "eval_function_path", None)) or uses_plugin_rollout(args)
+
+
+def run_plugin_eval(args: Any, rollout_id: int, data_source: Any) -> dict[str, float]:
+    """--eval-function-path (default: the rollout function, else upstream's generate_rollout) with
+    evaluation=True; its RolloutFnEvalOutput.data ({set: {"rewards", "truncated", "samples"}}) as metrics."""
+    import statistics
+
+    from slime.rollout.base_types import RolloutFnEvalOutput
+
+    init_http_client(args)
+    path = (getattr(args, "eval_function_path", None) or getattr(args, "rollout_function_path", None)
+            or DEFAULT_ROLLOUT_FUNCTION)
+    t0 = time.perf_counter()
+    out = call_rollout_fn(load_function(path), args, rollout_id, data_source, evaluation=True)
+    if not isinstance(out, RolloutFnEvalOutput):
+        raise RolloutError(f"--eval-function-path {path} returned {type(out).__name__} for an evaluation")
+    metrics: dict[str, float] = {}
+    for name, result in out.data.items():
+        rewards = [float(r) for r in result["rewards"]]
+        if not rewards:
+            continue
+        prefix = f"eval/{name}"
+        metrics[f"{prefix}/reward_mean"] = statistics.fmean(rewards)
+        metrics[f"{prefix}/reward_std"] = statistics.pstdev(rewards)
+        metrics[f"{prefix}/truncated_ratio"] = sum(map(bool, result.get("truncated", []))) / len(rewards)
+        metrics[f"{prefix}/samples"] = float(len(rewards))
+        samples = result.get("samples") or []
+        if samples:
+            metrics[f"{prefix}/response_len_mean"] = statistics.fmean(s.response_length for s in samples)
+    metrics.update({k: float(v) for k, v in (out.metrics or {}).items()})
+    metrics["time/eval"] = time.perf_counter() - t0
+    return metrics
