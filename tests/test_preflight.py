@@ -131,12 +131,20 @@ CASES = ("no_config", "model_type", "truncated_safetensors", "malformed_prompts"
 
 def _torch_dist(root, iteration: int):
     """A torch.distributed.checkpoint directory laid out as --save writes it (tracker + iter_XXXXXXX with
-    megatron's metadata.json), from one process."""
+    megatron's metadata.json), from one process; it holds a key for every weight of the `model` fixture's
+    architecture (the preflight compares the key set, from .metadata alone)."""
     import torch
     import torch.distributed.checkpoint as dcp
 
+    from slime.backends.megatron.checkpoint_keys import UPSTREAM, expected_keys
+    from slime_plugins.models.glm5.tiny import tiny_config
+    from slime_plugins.models.registry import parse_hf_config
+
+    _, arch = parse_hf_config(tiny_config().to_dict())
+    weights = {k: torch.zeros(1) for k in expected_keys(arch, UPSTREAM, stacked=False)}
     d = root / f"iter_{iteration:07d}"
-    dcp.save({"w": torch.arange(4096, dtype=torch.float32), "b": torch.ones(8)}, checkpoint_id=str(d), no_dist=True)
+    dcp.save({"w": torch.arange(4096, dtype=torch.float32), "b": torch.ones(8), **weights}, checkpoint_id=str(d),
+             no_dist=True)
     (d / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist"}))
     (root / P.TRACKER).write_text(str(iteration))
     return root

@@ -26,7 +26,7 @@ import os
 import struct
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 TRACKER = "latest_checkpointed_iteration.txt"  # same name as slime.backends.megatron.checkpoint.TRACKER
@@ -56,9 +56,12 @@ class PreflightReport:
     resume_iteration: int | None = None  # the --load iteration the run will resume after
     resume_root: str | None = None  # the checkpoint root (holding the tracker) of that iteration
     restart_records: int = 0  # the same run re-run before its first checkpoint: its records to discard
+    shortest_prompt: int | None = None  # tokens; known when --rollout-max-prompt-len made preflight tokenize
+    warnings: list[str] = field(default_factory=list)  # accepted, but likely not what was meant: one line each
+    checkpoints: list[str] = field(default_factory=list)  # what --load / --ref-load torch_dist checkpoints hold
 
     def lines(self, args: Any) -> list[str]:
-        out = []
+        out = list(self.checkpoints)
         if getattr(args, "prompt_data", None):
             out.append(f"prompts: {self.prompts} in {args.prompt_data} ({self.labelled} with a label)")
         if self.resume_iteration is not None:
@@ -67,6 +70,7 @@ class PreflightReport:
             n = self.restart_records
             out.append(f"restarting from rollout 0: this run was stopped before its first checkpoint; {n} metric "
                        f"record{'s' if n != 1 else ''} of its unsaved rollouts discarded")
+        out += [f"warning: {w}" for w in self.warnings]
         return out
 
 
@@ -246,6 +250,8 @@ def _read_tracker(root: str) -> int | None:
             text = f.read().strip()
     except OSError as e:
         raise PreflightError(f"{path} cannot be read ({e.strerror}); fix its permissions") from e
+    if text == "release":  # Megatron's release checkpoint (upstream's converter writes one)
+        return -1
     if not text.isdigit():
         raise PreflightError(f"{path} should hold a rollout id, got {text!r}; delete it or fix --load")
     return int(text)
@@ -317,9 +323,28 @@ def check_load(args: Any, report: PreflightReport) -> None:
                 json.load(f)
         except (OSError, ValueError) as e:
             raise PreflightError(f"--load file {meta} is unreadable ({e}); restore it") from e
-    if not getattr(args, "finetune", False):
+    if not getattr(args, "finetune", False) and found.iteration != -1:  # a release checkpoint starts at rollout 0
         report.resume_iteration = found.iteration
         report.resume_root = os.path.dirname(os.path.normpath(d))
+
+
+def check_checkpoint_keys(args: Any, report: PreflightReport) -> None:
+    """--load / --ref-load torch_dist checkpoints: their layout, and every weight the model loads present
+    (slime.backends.megatron.checkpoint_check, from .metadata alone)."""
+    from slime.backends.megatron.checkpoint_check import check_checkpoint
+    from slime.backends.megatron.checkpoint_layout import CheckpointFormatError
+
+    config = os.path.join(getattr(args, "hf_checkpoint", None) or "", "config.json")
+    for flag, path in (("--load", getattr(args, "load", None)), ("--ref-load", getattr(args, "ref_load", None))):
+        if path and os.path.exists(path) and os.path.isfile(config):
+            with open(config) as f:
+                hf_config = json.load(f)
+            try:
+                line = check_checkpoint(path, flag, hf_config)
+            except CheckpointFormatError as e:
+                raise PreflightError(str(e)) from e
+            if line:
+                report.checkpoints.append(line)
 
 
 def check_no_overwrite(args: Any, report: PreflightReport) -> None:
@@ -350,7 +375,10 @@ def run_preflight(args: Any) -> PreflightReport:
     """Every check above, in order of what a user most likely got wrong; raises PreflightError."""
     from slime.config.rollout_args import RolloutArgumentError, validate_rollout_args
 
+    from slime.config.preflight_inputs import check_data_inputs, check_inputs
+
     report = PreflightReport()
+    check_inputs(args, report)  # the accelerator, engine, CPUs, output dirs that are the model dir
     if getattr(args, "hf_checkpoint", None):
         check_hf_checkpoint(args.hf_checkpoint)
     try:
@@ -360,8 +388,10 @@ def run_preflight(args: Any) -> PreflightReport:
     check_reward(args)
     if getattr(args, "prompt_data", None):
         check_prompts(args, report)
+    check_data_inputs(args, report)  # eval sets, --rollout-max-prompt-len, training-flag warnings
     if getattr(args, "load", None):
         check_load(args, report)
+    check_checkpoint_keys(args, report)
     for flag in ("output_dir", "save", "save_hf"):
         value = getattr(args, flag, None)
         if value:

@@ -19,12 +19,14 @@ The former per-rank format (iter_*/rank_XXXXX.pt) is still read, at the layout t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
 from dataclasses import dataclass, field
 from typing import Any
 
+from slime.backends.megatron import checkpoint_keys as K
 from slime.backends.megatron import checkpoint_layout as L
 from slime.backends.megatron.checkpoint_layout import (  # noqa: F401 (re-exported)
     HF, LEGACY, NONE, TORCH_DIST, TRACKER, CheckpointFormatError, find_checkpoint, iter_dir, latest_iteration)
@@ -93,15 +95,18 @@ def _rng_object(state: Any, world: int, rank: int):
     return ShardedObject("rng_state", state, (world,), (rank,), replica_id=0)
 
 
-def _sharded_state(model, optimizer, *, is_loading: bool, with_optimizer: bool) -> tuple[dict[str, Any], Any]:
-    """({"model": ..., "optimizer": its ShardedTensors}, this rank's non-tensor optimizer state).
+def _sharded_state(model, optimizer, *, is_loading: bool, with_optimizer: bool,
+                   stacked: bool = False) -> tuple[dict[str, Any], Any]:
+    """({"model": ..., "optimizer": its ShardedTensors}, this rank's non-tensor optimizer state), under the
+    model's own names (`checkpoint_keys.translate` gives them upstream's); stacked: megatron's stacked
+    layer form (one tensor per name with a layer axis) instead of per-layer keys.
 
     Only the optimizer's tensors go into the checkpoint: its non-tensor part (param groups, the chained
     optimizers' structure) depends on which parameters a rank holds (a pipeline stage without experts has
     no expert optimizer), so a load at another layout keeps its own and takes the step count from `slime`."""
     from megatron.core.dist_checkpointing.utils import extract_sharded_base
 
-    state: dict[str, Any] = {"model": _unwrap(model).sharded_state_dict()}
+    state: dict[str, Any] = {"model": _unwrap(model).sharded_state_dict(metadata={"non_homogeneous_layers": not stacked})}
     local = None
     if with_optimizer and optimizer is not None:
         if is_loading:
@@ -247,12 +252,13 @@ def _publish(tmp: str, final: str) -> None:
 
 
 def save(root: str, rollout_id: int, model, optimizer, rank: int, layout: dict[str, int],
-         extra_state: dict[str, Any]) -> str:
-    """Collective over the trainer ranks. Returns the final iteration directory."""
+         extra_state: dict[str, Any], vocab_divisible_by: int = 128) -> str:
+    """Collective over the trainer ranks. Returns the final iteration directory. Tensors under upstream's
+    names (checkpoint_keys), the vocabulary padded as Megatron pads it (vocab_divisible_by x TP rows)."""
     from megatron.core import dist_checkpointing
 
-    final = iter_dir(root, rollout_id)
-    tmp = os.path.join(root, f".tmp_iter_{rollout_id:07d}")
+    final = iter_dir(root, rollout_id)  # rollout_id -1: Megatron's release checkpoint (ROOT/release)
+    tmp = os.path.join(root, f".tmp_{os.path.basename(final)}")
     if rank == 0:
         os.makedirs(root, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)  # a save that crashed earlier
@@ -261,16 +267,20 @@ def save(root: str, rollout_id: int, model, optimizer, rank: int, layout: dict[s
     from slime.backends.megatron.optimizer import sync_params
 
     sync_params(model)  # --overlap-param-gather: the saved weights are the updated ones
-    state, _ = _sharded_state(model, optimizer, is_loading=False, with_optimizer=True)
+    arch = _unwrap(model).arch
+    state, _ = _sharded_state(model, optimizer, is_loading=False, with_optimizer=True,
+                              stacked=K.stacked_layers(arch))
+    K.translate(state, arch, loading=False, vocab_divisible_by=vocab_divisible_by)
     state["rng_state"] = _rng_object(rng_state(), int(layout["world_size"]), _rank())
-    state.update(iteration=rollout_id, checkpoint_version=CHECKPOINT_VERSION,
+    state.update(iteration=max(rollout_id, 0), checkpoint_version=CHECKPOINT_VERSION,
+                 args=K.megatron_args(arch, layout, vocab_divisible_by),
                  slime={"rollout_id": rollout_id, "extra": extra_state, "layout": dict(layout),
                         "optimizer_step": optimizer_step(optimizer) if optimizer is not None else 0})
     dist_checkpointing.save(state, tmp)
     _barrier()
     if rank == 0:
         _publish(tmp, final)
-        _atomic_write(os.path.join(root, TRACKER), str(rollout_id))
+        _atomic_write(os.path.join(root, TRACKER), L.RELEASE if rollout_id < 0 else str(rollout_id))
     _barrier()
     return final
 
@@ -291,6 +301,14 @@ def load(root: str, model, optimizer, rank: int, layout: dict[str, int],
 
     common = dist_checkpointing.load_common_state_dict(found.path)
     meta = common.get("slime") or {}
+    if found.iteration == -1:  # a release checkpoint (converted weights): Megatron starts from it at iteration 0
+        options = dataclasses.replace(options, finetune=True)
+    if not meta:  # written elsewhere (upstream's converter: a release checkpoint; its training runs)
+        if _rank() == 0:
+            logger.info("--load %s: not written by slime's trainer here; model weights only (optimizer and RNG "
+                        "state not read), starting at rollout %s", found.path,
+                        0 if found.iteration == -1 else common.get("iteration", found.iteration))
+        options = dataclasses.replace(options, optimizer=False, rng=False)
     saved_layout = meta.get("layout")
     want_optimizer = options.optimizer and not options.finetune
     want_rng = options.rng and not options.finetune
@@ -298,12 +316,15 @@ def load(root: str, model, optimizer, rank: int, layout: dict[str, int],
         logger.info("checkpoint %s was written at layout %s, this run uses %s: RNG state not restored (as Megatron "
                     "does after a TP/PP change); model and optimizer are resharded", found.path, saved_layout, layout)
         want_rng = False
-    state, local = _sharded_state(model, optimizer, is_loading=True, with_optimizer=want_optimizer)
+    state, local, translation = _request(model, optimizer, found.path, with_optimizer=want_optimizer)
     if want_optimizer:
         _alias_main_params(state["optimizer"], found.path)
+        _alias_main_params(state.get(K.SLOT, {}), found.path)
     if want_rng:
         state["rng_state"] = _rng_object(None, int(layout["world_size"]), _rank())
     loaded = dist_checkpointing.load(state, found.path)
+    if translation is not None:
+        translation.restore(loaded)
     _unwrap(model).load_state_dict(loaded["model"])
     restored = ["model"]
     if want_optimizer:
@@ -339,6 +360,32 @@ def load_model_weights(path: str, model, flag: str = "--ref-load") -> int:
     if found.kind != L.TORCH_DIST:
         raise L.CheckpointFormatError(f"{flag} {path} is not a torch_dist checkpoint ({TRACKER} + iter_XXXXXXX/ "
                                       "with metadata.json)")
-    state, _ = _sharded_state(model, None, is_loading=True, with_optimizer=False)
-    _unwrap(model).load_state_dict(dist_checkpointing.load(state, found.path)["model"])
+    state, _, translation = _request(model, None, found.path, with_optimizer=False, flag=flag)
+    loaded = dist_checkpointing.load(state, found.path)
+    if translation is not None:
+        translation.restore(loaded)
+    _unwrap(model).load_state_dict(loaded["model"])
     return int(found.iteration or 0)
+
+
+def checkpoint_layout(path: str) -> tuple[str, bool, dict[str, tuple]]:
+    """(layout, stacked layers, global shape of each tensor) of the torch_dist iteration directory `path`."""
+    from megatron.core import dist_checkpointing
+
+    shapes = {k: tuple(v.global_shape) for k, v in dist_checkpointing.load_tensors_metadata(path).items()}
+    stacked = any(k.startswith("decoder.layers.") and not k.split(".")[2].isdigit() for k in shapes)
+    return K.detect_layout(shapes), stacked, shapes
+
+
+def _request(model, optimizer, path: str, *, with_optimizer: bool, flag: str = "--load"):
+    """The load request for this model in the layout the checkpoint at `path` uses (one log line names it):
+    (state, non-tensor optimizer state, the Translation to undo after the load or None)."""
+    layout, stacked, shapes = checkpoint_layout(path)
+    arch = _unwrap(model).arch
+    if _rank() == 0:
+        logger.info("%s %s: torch_dist checkpoint with %s%s", flag, path, layout,
+                    ", stacked layers" if stacked else "")
+    state, local = _sharded_state(model, optimizer, is_loading=True, with_optimizer=with_optimizer, stacked=stacked)
+    if layout == K.EARLIER:
+        return state, local, None
+    return state, local, K.translate(state, arch, loading=True, saved_shapes=shapes)

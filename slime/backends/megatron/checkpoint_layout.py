@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 TRACKER = "latest_checkpointed_iteration.txt"
+RELEASE = "release"  # Megatron's tracker word for ROOT/release/ (what upstream's convert_hf_to_torch_dist writes)
 ITER_DIR = re.compile(r"iter_(\d{7})")
 
 TORCH_DIST, LEGACY, HF, NONE = "torch_dist", "legacy", "hf", "none"
@@ -30,7 +31,8 @@ class FoundCheckpoint:
 
 
 def iter_dir(root: str, iteration: int) -> str:
-    return os.path.join(root, f"iter_{iteration:07d}")
+    """ROOT/iter_XXXXXXX, or ROOT/release for iteration -1 (Megatron's release checkpoint)."""
+    return os.path.join(root, RELEASE if iteration < 0 else f"iter_{iteration:07d}")
 
 
 def latest_iteration(root: str) -> int | None:
@@ -39,6 +41,8 @@ def latest_iteration(root: str) -> int | None:
         return None
     with open(path) as f:
         text = f.read().strip()
+    if text == RELEASE:
+        return -1
     if not text.isdigit():
         raise CheckpointFormatError(f"{path} should hold an iteration (rollout id), got {text!r}; delete it or fix it")
     return int(text)
@@ -76,13 +80,14 @@ def find_checkpoint(path: str, flag: str = "--load") -> FoundCheckpoint:
             raise CheckpointFormatError(f"{flag} {path}: {TRACKER} names iteration {iteration} but {d} is missing or "
                                         "incomplete (no metadata.json); point the tracker at a complete iter_* directory")
         return FoundCheckpoint(kind, d, iteration)
-    match = ITER_DIR.fullmatch(os.path.basename(os.path.normpath(path)))
-    if match:
+    base = os.path.basename(os.path.normpath(path))
+    match = ITER_DIR.fullmatch(base)
+    if match or (base == RELEASE and iteration_kind(path) == TORCH_DIST):
         kind = iteration_kind(path)
         if kind is None:
             raise CheckpointFormatError(f"{flag} {path} is an incomplete iteration directory (no metadata.json); "
                                         f"pass {expected}")
-        return FoundCheckpoint(kind, path, int(match.group(1)))
+        return FoundCheckpoint(kind, path, int(match.group(1)) if match else -1)
     if is_hf_dir(path):
         return FoundCheckpoint(HF, path)
     raise CheckpointFormatError(f"{flag} {path} holds neither {torch_dist} nor {hf}; pass one of those, or a new/empty "

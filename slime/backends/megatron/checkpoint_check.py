@@ -1,0 +1,46 @@
+"""Before Ray starts (train.py's preflight and --dry-run): a torch_dist `--load` / `--ref-load` checkpoint's
+layout (upstream's names or this project's earlier ones, stacked or per-layer) and its weight keys against
+the model `--hf-checkpoint`'s config.json describes. Reads only the checkpoint's `.metadata`."""
+
+from __future__ import annotations
+
+from slime.backends.megatron import checkpoint_keys as K
+from slime.backends.megatron.checkpoint_layout import TORCH_DIST, CheckpointFormatError, find_checkpoint
+from slime.backends.megatron.hf_io import name_list
+
+
+def saved_weight_keys(iter_dir: str) -> set[str]:
+    """Tensor keys of a torch_dist iteration directory's model weights (no optimizer, RNG or extra state)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    try:
+        meta = FileSystemReader(iter_dir).read_metadata()
+    except Exception as e:  # noqa: BLE001 - any unreadable file: one line
+        raise CheckpointFormatError(f"{iter_dir}/.metadata is unreadable ({type(e).__name__}); restore it") from e
+    return {k for k, v in meta.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)
+            and not k.startswith(("optimizer.", "rng_state")) and not k.endswith(K.EXTRA_STATE)}
+
+
+def check_checkpoint(path: str, flag: str, hf_config: dict) -> str | None:
+    """One line describing the torch_dist checkpoint `path` names (None when it is not one); raises
+    CheckpointFormatError (one line) when it lacks weights the model loads. Keys it holds beyond them
+    (e.g. MTP layers this run does not train) are named in the line: they are not read."""
+    from slime_plugins.models.registry import parse_hf_config
+
+    found = find_checkpoint(path, flag)
+    if found.kind != TORCH_DIST:
+        return None
+    saved = saved_weight_keys(found.path)
+    _, arch = parse_hf_config(hf_config)
+    layout = K.detect_layout(saved)
+    stacked = any(k.startswith("decoder.layers.") and not k.split(".")[2].isdigit() for k in saved)
+    want = K.expected_keys(arch, layout, stacked)
+    form = f"{layout}, {'stacked layers' if stacked else 'per-layer keys'}"
+    missing, unexpected = want - saved, saved - want
+    if missing:
+        raise CheckpointFormatError(
+            f"{flag} {found.path} ({form}) lacks {len(missing)} of the {len(want)} weights the {arch.model_type} model "
+            f"of --hf-checkpoint loads: {name_list(missing, 6)}; is it a checkpoint of that model?")
+    extra = f"; {len(unexpected)} more not read: {name_list(unexpected, 4)}" if unexpected else ""
+    return f"{flag} {found.path}: torch_dist checkpoint ({form}), all {len(want)} model weights present{extra}"

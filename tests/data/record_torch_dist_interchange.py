@@ -1,0 +1,70 @@
+"""Records tests/data/upstream_torch_dist_to_hf.json: what upstream slime's tools/convert_torch_dist_to_hf.py
+writes from this project's torch_dist checkpoint of each tiny family (tensor name -> dtype, shape, sha256).
+
+Run against upstream's own code, outside this repository (the project never imports it):
+    python tests/data/record_torch_dist_interchange.py UPSTREAM_ROOT COMMIT
+where UPSTREAM_ROOT holds upstream's slime/ and tools/ (e.g. `git archive COMMIT slime tools | tar -x`).
+Each family's tiny random checkpoint (slime_plugins.models.common.tiny, seed 0) is converted with this
+project's tools/convert_hf_to_torch_dist.py, then with upstream's converter in a subprocess whose
+PYTHONPATH puts UPSTREAM_ROOT first. tests/test_checkpoint_interchange.py checks that this project's
+converter writes the same tensors, bit for bit.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+# GLM-5: upstream's converter hard-codes the indexer's head size (128) and rope size (64).
+FAMILIES = {"qwen3": {}, "qwen3_moe": {}, "qwen2": {}, "llama": {}, "glm4_moe": {}, "glm4_moe_lite": {},
+            "glm_moe_dsa": {"index_head_dim": 128, "qk_rope_head_dim": 64}}
+
+
+def tensor_digest(path: str) -> dict[str, list]:
+    from safetensors.torch import load_file
+
+    out = {}
+    for fn in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+        for name, t in load_file(fn).items():
+            out[name] = [str(t.dtype).removeprefix("torch."), list(t.shape),
+                         hashlib.sha256(t.contiguous().view(-1).view(torch_uint8()).numpy().tobytes()).hexdigest()]
+    return dict(sorted(out.items()))
+
+
+def torch_uint8():
+    import torch
+
+    return torch.uint8
+
+
+def main() -> None:
+    upstream, commit = sys.argv[1], sys.argv[2]
+    from slime_plugins.models.common.tiny import write_tiny_checkpoint
+
+    record = {"upstream_commit": commit, "families": {}}
+    py = sys.executable
+    for model_type, overrides in FAMILIES.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            hf, td, out = (os.path.join(tmp, n) for n in ("hf", "torch_dist", "upstream_hf"))
+            write_tiny_checkpoint(hf, model_type, seed=0, **overrides)
+            subprocess.run([py, os.path.join(REPO, "tools", "convert_hf_to_torch_dist.py"), "--hf-checkpoint", hf,
+                            "--save", td], check=True, cwd=REPO)
+            env = dict(os.environ, PYTHONPATH=upstream)
+            subprocess.run([py, os.path.join(upstream, "tools", "convert_torch_dist_to_hf.py"), "--input-dir",
+                            os.path.join(td, "release"), "--output-dir", out, "--origin-hf-dir", hf],
+                           check=True, cwd=tmp, env=env)
+            record["families"][model_type] = {"overrides": overrides, "tensors": tensor_digest(out)}
+            print(model_type, len(record["families"][model_type]["tensors"]), "tensors")
+    with open(os.path.join(HERE, "upstream_torch_dist_to_hf.json"), "w") as f:
+        json.dump(record, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
