@@ -135,10 +135,11 @@ def runtime_warnings(args: argparse.Namespace, parser: argparse.ArgumentParser |
         if args.rollout_num_gpus_per_engine != 1:
             out.append(f"warning: the embedded engine runs on one device; --rollout-num-gpus-per-engine "
                        f"{args.rollout_num_gpus_per_engine} needs SGLang")
+    from slime.config.upstream_differences import upstream_difference_warnings
     from slime.utils.tracking import tracking_warnings
 
     out += tracking_warnings(args)
-    return out
+    return out + upstream_difference_warnings(args)
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None, out: Printer = print) -> int:

@@ -47,8 +47,12 @@ def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
          help="devices for rollout engines (default: the trainer's devices when --colocate, else 1)")
     _add(g, parser, "--rollout-num-gpus-per-engine", type=int, default=1, help="devices per engine (engine TP size)")
     _add(g, parser, "--colocate", action="store_true", help="trainer and engines share the same devices")
-    _add(g, parser, "--offload-train", action="store_true", help="release trainer memory while rolling out")
-    _add(g, parser, "--offload-rollout", action="store_true", help="release engine memory while training")
+    # upstream's meaning: on by default with --colocate (the trainer and engines take turns on the devices)
+    _add(g, parser, "--offload-train", action=argparse.BooleanOptionalAction, default=None,
+         help="release trainer memory while rolling out (default: on with --colocate)")
+    _add(g, parser, "--offload-rollout", action=argparse.BooleanOptionalAction, default=None,
+         help="release engine memory while training (default: on with --colocate)")
+    _add(g, parser, "--offload", action="store_true", help="both --offload-train and --offload-rollout")
     _add(g, parser, "--num-cpus", type=int, default=None,
          help="CPUs Ray may use when this process starts it (default: all)")
 
@@ -99,7 +103,8 @@ def _validate_checkpoint_dirs(args: argparse.Namespace, only_existing: bool = Fa
 def _add_training_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("training batches")
     _add(g, parser, "--num-rollout", type=int, default=None, help="total rollout iterations")
-    _add(g, parser, "--num-steps-per-rollout", type=int, default=1, help="optimizer steps per rollout")
+    _add(g, parser, "--num-steps-per-rollout", type=int, default=None,
+         help="optimizer steps per rollout (default 1): sets --global-batch-size, which must then agree")
     _add(g, parser, "--global-batch-size", type=int, default=None,
          help="samples per optimizer step (default: rollout-batch-size * n-samples-per-prompt / num-steps-per-rollout)")
     _add(g, parser, "--micro-batch-size", type=int, default=1, help="samples per micro-batch (without dynamic batching)")
@@ -279,10 +284,14 @@ def _add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--eps-clip-c", type=float, default=None, help="dual clip bound for negative advantages (> 1)")
     _add(g, parser, "--use-kl-loss", action="store_true", help="add a KL(actor || reference) loss term")
     _add(g, parser, "--kl-loss-coef", type=float, default=0.0)
-    _add(g, parser, "--kl-loss-type", choices=KL_LOSS_TYPES, default="low_var_kl")
+    _add(g, parser, "--kl-loss-type", choices=KL_LOSS_TYPES, default="k1",
+         help="KL estimator of --use-kl-loss and of --kl-coef's reward shaping (upstream's default k1)")
     _add(g, parser, "--kl-coef", type=float, default=0.0,
          help="KL penalty folded into token rewards (reinforce_plus_plus*)")
     _add(g, parser, "--gamma", type=float, default=1.0, help="discount for reinforce_plus_plus returns")
+    _add(g, parser, "--normalize-advantages", action="store_true",
+         help="whiten advantages over the rollout's response tokens (loss-masked mean 0, std 1); "
+              "reinforce_plus_plus* always whiten (upstream requires this flag with them)")
     _add(g, parser, "--entropy-coef", type=float, default=0.0, help="entropy bonus weight")
     _add(g, parser, "--use-tis", action="store_true",
          help="truncated importance sampling: weight the loss by min(pi_old / pi_rollout, tis-clip)")
@@ -440,7 +449,7 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     _validate_model(args)
     _require(args.num_rollout is not None and args.num_rollout > 0, "--num-rollout must be a positive integer")
     for flag in ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus_per_engine", "micro_batch_size",
-                 "num_steps_per_rollout", "tensor_model_parallel_size", "expert_model_parallel_size",
+                 "tensor_model_parallel_size", "expert_model_parallel_size",
                  "pipeline_model_parallel_size", "context_parallel_size", "expert_tensor_parallel_size",
                  "update_weight_buffer_size", "data_pad_size_multiplier"):
         value = getattr(args, flag)
@@ -479,15 +488,25 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
                  f"--colocate: --rollout-num-gpus {args.rollout_num_gpus} exceeds the trainer's {world} devices; lower it")
         _validate_colocated_engine_span(args)
 
+    _resolve_offload(args)
     rollout_batch, n_samples = args.rollout_batch_size, args.n_samples_per_prompt
     _require(rollout_batch is None or rollout_batch >= 1, f"--rollout-batch-size must be >= 1, got {rollout_batch}")
-    if args.global_batch_size is None:
+    steps = args.num_steps_per_rollout
+    _require(steps is None or steps >= 1, f"--num-steps-per-rollout must be >= 1, got {steps}")
+    if steps is not None or args.global_batch_size is None:
         _require(rollout_batch is not None, "--global-batch-size or --rollout-batch-size is required")
-        total = rollout_batch * n_samples
-        _require(total % args.num_steps_per_rollout == 0,
-                 f"rollout-batch-size*n-samples-per-prompt={total} is not divisible by --num-steps-per-rollout "
-                 f"{args.num_steps_per_rollout}")
-        args.global_batch_size = total // args.num_steps_per_rollout
+        total, steps = rollout_batch * n_samples, steps or 1
+        _require(total % steps == 0,
+                 f"rollout-batch-size*n-samples-per-prompt={total} is not divisible by --num-steps-per-rollout {steps}")
+        # upstream asserts that both flags agree when both are given
+        _require(args.global_batch_size in (None, total // steps),
+                 f"--global-batch-size {args.global_batch_size} disagrees with --num-steps-per-rollout {steps} "
+                 f"(rollout-batch-size*n-samples-per-prompt {total} / {steps} = {total // steps}); pass one of them")
+        args.global_batch_size = total // steps
+    if rollout_batch is not None and (rollout_batch * n_samples) % args.global_batch_size == 0:
+        args.num_steps_per_rollout = rollout_batch * n_samples // args.global_batch_size
+    elif args.num_steps_per_rollout is None:
+        args.num_steps_per_rollout = 1
     _require(args.global_batch_size % dp == 0,
              f"--global-batch-size {args.global_batch_size} is not divisible by data-parallel size {dp}")
     if rollout_batch is not None:
@@ -530,6 +549,15 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     except RolloutArgumentError as e:
         raise ArgumentError(str(e)) from e
     return args
+
+
+def _resolve_offload(args: argparse.Namespace) -> None:
+    """Upstream's offload defaults: --offload sets both; with --colocate each unset one is on, else off."""
+    if args.offload:
+        args.offload_train = args.offload_rollout = True
+    for flag in ("offload_train", "offload_rollout"):
+        if getattr(args, flag) is None:
+            setattr(args, flag, bool(args.colocate))
 
 
 def _validate_optimizer(args: argparse.Namespace) -> None:

@@ -62,8 +62,8 @@ def add_mtp_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("multi-token prediction (MTP)")
     _add(g, parser, "--enable-mtp-training", action="store_true",
          help="train the checkpoint's MTP layer(s) with an auxiliary next-next-token loss")
-    _add(g, parser, "--mtp-loss-scaling-factor", type=float, default=0.1,
-         help="weight of the MTP loss (Megatron's default 0.1)")
+    _add(g, parser, "--mtp-loss-scaling-factor", type=float, default=0.2,
+         help="weight of the MTP loss (upstream slime's default 0.2; Megatron's own is 0.1)")
 
 
 def add_implementation_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,7 +82,8 @@ def add_implementation_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--make-vocab-size-divisible-by", type=int, default=128,
          help="Megatron pads its vocab to this multiple; here the vocab is config.json's, unpadded")
     _add(g, parser, "--moe-router-dtype", choices=("fp32", "fp64"), default=None,
-         help="router precision (the router runs in fp32 here)")
+         help="precision of the router logits (default: the model's op order: GLM/DeepSeek in fp32, Qwen3-MoE in "
+              "the model dtype)")
     _add(g, parser, "--moe-router-load-balancing-type", choices=("aux_loss", "seq_aux_loss", "sinkhorn", "none"),
          default="aux_loss")
     _add(g, parser, "--moe-aux-loss-coeff", type=float, default=0.0,

@@ -96,12 +96,15 @@ def reinforce_plus_plus_returns(rewards: torch.Tensor, kl: torch.Tensor, lengths
 def compute_advantages(estimator: str, rewards: torch.Tensor, lengths: Sequence[int], loss_mask: torch.Tensor,
                        group_size: int, *, kl: torch.Tensor | None = None, kl_coef: float = 0.0,
                        gamma: float = 1.0, std_normalization: bool = True,
-                       sample_index: Sequence[int] | None = None, all_reduce=None) -> torch.Tensor:
+                       sample_index: Sequence[int] | None = None, all_reduce=None,
+                       normalize: bool = False) -> torch.Tensor:
     """Per-token advantages (flat over response tokens) for one rollout batch.
 
     grpo / gspo: the group-normalised sample advantage on every token.
     reinforce_plus_plus: discounted returns of KL-shaped token rewards, whitened over the batch.
     reinforce_plus_plus_baseline: (reward - group mean) - kl_coef * kl per token, whitened over the batch.
+    normalize (--normalize-advantages): grpo / gspo advantages whitened over the batch too (upstream's
+    masked whitening; the reinforce_plus_plus estimators always are, as upstream requires the flag for them).
 
     A data-parallel share: `rewards` are the whole rollout's, `sample_index` the samples computed here
     (`lengths`, `loss_mask`, `kl` are theirs); `all_reduce` sums the whitening statistics over the shares.
@@ -115,7 +118,8 @@ def compute_advantages(estimator: str, rewards: torch.Tensor, lengths: Sequence[
         kl = torch.zeros(sum(lengths))
     if estimator in ("grpo", "gspo"):
         per_sample = grpo_advantages(rewards, group_size, std_normalization)[index]
-        return torch.repeat_interleave(per_sample, rep)
+        adv = torch.repeat_interleave(per_sample, rep)
+        return masked_whiten(adv, loss_mask, all_reduce) if normalize else adv
     if estimator == "reinforce_plus_plus":
         returns = reinforce_plus_plus_returns(rewards[index], kl, lengths, kl_coef, gamma, loss_mask)
         return masked_whiten(returns, loss_mask, all_reduce)

@@ -27,6 +27,8 @@ def load_model(args, hf_dir: str) -> torch.nn.Module:
         if getattr(args, flag) is not None:
             overrides[key] = getattr(args, flag)
     overrides.update(recompute_overrides(args))
+    if args.moe_router_dtype is not None:  # the MoE router's logits precision (slime_plugins common MoE layer)
+        overrides["moe_router_dtype"] = args.moe_router_dtype
     return load_hf_model(hf_dir, args.tensor_model_parallel_size, args.expert_model_parallel_size,
                          args.pipeline_model_parallel_size, dtype=torch.bfloat16 if args.bf16 else None,
                          load_mtp=bool(getattr(args, "enable_mtp_training", False)),

@@ -95,13 +95,19 @@ class MoELayer(KeepsFloat32, MegatronModule):
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights float32 [T, k], expert ids [T, k]) in transformers' op order for the router kind."""
         arch = self.arch
+        # --moe-router-dtype (Megatron's moe_router_dtype): the logits' precision; unset, transformers' op order
+        wanted = {"fp32": torch.float32, "fp64": torch.float64}.get(self.config.moe_router_dtype)
         if arch.router == "softmax":  # Qwen3-MoE: logits in the model dtype, softmax in float32
-            probs = torch.softmax(x.to(self.router_weight.dtype) @ self.router_weight.t(), dim=-1, dtype=torch.float32)
+            dtype = wanted or self.router_weight.dtype
+            probs = torch.softmax(x.to(dtype) @ self.router_weight.to(dtype).t(), dim=-1, dtype=torch.float32)
             weights, indices = torch.topk(probs, arch.num_experts_per_tok, dim=-1)
             if arch.norm_topk_prob:
                 weights = weights / weights.sum(dim=-1, keepdim=True)
             return weights, indices
-        logits = x.float() @ self.router_weight.float().t()
+        if wanted == torch.float64:
+            logits = (x.double() @ self.router_weight.double().t()).float()
+        else:
+            logits = x.float() @ self.router_weight.float().t()
         return get_accelerator().ops.moe_route(logits, self.expert_bias, arch.num_experts_per_tok, arch.n_group,
                                                arch.topk_group, arch.routed_scaling_factor, arch.norm_topk_prob)
 

@@ -1,0 +1,18 @@
+"""Where a flag's meaning here deliberately differs from upstream slime's: one warning line each at start
+(train.py and --dry-run print them with the other start-up warnings)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def upstream_difference_warnings(args: argparse.Namespace) -> list[str]:
+    out = []
+    if args.rollout_top_p < 1:
+        out.append(f"warning: --rollout-top-p {args.rollout_top_p}: the trainer recomputes log-probs over the full "
+                   "vocabulary (upstream's patched SGLang and trainer renormalise over the engine's top-p set); "
+                   "the policy ratio then includes the top-p truncation")
+    if args.advantage_estimator.startswith("reinforce_plus_plus") and not args.normalize_advantages:
+        out.append(f"warning: --advantage-estimator {args.advantage_estimator} whitens advantages (as with "
+                   "--normalize-advantages, which upstream requires for it)")
+    return out
