@@ -464,5 +464,5 @@ def test_mtp_layers_reach_only_engines_that_load_them():
     kept = list(without_mtp_layers(iter(buckets), arch))
     assert [[n for n, _ in b] for b in kept] == [["model.embed_tokens.weight", "model.layers.2.mlp.gate.weight"],
                                                  ["lm_head.weight"]]
-    assert not engines_load_mtp(SimpleNamespace())
+    assert not engines_load_mtp(SimpleNamespace(sglang_speculative_algorithm=None))
     assert engines_load_mtp(SimpleNamespace(sglang_speculative_algorithm="EAGLE"))

@@ -166,7 +166,7 @@ def _validate_pipeline(args: argparse.Namespace) -> None:
     _require(pp == 1 or not hf.get("tie_word_embeddings"),
              f"{config}: tie_word_embeddings=true needs the embedding and the output layer on one stage: use "
              "--pipeline-model-parallel-size 1 for this checkpoint")
-    if getattr(args, "enable_mtp_training", False):
+    if args.enable_mtp_training:
         _require(int(hf.get("num_nextn_predict_layers") or 0) > 0,
                  f"--enable-mtp-training: {config} has no num_nextn_predict_layers (no MTP layers to train); "
                  "drop the flag or use a checkpoint with MTP layers")
@@ -288,6 +288,10 @@ def _add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
          help="KL estimator of --use-kl-loss and of --kl-coef's reward shaping (upstream's default k1)")
     _add(g, parser, "--kl-coef", type=float, default=0.0,
          help="KL penalty folded into token rewards (reinforce_plus_plus*)")
+    _add(g, parser, "--loss-type", choices=("policy_loss", "custom_loss"), default="policy_loss",
+         help="custom_loss: the loss of --custom-loss-function-path (upstream's contract, docs/plugins.md)")
+    _add(g, parser, "--custom-loss-function-path", type=str, default=None,
+         help="module.fn(args, batch, logits, sum_of_sample_mean) -> (loss, log dict), with --loss-type custom_loss")
     _add(g, parser, "--gamma", type=float, default=1.0, help="discount for reinforce_plus_plus returns")
     _add(g, parser, "--normalize-advantages", action="store_true",
          help="whiten advantages over the rollout's response tokens (loss-masked mean 0, std 1); "
@@ -582,6 +586,8 @@ def _validate_optimizer(args: argparse.Namespace) -> None:
              f"--moe-aux-loss-coeff {args.moe_aux_loss_coeff}: the auxiliary load-balancing loss is not implemented; "
              "use 0 (the GLM/Qwen3 scripts do)")
     _require(args.mtp_loss_scaling_factor >= 0, "--mtp-loss-scaling-factor must be >= 0")
+    _require(args.loss_type != "custom_loss" or bool(args.custom_loss_function_path),
+             "--loss-type custom_loss needs --custom-loss-function-path module.fn")
 
 
 def parse_args(argv: Sequence[str] | None = None, add_custom_arguments=None) -> argparse.Namespace:

@@ -81,7 +81,7 @@ def reward_value(reward: Any, key: str | None, where: str = "reward") -> float:
 
 def check_reward(reward: Any, args: Any, sample: Any) -> Any:
     try:
-        reward_value(reward, getattr(args, "reward_key", None))
+        reward_value(reward, args.reward_key)
     except RewardError as e:
         raise RewardError(f"sample {sample.index}: {e}") from None
     return reward

@@ -53,7 +53,7 @@ def read_run(output_dir: str | None) -> dict[str, Any] | None:
 
 def same_run(args: Any) -> bool:
     """Whether OUTPUT_DIR/run.json was written by this command (same run id)."""
-    found = read_run(getattr(args, "output_dir", None))
+    found = read_run(args.output_dir)
     return found is not None and found.get("run_id") == run_id(args)
 
 

@@ -303,7 +303,7 @@ class MegatronTrainRayActor:
         t0 = time.perf_counter()
         self.model.train()
         args, ops = self.args, acc.ops
-        mtp = bool(getattr(args, "enable_mtp_training", False))
+        mtp = bool(args.enable_mtp_training)
         keys = METRIC_KEYS + (("mtp_loss",) if mtp else ())
         totals = {k: 0.0 for k in keys}
         counts = torch.zeros(3, dtype=torch.float64)  # samples, loss tokens, real tokens (this DP rank)
@@ -354,9 +354,15 @@ class MegatronTrainRayActor:
                     mismatch += torch.tensor([float(diff.sum()), float(loss_mask.sum())], dtype=torch.float64)
                     mismatch_max = torch.maximum(mismatch_max, torch.tensor([float(diff.max()) if diff.numel() else 0.0],
                                                                             dtype=torch.float64))
-                loss, m = rl_loss(self.loss_config, log_probs, entropy, old, cat(batch.advantages),
-                                  loss_mask, mb.response_lengths, normalizer,  # noqa: B023 (runs within this step)
-                                  ref_log_probs=cat(batch.ref_log_probs), rollout_log_probs=rollout_lp)
+                if args.loss_type == "custom_loss":  # upstream's --custom-loss-function-path contract
+                    from slime.backends.megatron.custom_loss import custom_loss
+
+                    loss, m = custom_loss(args, batch, mb, self._sampling_logits(logits), normalizer,  # noqa: B023
+                                          keys, old_log_probs=old)
+                else:
+                    loss, m = rl_loss(self.loss_config, log_probs, entropy, old, cat(batch.advantages),
+                                      loss_mask, mb.response_lengths, normalizer,  # noqa: B023 (runs within this step)
+                                      ref_log_probs=cat(batch.ref_log_probs), rollout_log_probs=rollout_lp)
                 if mtp:
                     loss_mtp, m["mtp_loss"] = self._mtp_loss(mb, mtp_depths, loss_mask, normalizer)  # noqa: B023
                     loss = loss + loss_mtp

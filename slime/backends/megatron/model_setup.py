@@ -31,7 +31,7 @@ def load_model(args, hf_dir: str) -> torch.nn.Module:
         overrides["moe_router_dtype"] = args.moe_router_dtype
     return load_hf_model(hf_dir, args.tensor_model_parallel_size, args.expert_model_parallel_size,
                          args.pipeline_model_parallel_size, dtype=torch.bfloat16 if args.bf16 else None,
-                         load_mtp=bool(getattr(args, "enable_mtp_training", False)),
+                         load_mtp=bool(args.enable_mtp_training),
                          gather_logits=True, seed=args.seed, **overrides)
 
 
@@ -54,7 +54,7 @@ def load_reference(args) -> torch.nn.Module:
 
 def recompute_overrides(args) -> dict:
     """Activation recompute flags as Megatron TransformerConfig fields (absent: no recompute)."""
-    if getattr(args, "recompute_granularity", None) is None:
+    if args.recompute_granularity is None:
         return {}
     out = {"recompute_granularity": args.recompute_granularity}
     if args.recompute_granularity == "full":

@@ -638,7 +638,7 @@ def engines_load_mtp(args) -> bool:
     """Whether the engines hold the checkpoint's MTP layers: SGLang loads them only as the draft model of
     speculative decoding (--sglang-speculative-algorithm, e.g. EAGLE in upstream's GLM-5 script); the
     embedded engine (transformers' model) has none."""
-    return bool(getattr(args, "sglang_speculative_algorithm", None))
+    return bool(args.sglang_speculative_algorithm)
 
 
 def without_mtp_layers(buckets, arch):
@@ -658,7 +658,7 @@ def create_weight_sync(args, model, engines: list[dict[str, Any]], rank: int) ->
     acc = get_accelerator()
     mode = resolve_mode(args.update_weight_mode, args.colocate, acc.capabilities.ipc)
     endpoints = [EngineEndpoint.from_dict(e) for e in engines]
-    timeout = float(getattr(args, "update_weight_timeout", 600.0))
+    timeout = float(args.update_weight_timeout)
     world, exchange = 1, None
     import torch.distributed as dist
 
