@@ -13,6 +13,7 @@ dtype) before anything is copied, so a bad update changes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from dataclasses import dataclass
@@ -230,11 +231,13 @@ def plan_disk_update(name_map: WeightNameMap, model_path: str) -> list[PlannedCo
 
     specs, where = [], {}
     for path in safetensors_files(model_path):
-        with safe_open(path, framework="pt", device="cpu") as f:
-            for key in f.keys():
-                sl = f.get_slice(key)
-                specs.append((key, sl.get_shape(), _safetensors_dtype(sl.get_dtype())))
-                where[key] = path
+        _check_file(path)
+        with _reading(path):
+            with safe_open(path, framework="pt", device="cpu") as f:
+                for key in f.keys():
+                    sl = f.get_slice(key)
+                    specs.append((key, sl.get_shape(), _safetensors_dtype(sl.get_dtype())))
+                    where[key] = path
     plan = plan_update(name_map, specs, allow_cast=True)
     missing = sorted(set(name_map.checkpoint_names()) - set(where))
     if missing:
@@ -244,10 +247,37 @@ def plan_disk_update(name_map: WeightNameMap, model_path: str) -> list[PlannedCo
     for p in plan:
         by_file.setdefault(where[p.name], []).append(p)
     for path, items in by_file.items():
-        with safe_open(path, framework="pt", device="cpu") as f:
-            for p in items:
-                p.source = f.get_tensor(p.name)
+        with _reading(path):
+            with safe_open(path, framework="pt", device="cpu") as f:
+                for p in items:
+                    p.source = f.get_tensor(p.name)
     return plan
+
+
+def _check_file(path: str) -> None:
+    """A shard's header and byte ranges against its size (the preflight check of --hf-checkpoint), before
+    any tensor is read: a truncated or foreign file is a 400 naming it, not safetensors' error as a 500."""
+    from slime.config.preflight import PreflightError, check_safetensors
+
+    try:
+        check_safetensors(path, flag="model_path")
+    except PreflightError as e:
+        raise BadRequest(f"weight update rejected, nothing changed: {e}") from e
+    except OSError as e:
+        raise BadRequest(f"weight update rejected, nothing changed: model_path shard {path} cannot be read "
+                         f"({e.strerror}); check the file") from e
+
+
+@contextlib.contextmanager
+def _reading(path: str):
+    """Errors while reading a shard (it changed after the check, or safetensors refuses it) are the request's."""
+    try:
+        yield
+    except BadRequest:
+        raise
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own SafetensorError
+        raise BadRequest(f"weight update rejected, nothing changed: model_path shard {path} is unreadable "
+                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); re-export it") from e
 
 
 def _safetensors_dtype(code: str) -> torch.dtype:
