@@ -64,6 +64,9 @@ class SimulatedAscendAccelerator(AscendAccelerator):
             npu.install_runtime()
         return torch.npu
 
+    def auto_rollout_engine(self) -> str:
+        return "embedded"  # SGLang cannot serve from simulated (host) NPU memory
+
     def device(self, index: int | None = None) -> torch.device:
         return torch.device("cpu")
 
