@@ -73,8 +73,13 @@ def test_apply_is_once_and_revert_restores_originals():
     names = apply_megatron_patches()
     assert names == [p.name for p in patches.patch_set(acc.name, "megatron")]
     patched = {(n, id(o), a): _current(o, a) for n, o, a in targets}
-    changed = [k for k in before if patched[k] is not before[k]]
-    assert len(changed) == len(before) - 1  # every target but te_general_gemm (None -> None when TE is absent)
+    unchanged = {k[0] for k in before if patched[k] is before[k]}
+    # every target changes but te_general_gemm (None -> None when TE is absent) and, when slime's import hook
+    # made jit_fuser eager before megatron imported (this process: conftest imports slime first), the jit ones
+    from slime.accelerator.megatron_patches import jit
+
+    eager_from_import = {p.name for p in jit.PATCHES} if jit.eager_at_import() else set()
+    assert unchanged == {"moe_te_general_gemm_missing", *eager_from_import}
     assert apply_megatron_patches() == names and all(_current(o, a) is patched[(n, id(o), a)] for n, o, a in targets)
     acc.revert_patches("megatron")
     assert all(_current(o, a) is before[(n, id(o), a)] for n, o, a in targets)
@@ -161,6 +166,10 @@ def test_jit_fused_functions_run_eagerly_and_match_float64():
     from slime.accelerator.megatron_patches import jit
     from slime.backends.megatron.parallel import apply_megatron_patches
 
+    def double(x):
+        return 2 * x
+
+    assert jit.eager(torch.compile(double)) is double  # a wrapper made before the patch gives its function back
     apply_megatron_patches()
     for target in jit.PATCHES[0].targets:
         fn = _current(*_owner_and_attr(target))
@@ -182,6 +191,22 @@ def test_jit_fused_functions_run_eagerly_and_match_float64():
         for a, b in zip(got, want):
             torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5)
     assert dynamo_utils.counters["frames"]["total"] == frames  # nothing went through torch.compile
+
+
+def test_megatron_imported_after_slime_never_imports_the_compiler_stack():
+    """A fresh process that imports slime before megatron (train.py, the trainer actors, spawned ranks):
+    megatron's modules are decorated with the eager jit_fuser, so torch._dynamo is never imported."""
+    import subprocess
+    import sys
+
+    code = ("import sys, slime, megatron.core.models.gpt, megatron.core.transformer.moe.experts as experts; "
+            "from slime.accelerator.megatron_patches import jit; "
+            "from megatron.core.fusions import fused_bias_swiglu as f; "
+            "print(experts.jit_fuser is jit.eager_fuser, hasattr(f.swiglu, '_torchdynamo_orig_callable'), "
+            "'torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "False", "False"], out.stdout
 
 
 @pytest.fixture

@@ -135,6 +135,17 @@ def recorded_fingerprints() -> dict[str, dict[str, dict[str, str]]]:
     return _FINGERPRINTS
 
 
+def holds_replacement(patch: Patch, original: Any) -> bool:
+    """The target already holds what the patch puts there (slime/import_hooks.py set it as the library's
+    module executed): no library source is left to fingerprint."""
+    if original is _MISSING or original is None:
+        return False
+    try:
+        return patch.replacement(original) is original
+    except Exception:
+        return False
+
+
 def _check_fingerprint(patch: Patch, target: str, library: str, original: Any) -> None:
     want = recorded_fingerprints().get(library, {}).get(patch.name, {}).get(target)
     got = source_fingerprint(original)
@@ -164,7 +175,8 @@ def record_fingerprints(path: str | None = None) -> dict[str, dict[str, dict[str
             for patch in patches:
                 for target in patch.targets:
                     _, _, original = _resolve(patch, target, library)
-                    digest = None if original is _MISSING else source_fingerprint(original)
+                    digest = None if original is _MISSING or holds_replacement(patch, original) \
+                        else source_fingerprint(original)
                     if digest is not None:
                         table.setdefault(library, {}).setdefault(patch.name, {})[target] = digest
     path = path or FINGERPRINTS_PATH
@@ -368,7 +380,7 @@ def apply_patch_set(accelerator: str, library: str) -> list[str]:
                         raise PatchError(f"patch {patch.name!r}: target {target} is already replaced by applied patch "
                                          f"{holder!r}; revert that set first, or declare {patch.name!r} "
                                          f"composes=True if it wraps the other's replacement")
-                    if holder is None and original is not _MISSING:
+                    if holder is None and original is not _MISSING and not holds_replacement(patch, original):
                         _check_fingerprint(patch, target, library, original)
                     try:
                         new = patch.replacement(None if original is _MISSING else original)

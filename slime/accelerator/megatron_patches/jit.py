@@ -1,13 +1,16 @@
 """Fused elementwise functions run eagerly on CPU: megatron decorates them with `jit_fuser`, which is
-`torch.compile` on torch >= 2.2. On CPU, TorchInductor then generates C++ and builds it with g++ at the
-first call of each function in every fresh process (over a minute of a 2-core machine per process with
-a cold cache; each trainer rank, Ray actor and spawned test worker is a fresh process), and a run needs a
-C++ compiler installed. The eager functions compute the same thing: the decorator only fuses them.
-Part of the shared CPU / Ascend set: upstream slime's NPU port removes megatron's jit_fuser as well, and
-the simulated-NPU tests run on CPU.
+`torch.compile` on torch >= 2.2. On CPU, TorchInductor generates C++ for each one and builds it with g++
+at its first call (151 s for megatron's swiglu with a cold cache on 2 busy cores; the build is cached under
+/tmp/torchinductor_<user>, but tracing and the cache lookup run again in every fresh process: each trainer
+rank, Ray actor and spawned test worker), and a run needs a C++ compiler installed. Decorating also imports
+torch._dynamo and TorchInductor into every process that imports megatron. The eager functions compute the
+same thing: the decorator only fuses them. Part of the shared CPU / Ascend set: upstream slime's NPU port
+removes megatron's jit_fuser as well, and the simulated-NPU tests run on CPU.
 """
 
 from __future__ import annotations
+
+import inspect
 
 from slime.accelerator.megatron_patches import MEGATRON_VERSIONS
 from slime.accelerator.patches import Patch
@@ -37,17 +40,38 @@ JIT_FUSED = {
 
 
 def eager(compiled):
-    """The function torch.compile wrapped (it keeps it as `_torchdynamo_orig_callable`)."""
+    """The function torch.compile wrapped (it keeps it as `_torchdynamo_orig_callable`); a plain function
+    is kept (decorated while jit_fuser was already eager: `after_megatron_jit_import`)."""
     fn = getattr(compiled, "_torchdynamo_orig_callable", None)
-    if fn is None:
-        raise TypeError(f"{getattr(compiled, '__qualname__', compiled)!r} is not a torch.compile wrapper: "
-                        f"megatron's jit_fuser changed; update slime/accelerator/megatron_patches/jit.py")
-    return fn
+    if fn is not None:
+        return fn
+    if inspect.isfunction(compiled):
+        return compiled
+    raise TypeError(f"{compiled!r} is neither a torch.compile wrapper nor a function: megatron's jit_fuser "
+                    f"changed; update slime/accelerator/megatron_patches/jit.py")
 
 
 def eager_fuser(fn):
     """jit_fuser for functions decorated after the patch (GroupedMLP's activation closures): no compile."""
     return fn
+
+
+def after_megatron_jit_import(jit_module) -> None:
+    """slime's import hook (slime/import_hooks.py) calls this as megatron.core.jit finishes executing, in a
+    process that imported slime first: on a device with a megatron patch set (the CPU and Ascend sets hold
+    the patches below), jit_fuser is eager before any megatron module decorates with it, so torch._dynamo
+    and TorchInductor are not even imported. CUDA keeps torch.compile."""
+    from slime.accelerator import get_accelerator
+
+    if "megatron" in type(get_accelerator()).patch_sets:
+        jit_module.jit_fuser = eager_fuser
+
+
+def eager_at_import() -> bool:
+    """Whether this process's megatron modules were decorated with the eager jit_fuser from the start."""
+    import megatron.core.jit
+
+    return megatron.core.jit.jit_fuser is eager_fuser
 
 
 PATCHES = [
@@ -59,7 +83,8 @@ PATCHES = [
             "torch.compile'd: on CPU their first call in every process builds C++ with g++ (a minute or more "
             "per process on 2 cores, and a C++ compiler as a run-time dependency)",
         replaces="the torch.compile wrappers jit_fuser put around these functions at import (the wrapped "
-                 "eager function, unchanged, is what runs)",
+                 "eager function, unchanged, is what runs); nothing to replace where slime's import hook made "
+                 "jit_fuser eager before megatron imported them",
         versions=MEGATRON_VERSIONS,
         remove_when="megatron-core lets the caller choose the fuser (or torch.compile on CPU needs no C++ "
                     "build), and the start-up cost is gone",
@@ -70,7 +95,8 @@ PATCHES = [
         replacement=lambda orig: eager_fuser,
         why="GroupedMLP builds its GLU activation closures with @jit_fuser at construction time, after "
             "import, so they would be torch.compile'd (and built with g++) when first called",
-        replaces="megatron.core.jit.jit_fuser = torch.compile (bound in every megatron module that imports it)",
+        replaces="megatron.core.jit.jit_fuser = torch.compile (bound in every megatron module that imports "
+                 "it; slime's import hook sets it as megatron.core.jit executes when slime is imported first)",
         versions=MEGATRON_VERSIONS,
         remove_when="megatron-core lets the caller choose the fuser (megatron.core.jit.disable_jit_fuser "
                     "only rebinds its own module global, not the names other modules imported)",
