@@ -1,0 +1,250 @@
+"""torch_dist checkpoints interchangeable with upstream slime's (Megatron-core TE key names), and its two
+converters' command lines (tools/). Tiny random checkpoints, one per family, shared by the module."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import logging
+import os
+
+import pytest
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RECORDED = json.load(open(os.path.join(HERE, "data", "upstream_torch_dist_to_hf.json")))
+FAMILIES = list(RECORDED["families"])
+LAYOUT = {"tp": 1, "pp": 1, "ep": 1, "world_size": 1}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """model_type -> its tiny HF checkpoint (the recorded one: seed 0, the recorded config overrides)."""
+    from slime_plugins.models.common.tiny import write_tiny_checkpoint
+
+    root, made = tmp_path_factory.mktemp("interchange"), {}
+
+    def get(model_type: str) -> str:
+        if model_type not in made:
+            made[model_type] = write_tiny_checkpoint(str(root / model_type), model_type, seed=0,
+                                                     **RECORDED["families"][model_type]["overrides"])
+        return made[model_type]
+
+    return get
+
+
+def _digest(hf_dir: str) -> dict[str, list]:
+    from safetensors.torch import load_file
+
+    out = {}
+    for fn in glob.glob(os.path.join(hf_dir, "*.safetensors")):
+        for name, t in load_file(fn).items():
+            raw = t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+            out[name] = [str(t.dtype).removeprefix("torch."), list(t.shape), hashlib.sha256(raw).hexdigest()]
+    return out
+
+
+def _weight_keys(iter_dir: str) -> set[str]:
+    from slime.backends.megatron.checkpoint_check import saved_weight_keys
+
+    return saved_weight_keys(iter_dir)
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_converters_round_trip_bit_exact_and_equal_upstreams_converter(model_type, tiny, tmp_path):
+    """HF -> tools/convert_hf_to_torch_dist.py -> tools/convert_torch_dist_to_hf.py: every tensor of the
+    original, bit for bit (names, dtypes, shapes), and what upstream's own converter wrote from this
+    project's torch_dist checkpoint (recorded at upstream commit 624b824)."""
+    from slime.backends.megatron import checkpoint_keys as K
+    from slime.backends.megatron.checkpoint_convert import hf_to_torch_dist, torch_dist_to_hf
+
+    hf = tiny(model_type)
+    release = hf_to_torch_dist(["--hf-checkpoint", hf, "--save", str(tmp_path / "td")])
+    assert release == str(tmp_path / "td" / "release")
+    assert open(tmp_path / "td" / "latest_checkpointed_iteration.txt").read() == "release"
+    keys = _weight_keys(release)
+    assert K.detect_layout(keys) == K.UPSTREAM
+    ours = ("q_proj", "o_proj", "router_weight", "experts.weight1", "kv_a_proj_with_mqa", "indexer.")
+    assert "embedding.word_embeddings.weight" in keys and not [k for k in keys if any(o in k for o in ours)]
+    common = torch.load(os.path.join(release, "common.pt"), weights_only=False)
+    assert common["args"].num_layers == json.load(open(os.path.join(hf, "config.json")))["num_hidden_layers"]
+    torch_dist_to_hf(["--input-dir", str(tmp_path / "td"), "--output-dir", str(tmp_path / "hf"),
+                      "--origin-hf-dir", hf])
+    got = _digest(str(tmp_path / "hf"))
+    assert got == _digest(hf)
+    assert got == RECORDED["families"][model_type]["tensors"]
+
+
+# The torch_dist keys of one GLM-5 (glm_moe_dsa: MLA + DSA, MoE) layer as upstream's model writes them, read
+# from its code at commit 624b824: slime_plugins/models/glm5/glm5.py get_glm5_spec (DSAMLASelfAttention with
+# TE linear_q_down_proj, linear_q_up_proj / linear_kv_up_proj as LayerNormColumnParallelLinear, q/kv
+# layernorm IdentityOp, the indexer wq_b / wk / k_norm (TE LayerNorm) / weights_proj on the attention
+# module) inside megatron-core's TE decoder block spec (input_layernorm TENorm; dense layers' pre-MLP norm
+# fused into mlp.linear_fc1; MoE layers: pre_mlp_layernorm, TopKRouter with expert bias, TEGroupedMLP
+# saved as experts.experts.linear_fc1/2, shared experts).
+GLM5_ATTENTION = ["input_layernorm.weight", "self_attention.linear_q_down_proj.weight",
+                  "self_attention.linear_q_up_proj.layer_norm_weight", "self_attention.linear_q_up_proj.weight",
+                  "self_attention.linear_kv_down_proj.weight", "self_attention.linear_kv_up_proj.layer_norm_weight",
+                  "self_attention.linear_kv_up_proj.weight", "self_attention.linear_proj.weight",
+                  "self_attention.wq_b.weight", "self_attention.wk.weight", "self_attention.k_norm.weight",
+                  "self_attention.k_norm.bias", "self_attention.weights_proj.weight"]
+GLM5_DENSE = ["mlp.linear_fc1.layer_norm_weight", "mlp.linear_fc1.weight", "mlp.linear_fc2.weight"]
+GLM5_MOE = ["pre_mlp_layernorm.weight", "mlp.router.weight", "mlp.router.expert_bias",
+            "mlp.experts.experts.linear_fc1.weight", "mlp.experts.experts.linear_fc2.weight",
+            "mlp.shared_experts.linear_fc1.weight", "mlp.shared_experts.linear_fc2.weight"]
+
+
+def test_glm5_keys_equal_upstreams_glm5_spec(tiny, tmp_path):
+    from slime.backends.megatron import checkpoint as C
+    from slime.backends.megatron.hf_loader import load_hf_model
+
+    model = load_hf_model(tiny("glm_moe_dsa"))
+    C.save(str(tmp_path), 0, model, None, 0, LAYOUT, {})
+    arch = model.arch
+    want = {"embedding.word_embeddings.weight", "output_layer.weight", "decoder.final_layernorm.weight"}
+    for i in range(arch.num_hidden_layers):
+        rest = GLM5_ATTENTION + (GLM5_DENSE if arch.mlp_type(i) == "dense" else GLM5_MOE)
+        want |= {f"decoder.layers.{i}.{r}" for r in rest}
+    assert _weight_keys(str(tmp_path / "iter_0000000")) == want
+
+
+def _earlier_save(model, root) -> str:
+    """A checkpoint as this project wrote it before the upstream names: the model's own sharded keys."""
+    from megatron.core import dist_checkpointing
+
+    d = os.path.join(root, "iter_0000004")
+    os.makedirs(d)
+    dist_checkpointing.save({"model": model.sharded_state_dict(), "iteration": 4,
+                             "slime": {"rollout_id": 4, "layout": LAYOUT}}, d)
+    open(os.path.join(root, "latest_checkpointed_iteration.txt"), "w").write("4")
+    return d
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "glm_moe_dsa"])
+def test_earlier_names_are_still_read_and_named(model_type, tiny, tmp_path, caplog):
+    from slime.backends.megatron import checkpoint as C
+    from slime.backends.megatron import checkpoint_keys as K
+    from slime.backends.megatron.checkpoint_check import check_checkpoint
+    from slime.backends.megatron.hf_loader import load_hf_model
+
+    model = load_hf_model(tiny(model_type))
+    want = {k: v.clone() for k, v in model.state_dict().items() if torch.is_tensor(v)}
+    d = _earlier_save(model, str(tmp_path))
+    assert K.detect_layout(_weight_keys(d)) == K.EARLIER
+    line = check_checkpoint(str(tmp_path), "--ref-load", json.load(open(os.path.join(tiny(model_type), "config.json"))))
+    assert K.EARLIER in line and "all" in line
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_()
+    with caplog.at_level(logging.INFO, logger="slime.backends.megatron.checkpoint"):
+        C.load_model_weights(str(tmp_path), model)
+    assert any(K.EARLIER in r.getMessage() for r in caplog.records)
+    for k, v in model.state_dict().items():
+        if torch.is_tensor(v):
+            assert torch.equal(v, want[k]), k
+
+
+def _megatron_gpt(arch):
+    """megatron-core's own GPTModel of `arch` with the local layer spec, whose sharded_state_dict_keys_map
+    gives the TE spec's key names (as upstream's GPU runs write them). MoE layers: the TE spec keeps their
+    pre-MLP norm separate (`pre_mlp_layernorm`), the local spec would map it onto a fused fc1 norm."""
+    import torch.nn.functional as F
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    moe = {}
+    if arch.n_routed_experts:
+        moe = dict(num_moe_experts=arch.n_routed_experts, moe_router_topk=arch.num_experts_per_tok,
+                   moe_ffn_hidden_size=arch.moe_intermediate_size, moe_router_pre_softmax=not arch.norm_topk_prob,
+                   moe_layer_freq=[int(arch.mlp_type(i) != "dense") for i in range(arch.num_hidden_layers)],
+                   moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, moe_grouped_gemm=False,
+                   moe_token_dispatcher_type="alltoall")
+    cfg = TransformerConfig(
+        num_layers=arch.num_hidden_layers, hidden_size=arch.hidden_size, num_attention_heads=arch.num_attention_heads,
+        num_query_groups=arch.num_key_value_heads, kv_channels=arch.head_dim, ffn_hidden_size=arch.intermediate_size,
+        gated_linear_unit=True, activation_func=F.silu, normalization="RMSNorm", layernorm_epsilon=arch.rms_norm_eps,
+        add_bias_linear=False, add_qkv_bias=arch.qkv_bias, qk_layernorm=arch.qk_norm, bias_activation_fusion=False,
+        use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0, masked_softmax_fusion=False,
+        persist_layer_norm=False, bias_dropout_fusion=False, apply_rope_fusion=False, **moe)
+    if arch.n_routed_experts:
+        spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm")
+        for i, layer in enumerate(spec.layer_specs):
+            if arch.mlp_type(i) != "dense":
+                layer.submodules.sharded_state_dict_keys_map = {"input_layernorm.": "self_attention.linear_qkv.layer_norm_"}
+    else:
+        spec = get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm")
+    return GPTModel(cfg, spec, vocab_size=arch.vocab_size, max_sequence_length=64, position_embedding_type="rope",
+                    rotary_base=arch.rope_parameters["rope_theta"],
+                    share_embeddings_and_output_weights=arch.tie_word_embeddings).eval()
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "qwen3_moe"])
+def test_megatron_gptmodel_reads_and_writes_the_same_checkpoints(model_type, tiny, tmp_path):
+    """This project's checkpoint loads into megatron-core's GPTModel with equal logits, and GPTModel's own
+    checkpoint (other weights) loads here with equal logits (float32, 1e-5 of max |logit|)."""
+    from megatron.core import dist_checkpointing
+
+    from slime.backends.megatron import checkpoint as C
+    from slime.backends.megatron.hf_loader import load_hf_model
+
+    ours = load_hf_model(tiny(model_type)).eval()
+    gpt = _megatron_gpt(ours.arch)
+    C.save(str(tmp_path / "ours"), 1, ours, None, 0, LAYOUT, {})
+    request = {k: v for k, v in gpt.sharded_state_dict().items() if not k.endswith("_extra_state")}
+    missing, _ = gpt.load_state_dict(dist_checkpointing.load(request, str(tmp_path / "ours" / "iter_0000001")),
+                                     strict=False)
+    assert [m for m in missing if not m.endswith("_extra_state")] == []
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, ours.arch.vocab_size, (2, 11), generator=gen)
+    pos = torch.arange(11).expand(2, -1)
+
+    def rel(a, b):
+        return ((a - b).abs().max() / a.abs().max()).item()
+
+    with torch.no_grad():
+        mine = ours(ids, pos)
+        assert mine.abs().max() > 0.1 and rel(mine, gpt(ids, pos, attention_mask=None)) < 1e-5
+        for p in gpt.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+        theirs = gpt(ids, pos, attention_mask=None)
+    assert rel(theirs, mine) > 1e-2  # other weights now
+    d = tmp_path / "gpt" / "iter_0000002"
+    d.mkdir(parents=True)
+    dist_checkpointing.save(gpt.sharded_state_dict(), str(d))
+    (tmp_path / "gpt" / "latest_checkpointed_iteration.txt").write_text("2")
+    C.load_model_weights(str(tmp_path / "gpt"), ours)
+    with torch.no_grad():
+        assert rel(theirs, ours(ids, pos)) < 1e-5
+
+
+def test_preflight_names_missing_weights_in_one_line(tiny, tmp_path):
+    from slime.backends.megatron.checkpoint_check import check_checkpoint
+    from slime.backends.megatron.checkpoint_convert import hf_to_torch_dist
+    from slime.backends.megatron.checkpoint_layout import CheckpointFormatError
+
+    hf_to_torch_dist(["--hf-checkpoint", tiny("llama"), "--save", str(tmp_path / "llama")])
+    qwen3 = json.load(open(os.path.join(tiny("qwen3"), "config.json")))
+    with pytest.raises(CheckpointFormatError) as e:
+        check_checkpoint(str(tmp_path / "llama"), "--ref-load", qwen3)
+    msg = str(e.value)
+    assert "\n" not in msg and "--ref-load" in msg and "decoder.layers.self_attention.q_layernorm.weight" in msg
+    llama = json.load(open(os.path.join(tiny("llama"), "config.json")))
+    line = check_checkpoint(str(tmp_path / "llama"), "--ref-load", llama)
+    assert "stacked layers" in line and "all 9 model weights present" in line
+
+
+def test_converters_refuse_bad_input_in_one_line(tiny, tmp_path, capsys):
+    from slime.backends.megatron.checkpoint_convert import hf_to_torch_dist, torch_dist_to_hf
+
+    hf = tiny("qwen3")
+    with pytest.raises(SystemExit) as e:  # MODEL_ARGS of another model
+        hf_to_torch_dist(["--num-layers", "36", "--swiglu", "--hf-checkpoint", hf, "--save", str(tmp_path / "x")])
+    assert e.value.code == 2 and "--num-layers 36" in capsys.readouterr().err
+    (tmp_path / "out").mkdir()
+    with pytest.raises(SystemExit) as e:
+        torch_dist_to_hf(["--input-dir", str(tmp_path), "--output-dir", str(tmp_path / "out"), "--origin-hf-dir", hf])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--force" in err and err.count("\n") == 1
+    assert not (tmp_path / "x").exists()
