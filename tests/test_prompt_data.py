@@ -118,3 +118,33 @@ def test_stop_strings_and_special_tokens_follow_the_flags(tokenizer):
         texts.append(s.response)
     assert texts[0] == tokenizer.decode(ids) and texts[1] == tokenizer.decode(ids[:-1])
     assert tokenizer.eos_token in texts[0] and tokenizer.eos_token not in texts[1]
+
+
+def test_tool_key_reaches_the_template_and_the_metadata(tmp_path, tokenizer):
+    import copy
+
+    from slime.rollout.data_source import DataSourceError, JsonlDataSource
+
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = ("{% if tools %}{% for t in tools %}{{ t['name'] }} {% endfor %}{% endif %}"
+                         "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    path = tmp_path / "t.jsonl"
+    rows = [{"prompt": "copy : a =", "tools": [{"name": "ab"}]}, {"prompt": "copy : a =", "tools": '[{"name": "b"}]'},
+            {"prompt": "copy : a ="}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    items = JsonlDataSource(str(path), tok, apply_chat_template=True, tool_key="tools").next_batch(3)
+    bare = tok("copy : a =", add_special_tokens=False)["input_ids"]
+    assert items[0].prompt_ids == tok("ab copy : a =", add_special_tokens=False)["input_ids"]
+    assert items[1].prompt_ids == tok("b copy : a =", add_special_tokens=False)["input_ids"]
+    assert items[2].prompt_ids == bare and "tools" not in items[2].metadata
+    assert items[1].metadata["tools"] == [{"name": "b"}]
+    path.write_text(json.dumps({"prompt": "x", "tools": {"name": "a"}}) + "\n")
+    with pytest.raises(DataSourceError, match="'tools' must be a list of tools"):
+        JsonlDataSource(str(path), tok, apply_chat_template=True, tool_key="tools")
+
+
+def test_eval_context_len_defaults_to_the_rollouts(tmp_path):
+    args = _parse(tmp_path, "--rollout-max-context-len", "64")
+    assert (args.eval_max_context_len, args.eval_max_prompt_len) == (64, 63)
+    args = _parse(tmp_path, "--eval-max-context-len", "32", "--eval-max-prompt-len", "8")
+    assert (args.eval_max_context_len, args.eval_max_prompt_len, args.rollout_max_prompt_len) == (32, 8, None)

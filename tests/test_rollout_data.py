@@ -50,7 +50,8 @@ def test_payload_round_trip_and_summary():
 
 def _args(estimator):
     return SimpleNamespace(advantage_estimator=estimator, n_samples_per_prompt=4, kl_coef=0.05, gamma=0.9,
-                           disable_grpo_std_normalization=False, kl_loss_type="k1", normalize_advantages=False)
+                           disable_grpo_std_normalization=False, kl_loss_type="k1", normalize_advantages=False,
+                           rewards_normalization=True)
 
 
 def _with_log_probs(batch, seed=1):

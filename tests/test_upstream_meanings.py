@@ -90,7 +90,7 @@ def test_kl_coef_shaping_follows_kl_loss_type(kl_type):
     batch.old_log_probs, batch.ref_log_probs = old, ref
     args = SimpleNamespace(advantage_estimator="reinforce_plus_plus_baseline", n_samples_per_prompt=2, kl_coef=0.3,
                            gamma=1.0, disable_grpo_std_normalization=False, kl_loss_type=kl_type,
-                           normalize_advantages=True)
+                           normalize_advantages=True, rewards_normalization=True)
     share_advantages(args, batch, range(4))
     lr = torch.cat(old).double() - torch.cat(ref).double()
     kl = {"k1": lr, "k2": lr.square() / 2, "low_var_kl": (torch.exp(-lr) - 1 + lr).clamp(-10, 10)}[kl_type]
@@ -127,3 +127,23 @@ def test_moe_router_dtype_sets_the_logits_precision(router_dtype):
     probs = torch.softmax(x.to(dtype) @ w.to(dtype).t(), dim=-1, dtype=torch.float32)
     want_w, want_i = torch.topk(probs, 2, dim=-1)
     assert torch.equal(idx, want_i) and torch.allclose(weights, want_w / want_w.sum(-1, keepdim=True), atol=0)
+
+
+def test_disable_rewards_normalization_uses_raw_rewards():
+    from slime.utils.ppo_utils import compute_advantages
+
+    rewards, lengths = torch.tensor([1.0, 0.0, 0.5, 0.5]), [2, 1, 1, 3]
+    mask = torch.ones(7)
+    raw = compute_advantages("grpo", rewards, lengths, mask, 2, group_normalize=False)
+    assert raw.tolist() == [1.0, 1.0, 0.0, 0.5, 0.5, 0.5, 0.5]
+    normed = compute_advantages("grpo", rewards, lengths, mask, 2)
+    assert normed[0] > 0 > normed[2] and normed[3:].abs().max() == 0  # group 2 has equal rewards
+
+
+def test_cheap_upstream_flags(tmp_path, capsys):
+    args = _parse(tmp_path, "--check-weight-sync", "0", "--check-weight-update-equal", "--train-backend", "megatron",
+                  "--rollout-data-transport", "object-store", "--disable-rewards-normalization")
+    assert args.check_weight_sync == 1 and args.rewards_normalization is False
+    with pytest.raises(SystemExit):
+        _parse(tmp_path, "--train-backend", "fsdp")
+    assert "invalid choice: 'fsdp'" in capsys.readouterr().err

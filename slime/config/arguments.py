@@ -118,6 +118,8 @@ def _add_training_arguments(parser: argparse.ArgumentParser) -> None:
          help="average the loss over all tokens of the step (default: mean per sample, then over samples)")
     _add(g, parser, "--balance-data", action="store_true",
          help="spread each step's samples over data-parallel ranks by token count (largest first) instead of in order")
+    _add(g, parser, "--train-backend", choices=("megatron",), default="megatron",
+         help="training backend (upstream's; Megatron-core is the one here)")
 
 
 def _add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
@@ -269,6 +271,9 @@ def _add_weight_sync_arguments(parser: argparse.ArgumentParser) -> None:
               "auto: ipc when colocated and the device supports it")
     _add(g, parser, "--check-weight-sync", type=int, choices=(0, 1), default=1,
          help="compare a weight checksum on trainer and engine after every sync (1 = on)")
+    _add(g, parser, "--check-weight-update-equal", action="store_true",
+         help="upstream's check that the engines hold the trainer's weights after an update: "
+              "--check-weight-sync 1 (the checksum comparison)")
     _add(g, parser, "--update-weight-timeout", type=float, default=600.0,
          help="seconds a weight-update group may take to form or a broadcast / payload hand-over to finish "
               "before the sync is aborted (every engine is resumed either way)")
@@ -303,6 +308,8 @@ def _add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--tis-clip-low", type=float, default=0.0)
     _add(g, parser, "--use-rollout-logprobs", action="store_true",
          help="use the engine's log-probs as the old policy instead of recomputing them")
+    _add(g, parser, "--disable-rewards-normalization", dest="rewards_normalization", action="store_false",
+         help="grpo/gspo/reinforce_plus_plus_baseline: no per-group reward normalization (raw rewards)")
 
 
 def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
@@ -540,6 +547,8 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     if args.save_interval is not None:
         _require(args.save is not None, "--save-interval needs --save DIR")
         _require(args.save_interval >= 1, f"--save-interval must be >= 1, got {args.save_interval}")
+    if args.check_weight_update_equal:
+        args.check_weight_sync = 1
     if args.update_weight_mode == "ipc":
         _require(args.colocate, "--update-weight-mode ipc needs --colocate (engines must share the trainer's host devices)")
     args.use_ref_model = bool(args.use_kl_loss and args.kl_loss_coef > 0) or (

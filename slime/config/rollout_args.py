@@ -39,6 +39,10 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     _add(g, parser, "--input-key", type=str, default="prompt", help="JSONL key of the prompt (string or chat messages)")
     _add(g, parser, "--label-key", type=str, default="label", help="JSONL key of the reference answer")
     _add(g, parser, "--metadata-key", type=str, default="metadata", help="JSONL key of per-prompt metadata (optional)")
+    _add(g, parser, "--tool-key", type=str, default="tools",
+         help="key of a prompt's tool list (a JSON list or its text), passed to the chat template as tools=")
+    _add(g, parser, "--rollout-data-transport", choices=("object-store",), default="object-store",
+         help="how rollout data reaches the trainer: Ray's object store (upstream's default)")
     _add(g, parser, "--apply-chat-template", action="store_true", help="wrap prompts with the tokenizer's chat template")
     _add(g, parser, "--apply-chat-template-kwargs", type=json.loads, default="{}",
          help='JSON object of extra chat-template arguments, e.g. \'{"enable_thinking": false}\'')
@@ -171,6 +175,9 @@ def _add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--eval-top-k", type=int, default=None, help="default: --rollout-top-k")
     _add(g, parser, "--eval-max-response-len", type=int, default=None, help="default: --rollout-max-response-len")
     _add(g, parser, "--eval-max-prompt-len", type=int, default=None, help="default: --rollout-max-prompt-len")
+    _add(g, parser, "--eval-max-context-len", type=int, default=None,
+         help="eval context size; --eval-max-prompt-len defaults to it - 1 (default: --rollout-max-context-len)")
+    _add(g, parser, "--eval-tool-key", type=str, default=None, help="default: --tool-key")
 
 
 def rollout_defaults(**overrides: Any) -> argparse.Namespace:
@@ -258,6 +265,14 @@ def validate_rollout_args(args: argparse.Namespace) -> argparse.Namespace:
         need(args.rollout_max_prompt_len <= args.rollout_max_context_len - 1,
              f"--rollout-max-prompt-len {args.rollout_max_prompt_len} leaves no response token within "
              f"--rollout-max-context-len {args.rollout_max_context_len}; lower it below the context length")
+    if args.eval_max_context_len is None:
+        args.eval_max_context_len = args.rollout_max_context_len
+    if args.eval_max_context_len is not None:
+        if args.eval_max_prompt_len is None:
+            args.eval_max_prompt_len = args.eval_max_context_len - 1
+        need(args.eval_max_prompt_len <= args.eval_max_context_len - 1,
+             f"--eval-max-prompt-len {args.eval_max_prompt_len} leaves no response token within "
+             f"--eval-max-context-len {args.eval_max_context_len}")
     if args.start_rollout_id is not None:
         need(0 <= args.start_rollout_id < (args.num_rollout or 1 << 62),
              f"--start-rollout-id {args.start_rollout_id} must be in [0, --num-rollout)")

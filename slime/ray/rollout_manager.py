@@ -114,7 +114,7 @@ class RolloutManager:
             return None
         return JsonlDataSource(a.prompt_data, self.tokenizer, a.input_key, a.label_key, a.metadata_key,
                                a.apply_chat_template, a.rollout_shuffle, a.rollout_seed, a.rollout_max_prompt_len,
-                               a.apply_chat_template_kwargs)
+                               a.apply_chat_template_kwargs, a.tool_key)
 
     def _create_actor(self, i: int, slots: Any):
         from slime.ray.engine_actor import EngineSpec, RolloutEngineActor

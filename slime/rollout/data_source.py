@@ -37,11 +37,11 @@ class PromptItem:
 
 
 def tokenize_prompt(tokenizer: Any, prompt: Any, apply_chat_template: bool,
-                    chat_template_kwargs: dict[str, Any] | None = None) -> list[int]:
+                    chat_template_kwargs: dict[str, Any] | None = None, tools: list | None = None) -> list[int]:
     if apply_chat_template:
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         # --apply-chat-template-kwargs (e.g. {"enable_thinking": false}) reach the template as upstream passes them
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+        text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
                                              **(chat_template_kwargs or {}))
     elif isinstance(prompt, str):
         text = prompt
@@ -50,11 +50,26 @@ def tokenize_prompt(tokenizer: Any, prompt: Any, apply_chat_template: bool,
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def _tools(rec: dict, tool_key: str | None, where: str) -> list | None:
+    """--tool-key's tool list of a prompt (a list, or its JSON text), or None."""
+    if not tool_key or rec.get(tool_key) is None:
+        return None
+    tools = rec[tool_key]
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as e:
+            raise DataSourceError(f"{where}: {tool_key!r} is not a JSON list of tools ({e.msg})") from e
+    if not isinstance(tools, list):
+        raise DataSourceError(f"{where}: {tool_key!r} must be a list of tools, got {type(tools).__name__}")
+    return tools
+
+
 class JsonlDataSource:
     def __init__(self, path: str, tokenizer: Any, input_key: str = "prompt", label_key: str | None = "label",
                  metadata_key: str | None = "metadata", apply_chat_template: bool = False, shuffle: bool = False,
                  seed: int = 42, max_prompt_len: int | None = None,
-                 chat_template_kwargs: dict[str, Any] | None = None) -> None:
+                 chat_template_kwargs: dict[str, Any] | None = None, tool_key: str | None = None) -> None:
         from slime.rollout.prompt_files import PromptFileError, read_records
 
         self.path, self.shuffle, self.seed = path, shuffle, seed
@@ -65,15 +80,18 @@ class JsonlDataSource:
                 if not isinstance(rec, dict) or input_key not in rec:
                     raise DataSourceError(f"{where} has no key {input_key!r}; set --input-key to the prompt's key")
                 prompt = rec[input_key]
-                ids = tokenize_prompt(tokenizer, prompt, apply_chat_template, chat_template_kwargs)
+                tools = _tools(rec, tool_key, where)
+                ids = tokenize_prompt(tokenizer, prompt, apply_chat_template, chat_template_kwargs, tools)
                 if not ids:
                     raise DataSourceError(f"{where}: the prompt tokenizes to nothing")
                 if max_prompt_len is not None and len(ids) > max_prompt_len:
                     dropped += 1
                     continue
                 meta = rec.get(metadata_key) if metadata_key else None
-                self.items.append((prompt, ids, rec.get(label_key) if label_key else None,
-                                   meta if isinstance(meta, dict) else {}))
+                meta = dict(meta) if isinstance(meta, dict) else {}
+                if tools is not None:
+                    meta["tools"] = tools  # as upstream: custom generate functions read them there
+                self.items.append((prompt, ids, rec.get(label_key) if label_key else None, meta))
         except PromptFileError as e:
             raise DataSourceError(str(e)) from e
         if not self.items:
@@ -167,7 +185,7 @@ class RolloutDataSource(DataSource):
                 tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
             source = JsonlDataSource(args.prompt_data, tokenizer, args.input_key, args.label_key, args.metadata_key,
                                      args.apply_chat_template, args.rollout_shuffle, args.rollout_seed,
-                                     args.rollout_max_prompt_len, args.apply_chat_template_kwargs)
+                                     args.rollout_max_prompt_len, args.apply_chat_template_kwargs, args.tool_key)
         self.source = source
 
     def get_samples(self, num_samples: int) -> list[list[Sample]]:

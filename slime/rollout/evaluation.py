@@ -52,7 +52,7 @@ def load_eval_sets(args: argparse.Namespace, tokenizer: Any) -> list[EvalSet]:
         path, tokenizer, args.eval_input_key or args.input_key, args.eval_label_key or args.label_key,
         args.metadata_key, args.apply_chat_template, shuffle=False, seed=args.rollout_seed,
         max_prompt_len=args.eval_max_prompt_len or args.rollout_max_prompt_len,
-        chat_template_kwargs=args.apply_chat_template_kwargs))
+        chat_template_kwargs=args.apply_chat_template_kwargs, tool_key=args.eval_tool_key or args.tool_key))
         for name, path in eval_datasets(args)]
 
 

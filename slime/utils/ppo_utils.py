@@ -97,7 +97,7 @@ def compute_advantages(estimator: str, rewards: torch.Tensor, lengths: Sequence[
                        group_size: int, *, kl: torch.Tensor | None = None, kl_coef: float = 0.0,
                        gamma: float = 1.0, std_normalization: bool = True,
                        sample_index: Sequence[int] | None = None, all_reduce=None,
-                       normalize: bool = False) -> torch.Tensor:
+                       normalize: bool = False, group_normalize: bool = True) -> torch.Tensor:
     """Per-token advantages (flat over response tokens) for one rollout batch.
 
     grpo / gspo: the group-normalised sample advantage on every token.
@@ -105,6 +105,7 @@ def compute_advantages(estimator: str, rewards: torch.Tensor, lengths: Sequence[
     reinforce_plus_plus_baseline: (reward - group mean) - kl_coef * kl per token, whitened over the batch.
     normalize (--normalize-advantages): grpo / gspo advantages whitened over the batch too (upstream's
     masked whitening; the reinforce_plus_plus estimators always are, as upstream requires the flag for them).
+    group_normalize=False (--disable-rewards-normalization): grpo / gspo / the baseline use the raw rewards.
 
     A data-parallel share: `rewards` are the whole rollout's, `sample_index` the samples computed here
     (`lengths`, `loss_mask`, `kl` are theirs); `all_reduce` sums the whitening statistics over the shares.
@@ -117,14 +118,15 @@ def compute_advantages(estimator: str, rewards: torch.Tensor, lengths: Sequence[
     if kl is None:
         kl = torch.zeros(sum(lengths))
     if estimator in ("grpo", "gspo"):
-        per_sample = grpo_advantages(rewards, group_size, std_normalization)[index]
+        per_sample = (grpo_advantages(rewards, group_size, std_normalization) if group_normalize else rewards)[index]
         adv = torch.repeat_interleave(per_sample, rep)
         return masked_whiten(adv, loss_mask, all_reduce) if normalize else adv
     if estimator == "reinforce_plus_plus":
         returns = reinforce_plus_plus_returns(rewards[index], kl, lengths, kl_coef, gamma, loss_mask)
         return masked_whiten(returns, loss_mask, all_reduce)
     if estimator == "reinforce_plus_plus_baseline":
-        baseline = grpo_advantages(rewards, group_size, std_normalization=False)[index]
+        baseline = (grpo_advantages(rewards, group_size, std_normalization=False) if group_normalize
+                    else rewards)[index]
         raw = torch.repeat_interleave(baseline, rep) - kl_coef * kl.float()
         return masked_whiten(raw, loss_mask, all_reduce)
     raise ValueError(f"unknown advantage estimator {estimator!r}")

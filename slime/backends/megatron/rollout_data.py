@@ -98,7 +98,8 @@ def share_advantages(args, batch: RolloutBatch, indices: Sequence[int],
     adv = ppo_utils.compute_advantages(
         args.advantage_estimator, torch.tensor(batch.rewards), lengths, mask, args.n_samples_per_prompt or 1,
         kl=kl, kl_coef=args.kl_coef, gamma=args.gamma, std_normalization=not args.disable_grpo_std_normalization,
-        sample_index=indices, all_reduce=all_reduce, normalize=args.normalize_advantages)
+        sample_index=indices, all_reduce=all_reduce, normalize=args.normalize_advantages,
+        group_normalize=args.rewards_normalization)
     advantages: list = [None] * len(batch)
     # numpy, one array per sample: cheap to slice and to pickle (a torch view would carry its whole storage)
     for i, a in zip(indices, torch.split(adv.float().contiguous(), lengths)):
