@@ -3,3 +3,7 @@
 from slime import import_hooks as _import_hooks
 
 _import_hooks.install()  # before any megatron import of this process (slime/import_hooks.py)
+
+from slime.utils import warning_filters as _warning_filters  # noqa: E402
+
+_warning_filters.install()  # known-harmless library warnings (slime/utils/warning_filters.py)

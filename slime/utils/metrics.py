@@ -34,20 +34,38 @@ CONSOLE_WIDTH = 120
 def console_line(m: dict[str, Any], num_rollout: int) -> str:
     """One line per rollout, at most CONSOLE_WIDTH columns (the other phases' seconds, grad norm, clip fraction,
     throughput and memory are in metrics.jsonl and the report). The rollout
-    id counts from 0, as in metrics.jsonl, checkpoints and reports: `[rollout 4/9]` is id 4 of ids 0..9."""
+    id counts from 0, as in metrics.jsonl, checkpoints and reports: `[rollout 4/9]` is id 4 of ids 0..9.
+    When long values do not fit, whole fields are left out (least useful first), never a number cut."""
     g = m.get
     width = len(str(max(num_rollout - 1, 0)))
-    line = (
-        f"[rollout {m['rollout_id']:>{width}}/{num_rollout - 1}] reward {g('rollout/reward_mean', math.nan):.3f}"
-        f"±{g('rollout/reward_std', math.nan):.3f} len {g('rollout/response_len_mean', math.nan):.1f}"
-        f" | loss {g('train/loss', math.nan):+.3f} kl {g('train/kl', math.nan):.0e} ent {g('train/entropy', math.nan):.2f}"
-        f" dlp {g('train_rollout_logprob_abs_diff', math.nan):.0e}"
-        f" | {g('time/iteration', 0):.1f}s: roll {g('time/rollout', 0):.1f} train {g('time/train', 0):.1f}"
-    )
+    head = (f"[rollout {m['rollout_id']:>{width}}/{num_rollout - 1}] reward {g('rollout/reward_mean', math.nan):.3f}"
+            f"±{g('rollout/reward_std', math.nan):.3f}")
+    # (text, drop order: higher goes first); the groups are joined with " | "
+    train = [(f"loss {g('train/loss', math.nan):+.3f}", 2), (f"kl {g('train/kl', math.nan):.0e}", 7),
+             (f"ent {g('train/entropy', math.nan):.2f}", 5), (f"dlp {g('train_rollout_logprob_abs_diff', math.nan):.0e}", 8)]
+    times = [(f"{g('time/iteration', 0):.1f}s:", 1), (f"roll {g('time/rollout', 0):.1f}", 3),
+             (f"train {g('time/train', 0):.1f}", 3)]
     if g("time/save", 0) >= 0.05:
-        line += f" save {g('time/save', 0):.1f}"
-    suffix = f" | restarts {int(g('rollout/engine_restarts'))}" if g("rollout/engine_restarts", 0) else ""
-    return line[:CONSOLE_WIDTH - len(suffix)] + suffix
+        times.append((f"save {g('time/save', 0):.1f}", 4))
+    groups = [[(f"len {g('rollout/response_len_mean', math.nan):.1f}", 6)], train, times]
+    if g("rollout/engine_restarts", 0):
+        groups.append([(f"restarts {int(g('rollout/engine_restarts'))}", 0)])
+
+    def render() -> str:
+        parts = [" ".join(t for t, _ in grp) for grp in groups if grp]
+        first = head + (" " + parts[0] if parts and groups[0] else "")
+        rest = parts[1:] if groups[0] else parts
+        return " | ".join([first, *rest])
+
+    line = render()
+    while len(line) > CONSOLE_WIDTH:
+        fields = [(rank, gi, fi) for gi, grp in enumerate(groups) for fi, (_, rank) in enumerate(grp) if rank > 0]
+        if not fields:
+            return line[:CONSOLE_WIDTH]  # only the head and the restart count are left: cannot happen below ~1e90
+        _, gi, fi = max(fields)
+        del groups[gi][fi]
+        line = render()
+    return line
 
 
 def eval_console_line(r: dict[str, Any]) -> str:
