@@ -134,3 +134,18 @@ def test_custom_rollout_function_group_rm_dynamic_filter(env):
     assert [r["rollout/custom_fn_rollout_id"] for r in records] == [0.0, 1.0, 2.0]
     batches = [x["indices"] for x in log if x["kind"] == "batched_reward"]
     assert batches and all(len(b) == 4 for b in batches)  # one call per prompt group
+
+
+def test_custom_loss_function(env):
+    """--loss-type custom_loss: upstream's fn(args, batch, logits, sum_of_sample_mean) trains the model; its
+    log-probs from get_log_probs_and_entropy equal the trainer's old log-probs (same weights)."""
+    records, log = _run(env, "loss", "--rm-type", "random", "--loss-type", "custom_loss",
+                        "--custom-loss-function-path", "tests.upstream_plugins.custom_pg_loss")
+    _check_records(records)
+    calls = [x for x in log if x["kind"] == "loss"]
+    assert sum(c["samples"] for c in calls) == 3 * 2 * 4  # every sample of every rollout, once
+    assert max(c["max_old_diff"] for c in calls) < 1e-4
+    assert all(m <= n for c in calls for m, n in zip(c["masks"], c["lengths"]))
+    seen = [(r["rollout/reward_std"], r["train/advantage_abs_mean"], r["train/grad_norm"], r["train/entropy"])
+            for r in records]
+    assert any(r["train/grad_norm"] > 0 for r in records) and all(r["train/entropy"] > 0 for r in records), seen

@@ -103,3 +103,23 @@ class FileOrderDataSource:
 
     def __len__(self):
         return len(self.rows)
+
+
+# --loss-type custom_loss --custom-loss-function-path: a PPO-clip policy loss written the upstream way
+def custom_pg_loss(args, batch, logits, sum_of_sample_mean):
+    import torch
+
+    from slime.backends.megatron_utils.loss import get_log_probs_and_entropy
+
+    _, out = get_log_probs_and_entropy(logits, args=args, unconcat_tokens=batch["unconcat_tokens"],
+                                       total_lengths=batch["total_lengths"],
+                                       response_lengths=batch["response_lengths"], with_entropy=True)
+    log_probs = torch.cat(out["log_probs"])
+    old = torch.cat(batch["log_probs"])
+    advantages = torch.cat(batch["advantages"])
+    ratio = (log_probs - old).exp()
+    pg = -torch.minimum(ratio * advantages, ratio.clamp(0.8, 1.2) * advantages)
+    loss = sum_of_sample_mean(pg)
+    _log("loss", samples=len(batch["response_lengths"]), max_old_diff=float((log_probs - old).abs().max()),
+         masks=[int(m.sum()) for m in batch["loss_masks"]], lengths=batch["response_lengths"])
+    return loss, {"entropy": sum_of_sample_mean(torch.cat(out["entropy"])).detach()}
