@@ -57,8 +57,8 @@ def hf_to_torch_dist_args(argv: list[str] | None = None) -> argparse.Namespace:
     world, _ = _world()
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     num_layers = int(cfg.get("num_hidden_layers", 0))
-    if pp == 1 and tp == 1 and world > 1 and num_layers % world == 0:
-        args.pipeline_model_parallel_size = world  # as upstream's tool: the ranks split the layers
+    if pp == 1 and tp == 1 and world > 1 and num_layers % world == 0 and not cfg.get("tie_word_embeddings"):
+        args.pipeline_model_parallel_size = world  # as upstream's tool: the ranks split the layers (else: replicas)
     return args
 
 

@@ -1,0 +1,44 @@
+"""Ranks of tests/test_checkpoint_interchange.py's layout test: the converter under 2 ranks (as torchrun runs
+it), then the trainer's torch_dist load at another layout, its logits against transformers', and a save there."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+
+def run(rank: int, world: int, port: int, cases: list, out_json: str) -> None:
+    from glm5_helpers import init_rank
+
+    from slime.backends.megatron import checkpoint as C
+    from slime.backends.megatron.checkpoint_convert import hf_to_torch_dist
+    from slime.backends.megatron.hf_loader import load_hf_model
+
+    init_rank(rank, world, port)
+    results = {}
+    for hf, converted, saved, (tp, ep, pp) in cases:
+        hf_to_torch_dist(["--hf-checkpoint", hf, "--save", converted])
+        model = load_hf_model(hf, tp, ep, pp).eval()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.fill_(float("nan"))  # every weight must come from the torch_dist checkpoint
+        C.load_model_weights(converted, model)
+        gen = torch.Generator().manual_seed(1)
+        ids = torch.randint(3, model.arch.vocab_size, (2, 8), generator=gen)
+        pos = torch.arange(8).expand(2, -1)
+        with torch.no_grad():
+            logits = model(ids, pos)
+        if rank == 0:
+            from transformers import AutoModelForCausalLM
+
+            ref = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
+            with torch.no_grad():
+                want = ref(input_ids=ids, position_ids=pos).logits
+            results[hf] = ((logits - want).abs().max() / want.abs().max()).item()
+        C.save(saved, 5, model, None, rank, {"tp": tp, "ep": ep, "pp": pp, "world_size": world}, {})
+    if rank == 0:
+        with open(out_json, "w") as f:
+            json.dump(results, f)
+    os.environ.pop("RANK", None)
