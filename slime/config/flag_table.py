@@ -1,0 +1,150 @@
+"""docs/flags.md's table of every flag upstream slime's slime/utils/arguments.py defines: implemented here (with
+the --help group describing it), or refused with the reason. Upstream's list is test data (tests/data/
+upstream_arguments_flags.json, read from its source at the commit it names); tests/test_flag_table.py keeps the
+table, REFUSED and the parser in agreement.
+
+    python -m slime.config.flag_table          rewrite the table in docs/flags.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+UPSTREAM_FLAGS = os.path.join(ROOT, "tests", "data", "upstream_arguments_flags.json")
+DOC = os.path.join(ROOT, "docs", "flags.md")
+BEGIN, END = "<!-- upstream-flags:begin (python -m slime.config.flag_table) -->", "<!-- upstream-flags:end -->"
+
+_HOOK = "upstream's customization hook; not built here yet"
+_SFT = "train_async.py / SFT are not built yet"
+_SYNC = "weight updates go trainer -> engines by IPC or a broadcast group (--update-weight-mode); upstream's " \
+        "disk / delta transport is not built"
+_DEBUG = "upstream's debug dump/replay of rollout or train data is not built"
+_PROFILE = "upstream's memory/profiler recording is not built"
+_CI = "upstream's CI checks; not part of this project's runs"
+_OPD = "on-policy distillation is not built"
+_PPO = "the ppo estimator (a critic) is not built"
+_BUFFER = "upstream's external rollout buffer service is not built"
+_HEALTH = "engines are watched per request (--rollout-request-timeout) and restarted (--rollout-engine-max-restarts); " \
+          "upstream's periodic health-check loop is not built"
+_DEEPGEMM = "DeepGEMM kernels are not integrated"
+_ROUTING = "MoE routing replay is not built"
+_LOG = "this metric/logging option of upstream's is not built"
+REFUSED: dict[str, str] = {
+    "--num-gpus-per-node": "placement follows --actor-num-gpus-per-node and the devices Ray reports",
+    "--qwen-gdn-backend": "the Qwen3-Next / Qwen3.5 families (Gated DeltaNet) are not built yet",
+    "--train-env-vars": "environment variables of the train actors: not built (set them in the job's environment)",
+    "--update-weight-transport": _SYNC, "--update-weight-disk-dir": _SYNC, "--update-weight-disk-keep-files": _SYNC,
+    "--update-weight-delta-encoding": _SYNC, "--update-weight-delta-checksum": _SYNC,
+    "--custom-update-weight-post-write-path": _SYNC, "--update-weight-local-checkpoint-dir": _SYNC,
+    "--release-train": "releasing the train actors between rollouts is not built (--offload-train offloads them)",
+    "--custom-model-provider-path": _HOOK, "--rollout-sample-hook-path": _HOOK,
+    "--custom-rollout-log-function-path": _HOOK, "--custom-eval-rollout-log-function-path": _HOOK,
+    "--rollout-data-postprocess-path": _HOOK, "--custom-advantage-function-path": _HOOK,
+    "--custom-tis-function-path": _HOOK, "--custom-pg-loss-reducer-function-path": _HOOK,
+    "--custom-reward-post-process-path": _HOOK, "--custom-convert-samples-to-train-data-path": _HOOK,
+    "--custom-megatron-init-path": _HOOK, "--custom-megatron-before-log-prob-hook-path": _HOOK,
+    "--custom-megatron-before-train-step-hook-path": _HOOK,
+    "--recompute-loss-function": "the loss is computed once per micro-batch; recomputing it in backward is not built",
+    "--only-train-params-name-list": "training a subset of parameters (freezing) is not built",
+    "--freeze-params-name-list": "training a subset of parameters (freezing) is not built",
+    "--model-name": _SFT, "--update-weights-interval": _SFT, "--num-epoch": _SFT, "--loss-mask-type": _SFT,
+    "--disable-compute-advantages-and-returns": _SFT, "--debug-train-only": _SFT,
+    "--keep-old-actor": "keeping a copy of the previous actor is not built",
+    "--rollout-external-engine-addrs": "engines started outside slime are not supported; slime starts them",
+    "--use-fault-tolerance": _HEALTH, "--rollout-health-check-interval": _HEALTH,
+    "--rollout-health-check-timeout": _HEALTH, "--rollout-health-check-first-wait": _HEALTH,
+    "--disable-rollout-global-dataset": "the rollout always reads --prompt-data through the data source",
+    "--multimodal-keys": "multimodal (vision) prompts are not supported",
+    "--balance-by-flops": "--balance-data balances by token count; by FLOPs is not built",
+    "--log-probs-max-tokens-per-gpu": "log-prob passes use --max-tokens-per-gpu; a separate budget is not built",
+    "--eval-config": "evaluation sets come from --eval-prompt-data; upstream's YAML eval config is not read",
+    "--eval-min-new-tokens": "a minimum response length for evaluation is not built",
+    "--ref-ckpt-step": "--ref-load loads its checkpoint's latest iteration; picking a step is not built",
+    "--megatron-config-path": "Megatron flags come from the command line; a YAML of them is not read",
+    "--num-critic-only-steps": _PPO, "--value-clip": _PPO, "--lambd": _PPO,
+    "--use-unbiased-kl": "the importance-weighted (unbiased) KL loss is not built",
+    "--ref-update-interval": "the reference model stays fixed; refreshing it is not built",
+    "--use-rollout-entropy": "entropy is computed by the trainer; the engine's is not used",
+    "--get-mismatch-metrics": "train/rollout log-prob mismatch is always reported (train_rollout_logprob_abs_diff); "
+                              "upstream's custom-TIS metrics are not built",
+    "--reset-optimizer-states": "resetting the optimizer state each rollout is not built",
+    "--use-stateless-adam": "stateless Adam is not built",
+    "--use-routing-replay": _ROUTING, "--use-rollout-routing-replay": _ROUTING,
+    "--use-opsm": "OPSM masking is not built", "--opsm-delta": "OPSM masking is not built",
+    "--use-opd": _OPD, "--opd-type": _OPD, "--opd-kl-coef": _OPD, "--opd-teacher-load": _OPD,
+    "--opd-teacher-ckpt-step": _OPD,
+    "--disable-wandb-random-suffix": _LOG, "--wandb-always-use-train-step": _LOG, "--log-multi-turn": _LOG,
+    "--log-passrate": _LOG, "--log-reward-category": _LOG, "--log-correct-samples": _LOG,
+    "--tb-experiment-name": _LOG,
+    "--save-debug-rollout-data": _DEBUG, "--load-debug-rollout-data": _DEBUG, "--load-forge-rollout-data": _DEBUG,
+    "--load-debug-rollout-data-subsample": _DEBUG, "--save-debug-train-data": _DEBUG, "--dump-details": _DEBUG,
+    "--debug-rollout-only": _DEBUG,
+    "--memory-snapshot-dir": _PROFILE, "--memory-snapshot-num-steps": _PROFILE, "--profile-target": _PROFILE,
+    "--memory-recorder": _PROFILE,
+    "--http-proxy": "HTTP requests of rewards and rollouts go direct; a proxy is not built",
+    "--use-distributed-post": "reward HTTP requests are posted from the rollout manager; distributing them is not built",
+    "--rollout-buffer-url": _BUFFER, "--fetch-trajectory-retry-times": _BUFFER,
+    "--min-batch-collection-ratio": _BUFFER, "--rollout-task-type": _BUFFER,
+    "--megatron-deepgemm-forward-layers": _DEEPGEMM, "--megatron-deepgemm-forward-modules": _DEEPGEMM,
+    "--megatron-deepgemm-moe-forward-layers": _DEEPGEMM, "--megatron-deepgemm-moe-forward-modules": _DEEPGEMM,
+    "--ci-test": _CI, "--ci-disable-kl-checker": _CI, "--ci-train-rollout-logprob-abs-diff-threshold": _CI,
+    "--ci-save-grad-norm": _CI, "--ci-load-grad-norm": _CI,
+}
+
+
+def upstream_flags() -> dict:
+    with open(UPSTREAM_FLAGS, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def rows(parser: argparse.ArgumentParser | None = None) -> list[tuple[str, str, str]]:
+    """(flag, "implemented" | "refused", the --help group that defines it here, or the reason), in upstream's
+    file order."""
+    if parser is None:
+        from slime.config.arguments import build_parser
+
+        parser = build_parser()
+    group_of = {id(a): g.title for g in parser._action_groups for a in g._group_actions}
+    out = []
+    for entry in upstream_flags()["flags"]:
+        flag = entry["flag"]
+        action = parser._option_string_actions.get(flag)
+        if action is not None:
+            out.append((flag, "implemented", f"`train.py --help`: {group_of.get(id(action), 'options')}"))
+        else:
+            out.append((flag, "refused", REFUSED.get(flag, "")))
+    return out
+
+
+def render(table: list[tuple[str, str, str]]) -> str:
+    data = upstream_flags()
+    done = sum(status == "implemented" for _, status, _ in table)
+    lines = [BEGIN, "",
+             f"{done} of the {len(table)} flags upstream's `{data['file']}` defines (THUDM/slime "
+             f"{data['commit'][:9]}) are implemented; the others are refused by the parser (one line naming the "
+             "flag), for the reason given.", "",
+             "| upstream flag | here | where it is documented, or why refused |", "|---|---|---|"]
+    lines += [f"| `{flag}` | {status} | {text} |" for flag, status, text in table]
+    return "\n".join(lines + ["", END])
+
+
+def write_doc(path: str = DOC) -> None:
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    table = render(rows())
+    if BEGIN in text and END in text:
+        text = text[:text.index(BEGIN)] + table + text[text.index(END) + len(END):]
+    else:
+        text = text.rstrip("\n") + "\n\n## Every upstream flag\n\n" + table + "\n"
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    write_doc(sys.argv[1] if len(sys.argv) > 1 else DOC)
