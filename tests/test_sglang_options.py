@@ -137,3 +137,27 @@ def test_human_readable_int_as_sglang():
     assert [_human_readable_int(v) for v in ("128k", "1.5M", "64Ki", "7")] == [128000, 1500000, 65536, 7]
     with pytest.raises(argparse.ArgumentTypeError):
         _human_readable_int("1.5Ki")
+
+
+def test_the_real_router_takes_the_router_options(tmp_path):
+    """sglang-router 0.3.2 starts with upstream's --router-* values (and a user's) appended to its command line."""
+    from slime.config.arguments import parse_args
+    from slime.config.sglang_options import router_option_tokens
+    from slime.rollout.sglang_router import SGLangRouter, router_available
+    from slime.utils.http_client import EngineClient
+    from tests.test_sglang_router import _Worker
+
+    if not router_available():
+        pytest.skip("sglang-router not installed")
+    args = parse_args(_argv("run-qwen3-4B.sh", tmp_path) + ["--router-policy", "random", "--router-max-payload-size",
+                                                             "1048576"])
+    extra = router_option_tokens(args) + ["--request-timeout-secs", str(args.sglang_router_request_timeout_secs)]
+    assert extra[:4] == ["--policy", "random", "--balance-abs-threshold", "10"]
+    worker = _Worker("a")
+    router = SGLangRouter.start([worker.url], "127.0.0.1", str(tmp_path / "router.log"), timeout_s=120,
+                                extra_args=extra)
+    try:
+        out = EngineClient(router.url, "token").generate([1, 2, 3], {"max_new_tokens": 1}, return_logprob=True)
+        assert out["text"] == "a"
+    finally:
+        router.stop()

@@ -40,7 +40,8 @@ class SGLangRouter:
 
     @classmethod
     def start(cls, worker_urls: list[str], host: str, log_path: str, timeout_s: float = 300.0,
-              api_key: str | None = None, policy: str = "round_robin") -> "SGLangRouter":
+              api_key: str | None = None, policy: str = "round_robin",
+              extra_args: list[str] | tuple[str, ...] = ()) -> "SGLangRouter":
         """Launch the router on a free port with every worker; returns once it forwards to all of them."""
         from slime.backends.sglang.process import ServerProcess
         from slime.utils.net import free_port
@@ -53,6 +54,7 @@ class SGLangRouter:
                # its metrics exporter binds a fixed port (29000) by default: a second router on the node
                # (another run, or one still shutting down) would panic on start
                "--prometheus-host", host, "--prometheus-port", str(free_port())] + (["--api-key", api_key] if api_key else [])
+        cmd += list(extra_args)  # the --router-* options (slime.config.sglang_options.router_option_tokens): last wins
         proc = ServerProcess(name="sglang-router", cmd=cmd, env=dict(os.environ), log_path=log_path,
                              url=f"http://{host}:{port}")
         proc.start()
