@@ -272,3 +272,20 @@ def test_converted_checkpoint_loads_at_another_layout_and_saves_back_bit_exact(t
         out = str(tmp_path / (os.path.basename(hf) + "_hf"))
         torch_dist_to_hf(["--input-dir", os.path.join(saved, "iter_0000005"), "--output-dir", out, "--origin-hf-dir", hf])
         assert _digest(out) == _digest(hf)
+
+
+def test_dry_run_names_the_ref_load_layout_and_refuses_another_models(tiny, tmp_path, capsys):
+    from slime.backends.megatron.checkpoint_convert import hf_to_torch_dist
+    from slime.train import main
+
+    hf_to_torch_dist(["--hf-checkpoint", tiny("llama"), "--save", str(tmp_path / "llama_td")])
+    (tmp_path / "p.jsonl").write_text('{"prompt": "1+1", "label": "2"}\n')
+    argv = ["--prompt-data", str(tmp_path / "p.jsonl"), "--input-key", "prompt", "--label-key", "label",
+            "--ref-load", str(tmp_path / "llama_td"), "--num-rollout", "2", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
+            "--global-batch-size", "4", "--rm-type", "math", "--dry-run"]
+    assert main(["--hf-checkpoint", tiny("llama"), *argv]) == 0
+    out = capsys.readouterr().out
+    assert "checkpoint: --ref-load" in out and "stacked layers), all 9 model weights present" in out
+    assert main(["--hf-checkpoint", tiny("qwen3"), *argv]) == 2
+    err = [line for line in capsys.readouterr().out.splitlines() if "error" in line]
+    assert len(err) == 1 and "lacks 2 of the 10 weights the qwen3 model" in err[0]
