@@ -51,7 +51,7 @@ def test_payload_round_trip_and_summary():
 def _args(estimator):
     return SimpleNamespace(advantage_estimator=estimator, n_samples_per_prompt=4, kl_coef=0.05, gamma=0.9,
                            disable_grpo_std_normalization=False, kl_loss_type="k1", normalize_advantages=False,
-                           rewards_normalization=True)
+                           rewards_normalization=True, custom_reward_post_process_path=None)
 
 
 def _with_log_probs(batch, seed=1):
@@ -116,3 +116,31 @@ def test_single_process_share_is_the_whole_batch_formula():
     torch.testing.assert_close(torch.cat([torch.from_numpy(a) for a in batch.advantages]), want)
     masked = mask == 0
     assert masked.any() and (want[masked] == 0).all()  # whitening zeroes masked tokens
+
+
+def _centered(args, samples):
+    raw = [s.reward for s in samples]
+    mean = sum(raw) / len(raw)
+    return raw, [r - mean for r in raw]
+
+
+def test_custom_reward_post_process_replaces_group_normalization():
+    """--custom-reward-post-process-path (upstream's fn(args, samples) -> (raw, rewards)): the trainer's
+    advantages are the returned rewards as they are, not group-normalized again."""
+    from slime.rollout.plugin_rollout import post_process_rewards
+
+    samples = _samples(8)
+    payload = pack_samples(samples)
+    args = _args("grpo")
+    args.custom_reward_post_process_path = "tests.test_rollout_data._centered"
+    metrics = post_process_rewards(args, samples, payload)
+    raw, want = _centered(args, samples)
+    assert metrics["rollout/raw_reward_mean"] == pytest.approx(sum(raw) / len(raw))
+    batch = batch_from_payload(payload)
+    share_advantages(args, batch, range(len(batch)))
+    for adv, w, n in zip(batch.advantages, want, batch.response_lengths):
+        assert adv.tolist() == pytest.approx([w] * n, abs=1e-6)
+    args.custom_reward_post_process_path = None  # the default: GRPO group normalization
+    batch = batch_from_payload(pack_samples(samples))
+    share_advantages(args, batch, range(len(batch)))
+    assert batch.advantages[0][0] != pytest.approx(want[0], abs=1e-3)

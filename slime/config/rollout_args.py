@@ -154,6 +154,9 @@ def _add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--rollout-stop", type=str, nargs="+", default=None, help="stop strings of generation")
     _add(g, parser, "--rollout-skip-special-tokens", action="store_true",
          help="the engine decodes the response text without special tokens")
+    _add(g, parser, "--custom-reward-post-process-path", type=str, default=None,
+         help="fn(args, samples) -> (raw_rewards, rewards): the rewards the trainer uses as they are (no group "
+              "normalization of its own)")
     _add(g, parser, "--partial-rollout", action="store_true",
          help="groups still generating when the batch is full go back to the data source (upstream's flag)")
     _add(g, parser, "--mask-offpolicy-in-partial-rollout", action="store_true",
@@ -244,7 +247,7 @@ def validate_rollout_args(args: argparse.Namespace) -> argparse.Namespace:
         need(bool(args.rm_url), "--rm-type remote_rm needs --rm-url http://host:port/path (the reward service)")
     for flag in ("custom_rm_path", "dynamic_sampling_filter_path", "custom_generate_function_path",
                  "rollout_function_path", "data_source_path", "buffer_filter_path", "rollout_sample_filter_path",
-                 "rollout_all_samples_process_path", "eval_function_path"):
+                 "rollout_all_samples_process_path", "eval_function_path", "custom_reward_post_process_path"):
         path = getattr(args, flag)
         if path:
             from slime.rollout.rewards import RewardError, load_custom

@@ -209,6 +209,9 @@ class RolloutManager:
 
         samples, metrics = self._generate(rollout_id)
         payload = pack_samples(samples, getattr(self.args, "reward_key", None))
+        from slime.rollout.plugin_rollout import post_process_rewards
+
+        metrics.update(post_process_rewards(self.args, samples, payload))  # --custom-reward-post-process-path
         metrics.update(payload_summary(payload))
         # engines: the list after this rollout (restarts happen during one), for the weight sync that follows
         out = {"data": self._ray().put(payload), "num_samples": len(samples), "metrics": metrics,

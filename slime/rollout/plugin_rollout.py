@@ -127,3 +127,21 @@ def run_plugin_eval(args: Any, rollout_id: int, data_source: Any) -> dict[str, f
     metrics.update({k: float(v) for k, v in (out.metrics or {}).items()})
     metrics["time/eval"] = time.perf_counter() - t0
     return metrics
+
+
+def post_process_rewards(args: Any, samples: list[Sample], payload: dict) -> dict[str, float]:
+    """--custom-reward-post-process-path: `fn(args, samples) -> (raw_rewards, rewards)`; the trainer takes
+    `rewards` as they are (no group normalization of its own), as upstream's does."""
+    import numpy as np
+
+    path = getattr(args, "custom_reward_post_process_path", None)
+    if not path:
+        return {}
+    raw, rewards = load_function(path)(args, samples)
+    rewards = [float(r) for r in rewards]
+    if len(rewards) != len(samples) or len(raw) != len(samples):
+        raise RolloutError(f"--custom-reward-post-process-path {path} returned {len(raw)} raw and {len(rewards)} "
+                           f"rewards for {len(samples)} samples")
+    payload["rewards"] = np.asarray(rewards, dtype=np.float64)
+    return {"rollout/raw_reward_mean": float(np.mean(raw)) if len(raw) else 0.0,
+            "rollout/post_processed_reward_mean": float(np.mean(rewards)) if rewards else 0.0}
