@@ -152,8 +152,13 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None,
     for flag, path in (("--load", args.load), ("--ref-load", args.ref_load)):
         if path and os.path.exists(path):  # a torch_dist checkpoint: its layout and weight keys vs the model
             from slime.backends.megatron.checkpoint_check import check_checkpoint
-            from slime.backends.megatron.checkpoint_layout import CheckpointFormatError
+            from slime.backends.megatron.checkpoint_layout import CheckpointFormatError, find_checkpoint
 
+            try:
+                find_checkpoint(path, flag)
+            except CheckpointFormatError as e:  # e.g. a config-only HF dir on a laptop: the real run checks it
+                out(f"warning: {e}")
+                continue
             try:
                 line = check_checkpoint(path, flag, cfg)
             except CheckpointFormatError as e:
