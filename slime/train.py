@@ -85,6 +85,11 @@ def train(args) -> list[dict[str, Any]]:
     get_accelerator().check_and_update_config(args)  # device policy (CPU: each worker's share of the cores)
     with library_signal_handlers_reclaimed():  # ray.init replaces the SIGTERM handler
         init_ray(args.num_cpus)
+    from slime.utils import exits, run_identity
+
+    raylet = exits.local_ray_node_pids().get("raylet")
+    if raylet:  # a SIGKILLed driver leaves its agents behind: the next run of this dir stops them
+        run_identity.record_processes(args.output_dir, [raylet], "raylet", node_id=exits.local_ray_node_id())
     slots = create_placement_groups(args)
     handles: dict[str, Any] = {}  # filled as they start, so a failure still stops what is running
     try:

@@ -215,11 +215,22 @@ def ray_core_dead() -> bool:
         time.sleep(0.05)
 
 
-def kill_session_processes(raylet_pid: int | None, grace_s: float = 3.0) -> int:
+def local_ray_node_id() -> str | None:
+    try:
+        import ray
+
+        node = ray._private.worker._global_node
+        return node.node_id if node is not None and node.head else None
+    except Exception:
+        return None
+
+
+def kill_session_processes(raylet_pid: int | None, grace_s: float = 3.0, node_id: str | None = None) -> int:
     """Stop every process of the local Ray session still running: the workers (Ray gives them
-    RAY_RAYLET_PID; their children, e.g. an engine's server, inherit it) and the raylet's agents. SIGTERM,
+    RAY_RAYLET_PID; their children, e.g. an engine's server, inherit it) and the raylet's agents (its
+    children; orphaned ones are found by the RAY_NODE_ID they carry, when `node_id` is given). SIGTERM,
     then SIGKILL after `grace_s`. Returns how many were found."""
-    if not raylet_pid:
+    if not raylet_pid and not node_id:
         return 0
     import psutil
 
@@ -229,12 +240,13 @@ def kill_session_processes(raylet_pid: int | None, grace_s: float = 3.0) -> int:
         if p.pid == me:
             continue
         try:
-            if p.environ().get("RAY_RAYLET_PID") == str(raylet_pid):
-                found.append(p)
+            env = p.environ()
         except (psutil.Error, OSError):
             continue
+        if (raylet_pid and env.get("RAY_RAYLET_PID") == str(raylet_pid)) or (node_id and env.get("RAY_NODE_ID") == node_id):
+            found.append(p)
     try:  # the agents run under the raylet
-        found += [c for c in psutil.Process(raylet_pid).children(recursive=True) if c not in found]
+        found += [c for c in psutil.Process(raylet_pid).children(recursive=True) if c not in found] if raylet_pid else []
     except psutil.Error:
         pass
     for p in found:

@@ -11,8 +11,9 @@ Re-running the same command:
 - before the first checkpoint: restarts from rollout 0; the records of the unsaved rollouts are discarded
   and a line says so (`discard_unsaved_records`);
 - another run's output dir (another id, or no run.json) is still refused (`slime.config.preflight`).
-At start, the shared memory of dead trainer ranks of an earlier run of the same dir is removed
-(`release_stale_memory`): a driver killed with SIGKILL cannot clean up itself.
+At start, the shared memory of dead trainer ranks of an earlier run of the same dir is removed, and the
+agents and workers of its dead Ray session stopped (`release_stale_memory`): a driver killed with SIGKILL
+cannot clean up itself.
 """
 
 from __future__ import annotations
@@ -84,12 +85,13 @@ def start_run(args: Any) -> None:
     _write(args.output_dir, data)
 
 
-def record_processes(output_dir: str, pids: list[int], role: str) -> None:
-    """Remember processes whose host-wide memory must be released if the run is killed (SIGKILL)."""
+def record_processes(output_dir: str, pids: list[int], role: str, **extra: Any) -> None:
+    """Remember processes whose host-wide state must be released if the run is killed (SIGKILL): trainer ranks
+    (shared memory) and the local Ray session's raylet (`node_id`: its agents and workers are found by it)."""
     data = read_run(output_dir) or {}
     known = data.setdefault("processes", [])
     for pid in pids:
-        known.append({"pid": int(pid), "role": role, "start_time": _process_start_time(int(pid))})
+        known.append({"pid": int(pid), "role": role, "start_time": _process_start_time(int(pid)), **extra})
     _write(output_dir, data)
 
 
@@ -100,15 +102,21 @@ def _alive(entry: dict[str, Any]) -> bool:
 
 def release_stale_memory(output_dir: str | None) -> int:
     """Free the host-wide IPC memory (on CPU /dev/shm/torch_<pid>_*) of recorded processes that are dead
-    (an earlier run of this dir killed without cleanup); returns how many segments were freed. Live ones
-    (another run still going) are kept."""
+    (an earlier run of this dir killed without cleanup), and stop what is left of that run's Ray session
+    when its raylet is dead; returns how many segments were freed. Live ones (another run still going) are
+    kept."""
     data = read_run(output_dir)
     if not data or not data.get("processes"):
         return 0
     from slime.accelerator import get_accelerator
+    from slime.utils.exits import kill_session_processes
 
     dead = [e for e in data["processes"] if not _alive(e)]
-    freed = get_accelerator().release_ipc_memory([int(e["pid"]) for e in dead]) if dead else 0
+    for e in dead:  # a dead raylet's agents and workers outlive it by up to a minute: stop them first
+        if e.get("role") == "raylet" and e.get("node_id"):
+            kill_session_processes(int(e["pid"]), grace_s=2.0, node_id=e["node_id"])
+    dead_ranks = [int(e["pid"]) for e in dead if e.get("role") != "raylet"]
+    freed = get_accelerator().release_ipc_memory(dead_ranks) if dead_ranks else 0
     data["processes"] = [e for e in data["processes"] if e not in dead]
     _write(output_dir, data)  # type: ignore[arg-type]
     return freed
