@@ -88,9 +88,10 @@ def test_kl_coef_shaping_follows_kl_loss_type(kl_type):
     batch = RolloutBatch(tokens=[[1] * (n + 2) for n in lengths], response_lengths=lengths,
                          rewards=[1.0, 0.0, 0.5, 0.25], loss_masks=[[1] * n for n in lengths])
     batch.old_log_probs, batch.ref_log_probs = old, ref
-    args = SimpleNamespace(advantage_estimator="reinforce_plus_plus_baseline", n_samples_per_prompt=2, kl_coef=0.3,
-                           gamma=1.0, disable_grpo_std_normalization=False, kl_loss_type=kl_type,
-                           normalize_advantages=True, rewards_normalization=True)
+    from slime.config.rollout_args import rollout_defaults
+
+    args = rollout_defaults(advantage_estimator="reinforce_plus_plus_baseline", n_samples_per_prompt=2, kl_coef=0.3,
+                            kl_loss_type=kl_type, normalize_advantages=True)
     share_advantages(args, batch, range(4))
     lr = torch.cat(old).double() - torch.cat(ref).double()
     kl = {"k1": lr, "k2": lr.square() / 2, "low_var_kl": (torch.exp(-lr) - 1 + lr).clamp(-10, 10)}[kl_type]
@@ -147,3 +148,24 @@ def test_cheap_upstream_flags(tmp_path, capsys):
     with pytest.raises(SystemExit):
         _parse(tmp_path, "--train-backend", "fsdp")
     assert "invalid choice: 'fsdp'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kl_type", ["k1", "low_var_kl"])
+def test_unbiased_kl_weights_the_kl_loss_by_the_importance_ratio(kl_type):
+    from slime.backends.megatron.loss import LossConfig, rl_loss
+
+    g = torch.Generator().manual_seed(3)
+    n = 9
+    lp = (-torch.rand(n, generator=g, dtype=torch.float64)).requires_grad_()
+    old, ref = -torch.rand(n, generator=g, dtype=torch.float64), -torch.rand(n, generator=g, dtype=torch.float64)
+    adv, mask, lengths = torch.zeros(n, dtype=torch.float64), torch.ones(n), [4, 5]
+    cfg = LossConfig(use_kl_loss=True, kl_loss_coef=1.0, kl_loss_type=kl_type, use_unbiased_kl=True)
+    loss, metrics = rl_loss(cfg, lp, torch.zeros(n), old, adv, mask, lengths, 1.0, ref_log_probs=ref)
+    lr = lp - ref
+    kl = lr if kl_type == "k1" else (torch.exp(-lr) - 1 + lr)
+    kl = torch.exp(lp - old) * kl
+    want = kl[:4].mean() + kl[4:].mean()  # per-sample means, summed (normalizer 1)
+    assert torch.allclose(loss.double(), want, atol=1e-6)
+    (g1,) = torch.autograd.grad(loss, lp)
+    (g2,) = torch.autograd.grad(want, lp)
+    assert torch.allclose(g1, g2, atol=1e-6)  # the ratio carries gradient, as upstream's

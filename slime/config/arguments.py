@@ -291,6 +291,8 @@ def _add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--kl-loss-coef", type=float, default=0.0)
     _add(g, parser, "--kl-loss-type", choices=KL_LOSS_TYPES, default="k1",
          help="KL estimator of --use-kl-loss and of --kl-coef's reward shaping (upstream's default k1)")
+    _add(g, parser, "--use-unbiased-kl", action="store_true",
+         help="weight the KL loss by the importance ratio pi_theta / pi_old (an unbiased estimate off-policy)")
     _add(g, parser, "--kl-coef", type=float, default=0.0,
          help="KL penalty folded into token rewards (reinforce_plus_plus*)")
     _add(g, parser, "--loss-type", choices=("policy_loss", "custom_loss"), default="policy_loss",

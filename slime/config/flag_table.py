@@ -66,7 +66,6 @@ REFUSED: dict[str, str] = {
     "--ref-ckpt-step": "--ref-load loads its checkpoint's latest iteration; picking a step is not built",
     "--megatron-config-path": "Megatron flags come from the command line; a YAML of them is not read",
     "--num-critic-only-steps": _PPO, "--value-clip": _PPO, "--lambd": _PPO,
-    "--use-unbiased-kl": "the importance-weighted (unbiased) KL loss is not built",
     "--ref-update-interval": "the reference model stays fixed; refreshing it is not built",
     "--use-rollout-entropy": "entropy is computed by the trainer; the engine's is not used",
     "--get-mismatch-metrics": "train/rollout log-prob mismatch is always reported (train_rollout_logprob_abs_diff); "

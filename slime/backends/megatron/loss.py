@@ -24,7 +24,8 @@ class LossConfig:
     eps_clip_c: float | None = None
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.0
-    kl_loss_type: str = "low_var_kl"
+    kl_loss_type: str = "k1"
+    use_unbiased_kl: bool = False
     entropy_coef: float = 0.0
     use_tis: bool = False
     tis_clip: float = 2.0
@@ -37,7 +38,8 @@ class LossConfig:
             advantage_estimator=args.advantage_estimator, eps_clip=args.eps_clip,
             eps_clip_high=args.eps_clip_high if args.eps_clip_high is not None else args.eps_clip,
             eps_clip_c=args.eps_clip_c, use_kl_loss=args.use_kl_loss, kl_loss_coef=args.kl_loss_coef,
-            kl_loss_type=args.kl_loss_type, entropy_coef=args.entropy_coef, use_tis=args.use_tis,
+            kl_loss_type=args.kl_loss_type, use_unbiased_kl=args.use_unbiased_kl, entropy_coef=args.entropy_coef,
+            use_tis=args.use_tis,
             tis_clip=args.tis_clip, tis_clip_low=args.tis_clip_low, per_token_loss=args.calculate_per_token_loss,
         )
 
@@ -80,7 +82,13 @@ def rl_loss(cfg: LossConfig, log_probs: torch.Tensor, entropy: torch.Tensor, old
         loss = loss - cfg.entropy_coef * entropy_sum
     kl_sum = None
     if ref_log_probs is not None:
-        kl = ppo_utils.approx_kl(log_probs, ref_log_probs, cfg.kl_loss_type)
+        if cfg.use_unbiased_kl:  # upstream's (DeepSeek-V3.2's) estimate: weighted by pi_theta / pi_old, then clamped
+            raw = "k3" if cfg.kl_loss_type == "low_var_kl" else cfg.kl_loss_type
+            kl = torch.exp(log_probs.float() - old_log_probs.float()) * ppo_utils.approx_kl(log_probs, ref_log_probs, raw)
+            if cfg.kl_loss_type == "low_var_kl":
+                kl = kl.clamp(-10, 10)
+        else:
+            kl = ppo_utils.approx_kl(log_probs, ref_log_probs, cfg.kl_loss_type)
         kl_sum = reduce(kl)
         if cfg.use_kl_loss and cfg.kl_loss_coef:
             loss = loss + cfg.kl_loss_coef * kl_sum
