@@ -1,5 +1,6 @@
-"""The model registry and the GQA families (llama, qwen2, qwen3, qwen3_moe, glm4_moe) on megatron-core vs
-transformers, float32, on tiny random checkpoints written by transformers:
+"""The model registry and the GQA families (llama, qwen2, qwen3, qwen3_moe, glm4_moe) and the DeepSeek-V3 family
+(deepseek_v3 with q LoRA + YaRN mscale + group-limited routing; Moonlight's shape: no q LoRA, 2 shared experts)
+on megatron-core vs transformers, float32, on tiny random checkpoints written by transformers:
 - logits: max |ours - transformers| <= 1e-5 * max |transformers| (several seeds and lengths);
 - grads of sum(logits * w): per tensor, max |diff| <= 1e-5 * max |grad| + 1e-7 (op order differs:
   grouped experts, packed attention);
@@ -12,6 +13,7 @@ The GLM-5 family's own numerics are in test_glm5_model.py."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -24,6 +26,8 @@ from safetensors.torch import load_file
 from slime.backends.megatron import HFCheckpointError, export_hf, load_hf_model, save_hf
 
 GQA_TYPES = ["llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe"]
+# checkpoint name -> (model_type, tiny-config overrides)
+CASES = {t: (t, {}) for t in GQA_TYPES} | {"deepseek_v3": ("deepseek_v3", {}), "moonlight": ("deepseek_v3", "MOONLIGHT")}
 VOCAB = 512
 
 
@@ -36,9 +40,13 @@ def _clean_megatron_state():
 def ckpts(tmp_path_factory):
     from slime_plugins.models.common.tiny import write_tiny_checkpoint
 
+    from slime_plugins.models.deepseek_v3.tiny import MOONLIGHT
+
     root = tmp_path_factory.mktemp("families")
     # initializer_range 0.2: attention far from uniform, routers far from ties.
-    return {t: write_tiny_checkpoint(str(root / t), t, seed=3, initializer_range=0.2) for t in GQA_TYPES}
+    return {name: write_tiny_checkpoint(str(root / name), model_type, seed=3, initializer_range=0.2,
+                                        **(MOONLIGHT if overrides == "MOONLIGHT" else overrides))
+            for name, (model_type, overrides) in CASES.items()}
 
 
 def _rel_max(ours: torch.Tensor, ref: torch.Tensor) -> float:
@@ -50,14 +58,14 @@ def test_registry_serves_every_family_and_imports_no_megatron():
             "print(' '.join(supported_model_types())); print(' '.join(f.name for f in families())); "
             "assert 'megatron' not in sys.modules and 'megatron.core' not in sys.modules")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
-    assert out[0].split() == sorted(GQA_TYPES + ["glm4_moe_lite", "glm_moe_dsa"])
-    assert out[1].split() == ["glm4_moe", "glm5", "llama", "qwen2", "qwen3", "qwen3_moe"]
+    assert out[0].split() == sorted(GQA_TYPES + ["glm4_moe_lite", "glm_moe_dsa", "deepseek_v3", "kimi_k2"])
+    assert out[1].split() == ["deepseek_v3", "glm4_moe", "glm5", "llama", "qwen2", "qwen3", "qwen3_moe"]
 
 
 def test_unknown_model_type_and_bad_configs_are_one_line_errors():
     from slime_plugins.models.registry import ModelFamily, UnsupportedModelError, get_family, parse_hf_config, register_family
 
-    with pytest.raises(UnsupportedModelError, match=r"model_type 'gpt2' is not supported.*supported: glm4_moe, "):
+    with pytest.raises(UnsupportedModelError, match=r"model_type 'gpt2' is not supported.*supported: deepseek_v3, "):
         get_family("gpt2")
     with pytest.raises(UnsupportedModelError, match=r"config.json lacks '\w+' \(needed by the qwen3 model\)"):
         parse_hf_config({"model_type": "qwen3", "hidden_size": 8})
@@ -93,7 +101,55 @@ def test_config_translation_of_published_shapes():
     assert qwen.router == "softmax" and not qwen.router_dtype_float32 and qwen.rotary_dim == 128
 
 
-@pytest.mark.parametrize("model_type", GQA_TYPES)
+@pytest.mark.parametrize("config", ["deepseek-r1", "kimi-k2-Instruct", "moonlight-16B-A3B"])
+def test_deepseek_v3_published_configs_read_as_transformers_does(config):
+    """The published configs of upstream's DeepSeek-V3-family scripts: layer kinds, routing, q LoRA, and the YaRN
+    softmax scale and rotary table (inv_freq, cos/sin factor) equal to transformers' DeepseekV3 modules'."""
+    from transformers import AutoConfig
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RotaryEmbedding, yarn_apply_mscale
+
+    from slime_plugins.models.common.rope import inv_freq_and_scaling
+    from slime_plugins.models.registry import parse_hf_config
+
+    cfg = json.load(open(os.path.join(os.path.dirname(__file__), "..", "scripts/models/configs", f"{config}.json")))
+    family, arch = parse_hf_config(cfg)
+    assert family.name == "deepseek_v3" and arch.router == "sigmoid" and not arch.use_dsa and arch.rope_interleave
+    k = cfg["first_k_dense_replace"]
+    assert arch.mlp_layer_types == ("dense",) * k + ("sparse",) * (cfg["num_hidden_layers"] - k)
+    assert (arch.n_group, arch.topk_group, arch.q_lora_rank) == (cfg["n_group"], cfg["topk_group"], cfg["q_lora_rank"])
+    assert arch.mtp_num_layers == (cfg.get("num_nextn_predict_layers") or 0)
+    hf = AutoConfig.for_model("deepseek_v3", **{k: v for k, v in cfg.items() if k not in ("model_type", "quantization_config")})
+    assert arch.softmax_scale == pytest.approx(yarn_apply_mscale(hf.rope_parameters, arch.qk_head_dim ** -0.5), rel=1e-12)
+    inv_freq, scaling = inv_freq_and_scaling(arch)
+    ref = DeepseekV3RotaryEmbedding(hf)
+    assert torch.equal(inv_freq, ref.inv_freq.float()) and scaling == pytest.approx(ref.attention_scaling, rel=1e-12)
+    if config == "deepseek-r1":  # YaRN x40: softmax scale x (0.1 ln 40 + 1)^2
+        assert arch.softmax_scale == pytest.approx(192 ** -0.5 * (0.1 * math.log(40) + 1) ** 2, rel=1e-12)
+
+
+def test_kimi_k2_checkpoint_is_deepseek_v3_and_bad_deepseek_configs_are_one_line(ckpts, tmp_path):
+    """Kimi-K2 ships model_type kimi_k2 (no transformers type): the same model as deepseek_v3 (identical logits)."""
+    import shutil
+
+    from slime_plugins.models.registry import UnsupportedModelError, parse_hf_config
+
+    kimi = tmp_path / "kimi"
+    shutil.copytree(ckpts["deepseek_v3"], kimi)
+    cfg = json.load(open(kimi / "config.json"))
+    json.dump(cfg | {"model_type": "kimi_k2"}, open(kimi / "config.json", "w"))
+    ids, pos = random_batch(2, 9, VOCAB, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(load_hf_model(str(kimi))(ids, pos), load_hf_model(ckpts["deepseek_v3"])(ids, pos),
+                                   rtol=0, atol=0)
+    with pytest.raises(UnsupportedModelError, match="moe_layer_freq=2 is not supported"):
+        parse_hf_config(cfg | {"moe_layer_freq": 2})
+    with pytest.raises(UnsupportedModelError, match="only the sigmoid"):
+        parse_hf_config(cfg | {"scoring_func": "softmax"})
+    with pytest.raises(UnsupportedModelError, match="n_group=3 must divide n_routed_experts=8"):
+        parse_hf_config(cfg | {"n_group": 3})
+
+
+@pytest.mark.parametrize("model_type", list(CASES))
 def test_logits_and_grads_match_transformers(accel, ckpts, model_type):
     model = load_hf_model(ckpts[model_type])
     ref = hf_model(ckpts[model_type])
@@ -114,7 +170,7 @@ def test_logits_and_grads_match_transformers(accel, ckpts, model_type):
             assert err <= 1e-5 * float(g.abs().max()) + 1e-7, (model_type, name, err, float(g.abs().max()))
 
 
-@pytest.mark.parametrize("model_type", GQA_TYPES)
+@pytest.mark.parametrize("model_type", list(CASES))
 def test_export_round_trip_is_bit_exact(ckpts, model_type, tmp_path):
     src = ckpts[model_type]
     original = load_file(os.path.join(src, "model.safetensors"))
@@ -125,7 +181,7 @@ def test_export_round_trip_is_bit_exact(ckpts, model_type, tmp_path):
     save_hf(model, str(tmp_path / "saved"))
     saved = load_file(tmp_path / "saved" / "model.safetensors")
     assert saved.keys() == original.keys() and all(torch.equal(saved[n], original[n]) for n in original)
-    assert json.load(open(tmp_path / "saved" / "config.json"))["model_type"] == model_type
+    assert json.load(open(tmp_path / "saved" / "config.json"))["model_type"] == CASES[model_type][0]
     ids, pos = random_batch(1, 7, VOCAB, 4)
     with torch.no_grad():
         torch.testing.assert_close(hf_model(tmp_path / "saved")(ids, position_ids=pos).logits,
@@ -141,7 +197,7 @@ def test_tied_embeddings_are_one_tensor(ckpts):
     assert not any(n.startswith("output_layer") for n, _ in model.named_parameters())
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "glm4_moe"])
+@pytest.mark.parametrize("model_type", ["qwen3", "glm4_moe", "deepseek_v3"])
 def test_packed_sequences_match_separate_sequences(accel, ckpts, model_type):
     from megatron.core.packed_seq_params import PackedSeqParams
 
@@ -181,7 +237,7 @@ def _trainer_logprobs(model, prompts, responses) -> list[torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("model_type", GQA_TYPES)
+@pytest.mark.parametrize("model_type", list(CASES))
 def test_engine_logprobs_match_the_trainer_before_and_after_a_weight_sync(ckpts, model_type):
     """Responses sampled by the embedded engine (temperature 1, KV-cached decode) scored by the Megatron
     model in one packed forward: the same log-probs. Then the trainer's weights move, export_hf's

@@ -25,7 +25,8 @@ def inv_freq_and_scaling(cfg) -> tuple[torch.Tensor, float]:
     if cfg.rope_type not in ROPE_INIT_FUNCTIONS:
         raise ValueError(f"rope_type {cfg.rope_type!r} is unknown to transformers; supported: {sorted(ROPE_INIT_FUNCTIONS)}")
     hf = {k: v for k, v in cfg.hf_config.items() if k != "model_type"}
-    hf_config = AutoConfig.for_model(cfg.model_type, **hf)
+    # A checkpoint type transformers lacks (kimi_k2) is read by the config class of the one it ships.
+    hf_config = AutoConfig.for_model(getattr(cfg, "transformers_model_type", cfg.model_type), **hf)
     inv_freq, scaling = ROPE_INIT_FUNCTIONS[cfg.rope_type](hf_config, "cpu")
     return inv_freq.float(), float(scaling)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from slime_plugins.models.common.config import ArchConfig, UnsupportedModelError, rope_parameters_of
 
@@ -49,6 +49,15 @@ class GlmConfig(ArchConfig):
 
     router = "sigmoid"  # GLM/DeepSeek noaux_tc router, float32 as in transformers
     router_dtype_float32 = True
+    # What this reader accepts; a subclass (deepseek_v3/) serves other model_types with the same blocks.
+    served_model_types: ClassVar[tuple[str, ...]] = SUPPORTED_MODEL_TYPES
+    reader_name: ClassVar[str] = "GLM-5"
+    default_first_k_dense: ClassVar[int] = 1  # first_k_dense_replace when config.json omits it
+
+    @property
+    def transformers_model_type(self) -> str:
+        """The transformers model_type whose config class reads this checkpoint (rotary tables)."""
+        return self.model_type
 
     @property
     def qk_head_dim(self) -> int:
@@ -89,17 +98,17 @@ class GlmConfig(ArchConfig):
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "GlmConfig":
         model_type = hf.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
+        if model_type not in cls.served_model_types:
             raise UnsupportedModelError(
-                f"model_type {model_type!r} is not supported by the GLM-5 Megatron backend; "
-                f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+                f"model_type {model_type!r} is not supported by the {cls.reader_name} Megatron backend; "
+                f"supported: {', '.join(cls.served_model_types)}"
             )
         if hf.get("hidden_act", "silu") != "silu":
-            raise UnsupportedModelError(f"hidden_act {hf['hidden_act']!r} is not supported (GLM uses silu)")
+            raise UnsupportedModelError(f"hidden_act {hf['hidden_act']!r} is not supported (only silu)")
         if hf.get("scoring_func", "sigmoid") != "sigmoid" or hf.get("topk_method", "noaux_tc") != "noaux_tc":
             raise UnsupportedModelError("only the sigmoid + expert-bias (noaux_tc) router is supported")
         n = int(hf["num_hidden_layers"])
-        k_dense = int(hf.get("first_k_dense_replace", 1))
+        k_dense = int(hf.get("first_k_dense_replace", cls.default_first_k_dense))
         mlp_types = tuple(hf.get("mlp_layer_types") or (["dense"] * min(k_dense, n) + ["sparse"] * max(n - k_dense, 0)))
         rope = rope_parameters_of(hf)
         dsa = model_type == "glm_moe_dsa"
