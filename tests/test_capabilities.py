@@ -83,7 +83,6 @@ def test_cpu_config_hook_splits_the_cores(monkeypatch, colocate, cores, expect):
     args = _args(colocate=colocate, num_cpus=cores)
     CpuAccelerator().check_and_update_config(args)
     assert os.environ["SLIME_CPU_THREADS"] == expect
-    assert args.sglang_disable_cuda_graph is True  # no graph capture on the host
 
 
 def test_cpu_config_hook_keeps_the_users_thread_count(monkeypatch):
@@ -104,12 +103,24 @@ def test_config_hook_refuses_what_the_device_cannot_do(monkeypatch):
     assert args.update_weight_mode == "distributed"
 
 
-def test_config_hook_leaves_graphs_on_where_the_device_captures_them(monkeypatch):
+def test_config_hook_passes_what_the_device_can_do(monkeypatch):
     class Mod:
         def is_bf16_supported(self):
             return True
 
     monkeypatch.setattr(CudaAccelerator, "_module", lambda self: Mod())
     args = _args(bf16=True, update_weight_mode="ipc")
+    before = dict(vars(args))
     CudaAccelerator().check_and_update_config(args)
-    assert args.sglang_disable_cuda_graph is False and args.bf16
+    assert vars(args) == before
+
+
+def test_sglang_graph_capture_follows_the_graphs_capability(monkeypatch):
+    class Mod:
+        def is_bf16_supported(self):
+            return True
+
+    monkeypatch.setattr(CudaAccelerator, "_module", lambda self: Mod())
+    assert CudaAccelerator().sglang_server_args() == []  # graphs: SGLang captures them as it does by default
+    assert CpuAccelerator().sglang_server_args() == ["--device", "cpu", "--disable-cuda-graph"]
+    assert _Counting().sglang_server_args()[-1] == "--disable-cuda-graph"

@@ -15,7 +15,7 @@ ray = pytest.importorskip("ray")
 @pytest.fixture(scope="module")
 def manager(tmp_path_factory):
     from slime.ray.rollout_manager import create_rollout_manager
-    from slime.config.rollout_args import rollout_defaults
+    from slime.config.rollout_args import rollout_defaults, validate_rollout_args
     from slime.rollout.synthetic import main as write_dataset
     from slime_plugins.models.glm5.tiny import write_tiny_checkpoint
 
@@ -23,13 +23,13 @@ def manager(tmp_path_factory):
     ckpt = write_tiny_checkpoint(str(base / "ckpt"), "glm_moe_dsa")
     data = base / "data.jsonl"
     write_dataset(["--out", str(data), "--num", "40"])
-    args = rollout_defaults(hf_checkpoint=ckpt, prompt_data=str(data), apply_chat_template=True, rollout_shuffle=True,
+    args = validate_rollout_args(rollout_defaults(hf_checkpoint=ckpt, prompt_data=str(data), apply_chat_template=True, rollout_shuffle=True,
                             rollout_batch_size=6, n_samples_per_prompt=4, rollout_max_response_len=6,
                             rm_type="synthetic", rollout_num_gpus=2, max_concurrency=8, output_dir=str(base / "out"),
                             rollout_engine_max_restarts=1,
                             # per-engine routing here, so a request's engine is known (the in-process fallback);
                             # the real sglang-router is exercised by tests/test_sglang_router.py and the e2e runs
-                            rollout_router="in-process")
+                            rollout_router="in-process"))
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     started = not ray.is_initialized()
     if started:

@@ -31,11 +31,11 @@ class DeviceConfigError(ValueError):
 class Capabilities:
     """What the device can do, probed once per accelerator instance; code branches on these (and on the
     behaviour predicates of `Accelerator`), never on the accelerator name. Each field has a reader:
-    bf16 and graphs `Accelerator.check_and_update_config`, ipc the weight-sync mode and `reduce_tensor`."""
+    bf16 `check_and_update_config`, graphs `sglang_server_args`, ipc the weight-sync mode and `reduce_tensor`."""
 
     bf16: bool  # bfloat16 compute (--bf16 is refused without it)
     ipc: bool  # cross-process tensor sharing (colocated weight sync)
-    graphs: bool  # CUDA/ACL graph capture (SGLang's graph capture is turned off without it)
+    graphs: bool  # CUDA/ACL graph capture (sglang_server_args turns SGLang's off without it)
 
 
 class NullStream:
@@ -160,11 +160,10 @@ class Accelerator(ABC):
         """Device policy on the parsed arguments, on the driver before anything starts (vLLM's platform hook
         of the same name): refuses what the device cannot do (one line naming the flag and the fix) and turns
         off what it lacks. Subclasses extend it (call super())."""
+        # (graph capture the device lacks is turned off where SGLang is launched: sglang_server_args)
         caps = self.capabilities
         if args.bf16 and not caps.bf16:
             raise DeviceConfigError(f"--bf16: the {self.name} device has no bfloat16 compute; drop --bf16 (float32)")
-        if not caps.graphs and not args.sglang_disable_cuda_graph:
-            args.sglang_disable_cuda_graph = True  # SGLang would try to capture graphs the device cannot
         if args.update_weight_mode == "ipc" and not caps.ipc:
             raise DeviceConfigError(f"--update-weight-mode ipc: the {self.name} device cannot share tensors across "
                              "processes; use --update-weight-mode distributed (or auto)")
@@ -267,8 +266,9 @@ class Accelerator(ABC):
 
     # --- rollout engine -------------------------------------------------------------------
     def sglang_server_args(self) -> list[str]:
-        """Device flags `sglang.launch_server` needs on this accelerator (beyond model/port/tp)."""
-        return []
+        """Device flags `sglang.launch_server` needs on this accelerator (beyond model/port/tp): without graph
+        capture, SGLang's (on by default) is turned off."""
+        return [] if self.capabilities.graphs else ["--disable-cuda-graph"]
 
     # --- patches and ops ------------------------------------------------------------------
     def apply_patches(self, library: str) -> list[str]:

@@ -180,7 +180,7 @@ class CpuAccelerator(Accelerator):
         return removed
 
     def sglang_server_args(self) -> list[str]:
-        return ["--device", "cpu"]
+        return ["--device", "cpu", *super().sglang_server_args()]
 
     def ipc_rebuild_allowlist(self) -> frozenset[tuple[str, str]]:
         return COMMON_ALLOWLIST

@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 from slime.config.arguments import add_argument_once
+from slime.rollout.settings import eval_datasets, request_concurrency  # noqa: F401 (also this module's API)
 
 ROLLOUT_ENGINES = ("auto", "embedded", "sglang")
 # --sglang-<name>: (type, help). Values are forwarded as --<name> to sglang.launch_server.
@@ -114,7 +115,7 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     _add(g, parser, "--sglang-config", type=str, default=None,
          help="YAML of SGLang server groups (upstream's format: sglang: [{name, server_groups: [{worker_type, "
               "num_gpus, num_gpus_per_engine, overrides}]}]); read and checked before Ray starts")
-    parser.set_defaults(sglang_deployments=None)  # filled by validation
+    parser.set_defaults(sglang_deployments=None, sglang_launch_args=None)  # filled by validation
     _add(g, parser, "--prefill-num-servers", type=int, default=None,
          help="PD disaggregation: engines that only prefill (the rest decode); exclusive with --sglang-config")
     g = parser.add_argument_group("rollout router")
@@ -281,15 +282,8 @@ def validate_rollout_args(args: argparse.Namespace) -> argparse.Namespace:
              f"--start-rollout-id {args.start_rollout_id} must be in [0, --num-rollout)")
     _validate_eval_args(args, need)
     _validate_sglang_args(args, need)
+    args.sglang_launch_args = sglang_passthrough(args)  # the engines' command line, built here for the manager
     return args
-
-
-def eval_datasets(args: argparse.Namespace) -> list[tuple[str, str]]:
-    """[(name, path)] from --eval-prompt-data NAME PATH ... (a lone PATH is named 'eval')."""
-    values = list(args.eval_prompt_data or [])
-    if len(values) == 1:
-        return [("eval", values[0])]
-    return [(values[i], values[i + 1]) for i in range(0, len(values) - 1, 2)]
 
 
 def _validate_eval_args(args: argparse.Namespace, need) -> None:
@@ -329,8 +323,3 @@ def _validate_sglang_args(args: argparse.Namespace, need) -> None:
              f"{rollout_gpus}; make them agree")
         args.sglang_deployments = models
 
-
-def request_concurrency(args: argparse.Namespace, num_engines: int) -> int:
-    """Generate requests in flight over the fleet: --sglang-server-concurrency per engine (upstream's
-    client-side limit), within --max-concurrency."""
-    return max(1, min(int(args.max_concurrency), int(args.sglang_server_concurrency) * max(1, int(num_engines))))

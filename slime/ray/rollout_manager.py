@@ -52,10 +52,12 @@ class RolloutManager:
     def __init__(self, args: Any, slots: Any = None) -> None:
         from transformers import AutoTokenizer
 
-        from slime.config.rollout_args import validate_rollout_args
         from slime.rollout.rewards import get_reward_fn
 
-        self.args = validate_rollout_args(args)
+        if args.sglang_launch_args is None:  # what validation fills in
+            raise RolloutError("the rollout flags were not validated: build args with slime.config.arguments."
+                               "parse_args (or slime.config.rollout_args.validate_rollout_args)")
+        self.args = args
         if not args.hf_checkpoint:
             raise RolloutError("--hf-checkpoint is required: the engines load it and its tokenizer encodes prompts")
         self._token = secrets.token_hex(16)
@@ -118,7 +120,6 @@ class RolloutManager:
 
     def _create_actor(self, i: int, slots: Any):
         from slime.ray.engine_actor import EngineSpec, RolloutEngineActor
-        from slime.config.rollout_args import sglang_passthrough
 
         ray, a, acc = self._ray(), self.args, get_accelerator()
         device_ids: list[int] = []
@@ -132,7 +133,7 @@ class RolloutManager:
             tp_size=self.tp, device_ids=device_ids, startup_timeout=float(a.rollout_engine_startup_timeout),
             max_running_requests=a.sglang_max_running_requests, context_length=a.sglang_context_length,
             dtype=a.sglang_dtype, random_seed=(a.rollout_seed + i) if self.kind == "embedded" else None,
-            sglang_args=sglang_passthrough(a),
+            sglang_args=list(a.sglang_launch_args),
             memory_saver=bool(a.offload_rollout or a.colocate))
         return ray.remote(RolloutEngineActor).options(**options).remote(spec)
 
@@ -160,7 +161,7 @@ class RolloutManager:
         as upstream; without the package (or with --rollout-router in-process) requests are routed here."""
         from slime.rollout.sglang_router import SGLangRouter, router_available
 
-        a, mode = self.args, getattr(self.args, "rollout_router", "auto") or "auto"
+        a, mode = self.args, self.args.rollout_router or "auto"
         if mode == "in-process" or (mode == "auto" and not router_available()):
             logger.info("rollout requests are routed in-process (%s)", "--rollout-router in-process"
                         if mode == "in-process" else "the sglang-router package is not installed")
@@ -169,7 +170,7 @@ class RolloutManager:
             raise RolloutError("--rollout-router sglang-router but the sglang-router package is not installed; "
                                "pip install sglang-router, or use --rollout-router in-process")
         timeout = float(a.rollout_engine_startup_timeout)
-        if getattr(a, "sglang_router_ip", None):
+        if a.sglang_router_ip:
             router = SGLangRouter.external(a.sglang_router_ip, a.sglang_router_port, self.urls, timeout)
         else:
             from slime.backends.sglang.launcher import bind_host
@@ -195,7 +196,7 @@ class RolloutManager:
 
     def engines(self) -> list[dict[str, Any]]:
         """Running engines for weight sync; `instance` changes whenever the engine process was restarted."""
-        colocated = bool(getattr(self.args, "colocate", False))
+        colocated = bool(self.args.colocate)
         return [{"url": u, "tp_size": self.tp, "token": self._token, "instance": self._restarts[i],
                  # colocated: engine i's TP rank j shares bundle (device) i*tp + j with that trainer rank
                  "trainer_ranks": [i * self.tp + j for j in range(self.tp)] if colocated else None}
@@ -208,7 +209,7 @@ class RolloutManager:
         from slime.backends.megatron.rollout_data import pack_samples, payload_summary
 
         samples, metrics = self._generate(rollout_id)
-        payload = pack_samples(samples, getattr(self.args, "reward_key", None))
+        payload = pack_samples(samples, self.args.reward_key)
         from slime.rollout.plugin_rollout import post_process_rewards
 
         metrics.update(post_process_rewards(self.args, samples, payload))  # --custom-reward-post-process-path
@@ -257,7 +258,7 @@ class RolloutManager:
         from slime.rollout.plugin_rollout import uses_plugin_rollout
 
         plugin = uses_plugin_rollout(self.args)
-        if self.data_source is None and not (plugin and getattr(self.args, "data_source_path", None)):
+        if self.data_source is None and not (plugin and self.args.data_source_path):
             raise RolloutError("no prompts: pass --prompt-data")
         self._refresh_versions()
         self._note_current_versions()
@@ -271,7 +272,7 @@ class RolloutManager:
                                                 self._progress)
         metrics.update(self._restart_metrics(before))
         if self.reward_fn is not None:
-            rewards = [reward_value(s.reward, getattr(self.args, "reward_key", None)) for s in samples]
+            rewards = [reward_value(s.reward, self.args.reward_key) for s in samples]
             metrics["rollout/raw_reward_mean"] = sum(rewards) / len(rewards)
         return samples, metrics
 
@@ -386,7 +387,7 @@ class RolloutManager:
         """One line for the driver's log: where generation requests go."""
         if self.sglang_router is not None:
             return f"rollout requests go through sglang-router at {self.sglang_router.url} ({self.n} engines registered)"
-        why = ("--rollout-router in-process" if getattr(self.args, "rollout_router", "auto") == "in-process"
+        why = ("--rollout-router in-process" if self.args.rollout_router == "in-process"
                else "the sglang-router package is not installed")
         return f"rollout requests are routed in-process ({why})"
 

@@ -22,6 +22,7 @@ from slime.rollout.data_source import JsonlDataSource
 from slime.rollout.generate import RolloutError, make_samples, run_samples
 from slime.rollout.rewards import reward_value
 from slime.rollout.sample import SampleStatus
+from slime.rollout.settings import eval_datasets
 
 EVAL_INDEX_BASE = 1 << 48  # eval sample indices (seeds) never meet the training ones
 
@@ -41,13 +42,11 @@ def eval_sampling_args(args: argparse.Namespace) -> argparse.Namespace:
         value = getattr(args, eval_flag)
         if value is not None:
             setattr(out, rollout_flag, value)
-    out.reward_key = getattr(args, "eval_reward_key", None) or getattr(args, "reward_key", None)
+    out.reward_key = args.eval_reward_key or args.reward_key
     return out
 
 
 def load_eval_sets(args: argparse.Namespace, tokenizer: Any) -> list[EvalSet]:
-    from slime.config.rollout_args import eval_datasets
-
     return [EvalSet(name, JsonlDataSource(
         path, tokenizer, args.eval_input_key or args.input_key, args.eval_label_key or args.label_key,
         args.metadata_key, args.apply_chat_template, shuffle=False, seed=args.rollout_seed,

@@ -18,10 +18,10 @@ from collections import deque
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any, Protocol
 
-from slime.config.rollout_args import request_concurrency  # --sglang-server-concurrency x engines, within --max-concurrency
 from slime.rollout.data_source import PromptItem
 from slime.rollout.rewards import RewardFn, compute_group_rewards, compute_reward
 from slime.rollout.sample import Sample, SampleStatus
+from slime.rollout.settings import request_concurrency  # --sglang-server-concurrency x engines, within --max-concurrency
 from slime.utils.http_client import EngineClient, EngineError, EngineUnreachable
 
 MAX_FAILED_ATTEMPTS = 8  # per sample: engine failures it may survive
@@ -284,7 +284,7 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
                 raise
             fleet.release(idx, served=True)
             s = batch[0]
-            if reward_fn is not None and not getattr(args, "group_rm", False):
+            if reward_fn is not None and not args.group_rm:
                 s.reward = compute_reward(reward_fn, args, s)
             counters.add(done=1)
             done(1)
@@ -323,7 +323,7 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
                 continue
             fleet.note_version(idx, out["meta_info"].get("weight_version"))
             _finish_sample(s, out, idx, tokenizer, bool(args.rollout_skip_special_tokens))
-            if reward_fn is not None and not getattr(args, "group_rm", False):
+            if reward_fn is not None and not args.group_rm:
                 s.reward = compute_reward(reward_fn, args, s)
             counters.add(done=1)
             done(1)
@@ -417,7 +417,7 @@ def generate_rollout(args: Any, fleet: EngineFleet, data_source: Any, tokenizer:
         all_samples += samples
         generated += len(items)
         groups = [samples[i:i + n] for i in range(0, len(samples), n)]
-        if reward_fn is not None and getattr(args, "group_rm", False):
+        if reward_fn is not None and args.group_rm:
             for g in groups:  # --group-rm: the reward sees a prompt's samples together
                 for s, r in zip(g, compute_group_rewards(reward_fn, args, g)):
                     s.reward = r

@@ -257,11 +257,11 @@ def plan_disk_update(name_map: WeightNameMap, model_path: str) -> list[PlannedCo
 def _check_file(path: str) -> None:
     """A shard's header and byte ranges against its size (the preflight check of --hf-checkpoint), before
     any tensor is read: a truncated or foreign file is a 400 naming it, not safetensors' error as a 500."""
-    from slime.config.preflight import PreflightError, check_safetensors
+    from slime.utils import safetensors_header
 
     try:
-        check_safetensors(path, flag="model_path")
-    except PreflightError as e:
+        safetensors_header.check(path, flag="model_path")
+    except safetensors_header.SafetensorsHeaderError as e:
         raise BadRequest(f"weight update rejected, nothing changed: {e}") from e
     except OSError as e:
         raise BadRequest(f"weight update rejected, nothing changed: model_path shard {path} cannot be read "

@@ -52,8 +52,7 @@ class LoadOptions:
 
     @classmethod
     def from_args(cls, args) -> "LoadOptions":
-        return cls(optimizer=not getattr(args, "no_load_optim", False), rng=not getattr(args, "no_load_rng", False),
-                   finetune=bool(getattr(args, "finetune", False)))
+        return cls(optimizer=not args.no_load_optim, rng=not args.no_load_rng, finetune=bool(args.finetune))
 
 
 @dataclass

@@ -1,0 +1,20 @@
+"""Values the rollout components derive from parsed flags. slime.config defines and checks the flags and
+imports these; the components use them from here, so they never import the configuration back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def eval_datasets(args: Any) -> list[tuple[str, str]]:
+    """[(name, path)] from --eval-prompt-data NAME PATH ... (a lone PATH is named 'eval')."""
+    values = list(args.eval_prompt_data or [])
+    if len(values) == 1:
+        return [("eval", values[0])]
+    return [(values[i], values[i + 1]) for i in range(0, len(values) - 1, 2)]
+
+
+def request_concurrency(args: Any, num_engines: int) -> int:
+    """Generate requests in flight over the fleet: --sglang-server-concurrency per engine (upstream's
+    client-side limit), within --max-concurrency."""
+    return max(1, min(int(args.max_concurrency), int(args.sglang_server_concurrency) * max(1, int(num_engines))))
