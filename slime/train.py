@@ -111,24 +111,33 @@ def _cleanup(actor, rollout, slots) -> None:
     from ray.util.placement_group import remove_placement_group
 
     from slime.accelerator import get_accelerator
-    from slime.utils.exits import signals_deferred
-
     from slime.utils import exits
 
-    with signals_deferred():
-        if exits.ray_core_dead():  # the signal reached Ray's GCS/raylet too: Ray calls would hang, go around it
-            exits.kill_session_processes(exits.local_ray_node_pids().get("raylet"))
-            if actor is not None:
-                get_accelerator().release_ipc_memory(actor.pids)
+    def around_ray() -> bool:
+        """The signal reached Ray's GCS/raylet too (checked before every Ray call: one would hang for 60 s,
+        holding the interpreter): stop the session's processes by pid instead."""
+        if not exits.ray_core_dead():
+            return False
+        exits.kill_session_processes(exits.local_ray_node_pids().get("raylet"))
+        if actor is not None:
+            get_accelerator().release_ipc_memory(actor.pids)
+        return True
+
+    with exits.signals_deferred():
+        if around_ray():
             return
         if actor is not None:  # first: a distributed weight sync tells the engines to leave its group
             actor.shutdown()
         if rollout is not None:
+            if around_ray():
+                return
             try:
                 ray.get(rollout.shutdown.remote(), timeout=60)
             except Exception as e:
                 logger.warning("rollout shutdown: %s", str(e).splitlines()[0] if str(e) else e)
             ray.kill(rollout)
+        if around_ray():
+            return
         try:
             remove_placement_group(slots["actor"].pg)
         except Exception as e:

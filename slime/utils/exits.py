@@ -96,8 +96,13 @@ def signals_deferred() -> Iterator[list[int]]:
     """Run cleanup without being interrupted again; signals that arrive meanwhile are recorded."""
     seen: list[int] = []
     previous = {s: signal.getsignal(s) for s in _HANDLED}
+    def record(signum, _frame) -> None:
+        seen.append(signum)
+        _received.append(signum)  # ray_core_dead gives Ray's processes time to show a SIGTERM
+        _notify_watchdog(signum)
+
     for s in _HANDLED:
-        signal.signal(s, lambda signum, _frame: seen.append(signum))
+        signal.signal(s, record)
     try:
         yield seen
     finally:
@@ -190,6 +195,9 @@ def local_ray_node_pids() -> dict[str, int]:
         return {}
 
 
+_core_waited: list[bool] = []
+
+
 def ray_core_dead() -> bool:
     """Whether the local Ray session's GCS or raylet has exited (or is exiting): a SIGTERM sent to the whole
     process group (`timeout`, `kill -TERM -PGID`, Slurm) reaches them too (Ray blocks only SIGINT in them).
@@ -206,7 +214,9 @@ def ray_core_dead() -> bool:
         core = [info.process for name in ("gcs_server", "raylet") for info in node.all_processes.get(name) or []]
     except Exception:
         return False
-    deadline = time.monotonic() + (2.0 if signal.SIGTERM in _received else 0.0)
+    wait = 2.0 if signal.SIGTERM in _received and not _core_waited else 0.0
+    _core_waited.append(True) if wait else None  # once per process: later checks answer at once
+    deadline = time.monotonic() + wait
     while True:
         if any(p.poll() is not None for p in core):
             return True
