@@ -289,3 +289,23 @@ def test_dry_run_names_the_ref_load_layout_and_refuses_another_models(tiny, tmp_
     assert main(["--hf-checkpoint", tiny("qwen3"), *argv]) == 2
     err = [line for line in capsys.readouterr().out.splitlines() if "error" in line]
     assert len(err) == 1 and "lacks 2 of the 10 weights the qwen3 model" in err[0]
+
+
+def test_vocab_padded_as_megatron_pads_it_and_removed_on_export(tmp_path):
+    """A vocabulary of 300 rows is stored as 384 (make_vocab_size_divisible_by 128), the padding zero; the
+    export keeps the 300 rows (what upstream's converter writes with --vocab-size 300)."""
+    from megatron.core import dist_checkpointing
+
+    from slime.backends.megatron.checkpoint_convert import hf_to_torch_dist, torch_dist_to_hf
+    from slime_plugins.models.common.tiny import write_tiny_checkpoint
+
+    hf = write_tiny_checkpoint(str(tmp_path / "llama300"), "llama", seed=3, vocab_size=300)
+    release = hf_to_torch_dist(["--hf-checkpoint", hf, "--save", str(tmp_path / "td")])
+    meta = dist_checkpointing.load_tensors_metadata(release)
+    for key in ("embedding.word_embeddings.weight", "output_layer.weight"):
+        assert tuple(meta[key].global_shape) == (384, 64)
+    table = dist_checkpointing.load({"t": meta["output_layer.weight"]}, release)["t"]
+    assert table.shape == (384, 64) and not table[300:].any() and table[:300].abs().sum() > 0
+    torch_dist_to_hf(["--input-dir", release, "--output-dir", str(tmp_path / "hf"), "--origin-hf-dir", hf,
+                      "--vocab-size", "300"])
+    assert _digest(str(tmp_path / "hf")) == _digest(hf)
