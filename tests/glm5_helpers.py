@@ -180,12 +180,12 @@ def max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def spawn_ranks(run, world: int, *args) -> None:
-    """torch.multiprocessing ranks 0..world-1 of `run(rank, world, port, *args)`, on a free rendezvous port."""
-    import torch.multiprocessing as mp
+    """Ranks 0..world-1 of `run(rank, world, port, *args)` (tests/rank_spawn.py), on a free rendezvous port."""
+    from rank_spawn import spawn
 
     from slime.utils.net import free_port
 
-    mp.spawn(run, args=(world, free_port(), *args), nprocs=world, join=True)
+    spawn(run, args=(world, free_port(), *args), nprocs=world, join=True)
 
 
 def init_rank(rank: int, world: int, port: int) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch.multiprocessing as mp
+from rank_spawn import spawn
 
 from slime.utils.net import free_port
 
@@ -27,7 +27,7 @@ def _resume_pairs(tmp_path, pairs=None, extra=()) -> None:
     data.write_text("".join(json.dumps(x) + "\n" for x in make_dataset(16, seed=1, min_len=4, max_len=5)))
     from checkpoint_reshard_worker import PAIRS, run
 
-    mp.spawn(run, args=(free_port(), ckpt, str(data), str(tmp_path), pairs or PAIRS, extra), nprocs=2, join=True)
+    spawn(run, args=(free_port(), ckpt, str(data), str(tmp_path), pairs or PAIRS, extra), nprocs=2, join=True)
 
 
 @pytest.mark.timeout(600)
@@ -59,4 +59,4 @@ def test_checkpoint_round_trips_bit_exact_through_pp2_tp2_ep2_and_the_distribute
     ckpt = write_checkpoint(tmp_path / "model", "glm_moe_dsa", seed=4)
     from checkpoint_reshard_worker import run_chain
 
-    mp.spawn(run_chain, args=(free_port(), ckpt, str(tmp_path)), nprocs=2, join=True)
+    spawn(run_chain, args=(free_port(), ckpt, str(tmp_path)), nprocs=2, join=True)

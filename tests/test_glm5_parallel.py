@@ -14,8 +14,8 @@ import socket
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from glm5_helpers import add_mtp_layer, hf_grads_by_checkpoint_name, hf_model, random_batch, write_checkpoint
+from rank_spawn import spawn
 
 
 def _port() -> int:
@@ -39,4 +39,4 @@ def test_tp2_and_ep2_match_single_rank_and_transformers(tmp_path, accel_name):
                 "grads": hf_grads_by_checkpoint_name(ref)}, tmp_path / "ref.pt")
     from glm5_parallel_worker import run
 
-    mp.spawn(run, args=(_port(), accel_name, ckpt, str(tmp_path / "ref.pt")), nprocs=2, join=True)
+    spawn(run, args=(_port(), accel_name, ckpt, str(tmp_path / "ref.pt")), nprocs=2, join=True)

@@ -15,7 +15,7 @@ import time
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+from rank_spawn import spawn
 
 from slime.utils.net import free_port
 
@@ -85,7 +85,7 @@ def ckpt(tmp_path_factory):
 def _spawn(world, ckpt, layouts, out_dir, engine=None):
     from pp_train_worker import run
 
-    ctx = mp.spawn(run, args=(world, free_port(), ckpt, layouts, str(out_dir), engine), nprocs=world, join=False)
+    ctx = spawn(run, args=(world, free_port(), ckpt, layouts, str(out_dir), engine), nprocs=world, join=False)
     # Poll the exit codes: with the engine's server threads in this process, ctx.join() was seen to miss the
     # workers' exit. A failing worker prints its traceback itself.
     while any(p.exitcode is None for p in ctx.processes):
