@@ -275,3 +275,26 @@ def test_tracking_flags_without_packages_are_one_line_each(tmp_path, monkeypatch
     t = tracking.Tracker(args)  # goes on without them
     t.log({"rollout/reward_mean": 0.5}, 1)
     t.close()
+
+
+def test_yarn_flags_are_checked_against_rope_scaling(tmp_path):
+    """DeepSeek-V3-family MODEL_ARGS: --rotary-scaling-factor / --mscale / --mscale-all-dim against config.json's
+    YaRN rope_scaling; without rope scaling the factor must be 1 and the mscale flags change nothing."""
+    from slime.config.arguments import build_parser
+    from slime.config.model_args import model_arg_mismatches
+
+    def mismatches(argv, cfg):  # the YaRN lines (the architecture switches left out disagree too)
+        lines = model_arg_mismatches(build_parser().parse_args(_base(tmp_path, cfg) + argv), cfg)
+        return [line for line in lines if line.startswith(("--rotary-scaling-factor", "--mscale"))]
+
+    r1, moonlight = _config("deepseek-r1"), _config("moonlight-16B-A3B")
+    yarn = ["--rotary-scaling-factor", "40", "--mscale", "1.0", "--mscale-all-dim", "1.0"]
+    assert mismatches(yarn, r1) == []
+    wrong = ["--rotary-scaling-factor", "32", "--mscale", "1.0", "--mscale-all-dim", "0.707"]
+    assert mismatches(wrong, r1) == [
+        "--rotary-scaling-factor 32.0: config.json says rope_scaling.factor=40",
+        "--mscale-all-dim 0.707: config.json says rope_scaling.mscale_all_dim=1.0"]
+    plain = ["--rotary-scaling-factor", "1", "--mscale", "0.5", "--mscale-all-dim", "1.0"]
+    assert mismatches(plain, moonlight) == []
+    assert mismatches(yarn, moonlight) == [
+        "--rotary-scaling-factor 40.0: config.json says rope_scaling.factor=1.0"]

@@ -22,7 +22,7 @@ from slime.config.arguments import add_argument_once as _add
 
 # How each HF model_type reads MODEL_ARGS (which models the trainer can build: slime_plugins.models.registry).
 # MLA families carry kv_lora_rank etc.; the others are GQA/MHA.
-MLA_MODEL_TYPES = ("glm_moe_dsa", "glm4_moe_lite", "deepseek_v3")
+MLA_MODEL_TYPES = ("glm_moe_dsa", "glm4_moe_lite", "deepseek_v3", "kimi_k2")
 GQA_MODEL_TYPES = ("glm4_moe", "qwen3", "qwen3_moe", "qwen2", "qwen2_moe", "llama")
 KNOWN_MODEL_TYPES = MLA_MODEL_TYPES + GQA_MODEL_TYPES
 SOFTMAX_ROUTED = ("qwen3_moe", "qwen2_moe")  # the other MoE families route with sigmoid + expert bias
@@ -36,6 +36,19 @@ def _rope(cfg: dict, key: str, default: Any = None) -> Any:
     """transformers 5 keeps rope settings in rope_parameters; published configs at top level."""
     params = cfg.get("rope_parameters") or {}
     return params.get(key, cfg.get(key, default))
+
+
+def _rope_scaling(cfg: dict, key: str, default: Any = None) -> Any:
+    """A rope-scaling setting (YaRN's factor, mscale, mscale_all_dim): transformers 5's rope_parameters or the
+    published configs' rope_scaling dict; `default` when the checkpoint has no rope scaling."""
+    scaling = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    return scaling.get(key, default)
+
+
+def _yarn(cfg: dict, key: str, default: float) -> float | None:
+    """A YaRN setting; None (the flag changes nothing) without YaRN rope scaling."""
+    scaling = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    return scaling.get(key, default) if scaling.get("rope_type", scaling.get("type")) == "yarn" else None
 
 
 def _mla(cfg: dict) -> bool:
@@ -138,6 +151,10 @@ VALUE_FLAGS: dict[str, tuple[type, Getter, str]] = {
     "--rotary-base": (float, lambda c: _rope(c, "rope_theta"), "rope_theta"),
     "--rotary-percent": (float, lambda c: None if _mla(c) else _rope(c, "partial_rotary_factor", 1.0),
                          "partial_rotary_factor"),
+    "--rotary-scaling-factor": (float, lambda c: _rope_scaling(c, "factor", 1.0), "rope_scaling.factor"),
+    # Megatron's YaRN defaults (mscale 1, mscale_all_dim 0) are transformers' for keys a config leaves out
+    "--mscale": (float, lambda c: _yarn(c, "mscale", 1.0), "rope_scaling.mscale"),
+    "--mscale-all-dim": (float, lambda c: _yarn(c, "mscale_all_dim", 0.0), "rope_scaling.mscale_all_dim"),
     "--normalization": (str, lambda c: "RMSNorm", "RMSNorm (every supported family)"),
     "--position-embedding-type": (str, lambda c: "rope", "rope (every supported family)"),
 }

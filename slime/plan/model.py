@@ -15,7 +15,7 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO_ROOT / "scripts" / "models" / "configs"
-SUPPORTED_MODEL_TYPES = ("glm_moe_dsa", "glm4_moe_lite", "deepseek_v3")
+SUPPORTED_MODEL_TYPES = ("glm_moe_dsa", "glm4_moe_lite", "deepseek_v3", "kimi_k2")  # kimi_k2: DeepSeek-V3 shape
 
 
 def _tiny(model_type: str) -> dict[str, Any]:
