@@ -238,3 +238,22 @@ def test_every_declared_set_matches_its_recorded_fingerprints():
                     checked += 1
     assert checked >= 40
     assert all(P.upstream_ref(p, "megatron") for p in P.patch_set("cpu", "megatron"))
+
+
+def test_an_out_of_tree_class_declares_the_shared_megatron_set_in_one_line(monkeypatch):
+    from slime.accelerator import CpuAccelerator, registry
+
+    class Cpu3(CpuAccelerator):
+        name = "cpu3"
+        patch_sets = {"megatron": "slime.accelerator.megatron_patches:register_common"}
+
+    monkeypatch.setattr(registry, "_CLASSES", dict(registry._CLASSES))
+    monkeypatch.setattr(registry, "_PRIORITIES", dict(registry._PRIORITIES))
+    monkeypatch.setattr(registry, "_DETECTION_ORDER", list(registry._DETECTION_ORDER))
+    registry.register_accelerator(Cpu3)
+    try:
+        names = [p.name for p in P.patch_set("cpu3", "megatron")]
+        assert names and names == [p.name for p in P.patch_set("npu", "megatron")]
+        assert ("cpu3", "megatron") in P.registered_sets()
+    finally:
+        P._REGISTRY.pop(("cpu3", "megatron"), None)

@@ -37,3 +37,9 @@ def register_set(accelerator: str, patches: list[Patch]) -> None:
             importlib.import_module(target.split(":", 1)[0])
     for p in patches:
         register_patch(accelerator, "megatron", p)
+
+
+def register_common(accelerator: str) -> None:
+    """The shared set for an accelerator without CUDA, as a `patch_sets` entry of its class:
+    `{"megatron": "slime.accelerator.megatron_patches:register_common"}` (an out-of-tree device's)."""
+    register_set(accelerator, common_patches())
