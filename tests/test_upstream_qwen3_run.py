@@ -1,7 +1,9 @@
 """Upstream slime's quick start `run-qwen3-4B.sh`, its train.py arguments unchanged except for sizes and
 paths (the captured command line of tests/data/upstream_train_commands.json), pointed at a tiny random
 Qwen3 checkpoint with the same architecture flags (GQA, QK-norm, tied embeddings, RMSNorm 1e-6, rotary base
-1e6; 2 layers of width 64) and a small math prompt file: 3 GRPO iterations on CPU with the deepscaler reward,
+1e6; 2 layers of width 64), converted as upstream's quick start does (tools/convert_hf_to_torch_dist.py with the
+script's MODEL_ARGS; the torch_dist result is --ref-load) and a small math prompt file: 3 GRPO iterations on CPU
+with the deepscaler reward,
 TP 2 with sequence parallel as upstream (2 trainer ranks; the embedded engine takes one device, so
 --rollout-num-gpus-per-engine 1). Each iteration's reward is defined (finite, in [0, 1]; a random model
 earns deepscaler's 0, so GRPO's advantages and grads are 0 here), the weight sync was checksum-verified
@@ -61,8 +63,14 @@ def test_upstream_qwen3_4b_arguments_run_three_iterations_on_a_tiny_qwen3(tmp_pa
                             for q, a in PROMPTS))
     for flag, value in TINY.items():
         _set(argv, flag, value)
+    # Upstream's quick start: tools/convert_hf_to_torch_dist.py ${MODEL_ARGS[@]} --hf-checkpoint --save, the
+    # result as --ref-load (MODEL_ARGS: the script's arguments before its checkpoint flags).
+    model_args = argv[:argv.index("--hf-checkpoint")]
+    torch_dist = str(tmp_path / "Qwen3-tiny_torch_dist")
+    subprocess.run([sys.executable, str(ROOT / "tools" / "convert_hf_to_torch_dist.py"), *model_args,
+                    "--hf-checkpoint", ckpt, "--save", torch_dist], check=True, capture_output=True, timeout=300)
     _set(argv, "--hf-checkpoint", ckpt)
-    _set(argv, "--ref-load", ckpt)
+    _set(argv, "--ref-load", torch_dist)
     _set(argv, "--load", str(tmp_path / "slime-ckpt"))
     _set(argv, "--save", str(tmp_path / "slime-ckpt"))
     _set(argv, "--prompt-data", str(data))
