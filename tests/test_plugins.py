@@ -6,7 +6,7 @@ engine behind the real sglang-router, and the Megatron trainer.
   tool tokens are in the response with loss mask 0, the trainer's and the engine's log-probs agree over the
   trained tokens;
 - a custom rollout function over upstream's generate_rollout + --group-rm batched reward + the dynamic
-  sampling filter with fallback.
+  sampling filter with fallback + a custom loss.
 """
 
 from __future__ import annotations
@@ -122,12 +122,20 @@ def test_tool_calling_generate_async_reward_custom_data_source(env):
     assert [x["first_group"] for x in log if x["kind"] == "get_samples"][:2] == [0, 2]  # file order, 2 a rollout
 
 
-def test_custom_rollout_function_group_rm_dynamic_filter(env):
+def test_custom_rollout_function_group_rm_dynamic_filter_custom_loss(env):
+    """Also --loss-type custom_loss: upstream's fn(args, batch, logits, sum_of_sample_mean) trains the model;
+    its log-probs from get_log_probs_and_entropy equal the trainer's old log-probs (same weights)."""
     records, log = _run(env, "rollout", "--rollout-function-path", "tests.upstream_plugins.custom_rollout",
                         "--custom-rm-path", "tests.upstream_plugins.batched_reward", "--group-rm",
                         "--over-sampling-batch-size", "3", "--dynamic-sampling-filter-path",
-                        "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std_with_fallback")
+                        "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std_with_fallback",
+                        "--loss-type", "custom_loss", "--custom-loss-function-path", "tests.upstream_plugins.custom_pg_loss")
     _check_records(records)
+    calls = [x for x in log if x["kind"] == "loss"]
+    assert sum(c["samples"] for c in calls) == 3 * 2 * 4  # every trained sample of every rollout, once
+    assert max(c["max_old_diff"] for c in calls) < 1e-4
+    assert all(m <= n for c in calls for m, n in zip(c["masks"], c["lengths"]))
+    assert all(r["train/grad_norm"] > 0 and r["train/entropy"] > 0 for r in records)
     rollouts = [x for x in log if x["kind"] == "rollout"]
     assert [x["rollout_id"] for x in rollouts] == [0, 1, 2]
     assert all(x["groups"] == 2 and x["sizes"] == [4, 4] for x in rollouts)
@@ -135,17 +143,3 @@ def test_custom_rollout_function_group_rm_dynamic_filter(env):
     batches = [x["indices"] for x in log if x["kind"] == "batched_reward"]
     assert batches and all(len(b) == 4 for b in batches)  # one call per prompt group
 
-
-def test_custom_loss_function(env):
-    """--loss-type custom_loss: upstream's fn(args, batch, logits, sum_of_sample_mean) trains the model; its
-    log-probs from get_log_probs_and_entropy equal the trainer's old log-probs (same weights)."""
-    records, log = _run(env, "loss", "--rm-type", "random", "--loss-type", "custom_loss",
-                        "--custom-loss-function-path", "tests.upstream_plugins.custom_pg_loss")
-    _check_records(records)
-    calls = [x for x in log if x["kind"] == "loss"]
-    assert sum(c["samples"] for c in calls) == 3 * 2 * 4  # every sample of every rollout, once
-    assert max(c["max_old_diff"] for c in calls) < 1e-4
-    assert all(m <= n for c in calls for m, n in zip(c["masks"], c["lengths"]))
-    seen = [(r["rollout/reward_std"], r["train/advantage_abs_mean"], r["train/grad_norm"], r["train/entropy"])
-            for r in records]
-    assert any(r["train/grad_norm"] > 0 for r in records) and all(r["train/entropy"] > 0 for r in records), seen

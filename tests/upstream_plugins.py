@@ -53,7 +53,7 @@ async def async_reward(args, sample: Sample, **kwargs) -> float:
 # --custom-rm-path with --group-rm: a prompt's samples at once
 async def batched_reward(args, samples: list[Sample], **kwargs) -> list[float]:
     _log("batched_reward", indices=[s.index for s in samples])
-    return [score(s.response, s.label) for s in samples]
+    return [score(s.response, s.label) + 0.01 * (s.index % 2) for s in samples]  # never an all-equal group
 
 
 # --rollout-function-path: the default rollout, plus a metric of its own
