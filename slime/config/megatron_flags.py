@@ -79,6 +79,9 @@ def add_implementation_arguments(parser: argparse.ArgumentParser) -> None:
          help="how routed tokens reach their experts; this MoE layer uses an all-to-all over the EP group")
     _add(g, parser, "--moe-enable-deepep", action="store_true", help="DeepEP dispatch (with the flex dispatcher)")
     _add(g, parser, "--no-rope-fusion", dest="apply_rope_fusion", action="store_false")
+    _add(g, parser, "--no-gradient-accumulation-fusion", dest="gradient_accumulation_fusion", action="store_false",
+         help="Megatron's fused weight-gradient accumulation (an APEX/TE kernel) is always off here: the weight "
+              "gradients accumulate in the grad buffer by plain addition")
     _add(g, parser, "--no-masked-softmax-fusion", dest="masked_softmax_fusion", action="store_false",
          help="Megatron's fused masked softmax off; the attention here is the accelerator's op either way")
     _add(g, parser, "--make-vocab-size-divisible-by", type=int, default=128,
