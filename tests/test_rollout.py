@@ -9,7 +9,7 @@ import pytest
 
 from slime.config.rollout_args import rollout_defaults, sglang_passthrough
 from slime.rollout.data_source import DataSourceError, JsonlDataSource
-from slime.rollout.generate import RolloutError, generate_rollout, sample_seed, sampling_params
+from slime.rollout.generate import EngineFleet, RolloutError, generate_rollout, sample_seed, sampling_params
 from slime.rollout.rewards import RewardError, compute_reward, get_reward_fn, load_custom, reward_value
 from slime.rollout.router import NoEngineAvailable, Router
 from slime.rollout.sample import Sample, SampleStatus
@@ -190,7 +190,7 @@ def test_sampling_params_follow_flags():
 
 
 # ------------------------------------------------------------------ generate_rollout with in-process engines
-class _Fleet:
+class _Fleet(EngineFleet):
     """Two in-process embedded engines; engine 1 'dies' (connection refused) on its first `fail` requests."""
 
     def __init__(self, clients, fail: int = 0, restarts_allowed: int = 5):

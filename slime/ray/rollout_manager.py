@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 from slime.accelerator import get_accelerator
-from slime.rollout.generate import RolloutError, _Counters, generate_rollout
+from slime.rollout.generate import EngineFleet, RolloutError, _Counters, generate_rollout
 from slime.rollout.rewards import reward_value
 from slime.rollout.router import Router
 from slime.utils.http_client import EngineClient, EngineError
@@ -48,7 +48,7 @@ def resolve_engine_kind(args: Any) -> str:
     return kind
 
 
-class RolloutManager:
+class RolloutManager(EngineFleet):
     def __init__(self, args: Any, slots: Any = None) -> None:
         from transformers import AutoTokenizer
 

@@ -16,7 +16,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from typing import Any, Protocol
+from typing import Any
 
 from slime.rollout.data_source import PromptItem
 from slime.rollout.rewards import RewardFn, compute_group_rewards, compute_reward
@@ -32,14 +32,49 @@ class RolloutError(RuntimeError):
     """The rollout cannot complete. One line: which sample/engine and why (plus the engine's log tail)."""
 
 
-class EngineFleet(Protocol):
-    def acquire(self) -> int: ...
-    def release(self, idx: int, served: bool) -> None: ...
-    def client(self, idx: int) -> EngineClient: ...
-    def generation(self, idx: int) -> int: ...
-    def report_failure(self, idx: int, generation: int, error: BaseException) -> None: ...
-    def wait_unpaused(self) -> None: ...
-    def note_version(self, idx: int, version: str | None) -> None: ...
+class EngineFleet:
+    """The engines as generate_rollout sees them (RolloutManager is one; tests fake one). Every method a
+    caller uses is declared here, the optional ones with their default, so no caller probes with getattr."""
+
+    def acquire(self) -> int:
+        """An engine index to send the next request to (blocks while all are busy)."""
+        raise NotImplementedError
+
+    def release(self, idx: int, served: bool) -> None:
+        raise NotImplementedError
+
+    def client(self, idx: int) -> EngineClient:
+        raise NotImplementedError
+
+    def generation(self, idx: int) -> int:
+        """A token that changes when engine `idx` is restarted."""
+        raise NotImplementedError
+
+    def report_failure(self, idx: int, generation: int, error: BaseException) -> None:
+        raise NotImplementedError
+
+    def wait_unpaused(self) -> None:
+        return None
+
+    def note_version(self, idx: int, version: str | None) -> None:
+        return None
+
+    def num_engines(self) -> int | None:
+        """How many engines serve (each then gets its share in batched requests); None: not known, a
+        request per sample."""
+        return None
+
+    def batched_requests(self) -> bool:
+        """Whether one /generate request may carry several samples."""
+        return True
+
+    def behind_router(self) -> bool:
+        """Whether generation goes through sglang-router (its 5xx replies then mean an engine died)."""
+        return False
+
+    def generation_client(self, idx: int) -> EngineClient:
+        """Where generation requests for engine `idx` go (the router, when one is in front)."""
+        return self.client(idx)
 
 
 def sampling_params(args: Any, seed: int) -> dict[str, Any]:
@@ -152,10 +187,10 @@ def samples_per_request(args: Any, fleet: Any, num_samples: int) -> int:
     """Samples per /generate request: the rollout split evenly over the engines (one batched request each,
     so an engine gets its whole share at once: one wave, no per-request HTTP round trips), at most
     --max-concurrency over all engines. 1 (a request per sample) for a fleet that does not say how many engines it has."""
-    count = getattr(fleet, "num_engines", None)
-    if count is None or not getattr(fleet, "batched_requests", lambda: True)():
+    count = fleet.num_engines()
+    if count is None or not fleet.batched_requests():
         return 1  # (sglang-router takes one sampling_params object per request: a sample per request there)
-    engines = max(1, int(count()))
+    engines = max(1, int(count))
     # every engine gets a request in flight (the router spreads them) within --max-concurrency samples
     return max(1, min(request_concurrency(args, engines) // engines, -(-num_samples // engines)))
 
@@ -223,7 +258,7 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
     timeout = float(args.rollout_request_timeout)
     custom = load_generate_function(args)
     chunk = 1 if custom is not None else samples_per_request(args, fleet, len(samples))
-    behind_router = bool(getattr(fleet, "behind_router", lambda: False)())
+    behind_router = bool(fleet.behind_router())
     attempts = {s.index: _Attempts() for s in samples}
     pending: deque[Sample] = deque(samples)
     unfinished = [len(samples)]
@@ -290,7 +325,7 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
             done(1)
             return
         try:
-            client = getattr(fleet, "generation_client", fleet.client)(idx)  # the sglang-router, when in front
+            client = fleet.generation_client(idx)  # the sglang-router, when in front
             if len(batch) == 1:
                 outs = [client.generate(batch[0].prompt_tokens, params[0], return_logprob=True, timeout=timeout)]
             else:
@@ -343,8 +378,8 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
                 cond.notify_all()
             raise
 
-    count = getattr(fleet, "num_engines", None)
-    concurrency = request_concurrency(args, int(count()) if count is not None else 1)
+    count = fleet.num_engines()
+    concurrency = request_concurrency(args, int(count) if count is not None else 1)
     workers = max(1, min(concurrency // chunk, -(-len(samples) // chunk)))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rollout") as pool:
         futures = [pool.submit(worker) for _ in range(workers)]
