@@ -100,7 +100,7 @@ def check_tensor_parallel_attributes(model, tp: int, ep: int) -> None:
     dim; replicated parameters carry none; expert weights are marked (expert-TP shards, as megatron's)."""
     from slime_plugins.models.common import weights as W
 
-    split = {W.TP_ROWS: (0, 1), W.TP_GATE_UP: (0, 2), W.TP_COLS: (1, 1), W.EXPERT_W1: (2, 2), W.EXPERT_W2: (1, 1)}
+    split = {W.TP_ROWS: (0, 1), W.TP_GATE_UP: (0, 2), W.TP_GATE_UP_FUSED: (0, 2), W.TP_COLS: (1, 1), W.EXPERT_W1: (2, 2), W.EXPERT_W2: (1, 1)}
     params = dict(model.named_parameters())
     checked = 0
     for m in model.family.call("weight_maps", model):

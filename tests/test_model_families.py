@@ -1,4 +1,5 @@
-"""The model registry and the GQA families (llama, qwen2, qwen3, qwen3_moe, glm4_moe) and the DeepSeek-V3 family
+"""The model registry and the GQA families (llama, qwen2, qwen3, qwen3_moe, glm4_moe; glm4 with post-attention and
+post-MLP norms, interleaved partial rotary, fused gate_up_proj) and the DeepSeek-V3 family
 (deepseek_v3 with q LoRA + YaRN mscale + group-limited routing; Moonlight's shape: no q LoRA, 2 shared experts)
 on megatron-core vs transformers, float32, on tiny random checkpoints written by transformers:
 - logits: max |ours - transformers| <= 1e-5 * max |transformers| (several seeds and lengths);
@@ -25,7 +26,7 @@ from safetensors.torch import load_file
 
 from slime.backends.megatron import HFCheckpointError, export_hf, load_hf_model, save_hf
 
-GQA_TYPES = ["llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe"]
+GQA_TYPES = ["llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "glm4"]
 # checkpoint name -> (model_type, tiny-config overrides)
 CASES = {t: (t, {}) for t in GQA_TYPES} | {"deepseek_v3": ("deepseek_v3", {}), "moonlight": ("deepseek_v3", "MOONLIGHT")}
 VOCAB = 512
@@ -59,13 +60,13 @@ def test_registry_serves_every_family_and_imports_no_megatron():
             "assert 'megatron' not in sys.modules and 'megatron.core' not in sys.modules")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert out[0].split() == sorted(GQA_TYPES + ["glm4_moe_lite", "glm_moe_dsa", "deepseek_v3", "kimi_k2"])
-    assert out[1].split() == ["deepseek_v3", "glm4_moe", "glm5", "llama", "qwen2", "qwen3", "qwen3_moe"]
+    assert out[1].split() == ["deepseek_v3", "glm4", "glm4_moe", "glm5", "llama", "qwen2", "qwen3", "qwen3_moe"]
 
 
 def test_unknown_model_type_and_bad_configs_are_one_line_errors():
     from slime_plugins.models.registry import ModelFamily, UnsupportedModelError, get_family, parse_hf_config, register_family
 
-    with pytest.raises(UnsupportedModelError, match=r"model_type 'gpt2' is not supported.*supported: deepseek_v3, "):
+    with pytest.raises(UnsupportedModelError, match=r"model_type 'gpt2' is not supported.*supported: deepseek_v3, glm4, "):
         get_family("gpt2")
     with pytest.raises(UnsupportedModelError, match=r"config.json lacks '\w+' \(needed by the qwen3 model\)"):
         parse_hf_config({"model_type": "qwen3", "hidden_size": 8})
@@ -197,7 +198,7 @@ def test_tied_embeddings_are_one_tensor(ckpts):
     assert not any(n.startswith("output_layer") for n, _ in model.named_parameters())
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "glm4_moe", "deepseek_v3"])
+@pytest.mark.parametrize("model_type", ["qwen3", "glm4_moe", "glm4", "deepseek_v3"])
 def test_packed_sequences_match_separate_sequences(accel, ckpts, model_type):
     from megatron.core.packed_seq_params import PackedSeqParams
 

@@ -8,7 +8,8 @@ A torch_dist checkpoint (megatron dist_checkpointing) of shifted weights written
 every other layout to bit-identical exported tensors. llama at pp=2 through megatron's pipeline schedule
 (last-stage logits 1e-5, per-stage grads, export and save_hf of both stages, as tests/glm5_parallel_worker.py
 checks GLM-5); qwen3 (tied) asked for pp=2 is one clear error. deepseek_v3 (MLA with q LoRA and YaRN mscale,
-group-limited sigmoid routing + shared expert) at tp=1, tp=2, ep=2 and cp=2 as glm4_moe. qwen3, glm4_moe and deepseek_v3 at cp=2 (context parallel:
+group-limited sigmoid routing + shared expert) at tp=1, tp=2, ep=2 and cp=2 as glm4_moe; glm4 (post-attention and
+post-MLP norms on sequence-parallel tokens, fused gate_up_proj) at tp=1, tp=2 and cp=2. qwen3, glm4_moe and deepseek_v3 at cp=2 (context parallel:
 each rank's sequence chunks, k/v gathered over CP): logits gathered back within 1e-5 of transformers, grads
 after DDP's DP x CP reduction within 1e-5 of transformers' grads."""
 
@@ -28,7 +29,8 @@ def test_tp2_and_ep2_match_transformers(tmp_path):
 
     cases = []
     for model_type, layouts in (("qwen3", [(1, 1), (2, 1), "cp2"]), ("glm4_moe", [(1, 1), (2, 1), (1, 2), "cp2"]),
-                                ("llama", ["pp2"]), ("deepseek_v3", [(1, 1), (2, 1), (1, 2), "cp2"])):
+                                ("llama", ["pp2"]), ("deepseek_v3", [(1, 1), (2, 1), (1, 2), "cp2"]),
+                                ("glm4", [(1, 1), (2, 1), "cp2"])):
         layers = {"num_hidden_layers": 4} if model_type == "llama" else {}  # 2 layers per pipeline stage
         ckpt = write_tiny_checkpoint(str(tmp_path / model_type), model_type, seed=5, initializer_range=0.2, **layers)
         ids, pos = random_batch(2, 12, 512, 8)  # 12 % tp == 0 for sequence parallel

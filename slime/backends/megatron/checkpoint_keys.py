@@ -41,7 +41,10 @@ _LAYER_KEY = re.compile(r"^(decoder\.layers\.(?:(\d+)\.)?|mtp\.layers\.(\d+)\.tr
 _MODULE_RENAMES = {"self_attention.o_proj.": "self_attention.linear_proj."}
 _GQA_RENAMES = {"input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
                 "self_attention.q_norm.weight": "self_attention.q_layernorm.weight",
-                "self_attention.k_norm.weight": "self_attention.k_layernorm.weight"}
+                "self_attention.k_norm.weight": "self_attention.k_layernorm.weight",
+                # GLM-4's output norms: layer submodules upstream, inside attention / MLP here
+                "self_attention.post_self_attn_layernorm.weight": "post_self_attn_layernorm.weight",
+                "mlp.post_mlp_layernorm.weight": "post_mlp_layernorm.weight"}
 _MLA_RENAMES = {"self_attention.q_a_layernorm.weight": "self_attention.linear_q_up_proj.layer_norm_weight",
                 "self_attention.kv_a_layernorm.weight": "self_attention.linear_kv_up_proj.layer_norm_weight",
                 "self_attention.indexer.weights_proj.weight": "self_attention.weights_proj.weight"}

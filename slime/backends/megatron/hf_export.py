@@ -63,7 +63,7 @@ def export_hf(model, bucket_bytes: int = 1 << 28, dtype: torch.dtype | None = No
     def entries():
         for m in maps:
             local = state[m.param].detach()
-            if m.kind in (W.TP_ROWS, W.TP_COLS, W.TP_GATE_UP):
+            if m.kind in (W.TP_ROWS, W.TP_COLS, W.TP_GATE_UP, W.TP_GATE_UP_FUSED):
                 shards = _gather(local, tp_group)
             elif m.kind in (W.EXPERT_W1, W.EXPERT_W2):
                 shards = _gather(local, ep_group)

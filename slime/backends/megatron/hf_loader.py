@@ -25,6 +25,8 @@ def _expected_full_shape(kind: str, local: tuple[int, ...], tp: int) -> tuple[in
         return (local[0], local[1] * tp, *local[2:])
     if kind == W.TP_GATE_UP:
         return (local[0] * tp // 2, *local[1:])
+    if kind == W.TP_GATE_UP_FUSED:
+        return (local[0] * tp, *local[1:])
     if kind == W.REPLICATED:
         return local
     if kind == W.EXPERT_W1:  # per expert gate / up [I, H] from [E_local, H, 2I]

@@ -65,8 +65,8 @@ class GQASelfAttention(MegatronModule):
         v = self.v_proj(x)[0].view(-1, self.kv_heads, d)
         if arch.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = ops.apply_rotary(q, ctx.cos, ctx.sin, rotary_dim=arch.rotary_dim)
-        k = ops.apply_rotary(k, ctx.cos, ctx.sin, rotary_dim=arch.rotary_dim)
+        q = ops.apply_rotary(q, ctx.cos, ctx.sin, rotary_dim=arch.rotary_dim, interleaved=arch.rope_interleaved)
+        k = ops.apply_rotary(k, ctx.cos, ctx.sin, rotary_dim=arch.rotary_dim, interleaved=arch.rope_interleaved)
         if ctx.cp is not None:  # context parallel: keys and values of the whole causal prefix
             kv = key_rows(gather_sequence(torch.cat([k, v], dim=-1), ctx.cp), ctx.cp)
             k, v = kv.split([d, d], dim=-1)

@@ -27,6 +27,7 @@ class GqaConfig(ArchConfig):
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: bool = False
+    rope_interleaved: bool = False  # GPT-J pairs (2i, 2i+1) instead of NeoX halves (GLM-4)
     # MoE (sparse layers)
     n_routed_experts: int = 0
     n_shared_experts: int = 0

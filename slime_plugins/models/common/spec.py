@@ -15,7 +15,9 @@ from slime_plugins.models.common.moe import MoELayer
 def layer_spec(arch, layer_index: int, attention: type) -> ModuleSpec:
     """Decoder layer `layer_index` (global, 0-based): `attention` is built with params {"arch": arch}."""
     # Plain classes, not ModuleSpecs: megatron's TransformerLayer then passes only `config` to them.
-    mlp = MoELayer.bound_to(arch) if arch.mlp_type(layer_index) == "sparse" else SwiGLUMLP
+    # A family whose dense MLP differs (GLM-4 norms its output) names it on its attention class.
+    dense = getattr(attention, "dense_mlp", SwiGLUMLP)
+    mlp = MoELayer.bound_to(arch) if arch.mlp_type(layer_index) == "sparse" else dense
     return ModuleSpec(
         module=TransformerLayer,
         submodules=TransformerLayerSubmodules(

@@ -18,6 +18,7 @@ REPLICATED = "replicated"
 TP_ROWS = "tp_rows"  # split on dim 0 over TP (column-parallel weights, vocab-parallel tables)
 TP_COLS = "tp_cols"  # split on dim 1 over TP (row-parallel weights)
 TP_GATE_UP = "tp_gate_up"  # [gate; up] rows, each split over TP, the rank's halves concatenated
+TP_GATE_UP_FUSED = "tp_gate_up_fused"  # as TP_GATE_UP from one HF tensor [gate; up] (GLM-4's mlp.gate_up_proj)
 EXPERT_W1 = "expert_w1"  # [E_local, H, 2I] from per-expert gate/up [I, H]
 EXPERT_W2 = "expert_w2"  # [E_local, I, H] from per-expert down [H, I]
 
@@ -46,8 +47,8 @@ class WeightMap:
             return full[0].chunk(tp, dim=0)[tp_rank]
         if self.kind == TP_COLS:
             return full[0].chunk(tp, dim=1)[tp_rank]
-        if self.kind == TP_GATE_UP:
-            gate, up = full
+        if self.kind in (TP_GATE_UP, TP_GATE_UP_FUSED):
+            gate, up = full if self.kind == TP_GATE_UP else full[0].chunk(2, dim=0)
             return torch.cat([gate.chunk(tp, dim=0)[tp_rank], up.chunk(tp, dim=0)[tp_rank]], dim=0)
         if self.kind == EXPERT_W1:  # hf = (gate_e0, up_e0, gate_e1, up_e1, ...)
             return torch.stack([torch.cat([g.t(), u.t()], dim=1) for g, u in zip(full[0::2], full[1::2])])
@@ -69,9 +70,12 @@ class WeightMap:
             return [cat(shards, 0)]
         if self.kind == TP_COLS:
             return [cat(shards, 1)]
-        if self.kind == TP_GATE_UP:
+        if self.kind in (TP_GATE_UP, TP_GATE_UP_FUSED):
             halves = [s.chunk(2, dim=0) for s in shards]
-            return [cat([h[0] for h in halves], 0), cat([h[1] for h in halves], 0)]
+            gate, up = cat([h[0] for h in halves], 0), cat([h[1] for h in halves], 0)
+            if self.kind == TP_GATE_UP:
+                return [gate, up]
+            return [shards[0] if len(shards) == 1 else torch.cat([gate, up], dim=0)]  # one shard: already [gate; up]
         experts = cat(shards, 0)
         if self.kind == EXPERT_W1:
             ffn = experts.shape[2] // 2
