@@ -100,8 +100,17 @@ def test_tool_calling_generate_async_reward_custom_data_source(env):
                         "--custom-rm-path", "tests.upstream_plugins.async_reward",
                         "--data-source-path", "tests.upstream_plugins.FileOrderDataSource",
                         "--eval-interval", "3", "--skip-eval-before-train", "--eval-prompt-data", "copy",
-                        str(env["dir"] / "eval.jsonl"), "--n-samples-per-eval-prompt", "1")
+                        str(env["dir"] / "eval.jsonl"), "--n-samples-per-eval-prompt", "1",
+                        "--custom-megatron-init-path", "tests.upstream_plugins.megatron_init",
+                        "--custom-megatron-before-log-prob-hook-path", "tests.upstream_plugins.before_log_prob",
+                        "--custom-megatron-before-train-step-hook-path", "tests.upstream_plugins.before_train_step")
     _check_records(records)
+    assert [x["lr"] for x in log if x["kind"] == "megatron_init"] == [5e-3]  # one trainer rank, once
+    steps = [x for x in log if x["kind"] == "before_train_step"]
+    assert [(x["rollout_id"], x["step_id"]) for x in steps] == [(0, 0), (1, 0), (2, 0)]
+    assert all(x["has_model"] and x["has_scheduler"] and x["lr"] > 0 for x in steps)
+    # old log-probs come from the train step's own forward here (one step per rollout): no separate pass
+    assert [x for x in log if x["kind"] == "before_log_prob"] == []
     from slime.utils.metrics import read_metrics
 
     evals = read_metrics(str(env["dir"] / "tool"), kind="eval")  # upstream's eval path: evaluation=True

@@ -123,3 +123,18 @@ def custom_pg_loss(args, batch, logits, sum_of_sample_mean):
     _log("loss", samples=len(batch["response_lengths"]), max_old_diff=float((log_probs - old).abs().max()),
          masks=[int(m.sum()) for m in batch["loss_masks"]], lengths=batch["response_lengths"])
     return loss, {"entropy": sum_of_sample_mean(torch.cat(out["entropy"])).detach()}
+
+
+# the three Megatron hooks
+def megatron_init(args):
+    _log("megatron_init", lr=args.lr)
+
+
+def before_log_prob(args, model, store_prefix):
+    _log("before_log_prob", store_prefix=store_prefix, has_model=model is not None)
+
+
+def before_train_step(args, rollout_id, step_id, model, optimizer, opt_param_scheduler):
+    _log("before_train_step", rollout_id=rollout_id, step_id=step_id,
+         lr=float(optimizer.param_groups[0]["lr"]), has_model=model is not None,
+         has_scheduler=opt_param_scheduler is not None)

@@ -299,6 +299,12 @@ def _add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
          help="custom_loss: the loss of --custom-loss-function-path (upstream's contract, docs/plugins.md)")
     _add(g, parser, "--custom-loss-function-path", type=str, default=None,
          help="module.fn(args, batch, logits, sum_of_sample_mean) -> (loss, log dict), with --loss-type custom_loss")
+    _add(g, parser, "--custom-megatron-init-path", type=str, default=None,
+         help="fn(args) once the model, optimizer and LR schedule exist (upstream's Megatron hook)")
+    _add(g, parser, "--custom-megatron-before-log-prob-hook-path", type=str, default=None,
+         help="fn(args, model, store_prefix) before each log-prob pass ('' old policy, 'ref_' reference)")
+    _add(g, parser, "--custom-megatron-before-train-step-hook-path", type=str, default=None,
+         help="fn(args, rollout_id, step_id, model, optimizer, opt_param_scheduler) before each optimizer step")
     _add(g, parser, "--gamma", type=float, default=1.0, help="discount for reinforce_plus_plus returns")
     _add(g, parser, "--normalize-advantages", action="store_true",
          help="whiten advantages over the rollout's response tokens (loss-masked mean 0, std 1); "

@@ -111,6 +111,9 @@ class MegatronTrainRayActor:
             start_rollout_id = resumed.start_rollout_id
         # the LR schedule is a pure function of the step: a resumed run starts it at its step
         self.lr_scheduler = model_setup.build_lr_scheduler(args, self.optimizer, start_rollout_id)
+        from slime.backends.megatron import hooks
+
+        hooks.on_init(args)  # --custom-megatron-init-path
         return start_rollout_id
 
     def _layout(self) -> dict[str, int]:
@@ -278,10 +281,14 @@ class MegatronTrainRayActor:
         def full(by_index: dict[int, torch.Tensor]) -> list:
             return [by_index.get(i) for i in range(len(batch))]
 
+        from slime.backends.megatron import hooks
+
         if not reuse_train_log_probs:
+            hooks.before_log_prob(args, self.model, "")  # --custom-megatron-before-log-prob-hook-path
             batch.old_log_probs = full(self._log_probs_of(batch, mine))
         metrics["time/log_probs_old"] = time.perf_counter() - t0
         if self.ref_weights is not None:
+            hooks.before_log_prob(args, self.model, "ref_")
             with model_setup.swapped_weights(self.model, self.ref_weights):
                 batch.ref_log_probs = full(self._log_probs_of(batch, mine))
         metrics["time/log_probs"] = time.perf_counter() - t0
@@ -318,7 +325,11 @@ class MegatronTrainRayActor:
         # Phase times from device events, read once after the last step: no synchronize() per phase or micro-batch.
         timer = PhaseTimer(acc, ("pack", "forward", "backward", "optimizer"))
 
-        for step in steps:
+        from slime.backends.megatron import hooks
+
+        for step_id, step in enumerate(steps):
+            # --custom-megatron-before-train-step-hook-path
+            hooks.before_train_step(args, rollout_id, step_id, self.model, self.optimizer, self.lr_scheduler)
             shard = self._dp_shard(batch, step)
             n_tokens = sum(float(sum(batch.loss_masks[i])) for i in shard)
             if args.calculate_per_token_loss:
