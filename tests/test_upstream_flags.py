@@ -298,3 +298,24 @@ def test_yarn_flags_are_checked_against_rope_scaling(tmp_path):
     assert mismatches(plain, moonlight) == []
     assert mismatches(yarn, moonlight) == [
         "--rotary-scaling-factor 40.0: config.json says rope_scaling.factor=1.0"]
+
+
+def test_glm4_switches_are_compared_both_ways(tmp_path):
+    """--post-self-attn-layernorm / --post-mlp-layernorm / --rotary-interleaved: given for glm4 (its config agrees),
+    left out for glm4 or given for another GQA family: one line each."""
+    from slime.config.arguments import build_parser
+    from slime.config.model_args import model_arg_mismatches
+
+    switches = ["--post-self-attn-layernorm", "--post-mlp-layernorm", "--rotary-interleaved"]
+
+    def lines(argv, cfg):
+        out = model_arg_mismatches(build_parser().parse_args(_base(tmp_path, cfg) + ["--num-layers", "40"] + argv), cfg)
+        return sorted(line for line in out if line.startswith(tuple(switches)))
+
+    glm4, qwen3 = _config("glm4-9B"), _config("qwen3-4B") | {"num_hidden_layers": 40}
+    assert lines(switches, glm4) == []
+    assert lines([], glm4) == ["--post-mlp-layernorm absent: config.json says post_mlp_layernorm (glm4)",
+                               "--post-self-attn-layernorm absent: config.json says post_self_attn_layernorm (glm4)",
+                               "--rotary-interleaved absent: config.json says interleaved rotary (glm4)"]
+    assert lines(["--rotary-interleaved"], qwen3) == [
+        "--rotary-interleaved given: config.json says not interleaved rotary (glm4)"]

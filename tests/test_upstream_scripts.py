@@ -26,7 +26,6 @@ PENDING = {
     "run-deepseek-r1.sh": _SPAN,
     "run-kimi-k2-Instruct.sh": _SPAN,
     "run-kimi-k2-Thinking.sh": _SPAN,
-    "run-glm4-9B.sh": "glm4 family not built (--post-self-attn-layernorm, --post-mlp-layernorm, --rotary-interleaved)",
     "run-glm4.7-30B-A3B.sh": "MTP training under context parallel 2 not built, and its EP8 x PP2 layout on 8 devices refused",
     "run-glm4.7-355B-A32B.sh": _SPAN,
     "run-glm5-744B-A40B.sh": _SPAN,

@@ -23,7 +23,8 @@ from slime.config.arguments import add_argument_once as _add
 # How each HF model_type reads MODEL_ARGS (which models the trainer can build: slime_plugins.models.registry).
 # MLA families carry kv_lora_rank etc.; the others are GQA/MHA.
 MLA_MODEL_TYPES = ("glm_moe_dsa", "glm4_moe_lite", "deepseek_v3", "kimi_k2")
-GQA_MODEL_TYPES = ("glm4_moe", "qwen3", "qwen3_moe", "qwen2", "qwen2_moe", "llama")
+GQA_MODEL_TYPES = ("glm4_moe", "glm4", "qwen3", "qwen3_moe", "qwen2", "qwen2_moe", "llama")
+POST_NORMED = ("glm4",)  # RMSNorm on the attention and MLP outputs (Megatron: --post-self-attn/mlp-layernorm)
 KNOWN_MODEL_TYPES = MLA_MODEL_TYPES + GQA_MODEL_TYPES
 SOFTMAX_ROUTED = ("qwen3_moe", "qwen2_moe")  # the other MoE families route with sigmoid + expert bias
 
@@ -169,6 +170,10 @@ SWITCHES: dict[str, tuple[Getter, str]] = {
     "--group-query-attention": (lambda c: None if _mla(c) else
                                 c.get("num_key_value_heads", c.get("num_attention_heads")) != c.get("num_attention_heads"),
                                 "num_key_value_heads < num_attention_heads"),
+    "--post-self-attn-layernorm": (lambda c: c.get("model_type") in POST_NORMED, "post_self_attn_layernorm (glm4)"),
+    "--post-mlp-layernorm": (lambda c: c.get("model_type") in POST_NORMED, "post_mlp_layernorm (glm4)"),
+    # GQA rotary pairs; MLA checkpoints' rope layout is converted by the loader, so the flag is not compared there
+    "--rotary-interleaved": (lambda c: None if _mla(c) else c.get("model_type") == "glm4", "interleaved rotary (glm4)"),
     "--moe-router-enable-expert-bias": (lambda c: None if not _num_experts(c) else
                                         c.get("model_type") not in SOFTMAX_ROUTED, "e_score_correction_bias"),
 }
