@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _parse(tmp_path: Path, *extra: str):
     from slime.config.arguments import parse_args
 
+    tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "config.json").write_text((ROOT / "scripts/models/configs/qwen3-4B.json").read_text())
     return parse_args(["--hf-checkpoint", str(tmp_path), "--num-rollout", "2", "--rollout-batch-size", "4",
                        "--n-samples-per-prompt", "4", *extra])
@@ -169,3 +170,32 @@ def test_unbiased_kl_weights_the_kl_loss_by_the_importance_ratio(kl_type):
     (g1,) = torch.autograd.grad(loss, lp)
     (g2,) = torch.autograd.grad(want, lp)
     assert torch.allclose(g1, g2, atol=1e-6)  # the ratio carries gradient, as upstream's
+
+
+def test_wandb_group_suffix_and_tensorboard_experiment_dir(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    from slime.utils import tracking
+
+    calls = {}
+    fake = types.ModuleType("wandb")
+    fake.util = types.SimpleNamespace(generate_id=lambda: "abc123")
+    fake.init = lambda **kw: calls.setdefault("init", kw) and types.SimpleNamespace(log=None, finish=lambda: None)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.setattr(tracking, "_installed", lambda m: m == "wandb")
+    base = ["--use-wandb", "--wandb-project", "p", "--wandb-group", "g", "--wandb-mode", "offline"]
+    tracking.Tracker(_parse(tmp_path / "a", *base))
+    assert calls.pop("init")["group"] == "g_abc123"  # upstream's random suffix
+    tracking.Tracker(_parse(tmp_path / "b", *base, "--disable-wandb-random-suffix"))
+    assert calls["init"]["group"] == calls["init"]["name"] == "g"
+
+    made = []
+    tb = types.ModuleType("torch.utils.tensorboard")
+    tb.SummaryWriter = lambda log_dir: made.append(log_dir)
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", tb)
+    monkeypatch.setattr(tracking, "_installed", lambda m: m == "tensorboard")
+    args = _parse(tmp_path / "c", "--use-tensorboard", "--tb-project-name", "proj", "--tb-experiment-name", "exp1",
+                  "--output-dir", str(tmp_path / "out"))
+    tracking.Tracker(args)
+    assert made == [str(tmp_path / "out" / "tensorboard" / "proj" / "exp1")]

@@ -113,8 +113,12 @@ def add_logging_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--wandb-mode", choices=("online", "offline", "disabled"), default=None)
     _add(g, parser, "--wandb-run-id", type=str, default=None)
     _add(g, parser, "--wandb-dir", type=str, default=None)
+    _add(g, parser, "--disable-wandb-random-suffix", dest="wandb_random_suffix", action="store_false",
+         help="use --wandb-group as the run's group and name as given (default: a random suffix is appended)")
     _add(g, parser, "--use-tensorboard", action="store_true", help="also write TensorBoard event files")
     _add(g, parser, "--tb-project-name", type=str, default=None, help="TensorBoard sub-directory")
+    _add(g, parser, "--tb-experiment-name", type=str, default=None,
+         help="TensorBoard sub-directory under --tb-project-name")
     _add(g, parser, "--tensorboard-dir", type=str, default=None, help="default: OUTPUT_DIR/tensorboard")
 
 

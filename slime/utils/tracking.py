@@ -36,14 +36,18 @@ class Tracker:
 
             if args.wandb_key:
                 wandb.login(key=args.wandb_key, host=args.wandb_host)
-            self.wandb = wandb.init(project=args.wandb_project, group=args.wandb_group, entity=args.wandb_team,
+            group = args.wandb_group
+            if group and args.wandb_random_suffix:  # upstream's: a random suffix unless --disable-wandb-random-suffix
+                group = f"{group}_{wandb.util.generate_id()}"
+            self.wandb = wandb.init(project=args.wandb_project, group=group, name=group, entity=args.wandb_team,
                                     id=args.wandb_run_id, mode=args.wandb_mode, dir=args.wandb_dir,
                                     resume="allow", config={k: v for k, v in vars(args).items()
                                                             if isinstance(v, (int, float, str, bool, type(None)))})
         if args.use_tensorboard and _installed("tensorboard"):
             from torch.utils.tensorboard import SummaryWriter
 
-            path = args.tensorboard_dir or os.path.join(args.output_dir, "tensorboard", args.tb_project_name or "")
+            path = args.tensorboard_dir or os.path.join(args.output_dir, "tensorboard", args.tb_project_name or "",
+                                                        args.tb_experiment_name or "")
             self.tb = SummaryWriter(log_dir=path)
 
     def log(self, record: dict[str, Any], step: int) -> None:
