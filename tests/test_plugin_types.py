@@ -134,3 +134,19 @@ def test_load_function_errors_name_the_path():
                         ("slime.rollout.rm_hub.nope", "no attribute 'nope'")):
         with pytest.raises(FunctionPathError, match=needle):
             load_function(bad)
+
+
+def test_custom_config_path_sets_attributes(tmp_path, capsys):
+    from slime.config.rollout_args import RolloutArgumentError, apply_custom_config, rollout_defaults
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("my_tool_url: http://127.0.0.1:1/x\nrollout_temperature: 0.5\n")
+    args = rollout_defaults(custom_config_path=str(cfg))
+    apply_custom_config(args)
+    assert args.my_tool_url == "http://127.0.0.1:1/x" and args.rollout_temperature == 0.5
+    cfg.write_text("- a\n- b\n")
+    with pytest.raises(RolloutArgumentError, match="must hold a mapping"):
+        apply_custom_config(args)
+    args.custom_config_path = str(tmp_path / "missing.yaml")
+    with pytest.raises(RolloutArgumentError, match="cannot be read"):
+        apply_custom_config(args)

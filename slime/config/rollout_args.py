@@ -155,6 +155,8 @@ def _add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--rollout-stop", type=str, nargs="+", default=None, help="stop strings of generation")
     _add(g, parser, "--rollout-skip-special-tokens", action="store_true",
          help="the engine decodes the response text without special tokens")
+    _add(g, parser, "--custom-config-path", type=str, default=None,
+         help="YAML mapping of extra attributes set on args before the checks (upstream's; plugins read them)")
     _add(g, parser, "--custom-reward-post-process-path", type=str, default=None,
          help="fn(args, samples) -> (raw_rewards, rewards): the rewards the trainer uses as they are (no group "
               "normalization of its own)")
@@ -217,12 +219,32 @@ class RolloutArgumentError(ValueError):
     """A bad rollout flag. One line: the problem and the fix."""
 
 
+def apply_custom_config(args: argparse.Namespace) -> None:
+    """--custom-config-path: every key of the YAML mapping becomes an attribute of args (overriding a flag)."""
+    import yaml
+
+    path = args.custom_config_path
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except OSError as e:
+        raise RolloutArgumentError(f"--custom-config-path {path!r} cannot be read ({e.strerror})") from e
+    except yaml.YAMLError as e:
+        raise RolloutArgumentError(f"--custom-config-path {path}: not valid YAML ({str(e).splitlines()[0]})") from e
+    if not isinstance(data, dict) or not all(isinstance(k, str) and k.isidentifier() for k in data):
+        raise RolloutArgumentError(f"--custom-config-path {path} must hold a mapping of attribute names to values")
+    for key, value in data.items():
+        setattr(args, key, value)
+
+
 def validate_rollout_args(args: argparse.Namespace) -> argparse.Namespace:
     """Check the rollout flags before Ray or any engine starts (raises RolloutArgumentError)."""
     def need(cond: bool, msg: str) -> None:
         if not cond:
             raise RolloutArgumentError(msg)
 
+    if getattr(args, "custom_config_path", None):
+        apply_custom_config(args)
     if args.prompt_data:
         need(args.rollout_batch_size is not None and args.rollout_batch_size >= 1,
              "--rollout-batch-size is required (prompts per rollout, >= 1)")
