@@ -251,22 +251,21 @@ def test_converters_refuse_bad_input_in_one_line(tiny, tmp_path, capsys):
 
 
 def test_converted_checkpoint_loads_at_another_layout_and_saves_back_bit_exact(tiny, tmp_path):
-    """The converter under 2 ranks (pipeline stages for llama's 2 layers, as upstream's tool splits them;
-    replicas for tied qwen3 and GLM-5's 3 layers); the trainer's torch_dist load at TP2 (qwen3, llama) and
-    EP2 (GLM-5): logits
+    """Every family: the converter under 2 ranks (pipeline stages for the untied 2-layer models, as upstream's
+    tool splits them; else replicas); the trainer's torch_dist load at TP2 or EP2: logits
     within 1e-5 of max |logit| of transformers'; saved there and converted back: the original tensors."""
     from glm5_helpers import spawn_ranks
 
     from checkpoint_interchange_worker import run
     from slime.backends.megatron.checkpoint_convert import torch_dist_to_hf
 
-    cases = [(tiny("qwen3"), str(tmp_path / "q_td"), str(tmp_path / "q_saved"), (2, 1, 1)),
-             (tiny("llama"), str(tmp_path / "l_td"), str(tmp_path / "l_saved"), (2, 1, 1)),
-             (tiny("glm_moe_dsa"), str(tmp_path / "g_td"), str(tmp_path / "g_saved"), (1, 2, 1))]
+    layouts = {"qwen3": (2, 1, 1), "llama": (2, 1, 1), "qwen2": (2, 1, 1), "glm4_moe": (2, 1, 1),
+               "qwen3_moe": (1, 2, 1), "glm4_moe_lite": (1, 2, 1), "glm_moe_dsa": (1, 2, 1)}  # (tp, ep, pp)
+    cases = [(tiny(m), str(tmp_path / f"{m}_td"), str(tmp_path / f"{m}_saved"), layout) for m, layout in layouts.items()]
     spawn_ranks(run, 2, cases, str(tmp_path / "logits.json"))
     rel = json.load(open(tmp_path / "logits.json"))
     assert set(rel) == {c[0] for c in cases} and max(rel.values()) < 1e-5, rel
-    common = torch.load(str(tmp_path / "l_td" / "release" / "common.pt"), weights_only=False)
+    common = torch.load(str(tmp_path / "llama_td" / "release" / "common.pt"), weights_only=False)
     assert common["args"].pipeline_model_parallel_size == 2  # two ranks converted llama as two stages
     for hf, _, saved, _ in cases:
         out = str(tmp_path / (os.path.basename(hf) + "_hf"))
@@ -309,3 +308,19 @@ def test_vocab_padded_as_megatron_pads_it_and_removed_on_export(tmp_path):
     torch_dist_to_hf(["--input-dir", release, "--output-dir", str(tmp_path / "hf"), "--origin-hf-dir", hf,
                       "--vocab-size", "300"])
     assert _digest(str(tmp_path / "hf")) == _digest(hf)
+
+
+def test_load_of_a_release_checkpoint_starts_at_rollout_0_with_its_weights(tiny, tmp_path):
+    from slime.backends.megatron import checkpoint as C
+    from slime.backends.megatron.checkpoint_convert import hf_to_torch_dist
+    from slime.backends.megatron.hf_loader import load_hf_model
+
+    hf_to_torch_dist(["--hf-checkpoint", tiny("qwen3_moe"), "--save", str(tmp_path / "td")])
+    model = load_hf_model(tiny("qwen3_moe"))
+    want = {k: v.clone() for k, v in model.state_dict().items() if torch.is_tensor(v)}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(float("nan"))
+    resumed = C.load(str(tmp_path / "td"), model, None, 0, LAYOUT)
+    assert (resumed.start_rollout_id, resumed.restored) == (0, ("model",))  # as --finetune: weights only
+    assert all(torch.equal(v, want[k]) for k, v in model.state_dict().items() if torch.is_tensor(v))
