@@ -33,14 +33,6 @@ def reuses_train_log_probs(args, num_samples: int) -> bool:
     return one_step and not kl_in_reward and not args.use_rollout_logprobs and args.hidden_dropout == 0
 
 
-def add_advantages(args, batch) -> dict[str, float]:
-    """Fill batch.advantages of every sample (one process holding the whole rollout: tests, tools; the
-    training loop computes them on the trainer ranks, each for its share); returns the advantage metrics."""
-    from slime.backends.megatron.rollout_data import share_advantages
-
-    return share_advantages(args, batch, range(len(batch)))
-
-
 def _wait_with_progress(ref, rollout, total: int, after_s: float = 2.0):
     """ray.get(ref) without waking while it waits (slime.ray.waiting), drawing a one-line progress bar on
     an interactive terminal when it takes a while."""

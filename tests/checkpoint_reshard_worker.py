@@ -60,7 +60,7 @@ def _iteration(actor, args, source, tok, rollout_id: int) -> dict:
     import numpy as np
 
     from slime.backends.megatron.rollout_data import payload_summary
-    from slime.train import add_advantages
+    from slime.backends.megatron.rollout_data import share_advantages
 
     batch = _rollout(source, tok, rollout_id)
     metrics = payload_summary({"rewards": np.asarray(batch.rewards, dtype=np.float64),
@@ -73,7 +73,7 @@ def _iteration(actor, args, source, tok, rollout_id: int) -> dict:
             merged.setdefault(key, {}).update(by_index)
     batch.old_log_probs = [merged["old_log_probs"][i] for i in range(len(batch))]
     batch.ref_log_probs = [merged["ref_log_probs"][i] for i in range(len(batch))]
-    metrics.update(add_advantages(args, batch))
+    metrics.update(share_advantages(args, batch, range(len(batch))))  # the whole rollout in this process
     metrics.update(actor.train(rollout_id, batch))
     metrics["old_log_probs"], metrics["ref_log_probs"] = torch.cat(batch.old_log_probs), torch.cat(batch.ref_log_probs)
     return metrics

@@ -287,7 +287,7 @@ def test_reused_train_log_probs_give_the_same_step_as_a_separate_old_forward(act
     old log-probs; the train-rollout mismatch metric equals the driver's formula on the separate forward's."""
     from slime.backends.megatron import checkpoint as ckpt
     from slime.backends.megatron.model_setup import host_copy
-    from slime.train import add_advantages, reuses_train_log_probs
+    from slime.train import reuses_train_log_probs
 
     actor, args = actor_and_args
     assert reuses_train_log_probs(args, 6) and not reuses_train_log_probs(args, 12)  # 12 samples: two steps
@@ -305,7 +305,7 @@ def test_reused_train_log_probs_give_the_same_step_as_a_separate_old_forward(act
     lp = actor.compute_log_probs(separate)["log_probs"]
     separate.old_log_probs = [lp["old_log_probs"][i] for i in range(len(separate))]
     separate.ref_log_probs = [lp["ref_log_probs"][i] for i in range(len(separate))]
-    driver_metrics = add_advantages(args, separate)
+    driver_metrics = _all_advantages(args, separate)
     m_separate = actor.train(8, separate)
     w_separate = host_copy(actor.model)
 
@@ -315,7 +315,7 @@ def test_reused_train_log_probs_give_the_same_step_as_a_separate_old_forward(act
     lp = actor.compute_log_probs(reused)
     assert set(lp["log_probs"]) == {"ref_log_probs"}  # no old-policy forward ran
     reused.ref_log_probs = [lp["log_probs"]["ref_log_probs"][i] for i in range(len(reused))]
-    assert "train_rollout_logprob_abs_diff" not in add_advantages(args, reused)  # the trainer reports it
+    assert "train_rollout_logprob_abs_diff" not in _all_advantages(args, reused)  # the trainer reports it
     m_reused = actor.train(8, reused)
 
     for key in ("train/loss", "train/pg_loss", "train/kl", "train/ppo_kl", "train/clip_frac", "train/grad_norm"):
@@ -333,13 +333,12 @@ def test_reused_train_log_probs_give_the_same_step_as_a_separate_old_forward(act
 
 def test_train_rollout_from_the_payload_equals_the_driver_path(actor_and_args):
     """The trainer-side rollout (object-store payload -> log-probs -> advantages -> train) gives the same
-    loss, metrics and weights as the former driver path (compute_log_probs, add_advantages, train)."""
+    loss, metrics and weights as the former driver path (compute_log_probs, the advantages, train)."""
     from types import SimpleNamespace
 
     from slime.backends.megatron import checkpoint as ckpt
     from slime.backends.megatron.model_setup import host_copy
     from slime.backends.megatron.rollout_data import batch_from_payload, pack_samples
-    from slime.train import add_advantages
 
     actor, args = actor_and_args
     actor.save(9, {})
@@ -354,7 +353,7 @@ def test_train_rollout_from_the_payload_equals_the_driver_path(actor_and_args):
     lp = actor.compute_log_probs(driver)["log_probs"]
     driver.old_log_probs = [lp["old_log_probs"][i] for i in range(len(driver))]
     driver.ref_log_probs = [lp["ref_log_probs"][i] for i in range(len(driver))]
-    m_driver = add_advantages(args, driver)
+    m_driver = _all_advantages(args, driver)
     m_driver.update(actor.train(10, driver))
     w_driver = host_copy(actor.model)
 
@@ -367,3 +366,11 @@ def test_train_rollout_from_the_payload_equals_the_driver_path(actor_and_args):
         torch.testing.assert_close(v, w_driver[k], rtol=1e-6, atol=1e-8, msg=k)
     assert m_trainer["time/log_probs"] >= m_trainer["time/log_probs_old"] > 0
     ckpt.load(args.save, actor.model, actor.optimizer, 0, actor._layout())
+
+
+def _all_advantages(args, batch) -> dict[str, float]:
+    """Advantages of the whole rollout in one process (the loop computes them on the trainer ranks, each for
+    its share); returns the advantage metrics."""
+    from slime.backends.megatron.rollout_data import share_advantages
+
+    return share_advantages(args, batch, range(len(batch)))

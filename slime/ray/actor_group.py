@@ -46,24 +46,10 @@ class RayTrainGroup:
         """Load models, build optimizers, restore a checkpoint; returns the first rollout id to run."""
         return self._all("init", self.args, role, with_ref)[0]
 
-    def compute_log_probs(self, batch_ref) -> dict[str, Any]:
-        """Old-policy (and reference) log-probs of every sample, merged over data-parallel ranks."""
-        parts = self._all("compute_log_probs", batch_ref)
-        merged: dict[str, dict[int, Any]] = {}
-        for part in parts:  # each rank reports {key: {sample index: tensor}} for its data shard
-            for key, by_index in part["log_probs"].items():
-                merged.setdefault(key, {}).update(by_index)
-        out: dict[str, Any] = {key: [by_index[i] for i in sorted(by_index)] for key, by_index in merged.items()}
-        out["metrics"] = parts[0]["metrics"]
-        return out
-
     def train_rollout(self, rollout_id: int, data_ref, reuse_train_log_probs: bool) -> dict[str, float]:
         """Log-probs, advantages and training of one rollout; `data_ref` is the rollout manager's object
         reference, resolved by Ray on each rank (never on the driver)."""
         return self._all("train_rollout", rollout_id, data_ref, reuse_train_log_probs)[0]
-
-    def train(self, rollout_id: int, batch_ref) -> dict[str, float]:
-        return self._all("train", rollout_id, batch_ref)[0]
 
     def connect_rollout_engines(self, engines: list[dict[str, Any]]) -> str:
         return self._all("connect_rollout_engines", engines)[0]

@@ -428,7 +428,7 @@ class MegatronTrainRayActor:
             **{f"time/train_{k}": v for k, v in seconds.items()},
         })
         if reuse and batch.rollout_log_probs is not None:
-            # The driver's train_rollout_logprob_abs_diff (slime/train.py:add_advantages), from this forward.
+            # The driver's train_rollout_logprob_abs_diff (share_advantages over the whole rollout), from this forward.
             metrics["train_rollout_logprob_abs_diff"] = float(mismatch[0] / mismatch[1].clamp_min(1))
             metrics["train_rollout_logprob_abs_diff_max"] = float(mismatch_max[0])
         return metrics
