@@ -129,9 +129,11 @@ def test_deepseek_v3_published_configs_read_as_transformers_does(config):
 
 
 def test_kimi_k2_checkpoint_is_deepseek_v3_and_bad_deepseek_configs_are_one_line(ckpts, tmp_path):
-    """Kimi-K2 ships model_type kimi_k2 (no transformers type): the same model as deepseek_v3 (identical logits)."""
+    """Kimi-K2 ships model_type kimi_k2 (no transformers type): the same model as deepseek_v3 (identical logits);
+    the embedded engine runs it as DeepseekV3ForCausalLM, its log-probs the trainer's."""
     import shutil
 
+    from slime.backends.embedded import EmbeddedEngine, EngineConfig
     from slime_plugins.models.registry import UnsupportedModelError, parse_hf_config
 
     kimi = tmp_path / "kimi"
@@ -140,8 +142,18 @@ def test_kimi_k2_checkpoint_is_deepseek_v3_and_bad_deepseek_configs_are_one_line
     json.dump(cfg | {"model_type": "kimi_k2"}, open(kimi / "config.json", "w"))
     ids, pos = random_batch(2, 9, VOCAB, 5)
     with torch.no_grad():
-        torch.testing.assert_close(load_hf_model(str(kimi))(ids, pos), load_hf_model(ckpts["deepseek_v3"])(ids, pos),
-                                   rtol=0, atol=0)
+        model = load_hf_model(str(kimi))
+        torch.testing.assert_close(model(ids, pos), load_hf_model(ckpts["deepseek_v3"])(ids, pos), rtol=0, atol=0)
+    engine = EmbeddedEngine(EngineConfig(model_path=str(kimi)))
+    try:
+        assert type(engine.model).__name__ == "DeepseekV3ForCausalLM"
+        prompt = ids[0, :4].tolist()
+        out = engine.generate(prompt, {"max_new_tokens": 5, "temperature": 1.0, "sampling_seed": 3, "ignore_eos": True},
+                              return_logprob=True)
+        want = _trainer_logprobs(model, [prompt], [out.output_ids])[0]
+        torch.testing.assert_close(torch.tensor(out.logprobs, dtype=torch.float32), want, rtol=0, atol=5e-5)
+    finally:
+        engine.shutdown()
     with pytest.raises(UnsupportedModelError, match="moe_layer_freq=2 is not supported"):
         parse_hf_config(cfg | {"moe_layer_freq": 2})
     with pytest.raises(UnsupportedModelError, match="only the sigmoid"):
