@@ -154,3 +154,17 @@ def test_no_other_http_client_in_slime():
                 with open(path, encoding="utf-8") as fh:
                     hits += [f"{os.path.relpath(path, REPO)}:{i}" for i, line in enumerate(fh, 1) if pattern.search(line)]
     assert not hits, f"HTTP outside slime/utils/http_client.py: {hits}"
+
+
+def test_a_finished_threads_connection_is_closed(server):
+    import gc
+
+    client = HttpClient(_url(server))
+    t = threading.Thread(target=lambda: client.get("/peer"))
+    t.start()
+    t.join()
+    del t
+    gc.collect()
+    assert len(client._open) == 0  # collected with its thread: no socket (and no server thread) left behind
+    client.get("/peer")
+    assert len(client._open) == 1

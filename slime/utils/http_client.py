@@ -19,6 +19,7 @@ import json
 import socket
 import threading
 import time
+import weakref
 from typing import Any, Callable, Sequence
 from urllib.parse import urlsplit
 
@@ -53,7 +54,9 @@ class HttpClient:
         self.token = token
         self.timeout = timeout
         self._local = threading.local()
-        self._open: set[http.client.HTTPConnection] = set()
+        # Weak: a connection lives as long as its thread (rollout worker threads come and go; when one ends,
+        # its connection is collected and its socket closed, so the server's thread for it ends too).
+        self._open: weakref.WeakSet[http.client.HTTPConnection] = weakref.WeakSet()
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -64,7 +67,7 @@ class HttpClient:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._local, self._open, self._lock = threading.local(), set(), threading.Lock()
+        self._local, self._open, self._lock = threading.local(), weakref.WeakSet(), threading.Lock()
 
     # ------------------------------------------------------------------ transport
     def _connection(self) -> tuple[http.client.HTTPConnection, bool]:
@@ -88,7 +91,7 @@ class HttpClient:
     def close(self) -> None:
         """Close every connection this client holds (any thread's)."""
         with self._lock:
-            conns, self._open = list(self._open), set()
+            conns, self._open = list(self._open), weakref.WeakSet()
         for conn in conns:
             conn.close()
         self._local = threading.local()
