@@ -18,6 +18,13 @@ FAMILIES = list(RECORDED["families"])
 LAYOUT = {"tp": 1, "pp": 1, "ep": 1, "world_size": 1}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _clean_megatron_state():
+    from glm5_helpers import megatron_state_cleanup
+
+    yield from megatron_state_cleanup()
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """model_type -> its tiny HF checkpoint (the recorded one: seed 0, the recorded config overrides)."""
@@ -324,3 +331,56 @@ def test_load_of_a_release_checkpoint_starts_at_rollout_0_with_its_weights(tiny,
     resumed = C.load(str(tmp_path / "td"), model, None, 0, LAYOUT)
     assert (resumed.start_rollout_id, resumed.restored) == (0, ("model",))  # as --finetune: weights only
     assert all(torch.equal(v, want[k]) for k, v in model.state_dict().items() if torch.is_tensor(v))
+
+
+def test_trainer_resume_of_a_dense_model_restores_weights_and_adam_moments(tiny, tmp_path):
+    """A dense model's checkpoint (stacked layers, fused linear_qkv) with the optimizer: the fused and
+    stacked Adam moments go back to their parameters (resume equals the saved state exactly)."""
+    import random
+
+    from slime.backends.megatron import checkpoint as C
+    from slime.backends.megatron.actor import MegatronTrainRayActor
+    from slime.backends.megatron.data import RolloutBatch
+    from slime.config.arguments import parse_args
+
+    args = parse_args(["--hf-checkpoint", tiny("qwen3"), "--num-rollout", "4", "--global-batch-size", "4",
+                       "--use-dynamic-batch-size", "--max-tokens-per-gpu", "24", "--lr", "3e-3",
+                       "--save", str(tmp_path / "save")])
+    actor = MegatronTrainRayActor(1, 0)
+    assert actor.init(args, with_ref=False) == 0
+    rng = random.Random(0)
+
+    def step():
+        seqs = [[rng.randrange(3, 500) for _ in range(rng.randint(4, 11))] for _ in range(4)]
+        batch = RolloutBatch(tokens=seqs, response_lengths=[3] * 4, rewards=[1.0, 0.0, 1.0, 0.0],
+                             loss_masks=[[1, 1, 1]] * 4)
+        lp = actor.compute_log_probs(batch)["log_probs"]["old_log_probs"]
+        batch.old_log_probs = [lp[i] for i in range(4)]
+        batch.advantages = [torch.ones(3) for _ in range(4)]
+        actor.train(1, batch)
+
+    def state():
+        params = {n: p.detach().clone() for n, p in actor.model.module.named_parameters()}
+        moments = {}
+        for sub in actor.optimizer.chained_optimizers:
+            for group in sub.optimizer.param_groups:
+                for p in group["params"]:
+                    for k, v in sub.optimizer.state.get(p, {}).items():
+                        if torch.is_tensor(v) and v.dim():
+                            moments[(id(p), k)] = v.clone()
+        return params, moments
+
+    step()
+    actor.save(1, {})
+    assert "decoder.layers.self_attention.linear_qkv.weight" in _weight_keys(str(tmp_path / "save" / "iter_0000001"))
+    saved_params, saved_moments = state()
+    assert saved_moments and all(v.abs().sum() > 0 for v in saved_moments.values())
+    step()
+    moved_params, moved_moments = state()
+    assert any(not torch.equal(saved_params[n], p) for n, p in moved_params.items())
+    assert any(not torch.equal(saved_moments[k], v) for k, v in moved_moments.items())
+    resumed = C.load(str(tmp_path / "save"), actor.model, actor.optimizer, 0, actor._layout())
+    assert resumed.restored == ("model", "optimizer", "rng")
+    params, moments = state()
+    assert all(torch.equal(saved_params[n], p) for n, p in params.items())
+    assert moments.keys() == saved_moments.keys() and all(torch.equal(saved_moments[k], v) for k, v in moments.items())
