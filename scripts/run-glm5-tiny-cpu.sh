@@ -9,8 +9,9 @@
 # Environment knobs: RUN_DIR (outputs, default outputs/glm5-tiny), NUM_ROLLOUT (default 60).
 # Extra arguments are passed to train.py (e.g. --num-rollout 10; --eval-interval 2 evaluates greedily on 32
 # prompts of another seed before training and every 2 rollouts: eval records in metrics.jsonl and report.png).
-# Re-running resumes from RUN_DIR/ckpt (train.py says so); a RUN_DIR whose run has metrics but no
-# checkpoint yet is refused (one line): pick a fresh RUN_DIR or pass --overwrite-output.
+# Re-running resumes from RUN_DIR/ckpt (train.py says so); re-run before the first checkpoint (rollout 19),
+# the same command restarts from rollout 0 (its unsaved records discarded, said so). A RUN_DIR holding
+# another run's metrics is refused (one line): pick a fresh RUN_DIR or pass --overwrite-output.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup-venv.sh"
