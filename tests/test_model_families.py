@@ -162,6 +162,65 @@ def test_kimi_k2_checkpoint_is_deepseek_v3_and_bad_deepseek_configs_are_one_line
         parse_hf_config(cfg | {"n_group": 3})
 
 
+def _deepseek_mtp_reference(path, ids, pos):
+    """DeepSeek-V3's MTP depth 1 from transformers modules: the checkpoint's extra layer as a DeepseekV3DecoderLayer
+    (MoE: its index >= first_k_dense_replace) fed eh_proj(cat(enorm(embed(ids shifted by 1)), hnorm(final hidden))),
+    then shared_head.norm and lm_head."""
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer
+
+    model = hf_model(path).eval()
+    n = model.config.num_hidden_layers
+    own = {k[len(f"model.layers.{n}."):]: v for k, v in load_file(os.path.join(path, "model.safetensors")).items()
+           if k.startswith(f"model.layers.{n}.")}
+    layer = DeepseekV3DecoderLayer(model.config, n).eval()
+    experts = range(model.config.n_routed_experts)
+    state = {k: v for k, v in own.items() if ".experts." not in k}
+    state["mlp.experts.gate_up_proj"] = torch.stack(
+        [torch.cat([own[f"mlp.experts.{e}.gate_proj.weight"], own[f"mlp.experts.{e}.up_proj.weight"]]) for e in experts])
+    state["mlp.experts.down_proj"] = torch.stack([own[f"mlp.experts.{e}.down_proj.weight"] for e in experts])
+    for k in ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight", "embed_tokens.weight",
+              "shared_head.head.weight"):
+        state.pop(k)
+    layer.load_state_dict(state, strict=True)
+
+    def rms(x, w):
+        return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + model.config.rms_norm_eps))
+
+    with torch.no_grad():
+        hidden = model.model(ids, position_ids=pos).last_hidden_state
+        shifted = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)
+        x = torch.nn.functional.linear(torch.cat([rms(model.model.embed_tokens(shifted), own["enorm.weight"]),
+                                                  rms(hidden, own["hnorm.weight"])], -1), own["eh_proj.weight"])
+        seq = ids.shape[1]
+        mask = torch.full((seq, seq), torch.finfo(x.dtype).min).triu(1)[None, None].expand(ids.shape[0], 1, seq, seq)
+        x = layer(x, attention_mask=mask, position_ids=pos, position_embeddings=model.model.rotary_emb(x, pos))
+        return model.lm_head(rms(x, own["shared_head.norm.weight"]))
+
+
+def test_deepseek_v3_mtp_layer_matches_transformers_trains_and_round_trips(tmp_path):
+    """DeepSeek-V3's MTP layer (model.layers.N: enorm, hnorm, eh_proj, MLA + MoE layer, shared_head) with
+    load_mtp: depth-1 logits equal to transformers' modules (1e-5 of max |logit|), grads reach eh_proj and its
+    experts, export gives the checkpoint back bit for bit; without load_mtp it passes through unchanged."""
+    from glm5_helpers import add_mtp_layer
+
+    from slime_plugins.models.common.tiny import write_tiny_checkpoint
+
+    ckpt = add_mtp_layer(write_tiny_checkpoint(str(tmp_path / "mtp"), "deepseek_v3", seed=3, initializer_range=0.2), seed=3)
+    original = load_file(os.path.join(ckpt, "model.safetensors"))
+    passed = {n: t for b in export_hf(load_hf_model(ckpt)) for n, t in b}
+    assert passed.keys() == original.keys() and all(torch.equal(passed[n].cpu(), original[n]) for n in original)
+    model = load_hf_model(ckpt, load_mtp=True)
+    ids, pos = random_batch(2, 11, VOCAB, 9)
+    logits, (mtp1,) = model(ids, pos, mtp_logits=True)
+    assert _rel_max(logits, hf_model(ckpt)(ids, position_ids=pos).logits) <= 1e-5
+    assert _rel_max(mtp1, _deepseek_mtp_reference(ckpt, ids, pos)) <= 1e-5
+    mtp1[:, :-2].sum().backward()  # rows whose target (t + 2) exists
+    layer = model.mtp.layers[0]
+    assert layer.eh_proj.weight.grad.abs().sum() > 0 and layer.transformer_layer.mlp.experts.weight1.grad.abs().sum() > 0
+    exported = {n: t for b in export_hf(model) for n, t in b}
+    assert exported.keys() == original.keys() and all(torch.equal(exported[n].cpu(), original[n]) for n in original)
+
+
 @pytest.mark.parametrize("model_type", list(CASES))
 def test_logits_and_grads_match_transformers(accel, ckpts, model_type):
     model = load_hf_model(ckpts[model_type])
