@@ -139,7 +139,7 @@ def _add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("rollout plugins", "upstream slime's customization hooks (docs/plugins.md)")
     _add(g, parser, "--rollout-function-path", type=str, default=None,
          help="fn(args, rollout_id, data_source, evaluation=False) -> RolloutFnTrainOutput | list[list[Sample]] "
-              "(upstream's default: slime.rollout.sglang_rollout.generate_rollout); default: this project's loop")
+              "(upstream's is slime.rollout.sglang_rollout.generate_rollout); default: this project's loop")
     _add(g, parser, "--eval-function-path", type=str, default=None,
          help="the rollout function for evaluation, called with evaluation=True -> RolloutFnEvalOutput "
               "(default: --rollout-function-path)")
@@ -182,7 +182,7 @@ def _add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--eval-max-response-len", type=int, default=None, help="default: --rollout-max-response-len")
     _add(g, parser, "--eval-max-prompt-len", type=int, default=None, help="default: --rollout-max-prompt-len")
     _add(g, parser, "--eval-max-context-len", type=int, default=None,
-         help="eval context size; --eval-max-prompt-len defaults to it - 1 (default: --rollout-max-context-len)")
+         help="eval context size, --eval-max-prompt-len then at most it - 1 (default: --rollout-max-context-len)")
     _add(g, parser, "--eval-tool-key", type=str, default=None, help="default: --tool-key")
 
 
