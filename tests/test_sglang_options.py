@@ -161,3 +161,11 @@ def test_the_real_router_takes_the_router_options(tmp_path):
         assert out["text"] == "a"
     finally:
         router.stop()
+
+
+def test_nothing_is_forwarded_at_sglang_defaults():
+    from slime.config.rollout_args import rollout_defaults, sglang_passthrough
+    from slime.config.sglang_options import given_server_options
+
+    args = rollout_defaults()
+    assert given_server_options(args) == {} and sglang_passthrough(args) == []

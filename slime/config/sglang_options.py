@@ -255,7 +255,7 @@ def given_server_options(args: argparse.Namespace, surface: Surface | None = Non
     out = {}
     for o in surface.options:
         value = getattr(args, f"sglang_{o.dest}", o.default)
-        if o.name not in RESERVED and value != o.default:
+        if o.name not in RESERVED and value is not None and value != o.default:  # None: slime's typed flag unset
             out[o.name] = value
     return out
 
