@@ -18,6 +18,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -99,6 +100,28 @@ def _gone(procs, timeout: float = 60.0) -> list:
 
 
 @pytest.fixture(scope="module")
+def quick_start_inputs(tmp_path_factory):
+    """model/, data.jsonl and eval.jsonl as the quick start writes them (same functions and arguments), once:
+    the runs below that test how a run ends start from a copy (the script skips inputs that exist);
+    quick_run writes its own through the script."""
+    from slime.rollout import synthetic
+    from slime_plugins.models.glm5.tiny import write_tiny_checkpoint
+
+    d = tmp_path_factory.mktemp("inputs")
+    write_tiny_checkpoint(str(d / "model"), "glm_moe_dsa", 0)
+    synthetic.main(["--out", str(d / "data.jsonl"), "--num", "4096", "--seed", "0"])
+    synthetic.main(["--out", str(d / "eval.jsonl"), "--num", "32", "--seed", "1"])
+    return d
+
+
+def _with_inputs(inputs, run_dir):
+    shutil.copytree(inputs / "model", run_dir / "model")
+    for name in ("data.jsonl", "eval.jsonl"):
+        shutil.copy(inputs / name, run_dir / name)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     """Quick start, 2 rollouts; the engine is killed as soon as rollout 0 is recorded (rollout 1 is then
     generating)."""
@@ -151,10 +174,10 @@ def test_quick_start_again_resumes_and_keeps_metrics(quick_run):
     assert records[:2] == before  # the first run's records are kept as they were
 
 
-def test_run_dir_with_metrics_but_no_checkpoint_is_refused(tmp_path):
+def test_run_dir_with_metrics_but_no_checkpoint_is_refused(tmp_path, quick_start_inputs):
+    _with_inputs(quick_start_inputs, tmp_path)
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "metrics.jsonl").write_text(json.dumps({"rollout_id": 0}) + "\n")
-    (tmp_path / "model").mkdir()
     proc = _quick_start(tmp_path, 2)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 2
@@ -163,7 +186,8 @@ def test_run_dir_with_metrics_but_no_checkpoint_is_refused(tmp_path):
     assert not (tmp_path / "ckpt").exists()
 
 
-def test_ctrl_c_exits_130_and_leaves_nothing(tmp_path):
+def test_ctrl_c_exits_130_and_leaves_nothing(tmp_path, quick_start_inputs):
+    _with_inputs(quick_start_inputs, tmp_path)
     proc = _quick_start(tmp_path, 50, start_new_session=True)
     _wait_for_records(proc, tmp_path, 1)
     procs = _descendants(proc)
@@ -179,7 +203,8 @@ def test_ctrl_c_exits_130_and_leaves_nothing(tmp_path):
         assert not glob.glob(f"/dev/shm/torch_{pid}_*")
 
 
-def test_engine_death_beyond_the_restart_bound_stops_with_its_log_tail(tmp_path):
+def test_engine_death_beyond_the_restart_bound_stops_with_its_log_tail(tmp_path, quick_start_inputs):
+    _with_inputs(quick_start_inputs, tmp_path)
     proc = _quick_start(tmp_path, 3, "--rollout-engine-max-restarts", "0")
     _wait_for_records(proc, tmp_path, 1)
     engine = _engine_process(proc)
