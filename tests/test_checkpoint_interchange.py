@@ -384,3 +384,16 @@ def test_trainer_resume_of_a_dense_model_restores_weights_and_adam_moments(tiny,
     params, moments = state()
     assert all(torch.equal(saved_params[n], p) for n, p in params.items())
     assert moments.keys() == saved_moments.keys() and all(torch.equal(saved_moments[k], v) for k, v in moments.items())
+
+
+def test_bf16_glm5_round_trips_in_its_dtypes(tmp_path):
+    """bf16 GLM-5: the indexer gate the model keeps in float32 goes back in the bf16 the checkpoint stored."""
+    from slime.backends.megatron.checkpoint_convert import hf_to_torch_dist, torch_dist_to_hf
+    from slime_plugins.models.common.tiny import write_tiny_checkpoint
+
+    hf = write_tiny_checkpoint(str(tmp_path / "glm5_bf16"), "glm_moe_dsa", seed=1, dtype="bfloat16")
+    release = hf_to_torch_dist(["--hf-checkpoint", hf, "--save", str(tmp_path / "td")])
+    torch_dist_to_hf(["--input-dir", release, "--output-dir", str(tmp_path / "hf"), "--origin-hf-dir", hf])
+    want = _digest(hf)
+    assert {d for d, _, _ in want.values()} == {"bfloat16", "float32"}  # the router gate is float32 in the file
+    assert _digest(str(tmp_path / "hf")) == want

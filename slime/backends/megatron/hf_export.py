@@ -139,8 +139,13 @@ def save_hf(model, out_dir: str, dtype: torch.dtype | None = None, max_shard_byt
             files.append((fn, list(shard)))
         shard, shard_bytes = {}, 0
 
+    stored = getattr(model, "hf_dtypes", {}) if dtype is None else {}
     for bucket in export_hf(model, dtype=dtype):
         for name, t in bucket:
+            # A tensor kept in float32 here (the indexer gate) that the source checkpoint stored in bf16 goes
+            # back in bf16, as upstream's converter writes it (its Megatron parameter is bf16).
+            if stored.get(name) is not None and t.is_floating_point() and stored[name] != t.dtype:
+                t = t.to(stored[name])
             if writer:
                 # An owned copy: exported tensors may be views sharing a parameter (safetensors refuses those).
                 shard[name] = torch.empty(t.shape, dtype=t.dtype, device="cpu").copy_(t.detach())

@@ -16,6 +16,9 @@ SINGLE_FILE = "model.safetensors"
 _FUSED = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<kind>gate_up_proj|down_proj)$")
 
 
+_SAFETENSORS_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64}
+
+
 class HFCheckpointError(ValueError):
     """A checkpoint that cannot be loaded; the message names every offending file or tensor."""
 
@@ -109,6 +112,13 @@ class HFCheckpoint:
         if name not in self._file_of:
             raise HFCheckpointError(f"{self.dir}: tensor {name} not in the checkpoint")
         return self._handle(self._file_of[name]).get_tensor(name)
+
+    def tensor_dtype(self, name: str) -> torch.dtype | None:
+        """The dtype `name` is stored in (from the safetensors header; fused experts: their tensor's)."""
+        stored = self._virtual[name][0] if name in self._virtual else name
+        if stored not in self._file_of:
+            return None
+        return _SAFETENSORS_DTYPES.get(self._handle(self._file_of[stored]).get_slice(stored).get_dtype())
 
     def close(self) -> None:
         self._handles.clear()
