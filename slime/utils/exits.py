@@ -64,13 +64,20 @@ def install_signal_handlers() -> None:
     """SIGINT/SIGTERM raise `Interrupted` in the main thread (Ctrl-C would otherwise be KeyboardInterrupt,
     SIGTERM an exit without cleanup)."""
     _received.clear()
+    _installed.append(True)
     reclaim_signal_handlers()
+
+
+_installed: list[bool] = []  # install_signal_handlers ran (train.py's main): reclaim only then
 
 
 def reclaim_signal_handlers() -> None:
     """Put the handlers back after a library replaced them (signals seen so far are kept). `ray.init` does:
     it sets a Python SIGTERM handler (`sys.exit(15)`) and its core worker installs absl's crash handler,
-    which takes SIGTERM at the C level (a crash dump, then SIGABRT: exit 134, no cleanup)."""
+    which takes SIGTERM at the C level (a crash dump, then SIGABRT: exit 134, no cleanup). A process that
+    never installed them (a library user calling `train.train`) keeps its own."""
+    if not _installed or threading.current_thread() is not threading.main_thread():
+        return
     for s in _HANDLED:
         signal.signal(s, _raise_interrupted)
 
