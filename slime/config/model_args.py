@@ -115,7 +115,9 @@ def _qk_norm(cfg: dict) -> bool:
 def _qkv_bias(cfg: dict) -> bool | None:
     if _mla(cfg):
         return None  # Megatron's MLA has no fused qkv projection: the flag has no effect there
-    return True if cfg.get("model_type") in ("qwen2", "qwen2_moe") else bool(cfg.get("attention_bias", False))
+    if cfg.get("model_type") in ("qwen2", "qwen2_moe"):
+        return True
+    return bool(cfg.get("attention_bias", cfg.get("model_type") == "glm4"))  # transformers' Glm4Config: true
 
 
 # flag -> (type, what config.json says for it). A getter returning None means "not applicable / not stated".
