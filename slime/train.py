@@ -65,8 +65,9 @@ def _should_save(args, rollout_id: int) -> bool:
     return last or (args.save_interval is not None and (rollout_id + 1) % args.save_interval == 0)
 
 
-def train(args) -> list[dict[str, Any]]:
-    """Run the loop; returns the per-iteration metric records (also in OUTPUT_DIR/metrics.jsonl)."""
+def train(args, loop=None) -> list[dict[str, Any]]:
+    """Run the loop (`loop(args, handles, slots)`, default the synchronous one; slime.train_async passes its
+    own); returns the per-iteration metric records (also in OUTPUT_DIR/metrics.jsonl)."""
     from slime.ray.actor_group import RayTrainGroup
     from slime.ray.placement_group import create_placement_groups, init_ray
 
@@ -90,7 +91,7 @@ def train(args) -> list[dict[str, Any]]:
 
         record_processes(args.output_dir, handles["actor"].pids, "trainer")  # freed by the next run if killed
         _trainer_pids[:] = handles["actor"].pids
-        return _run(args, handles, slots)
+        return (loop or _run)(args, handles, slots)
     finally:
         _cleanup(handles.get("actor"), handles.get("rollout"), slots)
 
@@ -254,7 +255,7 @@ def _evaluate(rollout, log, tracker, step: int) -> dict[str, Any]:
     return record
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, train_fn=None) -> int:
     """Exit status: 0 done, 1 error (one line; SLIME_DEBUG=1 for the traceback), 2 bad input found
     before Ray starts, 130/143 after SIGINT/SIGTERM (engines, trainer ranks and shared memory released)."""
     from slime.utils import exits
@@ -263,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     exits.install_signal_handlers()  # first: a signal while parsing or in preflight also exits 128 + N, one line
     exits.start_stop_watchdog(_take_over_stop)
     try:
-        code = _main(argv)
+        code = _main(argv, train_fn or train)
     except exits.Interrupted as e:  # before Ray started (later ones are handled with the cleanup in _main)
         print(f"train.py: {e.name}: stopped; exit {e.exit_code}", file=sys.stderr, flush=True)
         return e.exit_code
@@ -294,7 +295,7 @@ def _take_over_stop(signum: int) -> bool:
     return True
 
 
-def _main(argv: Sequence[str] | None) -> int:
+def _main(argv: Sequence[str] | None, train_fn=None) -> int:
     from slime.utils import exits
     from slime.config.arguments import parse_args
     from slime.config.preflight import PreflightError, run_preflight
@@ -333,7 +334,7 @@ def _main(argv: Sequence[str] | None) -> int:
         import ray
 
         started_ray = not ray.is_initialized() and not os.environ.get("RAY_ADDRESS")
-        records = train(args)
+        records = (train_fn or train)(args)
     except BaseException as e:  # noqa: BLE001 - every way out gets one line and a status
         stop = exits.interruption(e)
         if stop is not None:
