@@ -372,7 +372,7 @@ def checkpoint_layout(path: str) -> tuple[str, bool, dict[str, tuple]]:
     from megatron.core import dist_checkpointing
 
     shapes = {k: tuple(v.global_shape) for k, v in dist_checkpointing.load_tensors_metadata(path).items()}
-    stacked = any(k.startswith("decoder.layers.") and not k.split(".")[2].isdigit() for k in shapes)
+    stacked = K.has_stacked_layers(shapes)
     return K.detect_layout(shapes), stacked, shapes
 
 

@@ -34,7 +34,7 @@ def check_checkpoint(path: str, flag: str, hf_config: dict) -> str | None:
     saved = saved_weight_keys(found.path)
     _, arch = parse_hf_config(hf_config)
     layout = K.detect_layout(saved)
-    stacked = any(k.startswith("decoder.layers.") and not k.split(".")[2].isdigit() for k in saved)
+    stacked = K.has_stacked_layers(saved)
     want = K.expected_keys(arch, layout, stacked)
     form = f"{layout}, {'stacked layers' if stacked else 'per-layer keys'}"
     missing, unexpected = want - saved, saved - want

@@ -81,6 +81,11 @@ def padded_vocab_size(vocab_size: int, divisible_by: int = 128, tp: int = 1) -> 
     return -(-vocab_size // multiple) * multiple
 
 
+def has_stacked_layers(keys) -> bool:
+    """Whether a checkpoint's tensor keys hold Megatron's stacked layers (`decoder.layers.<name>`, no index)."""
+    return any(k.startswith("decoder.layers.") and not k.split(".")[2].isdigit() for k in keys)
+
+
 def detect_layout(keys) -> str:
     """UPSTREAM or EARLIER from a checkpoint's tensor keys (load_tensors_metadata)."""
     keys = set(keys)
