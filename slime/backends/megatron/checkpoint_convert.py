@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import shutil
 import sys
 
 logger = logging.getLogger(__name__)
@@ -149,8 +148,10 @@ def torch_dist_to_hf(argv: list[str] | None = None) -> str:
     if args.vocab_size is not None and args.vocab_size != cfg.get("vocab_size"):
         _fail(f"--vocab-size {args.vocab_size} differs from {args.origin_hf_dir}/config.json's vocab_size "
               f"{cfg.get('vocab_size')}; pass that (the rows past it are Megatron's padding)")
-    _, _, shapes = C.checkpoint_layout(found.path)
-    dtype = _stored_dtype(found.path)
+    from megatron.core import dist_checkpointing
+
+    saved = dist_checkpointing.load_tensors_metadata(found.path)
+    dtype = _stored_dtype(saved)
     model = load_hf_model(args.origin_hf_dir, dtype=dtype)
     origin = dict(model.passthrough_hf)
     model.passthrough_hf = {}
@@ -163,19 +164,14 @@ def torch_dist_to_hf(argv: list[str] | None = None) -> str:
         _fail(f"--input-dir {found.path} does not set {missing[:4]} ...; is it a checkpoint of this model?")
     if args.add_missing_from_origin_hf:
         model.passthrough_hf = origin
-    tmp_out = args.output_dir
-    if os.path.exists(tmp_out):
-        shutil.rmtree(tmp_out)
-    save_hf(model, tmp_out, max_shard_bytes=args.chunk_size)
-    print(f"{found.path} -> {tmp_out} (HF safetensors, {len(shapes)} torch_dist tensors read)")
-    return tmp_out
+    out = save_hf(model, args.output_dir, max_shard_bytes=args.chunk_size)  # replaces an existing one when complete
+    print(f"{found.path} -> {out} (HF safetensors, {len(saved)} torch_dist tensors read)")
+    return out
 
 
-def _stored_dtype(path: str):
-    """The dtype of the checkpoint's embedding (the model is built in it, so the export keeps it)."""
-    from megatron.core import dist_checkpointing
-
-    meta = dist_checkpointing.load_tensors_metadata(path)
+def _stored_dtype(meta: dict):
+    """The dtype of the checkpoint's embedding in its tensors' metadata (the model is built in it, so the
+    export keeps it)."""
     for key in ("embedding.word_embeddings.weight", "embedding.weight"):
         if key in meta:
             return meta[key].dtype
