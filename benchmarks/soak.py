@@ -7,7 +7,8 @@ resumes from its last checkpoint), against an unfaulted run of the same seed. No
 
 Checks (printed, and written to OUT/soak.json): rollout ids contiguous with no duplicate; rewards equal to the
 unfaulted run's (exactly: both runs use SLIME_CPU_THREADS=1); the driver's and the trainer's RSS growth between
-rollout `--rss-from` (default 50, or a quarter of the run) and the end, within one process (< 5%); no
+rollout `--rss-from` (default 50, or a quarter of the run) and the end, within one process (< 5%; for the
+resumed process from `--rss-from` rollouts after its start); no
 /dev/shm file of any process of the runs left; exit 143 on the SIGTERM.
 """
 
@@ -107,7 +108,8 @@ class Segment:
                 last = records[-1]["rollout_id"]
                 trainer = _find(self.proc.pid, "MegatronTrainRayActor")
                 self.rss[last] = {"driver": _rss(psutil.Process(self.proc.pid)), "trainer": _rss(trainer)}
-                if self.faults and (last + 1) % self.a.kill_every == 0 and last not in killed_at:
+                if self.faults and (last + 1) % self.a.kill_every == 0 and last not in killed_at \
+                        and last + 1 < self.a.rollouts:
                     engine = _find(self.proc.pid, "slime.backends.embedded")
                     if engine is not None:
                         engine.kill()
@@ -162,6 +164,7 @@ def main(argv=None) -> int:
     second_rc = second.run(killed)
     t_total = time.time() - t0
 
+    resumed_from = min(second.rss) if second.rss else 0
     ids = [r["rollout_id"] for r in _records(faulted_dir)]
     ref_rewards = {r["rollout_id"]: r["rollout/reward_mean"] for r in _records(ref_dir)}
     rewards = {r["rollout_id"]: r["rollout/reward_mean"] for r in _records(faulted_dir)}
@@ -178,8 +181,11 @@ def main(argv=None) -> int:
         "rss_from_rollout": rss_from,
         "rss_growth": {"unfaulted_driver": _growth(ref.rss, rss_from, "driver"),
                        "unfaulted_trainer": _growth(ref.rss, rss_from, "trainer"),
-                       "resumed_driver": _growth(second.rss, max(rss_from, min(second.rss or [0]) + 1), "driver"),
-                       "resumed_trainer": _growth(second.rss, max(rss_from, min(second.rss or [0]) + 1), "trainer")},
+                       # the resumed process: from --rss-from rollouts after its start (allocator warm-up first)
+                       "resumed_driver": _growth(second.rss, resumed_from + rss_from, "driver"),
+                       "resumed_trainer": _growth(second.rss, resumed_from + rss_from, "trainer")},
+        "resumed_from_rollout": resumed_from,
+        "rss_bytes": {"unfaulted": ref.rss, "faulted": first.rss, "resumed": second.rss},
         "shm_files_of_the_runs_left": _shm_left(pids),
         "dev_shm_new_files": sorted(set(glob.glob("/dev/shm/*")) - shm_before),
         "wall_s": {"unfaulted": round(t_ref, 1), "total": round(t_total, 1)},
