@@ -62,7 +62,7 @@ def check_resources(args: Any, acc: Any, report: PreflightReport) -> None:
                              "leave it out for all cores")
     cores = num_cpus or os.cpu_count() or 1
     world = int(getattr(args, "world_size", 1) or 1)
-    if acc.name == "cpu" and world > cores:
+    if acc.ray_resource is None and world > cores:  # ranks are CPU bundles: they share the host's cores
         report.warnings.append(f"{world} trainer ranks (--actor-num-nodes x --actor-num-gpus-per-node) on {cores} CPU "
                                f"cores: on CPU each rank is a worker slot and they share the cores (slow); use at "
                                f"most {cores}")

@@ -473,7 +473,7 @@ class MegatronTrainRayActor:
     def save(self, rollout_id: int, extra_state: dict[str, Any]) -> dict[str, float]:
         t0 = time.perf_counter()
         ckpt.save(self.args.save, rollout_id, self.model, self.optimizer, self.rank, self._layout(), extra_state,
-                  vocab_divisible_by=getattr(self.args, "make_vocab_size_divisible_by", 128))  # Megatron's padding
+                  vocab_divisible_by=self.args.make_vocab_size_divisible_by)  # Megatron's padding
         if self.args.save_hf:
             from slime.backends.megatron import model_setup
 
