@@ -36,6 +36,14 @@ class PromptItem:
     metadata: dict[str, Any]
 
 
+def make_samples(items: list[PromptItem], n_per_prompt: int, indices: range) -> list[Sample]:
+    """`n_per_prompt` fresh samples of each prompt, in order, numbered from `indices`."""
+    it = iter(indices)
+    return [Sample(group_index=p.group_index, index=next(it), prompt=p.prompt,
+                   tokens=list(p.prompt_ids), label=p.label, metadata=dict(p.metadata))
+            for p in items for _ in range(n_per_prompt)]
+
+
 def tokenize_prompt(tokenizer: Any, prompt: Any, apply_chat_template: bool,
                     chat_template_kwargs: dict[str, Any] | None = None, tools: list | None = None) -> list[int]:
     if apply_chat_template:
@@ -191,9 +199,8 @@ class RolloutDataSource(DataSource):
     def get_samples(self, num_samples: int) -> list[list[Sample]]:
         n = int(self.args.n_samples_per_prompt)
         items = self.source.next_batch(num_samples)
-        indices = iter(self.source.take_sample_indices(len(items) * n))
-        return [[Sample(group_index=p.group_index, index=next(indices), prompt=p.prompt, tokens=list(p.prompt_ids),
-                        label=p.label, metadata=dict(p.metadata)) for _ in range(n)] for p in items]
+        samples = make_samples(items, n, self.source.take_sample_indices(len(items) * n))
+        return [samples[i:i + n] for i in range(0, len(samples), n)]
 
     def add_samples(self, samples: list[list[Sample]]) -> None:
         raise DataSourceError("RolloutDataSource keeps no buffer; use RolloutDataSourceWithBuffer to give groups back")

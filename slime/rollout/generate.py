@@ -18,7 +18,7 @@ from collections import deque
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any
 
-from slime.rollout.data_source import PromptItem
+from slime.rollout.data_source import make_samples
 from slime.rollout.rewards import RewardFn, compute_group_rewards, compute_reward
 from slime.rollout.sample import Sample, SampleStatus
 from slime.rollout.settings import request_concurrency  # --sglang-server-concurrency x engines, within --max-concurrency
@@ -97,13 +97,6 @@ def sampling_params(args: Any, seed: int) -> dict[str, Any]:
 
 def sample_seed(args: Any, index: int) -> int:
     return (int(args.rollout_seed) * 1_000_003 + index) % (1 << 62)
-
-
-def make_samples(items: list[PromptItem], n_per_prompt: int, indices: range) -> list[Sample]:
-    it = iter(indices)
-    return [Sample(group_index=p.group_index, index=next(it), prompt=p.prompt,
-                   tokens=list(p.prompt_ids), label=p.label, metadata=dict(p.metadata))
-            for p in items for _ in range(n_per_prompt)]
 
 
 class _Counters:
