@@ -28,7 +28,7 @@ from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
 from slime.rollout.filter_hub.base_types import MetricGatherer, call_dynamic_filter, should_drop_dynamic_filter_output
 from slime.rollout.rm_hub import async_rm, batched_async_rm
 from slime.utils.async_utils import run
-from slime.utils.http_utils import get_rollout_num_engines, post
+from slime.utils.http_utils import post, request_limit
 from slime.utils.misc import SingletonMeta, load_function
 from slime.utils.types import Sample
 
@@ -56,8 +56,7 @@ class GenerateState(metaclass=SingletonMeta):
         self.args = args
         self.tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
         self.processor = None  # text-only models here; multimodal processors are not loaded
-        concurrency = int(getattr(args, "sglang_server_concurrency", None) or 512)
-        self.semaphore = asyncio.Semaphore(concurrency * max(1, get_rollout_num_engines(args)))
+        self.semaphore = asyncio.Semaphore(request_limit(args))
         self.sampling_params: dict[str, Any] = dict(
             temperature=args.rollout_temperature, top_p=args.rollout_top_p, top_k=args.rollout_top_k,
             max_new_tokens=args.rollout_max_response_len, stop=getattr(args, "rollout_stop", None),
@@ -223,6 +222,7 @@ async def generate_rollout_async(args: Namespace, rollout_id: int, data_source: 
 
 async def eval_rollout(args: Namespace, rollout_id: int) -> tuple[RolloutFnEvalOutput, list]:
     """Every prompt of each --eval-prompt-data set, --n-samples-per-eval-prompt samples each, eval sampling."""
+    from slime.rollout.data_source import make_samples
     from slime.rollout.evaluation import eval_sampling_args, load_eval_sets
 
     state = GenerateState(args)
@@ -234,8 +234,7 @@ async def eval_rollout(args: Namespace, rollout_id: int) -> tuple[RolloutFnEvalO
     n = int(args.n_samples_per_eval_prompt)
     for eval_set in load_eval_sets(args, state.tokenizer):
         items = eval_set.source.next_batch(len(eval_set.source))
-        samples = [Sample(group_index=p.group_index, index=i * n + k, prompt=p.prompt, tokens=list(p.prompt_ids),
-                          label=p.label, metadata=dict(p.metadata)) for i, p in enumerate(items) for k in range(n)]
+        samples = make_samples(items, n, range(len(items) * n))
         samples = list(await asyncio.gather(*(generate_and_rm(args, s, params.copy(), evaluation=True)
                                               for s in samples)))
         data[eval_set.name] = {"rewards": [s.reward if not key else s.reward[key] for s in samples],

@@ -31,11 +31,15 @@ _lock = threading.Lock()
 
 def init_http_client(args: Any) -> None:
     """Size the client for the run: --sglang-server-concurrency requests per engine."""
-    per_engine = int(getattr(args, "sglang_server_concurrency", None) or DEFAULT_CONCURRENCY)
-    engines = get_rollout_num_engines(args) or 1
     with _lock:
-        _state["concurrency"] = max(1, per_engine * engines)
+        _state["concurrency"] = request_limit(args)
         _limits.clear()
+
+
+def request_limit(args: Any) -> int:
+    """Requests in flight at once: --sglang-server-concurrency (512 unset) x engines (at least one)."""
+    per_engine = int(getattr(args, "sglang_server_concurrency", None) or DEFAULT_CONCURRENCY)
+    return max(1, per_engine * max(1, get_rollout_num_engines(args)))
 
 
 def get_rollout_num_engines(args: Any) -> int:
