@@ -19,19 +19,23 @@ import torch
 def get_log_probs_and_entropy(logits: torch.Tensor, *, args: Any = None, unconcat_tokens: Sequence[torch.Tensor],
                               total_lengths: Sequence[int], response_lengths: Sequence[int],
                               with_entropy: bool = False, **_: Any) -> tuple[torch.Tensor, dict[str, list]]:
+    from slime.accelerator import get_accelerator
+
     flat = logits.reshape(-1, logits.shape[-1])
-    log_probs, entropies = [], []
+    rows, targets, lengths = [], [], []
     offset = 0
     for tokens, total, n in zip(unconcat_tokens, total_lengths, response_lengths):
         total, n = int(total), int(n)
-        rows = torch.arange(offset + total - n - 1, offset + total - 1, device=flat.device)  # row p scores token p+1
-        targets = torch.as_tensor(tokens, device=flat.device)[total - n:total].long()
-        logp = torch.log_softmax(flat.index_select(0, rows).float(), dim=-1)
-        log_probs.append(logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
-        if with_entropy:
-            entropies.append(-(logp.exp() * logp).sum(-1))
+        rows.append(torch.arange(offset + total - n - 1, offset + total - 1))  # row p scores token p+1
+        targets.append(torch.as_tensor(tokens).reshape(-1)[total - n:total].long().cpu())
+        lengths.append(n)
         offset += total
-    out = {"log_probs": log_probs}
+    if not rows:
+        return logits, {"log_probs": [], **({"entropy": []} if with_entropy else {})}
+    # The trainer's own scoring (chunked over the vocabulary, the accelerator's kernel where it has one).
+    log_probs, entropy = get_accelerator().ops.token_log_probs(flat.index_select(0, torch.cat(rows).to(flat.device)),
+                                                               torch.cat(targets).to(flat.device))
+    out = {"log_probs": list(torch.split(log_probs.float(), lengths))}
     if with_entropy:
-        out["entropy"] = entropies
+        out["entropy"] = list(torch.split(entropy.float(), lengths))
     return logits, out
