@@ -44,7 +44,7 @@ async def _maybe_await(value: Any) -> Any:
 
 
 async def remote_rm(args: Any, sample: Any, max_retries: int = REMOTE_RM_RETRIES) -> Any:
-    """POST {"prompt", "response", "label"} to --rm-url; retried with exponential backoff (at most 30 s + jitter)."""
+    """POST {"prompt", "response", "label"} to --rm-url; retried once a second, `max_retries` attempts (http_utils.post)."""
     from slime.utils import http_utils
 
     payload = {"prompt": sample.prompt, "response": sample.response, "label": sample.label}
