@@ -12,7 +12,7 @@ ROOTS = ("slime", "slime_plugins")
 
 # Modules above the configuration: the entry points that parse flags, and upstream's import path of parse_args.
 CONFIG_USERS = {
-    "slime/train.py", "slime/dry_run.py",
+    "slime/train.py", "slime/train_async.py", "slime/dry_run.py",
     "slime/utils/arguments.py",  # upstream's `from slime.utils.arguments import parse_args`
     "slime/backends/megatron/checkpoint_convert.py",  # a command-line tool: reads train.py's flags
 }

@@ -103,6 +103,8 @@ def _validate_checkpoint_dirs(args: argparse.Namespace, only_existing: bool = Fa
 def _add_training_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("training batches")
     _add(g, parser, "--num-rollout", type=int, default=None, help="total rollout iterations")
+    _add(g, parser, "--update-weights-interval", type=int, default=1,
+         help="train_async.py: push the trainer's weights to the engines after every N-th rollout (train.py: every one)")
     _add(g, parser, "--num-steps-per-rollout", type=int, default=None,
          help="optimizer steps per rollout (default 1): sets --global-batch-size, which must then agree")
     _add(g, parser, "--global-batch-size", type=int, default=None,
@@ -470,7 +472,7 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     for flag in ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus_per_engine", "micro_batch_size",
                  "tensor_model_parallel_size", "expert_model_parallel_size",
                  "pipeline_model_parallel_size", "context_parallel_size", "expert_tensor_parallel_size",
-                 "update_weight_buffer_size", "data_pad_size_multiplier"):
+                 "update_weight_buffer_size", "data_pad_size_multiplier", "update_weights_interval"):
         value = getattr(args, flag)
         _require(value >= 1, f"--{flag.replace('_', '-')} must be >= 1, got {value}")
 

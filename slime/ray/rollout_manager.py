@@ -208,7 +208,11 @@ class RolloutManager(EngineFleet):
         and length summary. with_samples: also return the Sample objects (tests, tools)."""
         from slime.backends.megatron.rollout_data import pack_samples, payload_summary
 
+        started = time.time()
         samples, metrics = self._generate(rollout_id)
+        # wall-clock bounds and the engines' weight version, for loops that overlap rollout and training
+        metrics.update({"rollout/start_time": started, "rollout/end_time": time.time(),
+                        "rollout/weight_version": _common_version(samples)})
         payload = pack_samples(samples, self.args.reward_key)
         from slime.rollout.plugin_rollout import post_process_rewards
 
@@ -587,6 +591,15 @@ class RolloutManager(EngineFleet):
                 self._stale.discard(idx)
                 self._versions[idx] = v
                 self._route(idx, True)
+
+
+def _common_version(samples) -> float:
+    """The weight version every generation turn of the rollout ran on (a synced version number); -1 when the
+    turns differ (an engine synced or restarted mid-rollout) or a version is not a number (initial weights)."""
+    versions = {str(v) for s in samples for v in s.weight_versions}
+    if len(versions) == 1 and next(iter(versions)).isdigit():
+        return float(next(iter(versions)))
+    return -1.0
 
 
 def create_rollout_manager(args: Any, slots: Any = None):

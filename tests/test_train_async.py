@@ -1,0 +1,54 @@
+"""train_async.py on CPU: the tiny GLM-5 quick start, one engine on its own device, 4 iterations. Rollout k+1 is
+generated while rollout k trains (wall-clock bounds in metrics.jsonl overlap), with the weights synced after
+rollout k-1 (version k); the trainer trains it from version k+1. --dry-run works; --colocate is refused."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from test_e2e import ROOT, _argv, assets  # noqa: F401 - the quick start's tiny model and data
+
+from slime.utils.metrics import REQUIRED_KEYS, read_metrics
+
+pytestmark = pytest.mark.timeout(420)
+ON_VERSION_BOUND = 1e-3  # float32 trainer vs float32 engine, same weights (as tests/test_e2e.py)
+
+
+def _run(*argv: str, timeout: int = 400) -> subprocess.CompletedProcess:
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", SLIME_CPU_THREADS="1")
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.run([sys.executable, os.path.join(ROOT, "train_async.py"), *argv], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_one_step_off_policy(assets, tmp_path):  # noqa: F811
+    out = str(tmp_path / "run")
+    proc = _run(*_argv(assets, out, "--rollout-num-gpus", "1", "--update-weight-mode", "distributed",
+                       "--num-rollout", "4"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = read_metrics(out)
+    assert [r["rollout_id"] for r in records] == [0, 1, 2, 3]
+    for k, r in enumerate(records):
+        assert not [key for key in REQUIRED_KEYS if key not in r]
+        assert r["rollout/start_time"] < r["rollout/end_time"] <= r["train/start_time"] < r["train/end_time"]
+        # rollout 0 and 1 on the initial weights (version 0), then rollout k on the sync after rollout k-2
+        assert r["rollout/weight_version"] == max(k - 1, 0) and r["train/weight_version"] == k
+        assert r["weight_sync/version"] == k + 1 and r["weight_sync/checked_tensors"] > 0
+    for prev, nxt in zip(records, records[1:]):  # generation k+1 runs while k trains
+        assert nxt["rollout/start_time"] < prev["train/end_time"] and nxt["rollout/end_time"] > prev["train/start_time"]
+        assert nxt["rollout/start_time"] >= prev["rollout/end_time"]  # one generation at a time
+    assert records[0]["train_rollout_logprob_abs_diff"] < ON_VERSION_BOUND
+
+
+def test_dry_run_and_colocate_refused(assets, tmp_path):  # noqa: F811
+    proc = _run(*_argv(assets, str(tmp_path / "dry"), "--rollout-num-gpus", "1", "--num-rollout", "4", "--dry-run"),
+                timeout=120)
+    assert proc.returncode == 0 and "would fail" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
+    proc = _run(*_argv(assets, str(tmp_path / "co"), "--colocate", "--num-rollout", "4"), timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "train_async.py: error: --colocate is not supported: the engines generate while the trainer trains, so they "
+        "need devices of their own; pass --rollout-num-gpus N (or use train.py)"], proc.stderr[-2000:]
+    assert not os.path.exists(tmp_path / "co")
