@@ -210,8 +210,6 @@ def ray_core_dead() -> bool:
     process group (`timeout`, `kill -TERM -PGID`, Slurm) reaches them too (Ray blocks only SIGINT in them).
     Ray calls would then wait 60 s for the GCS and end the process, so the cleanup goes around Ray
     (`kill_session_processes`). After a SIGTERM they are given up to 2 s to show it."""
-    import time
-
     try:
         import ray
 
