@@ -119,6 +119,11 @@ def _host_offsets(cu: torch.Tensor, total: int, name: str) -> list[int]:
     return seqlens_to_host(cu, total, name)[1:]
 
 
+def _sequence_lengths(offsets: list[int]) -> list[int]:
+    """Each sequence's token count from cumulative offsets that start with 0."""
+    return [b - a for a, b in zip(offsets, offsets[1:])]
+
+
 # --- norm / activation ----------------------------------------------------------------------
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6) -> torch.Tensor:
@@ -323,8 +328,8 @@ def _sparse_flash_attention(q, k, topk_indices, cq, ck, causal, scale):
     latent = k[..., :_SFA_NOPE].contiguous()
     # Positions past a query segment's keys are future keys (context parallel chunks): the kernel's contract
     # has no such index, so they become unused slots (-1), which causal masking would give anyway.
-    key_len = torch.tensor([b - a for a, b in zip(ck, ck[1:])], device=topk_indices.device)
-    key_len = key_len.repeat_interleave(torch.tensor([b - a for a, b in zip(cq, cq[1:])], device=topk_indices.device))
+    key_len = torch.tensor(_sequence_lengths(ck), device=topk_indices.device)
+    key_len = key_len.repeat_interleave(torch.tensor(_sequence_lengths(cq), device=topk_indices.device))
     topk_indices = torch.where(topk_indices.long() >= key_len[:, None], -1, topk_indices.long())
     # Kernel contract: valid indices first, -1 after; descending sort gives that.
     idx = torch.sort(topk_indices.to(torch.int32), dim=-1, descending=True).values
@@ -334,7 +339,7 @@ def _sparse_flash_attention(q, k, topk_indices, cq, ck, causal, scale):
         q[..., :_SFA_NOPE].contiguous(), latent, latent, idx.unsqueeze(1).contiguous(), scale,
         # Docstring: the query's TND lengths are prefix sums, the kv lengths each batch's valid token count.
         actual_seq_lengths_query=torch.tensor(cq[1:], dtype=torch.int32, device=dev),
-        actual_seq_lengths_kv=torch.tensor([b - a for a, b in zip(ck, ck[1:])], dtype=torch.int32, device=dev),
+        actual_seq_lengths_kv=torch.tensor(_sequence_lengths(ck), dtype=torch.int32, device=dev),
         query_rope=q[..., _SFA_NOPE:].contiguous(), key_rope=k[..., _SFA_NOPE:].contiguous(),
         sparse_block_size=1, layout_query="TND", layout_kv="TND", sparse_mode=3 if causal else 0,
         attention_mode=2, return_softmax_lse=need_grad,  # softmax statistics feed the backward
@@ -384,8 +389,7 @@ def lightning_indexer(
             q.contiguous(), k3.contiguous(), w,
             # Docstring: the query's TND lengths are prefix sums, the key's each batch's valid token count.
             actual_seq_lengths_query=torch.tensor(seq_q, dtype=torch.int32, device=q.device),
-            actual_seq_lengths_key=torch.tensor([b - a for a, b in zip([0] + seq_k, seq_k)], dtype=torch.int32,
-                                                device=q.device),
+            actual_seq_lengths_key=torch.tensor(_sequence_lengths([0] + seq_k), dtype=torch.int32, device=q.device),
             layout_query="TND", layout_key="TND", sparse_count=int(topk), sparse_mode=3 if causal else 0,
         )[0]
     return indices.view(q.shape[0], int(topk)).to(torch.int32)

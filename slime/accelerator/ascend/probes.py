@@ -143,7 +143,7 @@ def _indexer_scores(q, k, weights, cu_q, cu_k, scale) -> list[torch.Tensor]:
         s = torch.einsum("shd,td->sht", qs, ks).clamp_min(0)
         s = torch.einsum("sh,sht->st", ws, s) * scale
         sq, sk = s.shape
-        rows.extend(s.masked_fill(~torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq), float("-inf")))
+        rows.extend(s.masked_fill(~reference.causal_mask(sq, sk, s.device), float("-inf")))
     return rows
 
 
