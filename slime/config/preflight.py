@@ -295,17 +295,15 @@ def check_load(args: Any, report: PreflightReport) -> None:
         report.resume_root = os.path.dirname(os.path.normpath(d))
 
 
-def check_checkpoint_keys(args: Any, report: PreflightReport) -> None:
+def check_checkpoint_keys(args: Any, report: PreflightReport, hf_config: dict) -> None:
     """--load / --ref-load torch_dist checkpoints: their layout, and every weight the model loads present
-    (slime.backends.megatron.checkpoint_check, from .metadata alone)."""
+    (slime.backends.megatron.checkpoint_check, from .metadata alone) against `hf_config` (--hf-checkpoint's
+    config.json, as check_hf_checkpoint read it)."""
     from slime.backends.megatron.checkpoint_check import check_checkpoint
     from slime.backends.megatron.checkpoint_layout import CheckpointFormatError
 
-    config = os.path.join(getattr(args, "hf_checkpoint", None) or "", "config.json")
     for flag, path in (("--load", getattr(args, "load", None)), ("--ref-load", getattr(args, "ref_load", None))):
-        if path and os.path.exists(path) and os.path.isfile(config):
-            with open(config) as f:
-                hf_config = json.load(f)
+        if path and os.path.exists(path):
             try:
                 line = check_checkpoint(path, flag, hf_config)
             except CheckpointFormatError as e:
@@ -346,8 +344,7 @@ def run_preflight(args: Any) -> PreflightReport:
 
     report = PreflightReport()
     check_inputs(args, report)  # the accelerator, engine, CPUs, output dirs that are the model dir
-    if getattr(args, "hf_checkpoint", None):
-        check_hf_checkpoint(args.hf_checkpoint)
+    hf_config = check_hf_checkpoint(args.hf_checkpoint) if getattr(args, "hf_checkpoint", None) else None
     try:
         validate_rollout_args(args)
     except RolloutArgumentError as e:
@@ -358,7 +355,8 @@ def run_preflight(args: Any) -> PreflightReport:
     check_data_inputs(args, report)  # eval sets, --rollout-max-prompt-len, training-flag warnings
     if getattr(args, "load", None):
         check_load(args, report)
-    check_checkpoint_keys(args, report)
+    if hf_config is not None:
+        check_checkpoint_keys(args, report, hf_config)
     for flag in ("output_dir", "save", "save_hf"):
         value = getattr(args, flag, None)
         if value:
