@@ -19,6 +19,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are two writes: Nagle would hold the body for the ACK
 
     def log_message(self, *a):
         pass
@@ -168,3 +169,19 @@ def test_a_finished_threads_connection_is_closed(server):
     assert len(client._open) == 0  # collected with its thread: no socket (and no server thread) left behind
     client.get("/peer")
     assert len(client._open) == 1
+
+
+def test_kept_alive_requests_are_not_held_by_nagle(server):
+    """A reply is two writes (headers, body): without TCP_NODELAY on the server, Nagle holds the body until the
+    client's delayed ACK, ~40 ms per request on a kept-alive connection (measured 45 ms vs 0.19 ms here)."""
+    import time
+
+    from slime.backends.embedded.server import _Handler as EngineHandler
+
+    assert EngineHandler.disable_nagle_algorithm and EngineHandler.protocol_version == "HTTP/1.1"
+    client = HttpClient(_url(server))
+    client.post("/x", {"ok": 1})
+    t0 = time.perf_counter()
+    for _ in range(20):
+        client.post("/x", {"ok": 1})
+    assert time.perf_counter() - t0 < 0.5  # 20 x 40 ms = 0.8 s if held

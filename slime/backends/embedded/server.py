@@ -74,7 +74,10 @@ class EngineHTTPServer(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     server: EngineHTTPServer
-    protocol_version = "HTTP/1.1"
+    protocol_version = "HTTP/1.1"  # clients keep the connection between requests (slime.utils.http_client)
+    # TCP_NODELAY: a reply is two writes (headers, body); on a kept-alive connection Nagle's algorithm would hold
+    # the body until the client's delayed ACK of the headers (~40 ms a request, measured: 45 ms vs 0.19 ms)
+    disable_nagle_algorithm = True
 
     def log_message(self, fmt: str, *args: Any) -> None:  # route access logs through logging (quiet by default)
         logger.debug("%s - %s", self.address_string(), fmt % args)
