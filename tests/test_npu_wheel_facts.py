@@ -20,7 +20,6 @@ import ast
 import contextlib
 import importlib.util
 import inspect
-import json
 import os
 import re
 import sys
@@ -30,10 +29,11 @@ import torch
 
 npu_sim = pytest.importorskip("npu_sim")
 
+from npu_sim.torch_npu._common import facts as npu_sim_facts  # noqa: E402
 from slime.accelerator.ascend import support  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FACTS = json.load(open(os.path.join(REPO, "tests", "data", "torch_npu_facts.json"), encoding="utf-8"))
+FACTS = npu_sim_facts()  # tests/data/torch_npu_facts.json, parsed once with the simulator
 OPS_PY = os.environ.get("SLIME_NPU_OPS_PY") or os.path.join(REPO, "slime", "accelerator", "ascend", "ops.py")
 WHEELS = [FACTS["pinned"], FACTS["newest"]]
 
