@@ -17,6 +17,7 @@ import torch
 from slime.accelerator import get_accelerator
 from slime.backends.megatron import checkpoint as ckpt
 from slime.backends.megatron import data as D
+from slime.backends.megatron import hooks
 from slime.backends.megatron.loss import METRIC_KEYS, LossConfig, rl_loss
 from slime.backends.megatron.timing import PhaseTimer
 from slime.utils.net import free_port
@@ -111,8 +112,6 @@ class MegatronTrainRayActor:
             start_rollout_id = resumed.start_rollout_id
         # the LR schedule is a pure function of the step: a resumed run starts it at its step
         self.lr_scheduler = model_setup.build_lr_scheduler(args, self.optimizer, start_rollout_id)
-        from slime.backends.megatron import hooks
-
         hooks.on_init(args)  # --custom-megatron-init-path
         return start_rollout_id
 
@@ -281,8 +280,6 @@ class MegatronTrainRayActor:
         def full(by_index: dict[int, torch.Tensor]) -> list:
             return [by_index.get(i) for i in range(len(batch))]
 
-        from slime.backends.megatron import hooks
-
         if not reuse_train_log_probs:
             hooks.before_log_prob(args, self.model, "")  # --custom-megatron-before-log-prob-hook-path
             batch.old_log_probs = full(self._log_probs_of(batch, mine))
@@ -324,8 +321,6 @@ class MegatronTrainRayActor:
         mismatch, mismatch_max = torch.zeros(2, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)
         # Phase times from device events, read once after the last step: no synchronize() per phase or micro-batch.
         timer = PhaseTimer(acc, ("pack", "forward", "backward", "optimizer"))
-
-        from slime.backends.megatron import hooks
 
         for step_id, step in enumerate(steps):
             # --custom-megatron-before-train-step-hook-path
