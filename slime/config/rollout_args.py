@@ -115,7 +115,8 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     _add(g, parser, "--sglang-config", type=str, default=None,
          help="YAML of SGLang server groups (upstream's format: sglang: [{name, server_groups: [{worker_type, "
               "num_gpus, num_gpus_per_engine, overrides}]}]); read and checked before Ray starts")
-    parser.set_defaults(sglang_deployments=None, sglang_launch_args=None)  # filled by validation
+    parser.set_defaults(sglang_deployments=None, sglang_launch_args=None,  # filled by validation
+                        router_launch_args=None)
     _add(g, parser, "--prefill-num-servers", type=int, default=None,
          help="PD disaggregation: engines that only prefill (the rest decode); exclusive with --sglang-config")
     g = parser.add_argument_group("rollout router")
@@ -304,7 +305,11 @@ def validate_rollout_args(args: argparse.Namespace) -> argparse.Namespace:
              f"--start-rollout-id {args.start_rollout_id} must be in [0, --num-rollout)")
     _validate_eval_args(args, need)
     _validate_sglang_args(args, need)
-    args.sglang_launch_args = sglang_passthrough(args)  # the engines' command line, built here for the manager
+    # the engines' and the router's command lines, built here for the rollout manager (it never imports config)
+    from slime.config.sglang_options import router_option_tokens
+
+    args.sglang_launch_args = sglang_passthrough(args)
+    args.router_launch_args = router_option_tokens(args)
     return args
 
 

@@ -175,10 +175,8 @@ class RolloutManager(EngineFleet):
         else:
             from slime.backends.sglang.launcher import bind_host
 
-            from slime.config.sglang_options import router_option_tokens
-
             # --router-* as upstream passes them, then --sglang-router-request-timeout-secs (upstream's override)
-            extra = router_option_tokens(a) + ["--request-timeout-secs", str(a.sglang_router_request_timeout_secs)]
+            extra = list(a.router_launch_args) + ["--request-timeout-secs", str(a.sglang_router_request_timeout_secs)]
             router = SGLangRouter.start(self.urls, bind_host(), os.path.join(self.log_dir, "sglang-router.log"), timeout,
                                         api_key=self._token if self.kind == "sglang" else None, extra_args=extra)
         logger.info("rollout requests go through sglang-router at %s (%d engines registered)", router.url, self.n)
