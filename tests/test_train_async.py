@@ -24,10 +24,13 @@ def _run(*argv: str, timeout: int = 400) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_one_step_off_policy(assets, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("lr", ["5e-3", "0"])
+def test_one_step_off_policy(assets, tmp_path, lr):  # noqa: F811
+    """lr 0: every version holds the same weights, so each rollout's engine log-probs must agree with the
+    trainer's (the payloads pair up with their versions); lr 5e-3: rollout k >= 1 drifts by one step."""
     out = str(tmp_path / "run")
     proc = _run(*_argv(assets, out, "--rollout-num-gpus", "1", "--update-weight-mode", "distributed",
-                       "--num-rollout", "4"))
+                       "--num-rollout", "4"), "--lr", lr)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = read_metrics(out)
     assert [r["rollout_id"] for r in records] == [0, 1, 2, 3]
@@ -40,7 +43,12 @@ def test_one_step_off_policy(assets, tmp_path):  # noqa: F811
     for prev, nxt in zip(records, records[1:]):  # generation k+1 runs while k trains
         assert nxt["rollout/start_time"] < prev["train/end_time"] and nxt["rollout/end_time"] > prev["train/start_time"]
         assert nxt["rollout/start_time"] >= prev["rollout/end_time"]  # one generation at a time
-    assert records[0]["train_rollout_logprob_abs_diff"] < ON_VERSION_BOUND
+    dlp = [r["train_rollout_logprob_abs_diff"] for r in records]
+    assert dlp[0] < ON_VERSION_BOUND, dlp  # generated and trained on version 0
+    if float(lr) == 0:
+        assert max(dlp) < ON_VERSION_BOUND, dlp
+    else:  # trained from version k, generated with k - 1
+        assert min(dlp[1:]) > 10 * ON_VERSION_BOUND, dlp
 
 
 def test_dry_run_and_colocate_refused(assets, tmp_path):  # noqa: F811
