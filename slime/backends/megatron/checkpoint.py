@@ -155,13 +155,12 @@ def _unpadded_param_index(optimizer):
 _MAIN_PARAM_PREFIXES = ("optimizer.state.param.", "optimizer.state.fp32_param.", "")
 
 
-def _alias_main_params(optimizer_request, checkpoint_dir: str) -> None:
+def _alias_main_params(optimizer_request, saved: set[str]) -> None:
     """Switching between the distributed and the plain optimizer: a main-parameter tensor the checkpoint lacks
-    is read under one of its other names (e.g. a plain float32 optimizer stores none: the weights are)."""
-    from megatron.core import dist_checkpointing
+    (`saved`: the checkpoint's tensor keys) is read under one of its other names (e.g. a plain float32
+    optimizer stores none: the weights are)."""
     from megatron.core.dist_checkpointing.dict_utils import nested_values
 
-    saved = set(dist_checkpointing.load_tensors_metadata(checkpoint_dir))
     for sh in nested_values(optimizer_request):
         key = getattr(sh, "key", None)
         if key is None or key in saved or not key.startswith(_MAIN_PARAM_PREFIXES[:2]):
@@ -317,8 +316,9 @@ def load(root: str, model, optimizer, rank: int, layout: dict[str, int],
         want_rng = False
     state, local, translation = _request(model, optimizer, found.path, with_optimizer=want_optimizer)
     if want_optimizer:
-        _alias_main_params(state["optimizer"], found.path)
-        _alias_main_params(state.get(K.SLOT, {}), found.path)
+        saved = set(dist_checkpointing.load_tensors_metadata(found.path))
+        _alias_main_params(state["optimizer"], saved)
+        _alias_main_params(state.get(K.SLOT, {}), saved)  # the optimizer entries translate moved
     if want_rng:
         state["rng_state"] = _rng_object(None, int(layout["world_size"]), _rank())
     loaded = dist_checkpointing.load(state, found.path)
