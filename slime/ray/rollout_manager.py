@@ -109,14 +109,9 @@ class RolloutManager(EngineFleet):
         return ray
 
     def _make_data_source(self):
-        from slime.rollout.data_source import JsonlDataSource
+        from slime.rollout.data_source import prompt_source
 
-        a = self.args
-        if not a.prompt_data:
-            return None
-        return JsonlDataSource(a.prompt_data, self.tokenizer, a.input_key, a.label_key, a.metadata_key,
-                               a.apply_chat_template, a.rollout_shuffle, a.rollout_seed, a.rollout_max_prompt_len,
-                               a.apply_chat_template_kwargs, a.tool_key)
+        return prompt_source(self.args, self.tokenizer) if self.args.prompt_data else None
 
     def _create_actor(self, i: int, slots: Any):
         from slime.ray.engine_actor import EngineSpec, RolloutEngineActor

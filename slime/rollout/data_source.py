@@ -158,6 +158,13 @@ class JsonlDataSource:
         self._order = self._epoch_order(self.epoch)
 
 
+def prompt_source(args: Any, tokenizer: Any) -> JsonlDataSource:
+    """--prompt-data read as the flags say (keys, chat template, shuffle, length limit, tools)."""
+    return JsonlDataSource(args.prompt_data, tokenizer, args.input_key, args.label_key, args.metadata_key,
+                           args.apply_chat_template, args.rollout_shuffle, args.rollout_seed,
+                           args.rollout_max_prompt_len, args.apply_chat_template_kwargs, args.tool_key)
+
+
 # ------------------------------------------------------------------ upstream slime's data-source API
 class DataSource(abc.ABC):
     """`--data-source-path` contract (upstream's): groups of samples to generate, and a way to give some back."""
@@ -191,9 +198,7 @@ class RolloutDataSource(DataSource):
                 from transformers import AutoTokenizer
 
                 tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
-            source = JsonlDataSource(args.prompt_data, tokenizer, args.input_key, args.label_key, args.metadata_key,
-                                     args.apply_chat_template, args.rollout_shuffle, args.rollout_seed,
-                                     args.rollout_max_prompt_len, args.apply_chat_template_kwargs, args.tool_key)
+            source = prompt_source(args, tokenizer)
         self.source = source
 
     def get_samples(self, num_samples: int) -> list[list[Sample]]:
