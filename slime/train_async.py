@@ -69,6 +69,9 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
         t0 = time.perf_counter()
         result = upcoming if isinstance(upcoming, dict) else get(upcoming)
         waited = time.perf_counter() - t0
+        # the data source's position after rollout k, read before k+1 takes its prompts: a resume from this
+        # iteration's checkpoint generates rollout k+1 again
+        state = ray.get(rollout.state.remote()) if sync._should_save(args, rollout_id) else None
         # The next generation starts now, on the engines' current weights, and runs while this one trains.
         upcoming = rollout.generate.remote(rollout_id + 1) if rollout_id + 1 < args.num_rollout else None
         metrics: dict[str, Any] = {"rollout_id": rollout_id}
@@ -102,9 +105,7 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
             actor.offload()
 
         metrics["time/save"] = 0.0
-        if sync._should_save(args, rollout_id):
-            # the data source's position includes a generation in flight: a resume continues after it
-            state = ray.get(rollout.state.remote())
+        if state is not None:
             metrics.update(actor.save(rollout_id, {"data_source": state, "rollout_id": rollout_id}))
         metrics["time/iteration"] = time.perf_counter() - t_iter
         metrics["time/driver_cpu"] = time.thread_time() - driver_cpu

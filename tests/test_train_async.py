@@ -30,7 +30,7 @@ def test_one_step_off_policy(assets, tmp_path, lr):  # noqa: F811
     trainer's (the payloads pair up with their versions); lr 5e-3: rollout k >= 1 drifts by one step."""
     out = str(tmp_path / "run")
     proc = _run(*_argv(assets, out, "--rollout-num-gpus", "1", "--update-weight-mode", "distributed",
-                       "--num-rollout", "4"), "--lr", lr)
+                       "--num-rollout", "4"), "--lr", lr, "--save", str(tmp_path / "ckpt"), "--save-interval", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = read_metrics(out)
     assert [r["rollout_id"] for r in records] == [0, 1, 2, 3]
@@ -43,6 +43,7 @@ def test_one_step_off_policy(assets, tmp_path, lr):  # noqa: F811
     for prev, nxt in zip(records, records[1:]):  # generation k+1 runs while k trains
         assert nxt["rollout/start_time"] < prev["train/end_time"] and nxt["rollout/end_time"] > prev["train/start_time"]
         assert nxt["rollout/start_time"] >= prev["rollout/end_time"]  # one generation at a time
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["iter_0000001", "iter_0000003", "latest_checkpointed_iteration.txt"]
     dlp = [r["train_rollout_logprob_abs_diff"] for r in records]
     assert dlp[0] < ON_VERSION_BOUND, dlp  # generated and trained on version 0
     if float(lr) == 0:
