@@ -68,6 +68,15 @@ def test_synthetic_reward_has_variance_at_random_init():
     assert synthetic_reward(None, s) == pytest.approx(1.0 - W_STOP)
 
 
+def test_synthetic_one_letter_answer_scores_the_quick_start_plateau():
+    """The quick start's plateau (~0.35, docs/training.md): one repeated letter, whatever the prompt, never
+    stopping. Its expected reward is the alphabet credit plus chance position credit, 0.2 + 0.7 / 5."""
+    rows = make_dataset(4096, seed=0)
+    for letter in ALPHABET:
+        mean = sum(score(" ".join([letter] * 8), r["label"]) for r in rows) / len(rows)
+        assert mean == pytest.approx(W_ALPHABET + W_POSITION / len(ALPHABET), abs=0.01)
+
+
 # ------------------------------------------------------------------ rewards hub
 @pytest.mark.parametrize("response, label, ok", [  # upstream's grade_answer_verl (tests/test_rm_hub.py: the table)
     ("so the answer is \\boxed{42}.", "42", True),

@@ -1,5 +1,5 @@
-"""A verifiable task a tiny random-init model learns by RL in minutes: copy (or reverse) a short
-string over a 5-letter alphabet.
+"""A verifiable task for RL on a tiny random-init model: copy (or reverse) a short string over a
+5-letter alphabet.
 
     python -m slime.rollout.synthetic --out data.jsonl            # {"prompt": "copy : c a d =", "label": "c a d"}
     train.py ... --prompt-data data.jsonl --apply-chat-template --rm-type synthetic --rollout-max-response-len 8
@@ -22,10 +22,12 @@ credit at three levels, each reachable from the previous one:
 The maximum, 1.0, is an exact answer followed by EOS; a random model scores ~0.002. Keep
 responses short (--rollout-max-response-len 8): more tokens add noise, not signal.
 
-Measured on 2 CPU cores with the tiny GLM-5 checkpoint (16 prompts x 8 samples per step, plain
-group-normalized policy gradient, Adam lr 3e-3): mean reward 0.005 -> 0.10 after 20 steps -> 0.35
-after 40 (about 20 s); levels 1 and 2 are then learned, copying proper is slower (0.4-0.45 after 120
-steps at lr 1e-2).
+What the quick start (60 rollouts of 8 prompts x 8 samples, Adam lr 5e-3) actually learns is level 1
+and none of level 2: the mean reward plateaus at ~0.35, which is the score of a prompt-independent answer
+of one repeated letter (0.2 + 0.7 / 5 = 0.34), and no response stops. The first letter the policy finds
+takes the probability mass before the prompt-conditional path carries any signal; once the samples of a
+group agree, GRPO's advantages are zero and nothing more is learned. docs/training.md ("What the quick
+start learns") has the measurements.
 """
 
 from __future__ import annotations
