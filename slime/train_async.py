@@ -93,7 +93,7 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
         metrics["time/train_call"] = metrics["train/end_time"] - metrics["train/start_time"]
         trainer_version += 1
 
-        metrics["time/weight_sync_call"] = 0.0
+        metrics["time/weight_sync_call"] = metrics["time/weight_sync"] = 0.0  # replaced when this one syncs
         if (rollout_id + 1) % args.update_weights_interval == 0:
             if upcoming is not None:  # the rollout in flight finishes on the weights it started with
                 upcoming = get(upcoming)
@@ -113,7 +113,9 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
         tracker.log(metrics, rollout_id + 1)
         records.append(metrics)
         print(console_line(metrics, args.num_rollout), flush=True)
-        if rollout_id + 1 in evals:  # on the engines' current weights
+        if rollout_id + 1 in evals:  # on the engines' current weights, after the rollout in flight
+            if upcoming is not None and not isinstance(upcoming, dict):
+                upcoming = get(upcoming)
             sync._evaluate(rollout, log, tracker, rollout_id + 1)
     tracker.close()
     return records
