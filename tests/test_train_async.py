@@ -5,6 +5,7 @@ rollout k-1 (version k); the trainer trains it from version k+1. --dry-run works
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -52,8 +53,18 @@ def test_one_step_off_policy(assets, tmp_path, lr, interval, generated_with, syn
     assert dlp[0] < ON_VERSION_BOUND, dlp  # generated and trained on version 0
     if float(lr) == 0:
         assert max(dlp) < ON_VERSION_BOUND, dlp
-    else:  # trained from version k, generated with k - 1
-        assert min(dlp[1:]) > 10 * ON_VERSION_BOUND, dlp
+        return
+    assert min(dlp[1:]) > 10 * ON_VERSION_BOUND, dlp  # trained from version k, generated with k - 1
+    # resume from the checkpoint after rollout 1 (version 2): rollout 2 is generated again, on version 2
+    shutil.copytree(tmp_path / "ckpt" / "iter_0000001", tmp_path / "resume" / "iter_0000001")
+    (tmp_path / "resume" / "latest_checkpointed_iteration.txt").write_text("1")
+    proc = _run(*_argv(assets, str(tmp_path / "resumed"), "--rollout-num-gpus", "1", "--update-weight-mode",
+                       "distributed", "--num-rollout", "4"), "--lr", lr, "--load", str(tmp_path / "resume"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resumed = read_metrics(str(tmp_path / "resumed"))
+    assert [(r["rollout_id"], r["rollout/weight_version"], r["train/weight_version"]) for r in resumed] == [
+        (2, 2, 2), (2 + 1, 2, 3)]
+    assert resumed[0]["train_rollout_logprob_abs_diff"] < ON_VERSION_BOUND  # generated and trained on version 2
 
 
 def test_dry_run_and_colocate_refused(assets, tmp_path):  # noqa: F811
