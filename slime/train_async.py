@@ -67,7 +67,8 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
     for rollout_id in range(start, args.num_rollout):
         t_iter, driver_cpu = time.perf_counter(), time.thread_time()
         t0 = time.perf_counter()
-        result = upcoming if isinstance(upcoming, dict) else get(upcoming)
+        result = upcoming if isinstance(upcoming, dict) else sync._wait_with_progress(
+            upcoming, rollout, args.rollout_batch_size * args.n_samples_per_prompt)
         waited = time.perf_counter() - t0
         # the data source's position after rollout k, read before k+1 takes its prompts: a resume from this
         # iteration's checkpoint generates rollout k+1 again
