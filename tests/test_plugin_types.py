@@ -150,3 +150,20 @@ def test_custom_config_path_sets_attributes(tmp_path, capsys):
     args.custom_config_path = str(tmp_path / "missing.yaml")
     with pytest.raises(RolloutArgumentError, match="cannot be read"):
         apply_custom_config(args)
+
+
+def test_plugin_request_limit_is_capped_by_max_concurrency_like_the_built_in_loop():
+    from types import SimpleNamespace
+
+    from slime.rollout.settings import request_concurrency
+    from slime.utils import http_utils
+
+    args = SimpleNamespace(max_concurrency=24, sglang_server_concurrency=512, rollout_num_engines=2)
+    assert http_utils.request_limit(args) == 24 == request_concurrency(args, 2)
+    small = SimpleNamespace(max_concurrency=64, sglang_server_concurrency=8, rollout_num_engines=3)
+    assert http_utils.request_limit(small) == 24 == request_concurrency(small, 3)
+    # A plugin's own namespace without the flags: 512 per engine, no overall cap (upstream's client).
+    assert http_utils.request_limit(SimpleNamespace(rollout_num_engines=2)) == 1024
+    http_utils.init_http_client(args)
+    assert http_utils._state["concurrency"] == 24
+    http_utils.init_http_client(SimpleNamespace(rollout_num_engines=1))

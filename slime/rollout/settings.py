@@ -17,4 +17,11 @@ def eval_datasets(args: Any) -> list[tuple[str, str]]:
 def request_concurrency(args: Any, num_engines: int) -> int:
     """Generate requests in flight over the fleet: --sglang-server-concurrency per engine (upstream's
     client-side limit), within --max-concurrency."""
-    return max(1, min(int(args.max_concurrency), int(args.sglang_server_concurrency) * max(1, int(num_engines))))
+    return fleet_request_limit(args.sglang_server_concurrency, num_engines, args.max_concurrency)
+
+
+def fleet_request_limit(per_engine: int, num_engines: int, max_concurrency: int | None) -> int:
+    """The one rule for both the built-in loop and plugins' http_utils: per-engine limit x engines (at least
+    one), capped by --max-concurrency when given, never below 1."""
+    fleet = int(per_engine) * max(1, int(num_engines))
+    return max(1, min(int(max_concurrency), fleet) if max_concurrency is not None else fleet)

@@ -6,7 +6,8 @@
 `post` retries any failure (connection, HTTP error status) once a second, `max_retries` attempts in all,
 then raises the last error; the answer is the decoded JSON (or the text when it is not JSON). Requests
 go over this project's engine transport (slime.utils.http_client) in worker threads, at most
-`init_http_client(args)`'s concurrency at once (--sglang-server-concurrency x engines; 512 by default).
+`init_http_client(args)`'s concurrency at once (--sglang-server-concurrency x engines, within
+--max-concurrency).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import threading
 from typing import Any
 from urllib.parse import urlsplit
 
+from slime.rollout.settings import fleet_request_limit
 from slime.utils.http_client import EngineClient, EngineError
 
 logger = logging.getLogger(__name__)
@@ -37,9 +39,10 @@ def init_http_client(args: Any) -> None:
 
 
 def request_limit(args: Any) -> int:
-    """Requests in flight at once: --sglang-server-concurrency (512 unset) x engines (at least one)."""
+    """Requests in flight at once: --sglang-server-concurrency (512 unset) x engines (at least one), within
+    --max-concurrency, the same limit as the built-in loop's (slime.rollout.settings.fleet_request_limit)."""
     per_engine = int(getattr(args, "sglang_server_concurrency", None) or DEFAULT_CONCURRENCY)
-    return max(1, per_engine * max(1, get_rollout_num_engines(args)))
+    return fleet_request_limit(per_engine, get_rollout_num_engines(args), getattr(args, "max_concurrency", None))
 
 
 def get_rollout_num_engines(args: Any) -> int:
