@@ -169,3 +169,71 @@ def test_rl_loss_per_token_and_tis():
     close(m["tis"], 1.5 + math.exp(-0.4))
     with pytest.raises(ValueError, match="rollout log-probs"):
         rl_loss(cfg, lp, torch.zeros(3), lp, adv, mask, [2, 1], normalizer=2)
+
+
+# --- upstream's loss hooks (--custom-tis-function-path, --custom-pg-loss-reducer-function-path) ---------------
+
+def _tis_x3_reject_first(args, *, pg_loss, train_log_probs, rollout_log_probs, loss_masks, total_lengths,
+                         response_lengths):
+    """A TIS/RS function: weight 3 everywhere, reject the first token of sample 0."""
+    assert [t.numel() for t in train_log_probs] == response_lengths == [2, 1] and total_lengths == [5, 3]
+    assert [t.numel() for t in rollout_log_probs] == [2, 1] and args == "ARGS"
+    masks = [m.clone() for m in loss_masks]
+    masks[0][0] = 0.0
+    return pg_loss * 3.0, masks, {"tis": torch.full_like(pg_loss, 3.0)}
+
+
+def test_custom_tis_function_reweights_and_rejects_tokens():
+    from slime.backends.megatron.loss import LossHooks
+
+    lp = T([-1.0, -2.0, -0.5], requires_grad=True)
+    adv, mask = T([1.0, 2.0, -4.0]), T([1.0, 1.0, 1.0])
+    cfg = LossConfig(use_tis=True)
+    hooks = LossHooks(args="ARGS", tis_function=_tis_x3_reject_first)
+    loss, m = rl_loss(cfg, lp, torch.zeros(3), lp.detach(), adv, mask, [2, 1], normalizer=2,
+                      rollout_log_probs=lp.detach(), hooks=hooks, total_lengths=[5, 3])
+    # ratio 1, pg = -A = [-1, -2, 4], x3, token 0 rejected (numerator only): (-6 / 2 + 12 / 1) / 2
+    close(loss, (-6 / 2 + 12) / 2)
+    close(m["tis"], 3 + 3)  # over the tokens before rejection: per-sample means 3 and 3
+    built_in, _ = rl_loss(cfg, lp, torch.zeros(3), lp.detach(), adv, mask, [2, 1], normalizer=2,
+                          rollout_log_probs=lp.detach())
+    close(built_in, ((-1 - 2) / 2 + 4) / 2)
+    loss.backward()
+    close(lp.grad, [0.0, 3 * -2 / 2 / 2, 3 * 4 / 2])  # d(-A ratio)/dlp = -A; rejected token: no gradient
+    with pytest.raises(ValueError, match="loss masks of 2 tokens"):
+        rl_loss(cfg, lp, torch.zeros(3), lp.detach(), adv, mask, [2, 1], normalizer=2, rollout_log_probs=lp.detach(),
+                hooks=LossHooks(tis_function=lambda **kw: (kw["pg_loss"], [T([1.0, 1.0])], {})), total_lengths=[5, 3])
+
+
+def test_custom_pg_loss_reducer_replaces_the_policy_term_only():
+    from slime.backends.megatron.loss import LossHooks
+
+    seen = {}
+
+    def dr_grpo(total_lengths, response_lengths, loss_masks, calculate_per_token_loss):
+        seen.update(total=total_lengths, response=response_lengths, per_token=calculate_per_token_loss,
+                    masks=[m.tolist() for m in loss_masks])
+        return lambda x: (x * torch.cat(loss_masks)).sum() / 4.0  # a constant denominator
+
+    lp = T([-1.0, -2.0, -0.5])
+    adv, mask, ent = T([1.0, 2.0, -4.0]), T([1.0, 0.0, 1.0]), T([0.5, 0.5, 2.0])
+    cfg = LossConfig(entropy_coef=0.1)
+    loss, m = rl_loss(cfg, lp, ent, lp, adv, mask, [2, 1], normalizer=1,
+                      hooks=LossHooks(pg_loss_reducer=dr_grpo), total_lengths=[5, 3])
+    assert seen == {"total": [5, 3], "response": [2, 1], "per_token": False, "masks": [[1.0, 0.0], [1.0]]}
+    # pg: (-1 + 4) / 4; the entropy keeps the per-sample mean: 0.5 / 1 + 2 / 1
+    close(loss, (-1 + 4) / 4 - 0.1 * (0.5 + 2.0))
+    close(m["pg_loss"], 0.75)
+    with pytest.raises(ValueError, match="total_lengths"):
+        rl_loss(cfg, lp, ent, lp, adv, mask, [2, 1], normalizer=1, hooks=LossHooks(pg_loss_reducer=dr_grpo))
+
+
+def test_loss_hooks_load_from_their_flags():
+    from types import SimpleNamespace
+
+    from slime.backends.megatron.loss import LossHooks
+
+    args = SimpleNamespace(custom_tis_function_path="slime.utils.ppo_utils.tis_weights",
+                           custom_pg_loss_reducer_function_path=None)
+    hooks = LossHooks.from_args(args)
+    assert hooks.tis_function is ppo_utils.tis_weights and hooks.pg_loss_reducer is None and hooks.args is args

@@ -301,6 +301,12 @@ def _add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
          help="custom_loss: the loss of --custom-loss-function-path (upstream's contract, docs/plugins.md)")
     _add(g, parser, "--custom-loss-function-path", type=str, default=None,
          help="module.fn(args, batch, logits, sum_of_sample_mean) -> (loss, log dict), with --loss-type custom_loss")
+    _add(g, parser, "--custom-tis-function-path", type=str, default=None,
+         help="with --use-tis: fn(args, *, pg_loss, train_log_probs, rollout_log_probs, loss_masks, total_lengths, "
+              "response_lengths) -> (pg_loss, loss_masks, metrics), replacing the built-in truncated IS weights")
+    _add(g, parser, "--custom-pg-loss-reducer-function-path", type=str, default=None,
+         help="fn(total_lengths, response_lengths, loss_masks, calculate_per_token_loss) -> reducer(pg_loss) "
+              "-> scalar: reduces the policy-gradient term instead of the per-sample mean (e.g. Dr.GRPO)")
     _add(g, parser, "--custom-megatron-init-path", type=str, default=None,
          help="fn(args) once the model, optimizer and LR schedule exist (upstream's Megatron hook)")
     _add(g, parser, "--custom-megatron-before-log-prob-hook-path", type=str, default=None,
@@ -607,6 +613,8 @@ def _validate_optimizer(args: argparse.Namespace) -> None:
     _require(args.mtp_loss_scaling_factor >= 0, "--mtp-loss-scaling-factor must be >= 0")
     _require(args.loss_type != "custom_loss" or bool(args.custom_loss_function_path),
              "--loss-type custom_loss needs --custom-loss-function-path module.fn")
+    _require(not args.custom_tis_function_path or args.use_tis,
+             "--custom-tis-function-path replaces --use-tis's weights: add --use-tis")
 
 
 def parse_args(argv: Sequence[str] | None = None, add_custom_arguments=None) -> argparse.Namespace:

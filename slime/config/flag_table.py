@@ -44,7 +44,6 @@ REFUSED: dict[str, str] = {
     "--custom-model-provider-path": _HOOK, "--rollout-sample-hook-path": _HOOK,
     "--custom-rollout-log-function-path": _HOOK, "--custom-eval-rollout-log-function-path": _HOOK,
     "--rollout-data-postprocess-path": _HOOK, "--custom-advantage-function-path": _HOOK,
-    "--custom-tis-function-path": _HOOK, "--custom-pg-loss-reducer-function-path": _HOOK,
     "--custom-reward-post-process-path": _HOOK, "--custom-convert-samples-to-train-data-path": _HOOK,
     "--custom-megatron-init-path": _HOOK, "--custom-megatron-before-log-prob-hook-path": _HOOK,
     "--custom-megatron-before-train-step-hook-path": _HOOK,

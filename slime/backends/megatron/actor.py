@@ -18,7 +18,7 @@ from slime.accelerator import get_accelerator
 from slime.backends.megatron import checkpoint as ckpt
 from slime.backends.megatron import data as D
 from slime.backends.megatron import hooks
-from slime.backends.megatron.loss import METRIC_KEYS, LossConfig, rl_loss
+from slime.backends.megatron.loss import METRIC_KEYS, LossConfig, LossHooks, rl_loss
 from slime.backends.megatron.timing import PhaseTimer
 from slime.utils.net import free_port
 
@@ -97,6 +97,7 @@ class MegatronTrainRayActor:
         self.model = model_setup.load_model(args, found.path if found and found.kind == ckpt.HF else args.hf_checkpoint)
         self.model, self.optimizer = model_setup.wrap_and_build_optimizer(args, self.model)
         self.loss_config = LossConfig.from_args(args)
+        self.loss_hooks = LossHooks.from_args(args)  # --custom-tis-function-path, --custom-pg-loss-reducer-...
 
         start_rollout_id = 0
         if found is None or found.kind in (ckpt.HF, ckpt.NONE):
@@ -368,7 +369,9 @@ class MegatronTrainRayActor:
                 else:
                     loss, m = rl_loss(self.loss_config, log_probs, entropy, old, cat(batch.advantages),
                                       loss_mask, mb.response_lengths, normalizer,  # noqa: B023 (runs within this step)
-                                      ref_log_probs=cat(batch.ref_log_probs), rollout_log_probs=rollout_lp)
+                                      ref_log_probs=cat(batch.ref_log_probs), rollout_log_probs=rollout_lp,
+                                      hooks=self.loss_hooks,
+                                      total_lengths=[len(batch.tokens[i]) for i in mb.sample_indices])
                 if mtp:
                     loss_mtp, m["mtp_loss"] = self._mtp_loss(mb, mtp_depths, loss_mask, normalizer)  # noqa: B023
                     loss = loss + loss_mtp

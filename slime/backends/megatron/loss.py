@@ -9,7 +9,7 @@ and divided by the step's token count). Gradients over micro-batches then add up
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -44,6 +44,46 @@ class LossConfig:
         )
 
 
+@dataclass(frozen=True)
+class LossHooks:
+    """Upstream's trainer-side loss hooks, loaded once per actor:
+    --custom-tis-function-path  fn(args, *, pg_loss, train_log_probs, rollout_log_probs, loss_masks,
+                                   total_lengths, response_lengths) -> (pg_loss, loss_masks, metrics)
+    --custom-pg-loss-reducer-function-path  fn(total_lengths, response_lengths, loss_masks,
+                                   calculate_per_token_loss) -> reducer, reducer(pg_loss) -> scalar
+    Per-sample values are lists of 1-D tensors over each sample's response tokens; pg_loss is flat."""
+    args: Any = None
+    tis_function: Callable | None = None
+    pg_loss_reducer: Callable | None = None
+
+    @classmethod
+    def from_args(cls, args) -> "LossHooks":
+        from slime.utils.misc import load_function
+
+        tis, reducer = args.custom_tis_function_path, args.custom_pg_loss_reducer_function_path
+        return cls(args, load_function(tis) if tis else None, load_function(reducer) if reducer else None)
+
+    @property
+    def any(self) -> bool:
+        return self.tis_function is not None or self.pg_loss_reducer is not None
+
+
+def _custom_tis(hooks: LossHooks, pg_loss, old_log_probs, rollout_log_probs, mask, lengths, total_lengths):
+    """Upstream's TIS/RS call: the function reweights pg_loss and may reject tokens (loss masks it returns)."""
+    out = hooks.tis_function(args=hooks.args, pg_loss=pg_loss, train_log_probs=list(old_log_probs.split(lengths)),
+                             rollout_log_probs=list(rollout_log_probs.split(lengths)),
+                             loss_masks=list(mask.split(lengths)), total_lengths=list(total_lengths),
+                             response_lengths=list(lengths))
+    if not (isinstance(out, tuple) and len(out) == 3):
+        raise ValueError("--custom-tis-function-path must return (pg_loss, loss_masks, metrics)")
+    new_pg, new_masks, metrics = out
+    kept = torch.cat([torch.as_tensor(m, dtype=torch.float32, device=mask.device).reshape(-1) for m in new_masks])
+    if new_pg.shape != pg_loss.shape or kept.shape != mask.shape:
+        raise ValueError(f"--custom-tis-function-path returned pg_loss {tuple(new_pg.shape)} and loss masks of "
+                         f"{kept.numel()} tokens; expected {tuple(pg_loss.shape)} and {mask.numel()}")
+    return new_pg, kept, metrics or {}
+
+
 # Metrics returned as sums (of per-sample means, or of tokens in per-token mode); divide by the count.
 METRIC_KEYS = ("pg_loss", "entropy", "kl", "clip_frac", "ppo_kl", "tis")
 
@@ -51,8 +91,10 @@ METRIC_KEYS = ("pg_loss", "entropy", "kl", "clip_frac", "ppo_kl", "tis")
 def rl_loss(cfg: LossConfig, log_probs: torch.Tensor, entropy: torch.Tensor, old_log_probs: torch.Tensor,
             advantages: torch.Tensor, loss_mask: torch.Tensor, lengths: Sequence[int], normalizer: float,
             ref_log_probs: torch.Tensor | None = None,
-            rollout_log_probs: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-    """Loss (scaled by 1/normalizer) and metric sums for flat per-response-token tensors."""
+            rollout_log_probs: torch.Tensor | None = None, hooks: LossHooks | None = None,
+            total_lengths: Sequence[int] | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Loss (scaled by 1/normalizer) and metric sums for flat per-response-token tensors. hooks: upstream's
+    TIS/RS and pg-loss reducer functions (total_lengths, prompt + response per sample, are passed to them)."""
     if normalizer <= 0:
         raise ValueError(f"loss normalizer must be > 0, got {normalizer}")
     mask = loss_mask.to(torch.float32)
@@ -64,19 +106,36 @@ def rl_loss(cfg: LossConfig, log_probs: torch.Tensor, entropy: torch.Tensor, old
         log_ratio = log_probs - old_log_probs
     pg_loss, clip_frac = ppo_utils.policy_loss(log_ratio, advantages, cfg.eps_clip, cfg.eps_clip_high, cfg.eps_clip_c)
 
+    if hooks is not None and hooks.any and total_lengths is None:
+        raise ValueError("loss hooks need total_lengths (prompt + response tokens per sample)")
     tis = None
+    kept = mask  # tokens in the numerators; a custom TIS/RS may reject some (denominators stay the loss mask's)
     if cfg.use_tis:
         if rollout_log_probs is None:
             raise ValueError("--use-tis needs rollout log-probs from the engine (return_logprob)")
-        tis = ppo_utils.tis_weights(old_log_probs, rollout_log_probs, cfg.tis_clip, cfg.tis_clip_low)
-        pg_loss = pg_loss * tis
+        if hooks is not None and hooks.tis_function is not None:
+            pg_loss, kept, tis_metrics = _custom_tis(hooks, pg_loss, old_log_probs, rollout_log_probs, mask,
+                                                     lengths, total_lengths)
+            tis = tis_metrics.get("tis")
+        else:
+            tis = ppo_utils.tis_weights(old_log_probs, rollout_log_probs, cfg.tis_clip, cfg.tis_clip_low)
+            pg_loss = pg_loss * tis
 
-    def reduce(values: torch.Tensor) -> torch.Tensor:
+    def reduce(values: torch.Tensor, over: torch.Tensor | None = None) -> torch.Tensor:
+        over = kept if over is None else over
+        if over is not mask:
+            values = values * over
         if cfg.per_token_loss:
             return (values * mask).sum()
         return ppo_utils.sample_mean_sum(values, lengths, mask)
 
-    loss = reduce(pg_loss)
+    if hooks is not None and hooks.pg_loss_reducer is not None:  # e.g. Dr.GRPO's constant denominator
+        reducer = hooks.pg_loss_reducer(list(total_lengths), list(lengths), list(kept.split(lengths)),
+                                        cfg.per_token_loss)
+        pg_term = reducer(pg_loss)
+    else:
+        pg_term = reduce(pg_loss)
+    loss = pg_term
     entropy_sum = reduce(entropy.float())
     if cfg.entropy_coef:
         loss = loss - cfg.entropy_coef * entropy_sum
@@ -95,12 +154,13 @@ def rl_loss(cfg: LossConfig, log_probs: torch.Tensor, entropy: torch.Tensor, old
 
     with torch.no_grad():
         metrics = {
-            "pg_loss": float(reduce(pg_loss)),
+            "pg_loss": float(pg_term),
             "entropy": float(entropy_sum),
             "kl": float(kl_sum) if kl_sum is not None else 0.0,
             "clip_frac": float(reduce(clip_frac)),
             "ppo_kl": float(reduce(old_log_probs.float() - log_probs.float())),
-            "tis": float(reduce(tis)) if tis is not None else 0.0,
+            # over the tokens before any rejection, as upstream's mismatch metrics
+            "tis": float(reduce(tis.detach().float(), over=mask)) if tis is not None else 0.0,
         }
     return loss / normalizer, metrics
 
