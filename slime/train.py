@@ -158,12 +158,14 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
         extra = actor.load_extra_state() or {}
         if extra.get("data_source") is not None:
             ray.get(rollout.load_state.remote(extra["data_source"]))
-    mode = actor.connect_rollout_engines(ray.get(rollout.engines.remote()))
-    logger.info("weight sync mode: %s", mode)
-    logger.info("%s", ray.get(rollout.routing.remote()))
-    # An engine restarted mid-rollout gets the trainer's current weights before it serves again.
-    ray.get(rollout.set_weight_source.remote(actor.actors, bool(args.offload_train)))
-    if args.load:  # engines start from --hf-checkpoint; weights from --load (resume, --finetune, HF) may differ
+    engines = not args.debug_train_only  # --debug-train-only: no engine to connect to, route to or sync
+    if engines:
+        mode = actor.connect_rollout_engines(ray.get(rollout.engines.remote()))
+        logger.info("weight sync mode: %s", mode)
+        logger.info("%s", ray.get(rollout.routing.remote()))
+        # An engine restarted mid-rollout gets the trainer's current weights before it serves again.
+        ray.get(rollout.set_weight_source.remote(actor.actors, bool(args.offload_train)))
+    if args.load and engines:  # engines start from --hf-checkpoint; weights from --load (resume, --finetune, HF) may differ
         actor.update_weights(start_rollout_id, ray.get(rollout.engines.remote()))
 
     log = MetricsLogger(args.output_dir, resume_from=start_rollout_id if args.load else None)
@@ -198,7 +200,8 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
         # Engines that died since the rollout are restarted now (this sync gives them the weights); the
         # list may differ from the rollout's (a restarted engine may have a new port).
         t_call = time.perf_counter()
-        metrics.update(_sync_weights(actor, rollout, rollout_id + 1, metrics))
+        if engines:
+            metrics.update(_sync_weights(actor, rollout, rollout_id + 1, metrics))
         metrics["time/weight_sync_call"] = time.perf_counter() - t_call
         if args.offload_train:
             actor.offload()

@@ -49,10 +49,12 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
         extra = actor.load_extra_state() or {}
         if extra.get("data_source") is not None:
             ray.get(rollout.load_state.remote(extra["data_source"]))
-    sync.logger.info("weight sync mode: %s", actor.connect_rollout_engines(ray.get(rollout.engines.remote())))
-    ray.get(rollout.set_weight_source.remote(actor.actors, bool(args.offload_train)))
-    # Always: the engines then hold a numbered version, which each record names
-    actor.update_weights(start, ray.get(rollout.engines.remote()))
+    engines = not args.debug_train_only  # --debug-train-only: no engine to connect to or sync
+    if engines:
+        sync.logger.info("weight sync mode: %s", actor.connect_rollout_engines(ray.get(rollout.engines.remote())))
+        ray.get(rollout.set_weight_source.remote(actor.actors, bool(args.offload_train)))
+        # Always: the engines then hold a numbered version, which each record names
+        actor.update_weights(start, ray.get(rollout.engines.remote()))
     if args.offload_train:
         actor.offload()
 
@@ -95,7 +97,7 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
         trainer_version += 1
 
         metrics["time/weight_sync_call"] = metrics["time/weight_sync"] = 0.0  # replaced when this one syncs
-        if (rollout_id + 1) % args.update_weights_interval == 0:
+        if engines and (rollout_id + 1) % args.update_weights_interval == 0:
             if upcoming is not None:  # the rollout in flight finishes on the weights it started with
                 upcoming = get(upcoming)
             t_call = time.perf_counter()

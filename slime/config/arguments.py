@@ -17,6 +17,7 @@ import re
 from typing import Sequence
 
 from slime.utils.help_format import DefaultsOnceFormatter
+from slime.utils.mask_utils import LOSS_MASK_TYPES
 
 ADVANTAGE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
 KL_LOSS_TYPES = ("k1", "k2", "k3", "low_var_kl")
@@ -297,8 +298,17 @@ def _add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
          help="weight the KL loss by the importance ratio pi_theta / pi_old (an unbiased estimate off-policy)")
     _add(g, parser, "--kl-coef", type=float, default=0.0,
          help="KL penalty folded into token rewards (reinforce_plus_plus*)")
-    _add(g, parser, "--loss-type", choices=("policy_loss", "custom_loss"), default="policy_loss",
-         help="custom_loss: the loss of --custom-loss-function-path (upstream's contract, docs/plugins.md)")
+    _add(g, parser, "--loss-type", choices=("policy_loss", "custom_loss", "sft_loss"), default="policy_loss",
+         help="custom_loss: the loss of --custom-loss-function-path (upstream's contract, docs/plugins.md); "
+              "sft_loss: negative log-likelihood of the loss-masked response tokens (docs/training.md)")
+    _add(g, parser, "--loss-mask-type", choices=LOSS_MASK_TYPES, default="qwen",
+         help="chat template family slime.rollout.sft_rollout masks with: assistant turns are trained")
+    _add(g, parser, "--disable-compute-advantages-and-returns", action="store_false",
+         dest="compute_advantages_and_returns", help="skip advantages (SFT, or a custom loss that needs none)")
+    _add(g, parser, "--debug-train-only", action="store_true",
+         help="start no rollout engine and sync no weights: the rollout function makes the data (SFT)")
+    _add(g, parser, "--num-epoch", type=int, default=None,
+         help="passes over --prompt-data; sets --num-rollout to num_epoch * prompts // rollout-batch-size")
     _add(g, parser, "--custom-loss-function-path", type=str, default=None,
          help="module.fn(args, batch, logits, sum_of_sample_mean) -> (loss, log dict), with --loss-type custom_loss")
     _add(g, parser, "--custom-tis-function-path", type=str, default=None,
@@ -464,6 +474,28 @@ def _validate_model(args: argparse.Namespace) -> None:
         raise ArgumentError("\n".join(bad))
 
 
+def _set_num_rollout_from_epochs(args: argparse.Namespace) -> None:
+    """--num-epoch (upstream's meaning): num_rollout = num_epoch * records in --prompt-data // rollout batch."""
+    if args.num_epoch is None:
+        return
+    _require(args.num_epoch >= 1, f"--num-epoch must be >= 1, got {args.num_epoch}")
+    from slime.rollout.prompt_files import PromptFileError, read_records, split_row_slice
+
+    if not args.prompt_data or not os.path.isfile(split_row_slice(args.prompt_data)[0]):
+        # Nothing to count: the input checks report the missing file (a warning under --dry-run, which
+        # plans for another machine; an error at start); the plan then counts one rollout per epoch.
+        if args.num_rollout is None:
+            args.num_rollout = args.num_epoch
+        return
+    try:
+        records = sum(1 for _ in read_records(args.prompt_data))
+    except PromptFileError as e:
+        raise ArgumentError(str(e)) from e
+    args.num_rollout = args.num_epoch * records // args.rollout_batch_size
+    _require(args.num_rollout > 0, f"--num-epoch {args.num_epoch}: {records} prompts make no full batch of "
+                                   f"--rollout-batch-size {args.rollout_batch_size}")
+
+
 def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     """Fill derived values and check combinations; raises ArgumentError (one line per problem)."""
     from slime.config.rollout_args import RolloutArgumentError, validate_rollout_args
@@ -474,6 +506,7 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
              f"--hf-checkpoint {args.hf_checkpoint!r} is not a directory; pass an HF model dir (config.json + safetensors)")
     args.hf_config = _read_hf_config(args)
     _validate_model(args)
+    _set_num_rollout_from_epochs(args)
     _require(args.num_rollout is not None and args.num_rollout > 0, "--num-rollout must be a positive integer")
     for flag in ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus_per_engine", "micro_batch_size",
                  "tensor_model_parallel_size", "expert_model_parallel_size",

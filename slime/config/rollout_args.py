@@ -249,7 +249,7 @@ def validate_rollout_args(args: argparse.Namespace) -> argparse.Namespace:
     if args.prompt_data:
         need(args.rollout_batch_size is not None and args.rollout_batch_size >= 1,
              "--rollout-batch-size is required (prompts per rollout, >= 1)")
-        need(bool(args.rm_type or args.custom_rm_path),
+        need(bool(args.rm_type or args.custom_rm_path) or getattr(args, "loss_type", None) == "sft_loss",  # SFT: none
              "no reward: pass --rm-type (e.g. deepscaler, dapo, math) or --custom-rm-path module.fn")
     need(args.n_samples_per_prompt >= 1, f"--n-samples-per-prompt must be >= 1, got {args.n_samples_per_prompt}")
     need(args.rollout_max_response_len >= 1,

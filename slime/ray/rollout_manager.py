@@ -72,14 +72,14 @@ class RolloutManager(EngineFleet):
         total = int(args.rollout_num_gpus or self.tp)
         if total % self.tp:
             raise RolloutError(f"--rollout-num-gpus {total} is not a multiple of --rollout-num-gpus-per-engine {self.tp}")
-        self.n = total // self.tp
+        self.n = 0 if args.debug_train_only else total // self.tp  # --debug-train-only: no engines at all
         self.log_dir = os.path.join(args.output_dir or tempfile.mkdtemp(prefix="slime-"), "engine_logs")
         self._pg = None
         self.actors = [self._create_actor(i, slots) for i in range(self.n)]
         self.urls = self._ray().get([a.start.remote() for a in self.actors])
         self.clients = [EngineClient(u, self._token) for u in self.urls]
-        self.router = Router(self.n)  # in-flight accounting per engine; the routing itself, see _start_router
-        self.sglang_router, self._router_client = self._start_router(), None
+        self.router = Router(self.n) if self.n else None  # in-flight accounting per engine; see _start_router
+        self.sglang_router, self._router_client = (self._start_router() if self.n else None), None
         if self.sglang_router is not None:
             self._router_client = EngineClient(self.sglang_router.url, self._token)
         self._generation = [0] * self.n
@@ -245,7 +245,7 @@ class RolloutManager(EngineFleet):
         the router and upstream's data source (made once, over this manager's prompts)."""
         from slime.rollout import plugin_rollout
 
-        url = self.sglang_router.url if self.sglang_router is not None else self.urls[0]
+        url = self.sglang_router.url if self.sglang_router is not None else (self.urls[0] if self.urls else None)
         args = plugin_rollout.plugin_args(self.args, url, self.n)
         if getattr(self, "_plugin_data_source", None) is None:
             self._plugin_data_source = plugin_rollout.make_data_source(args, self.data_source, self.tokenizer)

@@ -77,7 +77,10 @@ class JsonlDataSource:
     def __init__(self, path: str, tokenizer: Any, input_key: str = "prompt", label_key: str | None = "label",
                  metadata_key: str | None = "metadata", apply_chat_template: bool = False, shuffle: bool = False,
                  seed: int = 42, max_prompt_len: int | None = None,
-                 chat_template_kwargs: dict[str, Any] | None = None, tool_key: str | None = None) -> None:
+                 chat_template_kwargs: dict[str, Any] | None = None, tool_key: str | None = None,
+                 whole_chats: bool = False) -> None:
+        """whole_chats: a list-of-messages prompt is a whole conversation to train on (SFT), measured by its
+        full chat-template rendering instead of being refused without --apply-chat-template."""
         from slime.rollout.prompt_files import PromptFileError, read_records
 
         self.path, self.shuffle, self.seed = path, shuffle, seed
@@ -89,7 +92,10 @@ class JsonlDataSource:
                     raise DataSourceError(f"{where} has no key {input_key!r}; set --input-key to the prompt's key")
                 prompt = rec[input_key]
                 tools = _tools(rec, tool_key, where)
-                ids = tokenize_prompt(tokenizer, prompt, apply_chat_template, chat_template_kwargs, tools)
+                if whole_chats and isinstance(prompt, list):
+                    ids = list(tokenizer.apply_chat_template(prompt, tools=tools, tokenize=True, return_dict=False))
+                else:
+                    ids = tokenize_prompt(tokenizer, prompt, apply_chat_template, chat_template_kwargs, tools)
                 if not ids:
                     raise DataSourceError(f"{where}: the prompt tokenizes to nothing")
                 if max_prompt_len is not None and len(ids) > max_prompt_len:
@@ -162,7 +168,8 @@ def prompt_source(args: Any, tokenizer: Any) -> JsonlDataSource:
     """--prompt-data read as the flags say (keys, chat template, shuffle, length limit, tools)."""
     return JsonlDataSource(args.prompt_data, tokenizer, args.input_key, args.label_key, args.metadata_key,
                            args.apply_chat_template, args.rollout_shuffle, args.rollout_seed,
-                           args.rollout_max_prompt_len, args.apply_chat_template_kwargs, args.tool_key)
+                           args.rollout_max_prompt_len, args.apply_chat_template_kwargs, args.tool_key,
+                           whole_chats=getattr(args, "loss_type", None) == "sft_loss")
 
 
 # ------------------------------------------------------------------ upstream slime's data-source API

@@ -6,7 +6,7 @@ in front of the engines (or the first engine when requests are routed in-process
 is upstream's `RolloutDataSourceWithBuffer` over --prompt-data (its position is the manager's data source,
 saved with checkpoints) or the `--data-source-path` class built as `cls(args)`. The rollout function's
 groups are flattened in order for the trainer; every sample must carry its tokens, response length,
-loss mask, engine log-probs and reward (checked here, one line naming the sample).
+loss mask, engine log-probs (none for SFT data) and reward (checked here, one line naming the sample).
 
 This path runs the plugins as upstream does; it does not re-issue requests lost to an engine failure
 (the project's own rollout loop, slime.rollout.generate, does).
@@ -35,7 +35,7 @@ def uses_plugin_rollout(args: Any) -> bool:
 
 def plugin_args(args: Any, router_url: str, num_engines: int) -> Any:
     out = copy.copy(args)
-    parts = urlsplit(router_url)
+    parts = urlsplit(router_url or "")  # None: no engine runs (--debug-train-only)
     out.sglang_router_ip, out.sglang_router_port = parts.hostname, parts.port
     out.rollout_num_engines = num_engines
     out.rollout_global_dataset = True
@@ -67,7 +67,7 @@ def check_samples(samples: list[Sample], where: str) -> None:
             problem = f"response_length {n} with {len(s.tokens)} tokens (prompt + response)"
         elif s.loss_mask is not None and len(s.loss_mask) != n:
             problem = f"{len(s.loss_mask)} loss-mask entries for {n} response tokens"
-        elif s.rollout_log_probs is None or len(s.rollout_log_probs) != n:
+        elif s.rollout_log_probs is not None and len(s.rollout_log_probs) != n:  # None: not generated (SFT data)
             problem = f"rollout_log_probs must have {n} entries (append_response_tokens fills them)"
         elif s.reward is None:
             problem = "no reward"

@@ -18,7 +18,7 @@ from slime.accelerator import get_accelerator
 from slime.backends.megatron import checkpoint as ckpt
 from slime.backends.megatron import data as D
 from slime.backends.megatron import hooks
-from slime.backends.megatron.loss import METRIC_KEYS, LossConfig, LossHooks, rl_loss
+from slime.backends.megatron.loss import METRIC_KEYS, LossConfig, LossHooks, rl_loss, sft_loss
 from slime.backends.megatron.timing import PhaseTimer
 from slime.utils.net import free_port
 
@@ -281,7 +281,8 @@ class MegatronTrainRayActor:
         def full(by_index: dict[int, torch.Tensor]) -> list:
             return [by_index.get(i) for i in range(len(batch))]
 
-        if not reuse_train_log_probs:
+        sft = args.loss_type == "sft_loss"  # the loss needs neither old log-probs nor advantages
+        if not reuse_train_log_probs and not sft:
             hooks.before_log_prob(args, self.model, "")  # --custom-megatron-before-log-prob-hook-path
             batch.old_log_probs = full(self._log_probs_of(batch, mine))
         metrics["time/log_probs_old"] = time.perf_counter() - t0
@@ -292,7 +293,8 @@ class MegatronTrainRayActor:
         metrics["time/log_probs"] = time.perf_counter() - t0
         metrics["time/log_probs_ref"] = metrics["time/log_probs"] - metrics["time/log_probs_old"]
         t = time.perf_counter()
-        metrics.update(share_advantages(args, batch, mine, GroupReduce(self.dp_group)))
+        if args.compute_advantages_and_returns and not sft:
+            metrics.update(share_advantages(args, batch, mine, GroupReduce(self.dp_group)))
         if args.use_rollout_logprobs and batch.rollout_log_probs is not None:
             batch.old_log_probs = [torch.tensor(r, dtype=torch.float32) for r in batch.rollout_log_probs]
         metrics["time/advantages"] = time.perf_counter() - t
@@ -366,6 +368,9 @@ class MegatronTrainRayActor:
 
                     loss, m = custom_loss(args, batch, mb, self._sampling_logits(logits), normalizer,  # noqa: B023
                                           keys, old_log_probs=old)
+                elif args.loss_type == "sft_loss":
+                    loss, m = sft_loss(log_probs, loss_mask, mb.response_lengths, normalizer,  # noqa: B023
+                                       args.calculate_per_token_loss, keys)
                 else:
                     loss, m = rl_loss(self.loss_config, log_probs, entropy, old, cat(batch.advantages),
                                       loss_mask, mb.response_lengths, normalizer,  # noqa: B023 (runs within this step)

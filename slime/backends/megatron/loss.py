@@ -178,3 +178,18 @@ def mtp_loss(mtp_log_probs: Sequence[torch.Tensor], masks: Sequence[torch.Tensor
         total = total + ((ce * mask).sum() if per_token else ppo_utils.sample_mean_sum(ce, lengths, mask))
     depths = max(len(mtp_log_probs), 1)
     return total * (scale / depths) / normalizer, float(total.detach()) / depths
+
+
+def sft_loss(log_probs: torch.Tensor, loss_mask: torch.Tensor, lengths: Sequence[int], normalizer: float,
+             per_token: bool, keys: Sequence[str]) -> tuple[torch.Tensor, dict[str, float]]:
+    """`--loss-type sft_loss` (upstream's): negative log-likelihood of the loss-masked response tokens, reduced
+    like the RL loss (per-sample masked mean, or per token under --calculate-per-token-loss) and scaled by
+    1/normalizer. Its metric sum is reported as pg_loss (the other RL metrics are 0)."""
+    if normalizer <= 0:
+        raise ValueError(f"loss normalizer must be > 0, got {normalizer}")
+    mask = loss_mask.to(torch.float32)
+    nll = -log_probs.float()
+    total = (nll * mask).sum() if per_token else ppo_utils.sample_mean_sum(nll, [int(n) for n in lengths], mask)
+    metrics = {k: 0.0 for k in keys}
+    metrics["pg_loss"] = float(total.detach())
+    return total / normalizer, metrics

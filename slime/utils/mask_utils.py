@@ -1,0 +1,58 @@
+"""Which tokens of a chat an SFT step trains (upstream slime's `MultiTurnLossMaskGenerator` contract,
+`--loss-mask-type`): the tokens each assistant turn adds to the rendered conversation after the chat
+template's generation prompt (for Qwen: the content, then `<|im_end|>\\n`); system, user and tool turns and
+the `<|im_start|>assistant\\n` header are not trained. A message with `"step_loss_mask": 0` is not trained.
+
+The mask comes from rendering prefixes of the conversation: turn i's tokens are
+render(messages[:i+1]) minus render(messages[:i]) (with the generation prompt for an assistant turn), which
+holds for any template whose rendering of a prefix is a prefix of the whole. Templates that rewrite earlier
+turns (Qwen3's thinking template drops past `<think>` blocks) break that; such a conversation is refused in
+one line naming the turn rather than trained with a shifted mask.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+LOSS_MASK_TYPES = ("qwen", "qwen3", "qwen3_5", "distill_qwen")
+
+
+def get_response_lengths(loss_masks: list[list[int]]) -> list[int]:
+    """Per mask: the tokens from its first trained one to the end (the sample's response), 0 if none."""
+    return [len(mask) - mask.index(1) if 1 in mask else 0 for mask in loss_masks]
+
+
+class MultiTurnLossMaskGenerator:
+    def __init__(self, tokenizer: Any, tokenizer_type: str = "qwen") -> None:
+        if tokenizer_type not in LOSS_MASK_TYPES:
+            raise ValueError(f"--loss-mask-type {tokenizer_type!r}: choose one of {', '.join(LOSS_MASK_TYPES)}")
+        self.tokenizer, self.tokenizer_type = tokenizer, tokenizer_type
+
+    def _render(self, messages: list[dict], tools: list | None, generation_prompt: bool) -> list[int]:
+        if not messages:
+            return []
+        out = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=False,
+                                                 add_generation_prompt=generation_prompt)
+        return list(out["input_ids"] if isinstance(out, dict) else out)
+
+    def get_loss_mask(self, messages: list[dict], tools: list | None = None) -> tuple[list[int], list[int]]:
+        """(token ids of the whole conversation, 1 for each trained token)."""
+        if not messages:
+            raise ValueError("an SFT sample needs at least one message")
+        tokens: list[int] = []
+        mask: list[int] = []
+        for i, message in enumerate(messages):
+            assistant = message.get("role") == "assistant"
+            before = self._render(messages[:i], tools, generation_prompt=assistant)
+            after = self._render(messages[:i + 1], tools, generation_prompt=False)
+            if after[:len(tokens)] != tokens or before[:len(tokens)] != tokens or after[:len(before)] != before:
+                raise ValueError(f"message {i} ({message.get('role')}): the chat template renders the conversation "
+                                 "so far differently once this turn is added, so its tokens cannot be masked; "
+                                 "use a template whose prefixes render as prefixes")
+            trained = assistant and message.get("step_loss_mask", 1) == 1
+            mask += [0] * (len(before) - len(tokens)) + [int(trained)] * (len(after) - len(before))
+            tokens = after
+        return tokens, mask
+
+    def get_response_lengths(self, loss_masks: list[list[int]]) -> list[int]:
+        return get_response_lengths(loss_masks)
