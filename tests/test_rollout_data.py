@@ -51,7 +51,8 @@ def test_payload_round_trip_and_summary():
 def _args(estimator):
     return SimpleNamespace(advantage_estimator=estimator, n_samples_per_prompt=4, kl_coef=0.05, gamma=0.9,
                            disable_grpo_std_normalization=False, kl_loss_type="k1", normalize_advantages=False,
-                           rewards_normalization=True, custom_reward_post_process_path=None)
+                           rewards_normalization=True, custom_reward_post_process_path=None,
+                           custom_convert_samples_to_train_data_path=None)
 
 
 def _with_log_probs(batch, seed=1):
@@ -144,3 +145,115 @@ def test_custom_reward_post_process_replaces_group_normalization():
     batch = batch_from_payload(pack_samples(samples))
     share_advantages(args, batch, range(len(batch)))
     assert batch.advantages[0][0] != pytest.approx(want[0], abs=1e-3)
+
+
+def _to_train_data(args, samples):
+    """An upstream-style conversion: drop the first sample, reward = response length, mask the last token."""
+    kept = samples[1:]
+    return {"tokens": [s.tokens for s in kept], "response_lengths": [s.response_length for s in kept],
+            "rewards": [float(s.response_length) for s in kept], "raw_reward": [s.reward for s in kept],
+            "truncated": [0] * len(kept), "sample_indices": list(range(len(kept))),
+            "loss_masks": [[1] * (s.response_length - 1) + [0] for s in kept],
+            "rollout_log_probs": [s.rollout_log_probs for s in kept]}
+
+
+def _manager(args, samples):
+    """The rollout manager's generate() over given samples (no engines, no Ray)."""
+    from slime.ray.rollout_manager import RolloutManager
+
+    for s in samples:
+        s.weight_versions = ["3"]
+    manager = RolloutManager.__new__(RolloutManager)
+    manager.args = args
+    manager._generate = lambda rollout_id: (samples, {"rollout/generate_time": 1.0})
+    manager._ray = lambda: SimpleNamespace(put=lambda x: x)
+    manager.engines = lambda: []
+    return manager
+
+
+def _manager_args(**hooks):
+    args = _args("grpo")
+    args.reward_key = None
+    args.custom_rollout_log_function_path = None
+    args.__dict__.update(hooks)
+    return args
+
+
+def test_custom_convert_samples_to_train_data_is_the_training_data():
+    samples = _samples(6)
+    args = _manager_args(custom_convert_samples_to_train_data_path="tests.test_rollout_data._to_train_data",
+                         custom_reward_post_process_path="tests.test_rollout_data._centered")  # not applied
+    out = _manager(args, samples).generate(0)
+    assert out["num_samples"] == 5
+    batch = batch_from_payload(out["data"])
+    assert batch.tokens == [s.tokens for s in samples[1:]]
+    assert batch.loss_masks == [[1] * (s.response_length - 1) + [0] for s in samples[1:]]
+    assert batch.rewards == [float(s.response_length) for s in samples[1:]]
+    assert out["metrics"]["rollout/reward_mean"] == pytest.approx(sum(batch.rewards) / 5)
+    share_advantages(args, batch, range(len(batch)))  # its rewards as they are: no group normalization
+    for adv, r, n in zip(batch.advantages, batch.rewards, batch.response_lengths):
+        assert adv.tolist() == pytest.approx([r] * n, abs=1e-6)
+
+
+def test_custom_convert_samples_to_train_data_errors_name_the_problem():
+    from slime.rollout.generate import RolloutError
+    from slime.rollout.plugin_rollout import train_data_payload
+
+    args = SimpleNamespace(custom_convert_samples_to_train_data_path="tests.test_rollout_data._short_mask")
+    with pytest.raises(RolloutError, match="sample 0 has .* 2 loss-mask entries"):
+        train_data_payload(args, _samples(2))
+
+
+def _short_mask(args, samples):
+    return {"tokens": [s.tokens for s in samples], "response_lengths": [s.response_length + 1 for s in samples],
+            "rewards": [0.0] * len(samples), "loss_masks": [[1, 1]] * len(samples)}
+
+
+def _log_and_take_over(rollout_id, args, samples, rollout_extra_metrics, rollout_time):
+    args.logged.append((rollout_id, len(samples), dict(rollout_extra_metrics), rollout_time))
+    return True
+
+
+def _log_and_keep(rollout_id, args, samples, rollout_extra_metrics, rollout_time):
+    args.logged.append((rollout_id, len(samples), dict(rollout_extra_metrics), rollout_time))
+    return False
+
+
+@pytest.mark.parametrize("take_over", [True, False])
+def test_custom_rollout_log_function_is_called_and_can_take_over(take_over):
+    name = "_log_and_take_over" if take_over else "_log_and_keep"
+    args = _manager_args(custom_rollout_log_function_path=f"tests.test_rollout_data.{name}", logged=[])
+    out = _manager(args, _samples(4)).generate(7)
+    (rollout_id, n, seen, seconds), = args.logged
+    assert (rollout_id, n) == (7, 4) and seen["rollout/generate_time"] == 1.0 and 0 <= seconds < 60
+    assert "rollout/reward_std" in seen  # it sees the built-in metrics
+    kept = set(out["metrics"])
+    assert ("rollout/generate_time" in kept) is not take_over and ("rollout/reward_std" in kept) is not take_over
+    assert {"rollout/reward_mean", "rollout/response_tokens", "rollout/start_time"} <= kept  # the loops read these
+
+
+def _eval_fn(args, rollout_id, data_source, evaluation=False):
+    from slime.rollout.base_types import RolloutFnEvalOutput
+
+    assert evaluation
+    return RolloutFnEvalOutput(data={"aime": {"rewards": [1.0, 0.0, 0.5], "truncated": [0, 1, 0], "samples": []}},
+                               metrics={"eval/extra": 2.0})
+
+
+def _eval_log(rollout_id, args, data, extra_metrics):
+    args.logged.append((rollout_id, data["aime"]["rewards"], extra_metrics))
+    return args.take_over
+
+
+@pytest.mark.parametrize("take_over", [True, False])
+def test_custom_eval_rollout_log_function_is_called_and_can_take_over(take_over):
+    from slime.rollout.plugin_rollout import run_plugin_eval
+
+    args = SimpleNamespace(eval_function_path="tests.test_rollout_data._eval_fn", rollout_num_engines=1,
+                           custom_eval_rollout_log_function_path="tests.test_rollout_data._eval_log",
+                           logged=[], take_over=take_over)
+    metrics = run_plugin_eval(args, 4, None)
+    assert args.logged == [(4, [1.0, 0.0, 0.5], {"eval/extra": 2.0})]
+    assert ("eval/aime/reward_mean" in metrics) is not take_over and "time/eval" in metrics
+    if not take_over:
+        assert metrics["eval/aime/reward_mean"] == pytest.approx(0.5)

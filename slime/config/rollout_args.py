@@ -161,6 +161,15 @@ def _add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--custom-reward-post-process-path", type=str, default=None,
          help="fn(args, samples) -> (raw_rewards, rewards): the rewards the trainer uses as they are (no group "
               "normalization of its own)")
+    _add(g, parser, "--custom-convert-samples-to-train-data-path", type=str, default=None,
+         help="fn(args, samples) -> dict (tokens, response_lengths, rewards, loss_masks, [rollout_log_probs]): "
+              "the training data instead of the built-in conversion; its rewards are used as they are")
+    _add(g, parser, "--custom-rollout-log-function-path", type=str, default=None,
+         help="fn(rollout_id, args, samples, rollout_extra_metrics, rollout_time) -> bool: called after each "
+              "rollout; True skips the built-in rollout/perf metrics")
+    _add(g, parser, "--custom-eval-rollout-log-function-path", type=str, default=None,
+         help="fn(rollout_id, args, data, extra_metrics) -> bool: called after each plugin evaluation "
+              "({set: {rewards, truncated, samples}}); True skips the built-in eval metrics")
     _add(g, parser, "--partial-rollout", action="store_true",
          help="groups still generating when the batch is full go back to the data source (upstream's flag)")
     _add(g, parser, "--mask-offpolicy-in-partial-rollout", action="store_true",
@@ -271,7 +280,9 @@ def validate_rollout_args(args: argparse.Namespace) -> argparse.Namespace:
         need(bool(args.rm_url), "--rm-type remote_rm needs --rm-url http://host:port/path (the reward service)")
     for flag in ("custom_rm_path", "dynamic_sampling_filter_path", "custom_generate_function_path",
                  "rollout_function_path", "data_source_path", "buffer_filter_path", "rollout_sample_filter_path",
-                 "rollout_all_samples_process_path", "eval_function_path", "custom_reward_post_process_path"):
+                 "rollout_all_samples_process_path", "eval_function_path", "custom_reward_post_process_path",
+                 "custom_convert_samples_to_train_data_path", "custom_rollout_log_function_path",
+                 "custom_eval_rollout_log_function_path"):
         path = getattr(args, flag)
         if path:
             from slime.rollout.rewards import RewardError, load_custom

@@ -206,13 +206,17 @@ class RolloutManager(EngineFleet):
         # wall-clock bounds and the engines' weight version, for loops that overlap rollout and training
         metrics.update({"rollout/start_time": started, "rollout/end_time": time.time(),
                         "rollout/weight_version": _common_version(samples)})
-        payload = pack_samples(samples, self.args.reward_key)
-        from slime.rollout.plugin_rollout import post_process_rewards
+        from slime.rollout.plugin_rollout import log_rollout, post_process_rewards, train_data_payload
 
-        metrics.update(post_process_rewards(self.args, samples, payload))  # --custom-reward-post-process-path
+        payload = train_data_payload(self.args, samples)  # --custom-convert-samples-to-train-data-path
+        if payload is None:
+            payload = pack_samples(samples, self.args.reward_key)
+            metrics.update(post_process_rewards(self.args, samples, payload))  # --custom-reward-post-process-path
         metrics.update(payload_summary(payload))
+        metrics = log_rollout(self.args, rollout_id, samples, metrics, time.time() - started)
         # engines: the list after this rollout (restarts happen during one), for the weight sync that follows
-        out = {"data": self._ray().put(payload), "num_samples": len(samples), "metrics": metrics,
+        out = {"data": self._ray().put(payload), "num_samples": int(payload["response_lengths"].size),
+               "metrics": metrics,
                "rollout_id": rollout_id, "engines": self.engines()}
         if with_samples:
             out["samples"] = samples
@@ -238,7 +242,9 @@ class RolloutManager(EngineFleet):
             self._eval_sets = load_eval_sets(self.args, self.tokenizer)
         self._refresh_versions()
         self._rollout_id = rollout_id
-        return evaluate(self.args, self, self._eval_sets, self.tokenizer, self.reward_fn)
+        data: dict = {}
+        metrics = evaluate(self.args, self, self._eval_sets, self.tokenizer, self.reward_fn, data)
+        return plugin_rollout.log_eval(self.args, rollout_id, data, None, metrics)  # --custom-eval-rollout-log-...
 
     def _plugin_rollout(self, rollout_id: int):
         """Upstream's plugin contracts (slime.rollout.plugin_rollout): the rollout function gets args naming

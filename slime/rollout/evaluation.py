@@ -55,8 +55,10 @@ def load_eval_sets(args: argparse.Namespace, tokenizer: Any) -> list[EvalSet]:
         for name, path in eval_datasets(args)]
 
 
-def evaluate(args: argparse.Namespace, fleet: Any, sets: list[EvalSet], tokenizer: Any, reward_fn: Any) -> dict[str, float]:
-    """Generate and score every eval set; returns eval/<name>/... metrics."""
+def evaluate(args: argparse.Namespace, fleet: Any, sets: list[EvalSet], tokenizer: Any, reward_fn: Any,
+             data: dict | None = None) -> dict[str, float]:
+    """Generate and score every eval set; returns eval/<name>/... metrics. data: filled with upstream's
+    {set: {"rewards", "truncated", "samples"}} (for --custom-eval-rollout-log-function-path)."""
     if reward_fn is None:
         raise RolloutError("evaluation needs a reward: pass --rm-type or --custom-rm-path")
     sampling = eval_sampling_args(args)
@@ -78,6 +80,9 @@ def evaluate(args: argparse.Namespace, fleet: Any, sets: list[EvalSet], tokenize
         metrics[f"{prefix}/truncated_ratio"] = sum(x.status == SampleStatus.TRUNCATED for x in samples) / len(samples)
         metrics[f"{prefix}/samples"] = float(len(samples))
         metrics[f"time/eval_{s.name}"] = time.perf_counter() - t0
+        if data is not None:
+            data[s.name] = {"rewards": rewards, "samples": samples,
+                            "truncated": [int(x.status == SampleStatus.TRUNCATED) for x in samples]}
     return metrics
 
 

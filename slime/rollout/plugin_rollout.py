@@ -126,7 +126,7 @@ def run_plugin_eval(args: Any, rollout_id: int, data_source: Any) -> dict[str, f
             metrics[f"{prefix}/response_len_mean"] = statistics.fmean(s.response_length for s in samples)
     metrics.update({k: float(v) for k, v in (out.metrics or {}).items()})
     metrics["time/eval"] = time.perf_counter() - t0
-    return metrics
+    return log_eval(args, rollout_id, out.data, out.metrics, metrics)
 
 
 def post_process_rewards(args: Any, samples: list[Sample], payload: dict) -> dict[str, float]:
@@ -145,3 +145,66 @@ def post_process_rewards(args: Any, samples: list[Sample], payload: dict) -> dic
     payload["rewards"] = np.asarray(rewards, dtype=np.float64)
     return {"rollout/raw_reward_mean": float(np.mean(raw)) if len(raw) else 0.0,
             "rollout/post_processed_reward_mean": float(np.mean(rewards)) if rewards else 0.0}
+
+
+# Rollout metrics the training loops read themselves; a rollout log function that takes over logging
+# (returns True) leaves these and drops the rest of the built-in rollout/perf metrics.
+LOOP_METRICS = ("rollout/start_time", "rollout/end_time", "rollout/weight_version", "rollout/reward_mean",
+                "rollout/response_tokens", "rollout/samples")
+
+
+def train_data_payload(args: Any, samples: list[Sample]) -> dict | None:
+    """--custom-convert-samples-to-train-data-path: `fn(args, samples) -> dict` as upstream's (tokens,
+    response_lengths, rewards, loss_masks, optional rollout_log_probs; one entry per trained sample), as the
+    trainer's flat payload. Its rewards are used as they are (no reward post-process, no group
+    normalization), as upstream's. None when the flag is unset."""
+    import numpy as np
+
+    path = getattr(args, "custom_convert_samples_to_train_data_path", None)
+    if not path:
+        return None
+    data = load_function(path)(args, samples)
+    where = f"--custom-convert-samples-to-train-data-path {path}"
+    missing = [k for k in ("tokens", "response_lengths", "rewards", "loss_masks") if k not in (data or {})]
+    if missing:
+        raise RolloutError(f"{where} returned no {', '.join(missing)} (a dict of per-sample lists)")
+    tokens, lengths = [list(map(int, t)) for t in data["tokens"]], [int(n) for n in data["response_lengths"]]
+    masks, rewards = [list(m) for m in data["loss_masks"]], [float(r) for r in data["rewards"]]
+    log_probs = data.get("rollout_log_probs")
+    counts = {len(tokens), len(lengths), len(masks), len(rewards)} | ({len(log_probs)} if log_probs is not None else set())
+    if len(counts) != 1:
+        raise RolloutError(f"{where}: tokens, response_lengths, rewards, loss_masks (and rollout_log_probs) "
+                           f"must have one entry per sample; got {len(tokens)}, {len(lengths)}, {len(rewards)}, "
+                           f"{len(masks)}")
+    for i, (t, n, m) in enumerate(zip(tokens, lengths, masks)):
+        if not 0 < n < len(t) or len(m) != n or (log_probs is not None and len(log_probs[i]) != n):
+            raise RolloutError(f"{where}: sample {i} has {len(t)} tokens, response_length {n}, {len(m)} loss-mask "
+                               f"entries" + (f", {len(log_probs[i])} rollout_log_probs" if log_probs is not None else ""))
+    total = np.array([len(t) for t in tokens], dtype=np.int64)
+    return {
+        "tokens": np.array([x for t in tokens for x in t], dtype=np.int64),
+        "offsets": np.concatenate([[0], np.cumsum(total)]).astype(np.int64),
+        "response_lengths": np.array(lengths, dtype=np.int64),
+        "rewards": np.array(rewards, dtype=np.float64),
+        "loss_masks": np.array([x for m in masks for x in m], dtype=np.int8),
+        "rollout_log_probs": None if log_probs is None else
+        np.array([float(x) for lp in log_probs for x in lp], dtype=np.float32),
+    }
+
+
+def log_rollout(args: Any, rollout_id: int, samples: list[Sample], metrics: dict, rollout_time: float) -> dict:
+    """--custom-rollout-log-function-path: `fn(rollout_id, args, samples, rollout_extra_metrics, rollout_time)
+    -> bool` after each rollout; True: it logged the rollout, the built-in metrics are dropped (LOOP_METRICS stay)."""
+    path = getattr(args, "custom_rollout_log_function_path", None)
+    if path and load_function(path)(rollout_id, args, samples, metrics, rollout_time):
+        return {k: v for k, v in metrics.items() if k in LOOP_METRICS}
+    return metrics
+
+
+def log_eval(args: Any, rollout_id: int, data: dict, extra_metrics: dict | None, metrics: dict) -> dict:
+    """--custom-eval-rollout-log-function-path: `fn(rollout_id, args, data, extra_metrics) -> bool` after each
+    evaluation ({set: {"rewards", "truncated", "samples"}}); True: the built-in eval metrics are dropped."""
+    path = getattr(args, "custom_eval_rollout_log_function_path", None)
+    if path and load_function(path)(rollout_id, args, data, extra_metrics):
+        return {k: v for k, v in metrics.items() if not k.startswith("eval/")}
+    return metrics

@@ -99,8 +99,10 @@ def share_advantages(args, batch: RolloutBatch, indices: Sequence[int],
         args.advantage_estimator, torch.tensor(batch.rewards), lengths, mask, args.n_samples_per_prompt or 1,
         kl=kl, kl_coef=args.kl_coef, gamma=args.gamma, std_normalization=not args.disable_grpo_std_normalization,
         sample_index=indices, all_reduce=all_reduce, normalize=args.normalize_advantages,
-        # --custom-reward-post-process-path already normalized the rewards (upstream's contract)
-        group_normalize=args.rewards_normalization and not args.custom_reward_post_process_path)
+        # --custom-reward-post-process-path / --custom-convert-samples-to-train-data-path already normalized
+        # the rewards (upstream's contract)
+        group_normalize=args.rewards_normalization and not (args.custom_reward_post_process_path
+                                                            or args.custom_convert_samples_to_train_data_path))
     advantages: list = [None] * len(batch)
     # numpy, one array per sample: cheap to slice and to pickle (a torch view would carry its whole storage)
     for i, a in zip(indices, torch.split(adv.float().contiguous(), lengths)):
