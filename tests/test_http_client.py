@@ -185,3 +185,21 @@ def test_kept_alive_requests_are_not_held_by_nagle(server):
     for _ in range(20):
         client.post("/x", {"ok": 1})
     assert time.perf_counter() - t0 < 0.5  # 20 x 40 ms = 0.8 s if held
+
+
+def test_errors_survive_pickling_as_ray_reraises_them():
+    """Ray pickles an actor's exception and rebuilds it on the driver; a reduction that lost the fields
+    made the driver print "Failed to deserialize exception" instead of the error's line."""
+    import pickle
+
+    from slime.utils.exits import Interrupted
+
+    errors = [EngineError("http://127.0.0.1:1", "/generate", 503, "busy"),
+              EngineUnreachable("http://127.0.0.1:1", "/health", ConnectionRefusedError("refused"))]
+    for error in errors:
+        back = pickle.loads(pickle.dumps(error))
+        assert type(back) is type(error) and str(back) == str(error)
+        assert (back.url, back.path, back.status, back.message) == (error.url, error.path, error.status, error.message)
+    assert isinstance(pickle.loads(pickle.dumps(errors[1])), ConnectionError)
+    back = pickle.loads(pickle.dumps(Interrupted(15)))
+    assert (back.signum, back.name, str(back)) == (15, "SIGTERM", "SIGTERM received")

@@ -334,13 +334,13 @@ class RolloutManager(EngineFleet):
         for c in self.clients:
             c.flush_cache()
 
+    # An engine that died while offloaded is skipped here: the weight sync that follows restarts it (within
+    # --rollout-engine-max-restarts), and a restarted engine holds its memory already.
     def offload(self) -> None:
-        for c in self.clients:
-            c.release_memory_occupation()
+        self._each_reachable(lambda c: c.release_memory_occupation())
 
     def onload(self) -> None:
-        for c in self.clients:
-            c.resume_memory_occupation()
+        self._each_reachable(lambda c: c.resume_memory_occupation())
 
     def state(self) -> dict[str, Any] | None:
         return None if self.data_source is None else self.data_source.state_dict()

@@ -34,6 +34,9 @@ class Interrupted(BaseException):
         self.name = signal.Signals(signum).name
         super().__init__(f"{self.name} received")
 
+    def __reduce__(self):  # rebuilt from the signal number, not the message (e.g. across Ray)
+        return type(self), (self.signum,)
+
     @property
     def exit_code(self) -> int:
         return 128 + self.signum

@@ -30,11 +30,18 @@ class EngineError(RuntimeError):
     def __init__(self, url: str, path: str, status: int, message: str) -> None:
         super().__init__(f"{url}{path}: HTTP {status}: {message}")
         self.url, self.path, self.status, self.message = url, path, status, message
+        self._init_args: tuple = (url, path, status, message)
+
+    def __reduce__(self):
+        # Raised inside Ray actors and re-raised on the driver: the default reduction would call __init__
+        # with the formatted text alone, and the driver would get "Failed to deserialize exception".
+        return type(self), self._init_args
 
 
 class EngineUnreachable(EngineError, ConnectionError):
     def __init__(self, url: str, path: str, cause: BaseException) -> None:
         super().__init__(url, path, 0, f"cannot reach engine ({type(cause).__name__}: {cause})")
+        self._init_args = (url, path, cause)
 
 
 # A kept-alive connection the server closed while idle fails with one of these before any reply: the
