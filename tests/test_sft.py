@@ -20,9 +20,10 @@ LETTERS = "abc"
 
 
 def _chat(rng: random.Random) -> list[dict]:
-    word = "".join(rng.choice(LETTERS) for _ in range(3))
-    return [{"role": "system", "content": "copy"}, {"role": "user", "content": word},
-            {"role": "assistant", "content": word[::-1]}]
+    """reverse : x y z -> z y x (the tiny tokenizer's words are space-separated symbols)."""
+    word = [rng.choice(LETTERS) for _ in range(3)]
+    return [{"role": "user", "content": "reverse : " + " ".join(word)},
+            {"role": "assistant", "content": " ".join(word[::-1])}]
 
 
 def test_loss_mask_is_the_assistant_tokens(assets):  # noqa: F811
@@ -31,21 +32,64 @@ def test_loss_mask_is_the_assistant_tokens(assets):  # noqa: F811
     from slime.utils.mask_utils import MultiTurnLossMaskGenerator
 
     tok = AutoTokenizer.from_pretrained(assets["model"])
-    messages = [{"role": "user", "content": "cab"}, {"role": "assistant", "content": "bca"},
-                {"role": "user", "content": "a"}, {"role": "assistant", "content": "cc"}]
+    messages = [{"role": "user", "content": "c a b"}, {"role": "assistant", "content": "b c a"},
+                {"role": "user", "content": "a"}, {"role": "assistant", "content": "c c"}]
     ids, mask = MultiTurnLossMaskGenerator(tok, "qwen").get_loss_mask(messages)
 
     def enc(text):
         return tok(text, add_special_tokens=False)["input_ids"]
 
     # the template, by hand: "<|user|> {u} <|assistant|> {a} " per turn; trained: each answer's tokens
-    pieces = [("<|user|> cab ", 0), ("<|assistant|>", 0), (" bca ", 1), ("<|user|> a ", 0), ("<|assistant|>", 0),
-              (" cc ", 1)]
+    pieces = [("<|user|> c a b ", 0), ("<|assistant|>", 0), (" b c a ", 1), ("<|user|> a ", 0), ("<|assistant|>", 0),
+              (" c c ", 1)]
     assert ids == enc(tok.apply_chat_template(messages, tokenize=False))
     assert ids == [t for text, _ in pieces for t in enc(text)]
     assert mask == [m for text, m in pieces for _ in enc(text)]
+    assert tok.unk_token_id not in ids and sum(mask) == 5
     messages[1]["step_loss_mask"] = 0  # upstream's per-message opt-out
-    assert MultiTurnLossMaskGenerator(tok).get_loss_mask(messages)[1] == [0] * (len(ids) - len(enc(" cc "))) + [1] * len(enc(" cc "))
+    assert MultiTurnLossMaskGenerator(tok).get_loss_mask(messages)[1] == [0] * (len(ids) - 2) + [1] * 2
+
+
+CHATML = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
+
+
+def test_loss_mask_on_a_chatml_template():
+    """Qwen's layout (upstream's qwen mask): an assistant turn trains its content and <|im_end|>, not the
+    `<|im_start|> assistant` header; system, user and tool turns train nothing."""
+    from slime.utils.mask_utils import MultiTurnLossMaskGenerator, get_response_lengths
+    from slime.utils.tiny_tokenizer import build_tokenizer
+
+    tok = build_tokenizer(64)
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>", "system", "user", "assistant",
+                                                         "tool"]})
+    tok.chat_template = CHATML
+    messages = [{"role": "system", "content": "copy"}, {"role": "user", "content": "a b"},
+                {"role": "assistant", "content": "a b"}, {"role": "tool", "content": "1"},
+                {"role": "assistant", "content": "2 3 4"}]
+    ids, mask = MultiTurnLossMaskGenerator(tok, "qwen3").get_loss_mask(messages)
+    S, E = "<|im_start|>", "<|im_end|>"
+    turns = [([S, "system", "copy", E], 0), ([S, "user", "a", "b", E], 0), ([S, "assistant"], 0), (["a", "b", E], 1),
+             ([S, "tool", "1", E], 0), ([S, "assistant"], 0), (["2", "3", "4", E], 1)]  # by hand
+    want_ids = [i for words, _ in turns for i in tok.convert_tokens_to_ids(words)]
+    want_mask = [trained for words, trained in turns for _ in words]
+    assert ids == want_ids and mask == want_mask
+    assert get_response_lengths([mask]) == [len(mask) - mask.index(1)] and get_response_lengths([[0, 0]]) == [0]
+
+
+def test_loss_mask_refuses_a_template_that_rewrites_history():
+    from slime.utils.mask_utils import MultiTurnLossMaskGenerator
+    from slime.utils.tiny_tokenizer import build_tokenizer
+
+    tok = build_tokenizer(64)
+    # the last user turn rendered differently (as Qwen3's template drops past <think> blocks)
+    tok.chat_template = ("{% for m in messages %}{% if loop.last %}answer {% endif %}{{ m['content'] }} "
+                         "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    with pytest.raises(ValueError, match=r"^message 1 \(assistant\): the chat template renders"):
+        MultiTurnLossMaskGenerator(tok).get_loss_mask([{"role": "user", "content": "a"},
+                                                       {"role": "assistant", "content": "b"}])
+    with pytest.raises(ValueError, match="--loss-mask-type 'llama'"):
+        MultiTurnLossMaskGenerator(tok, "llama")
 
 
 def test_sft_run_of_the_upstream_script_flags(assets, tmp_path):  # noqa: F811
@@ -71,5 +115,6 @@ def test_sft_run_of_the_upstream_script_flags(assets, tmp_path):  # noqa: F811
     records = read_metrics(str(out))
     assert [r["rollout_id"] for r in records] == list(range(20))  # 2 epochs x 40 chats // 4
     losses = [r["train/loss"] for r in records]
-    assert sum(losses[-4:]) / 4 < 0.5 * sum(losses[:4]) / 4, losses
+    # measured: 6.0 -> 1.1 (about ln 3: the answer letters' marginal learned in 20 steps)
+    assert sum(losses[-4:]) / 4 < 0.3 * sum(losses[:4]) / 4, losses
     assert all(r["time/weight_sync"] == 0.0 for r in records)
