@@ -257,3 +257,35 @@ def test_custom_eval_rollout_log_function_is_called_and_can_take_over(take_over)
     assert ("eval/aime/reward_mean" in metrics) is not take_over and "time/eval" in metrics
     if not take_over:
         assert metrics["eval/aime/reward_mean"] == pytest.approx(0.5)
+
+
+def _postprocess(args, rollout_id, rollout_data):
+    """Upstream-style: mask the last response token of every sample, double the advantages."""
+    args.seen = (rollout_id, sorted(rollout_data), list(rollout_data["total_lengths"]))
+    for mask in rollout_data["loss_masks"]:
+        mask[-1] = 0  # in place, as upstream's tensors allow
+    rollout_data["advantages"] = [2 * a for a in rollout_data["advantages"]]
+
+
+def test_rollout_data_postprocess_changes_what_the_step_trains_on():
+    from slime.backends.megatron import data as D
+    from slime.backends.megatron.rollout_postprocess import postprocess_rollout_data
+
+    samples = _samples(8)
+    batch = batch_from_payload(pack_samples(samples))
+    args = _args("grpo")
+    share_advantages(args, batch, range(len(batch)))
+    before = [torch.as_tensor(a).clone() for a in batch.advantages]
+    masks_before = [list(m) for m in batch.loss_masks]
+    mine = [1, 4]
+    postprocess_rollout_data(_postprocess, args, 9, batch, mine)
+    assert args.seen == (9, ["advantages", "loss_masks", "response_lengths", "rewards", "rollout_log_probs",
+                             "tokens", "total_lengths"], [len(samples[i].tokens) for i in mine])
+    for i in range(8):
+        want_mask = masks_before[i][:-1] + [0] if i in mine else masks_before[i]
+        assert batch.loss_masks[i] == want_mask
+        torch.testing.assert_close(torch.as_tensor(batch.advantages[i]), before[i] * (2 if i in mine else 1))
+    packed = D.pack(batch, [4])  # the micro-batch the step trains on carries the new mask
+    assert packed.loss_mask.tolist() == [float(x) for x in masks_before[4][:-1] + [0]]
+    with pytest.raises(ValueError, match="sample 1's loss_masks has 1 entries"):
+        postprocess_rollout_data(lambda a, r, d: d["loss_masks"].__setitem__(0, torch.ones(1)), args, 9, batch, mine)

@@ -317,6 +317,9 @@ def _add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--custom-pg-loss-reducer-function-path", type=str, default=None,
          help="fn(total_lengths, response_lengths, loss_masks, calculate_per_token_loss) -> reducer(pg_loss) "
               "-> scalar: reduces the policy-gradient term instead of the per-sample mean (e.g. Dr.GRPO)")
+    _add(g, parser, "--rollout-data-postprocess-path", type=str, default=None,
+         help="fn(args, rollout_id, rollout_data) on each train rank after the log-probs and advantages, before "
+              "training: may change rollout_data's per-sample entries (e.g. loss_masks, advantages)")
     _add(g, parser, "--custom-megatron-init-path", type=str, default=None,
          help="fn(args) once the model, optimizer and LR schedule exist (upstream's Megatron hook)")
     _add(g, parser, "--custom-megatron-before-log-prob-hook-path", type=str, default=None,

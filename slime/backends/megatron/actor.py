@@ -298,6 +298,11 @@ class MegatronTrainRayActor:
         if args.use_rollout_logprobs and batch.rollout_log_probs is not None:
             batch.old_log_probs = [torch.tensor(r, dtype=torch.float32) for r in batch.rollout_log_probs]
         metrics["time/advantages"] = time.perf_counter() - t
+        if args.rollout_data_postprocess_path:  # upstream's hook, between advantages and training
+            from slime.backends.megatron.rollout_postprocess import postprocess_rollout_data
+            from slime.utils.misc import load_function
+
+            postprocess_rollout_data(load_function(args.rollout_data_postprocess_path), args, rollout_id, batch, mine)
         metrics.update(self.train(rollout_id, batch))
         return metrics
 
