@@ -103,8 +103,24 @@ def test_tool_calling_generate_async_reward_custom_data_source(env):
                         str(env["dir"] / "eval.jsonl"), "--n-samples-per-eval-prompt", "1",
                         "--custom-megatron-init-path", "tests.upstream_plugins.megatron_init",
                         "--custom-megatron-before-log-prob-hook-path", "tests.upstream_plugins.before_log_prob",
-                        "--custom-megatron-before-train-step-hook-path", "tests.upstream_plugins.before_train_step")
+                        "--custom-megatron-before-train-step-hook-path", "tests.upstream_plugins.before_train_step",
+                        "--use-tis", "--custom-tis-function-path", "tests.upstream_plugins.tis_function",
+                        "--custom-pg-loss-reducer-function-path", "tests.upstream_plugins.dr_grpo_reducer",
+                        "--rollout-data-postprocess-path", "tests.upstream_plugins.rollout_data_postprocess",
+                        "--custom-rollout-log-function-path", "tests.upstream_plugins.rollout_log",
+                        "--custom-eval-rollout-log-function-path", "tests.upstream_plugins.eval_rollout_log")
     _check_records(records)
+    # upstream's loss, data and log hooks: each called where upstream calls it, on every rollout
+    tis, reducers = [x for x in log if x["kind"] == "tis"], [x for x in log if x["kind"] == "reducer"]
+    assert sum(x["samples"] for x in tis) == sum(x["samples"] for x in reducers) == 3 * 2 * 4
+    assert all(x["ok"] and all(t > n for t, n in zip(x["total"], x["lengths"])) for x in tis)
+    post = [x for x in log if x["kind"] == "postprocess"]
+    assert [(x["rollout_id"], x["samples"]) for x in post] == [(0, 8), (1, 8), (2, 8)] and all(x["masks_ok"] for x in post)
+    assert {"advantages", "loss_masks", "rollout_log_probs", "total_lengths"} <= set(post[0]["keys"])
+    logs = [x for x in log if x["kind"] == "rollout_log"]
+    assert [(x["rollout_id"], x["samples"]) for x in logs] == [(0, 8), (1, 8), (2, 8)]
+    assert all(x["has_reward_mean"] and x["time"] > 0 for x in logs)
+    assert [(x["rollout_id"], x["sets"], x["rewards"]) for x in log if x["kind"] == "eval_log"] == [(3, ["copy"], 2)]
     assert [x["lr"] for x in log if x["kind"] == "megatron_init"] == [5e-3]  # one trainer rank, once
     steps = [x for x in log if x["kind"] == "before_train_step"]
     assert [(x["rollout_id"], x["step_id"]) for x in steps] == [(0, 0), (1, 0), (2, 0)]

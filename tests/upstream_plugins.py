@@ -138,3 +138,39 @@ def before_train_step(args, rollout_id, step_id, model, optimizer, opt_param_sch
     _log("before_train_step", rollout_id=rollout_id, step_id=step_id,
          lr=float(optimizer.param_groups[0]["lr"]), has_model=model is not None,
          has_scheduler=opt_param_scheduler is not None)
+
+
+# --use-tis --custom-tis-function-path: upstream's keyword contract, truncated IS weights in [0, 2]
+def tis_function(args, *, pg_loss, train_log_probs, rollout_log_probs, loss_masks, total_lengths, response_lengths,
+                 **kwargs):
+    import torch
+
+    weights = torch.exp(torch.cat(train_log_probs) - torch.cat(rollout_log_probs)).clamp(0.0, 2.0)
+    _log("tis", samples=len(loss_masks), lengths=list(response_lengths), total=list(total_lengths),
+         ok=all(m.numel() == n for m, n in zip(loss_masks, response_lengths)))
+    return pg_loss * weights, loss_masks, {"tis": weights.detach()}
+
+
+# --custom-pg-loss-reducer-function-path: Dr.GRPO's constant denominator
+def dr_grpo_reducer(total_lengths, response_lengths, loss_masks, calculate_per_token_loss=False):
+    import torch
+
+    _log("reducer", samples=len(loss_masks), per_token=calculate_per_token_loss)
+    return lambda x: (x * torch.cat(loss_masks)).sum() / 8.0
+
+
+# --rollout-data-postprocess-path: sees this rank's share after the advantages
+def rollout_data_postprocess(args, rollout_id, rollout_data):
+    _log("postprocess", rollout_id=rollout_id, keys=sorted(rollout_data), samples=len(rollout_data["tokens"]),
+         masks_ok=all(m.numel() == n for m, n in zip(rollout_data["loss_masks"], rollout_data["response_lengths"])))
+
+
+def rollout_log(rollout_id, args, samples, rollout_extra_metrics, rollout_time):
+    _log("rollout_log", rollout_id=rollout_id, samples=len(samples), time=rollout_time,
+         has_reward_mean="rollout/reward_mean" in rollout_extra_metrics)
+    return False
+
+
+def eval_rollout_log(rollout_id, args, data, extra_metrics):
+    _log("eval_log", rollout_id=rollout_id, sets=sorted(data), rewards=len(next(iter(data.values()))["rewards"]))
+    return False
