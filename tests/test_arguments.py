@@ -54,6 +54,8 @@ def test_help_groups():
     (["--micro-batch-size", "3"], "not divisible by --micro-batch-size"),
     (["--expert-tensor-parallel-size", "2"], "keeps each routed expert whole on one rank (expert-TP 1); use 1"),
     (["--context-parallel-size", "2", "--enable-mtp-training"], "use --context-parallel-size 1 for MTP training"),
+    (["--custom-tis-function-path", "slime.utils.ppo_utils.tis_weights"], "add --use-tis"),
+    (["--custom-rollout-log-function-path", "no_such_module.fn"], "--custom-rollout-log-function-path"),
 ])
 def test_bad_combinations_one_line(tmp_path, extra, needle, capsys):
     with pytest.raises(SystemExit) as e:
