@@ -241,7 +241,7 @@ def _eval_fn(args, rollout_id, data_source, evaluation=False):
 
 
 def _eval_log(rollout_id, args, data, extra_metrics):
-    args.logged.append((rollout_id, data["aime"]["rewards"], extra_metrics))
+    args.logged.append((rollout_id, next(iter(data.values()))["rewards"], extra_metrics))
     return args.take_over
 
 
@@ -289,3 +289,36 @@ def test_rollout_data_postprocess_changes_what_the_step_trains_on():
     assert packed.loss_mask.tolist() == [float(x) for x in masks_before[4][:-1] + [0]]
     with pytest.raises(ValueError, match="sample 1's loss_masks has 1 entries"):
         postprocess_rollout_data(lambda a, r, d: d["loss_masks"].__setitem__(0, torch.ones(1)), args, 9, batch, mine)
+
+
+def test_built_in_evaluation_hands_upstream_eval_data_to_the_eval_log_hook(monkeypatch):
+    """The project's own evaluation (slime.rollout.evaluation) fills upstream's {set: {rewards, truncated,
+    samples}} for --custom-eval-rollout-log-function-path, as the rollout manager's eval() passes it on."""
+    from slime.rollout import evaluation
+    from slime.rollout.plugin_rollout import log_eval
+    from slime.rollout.sample import SampleStatus
+
+    def fake_run(sampling, fleet, samples, tokenizer, reward_fn):
+        for i, s in enumerate(samples):
+            s.response_length, s.reward = 2, float(i % 2)
+            s.status = SampleStatus.TRUNCATED if i == 0 else SampleStatus.COMPLETED
+
+    monkeypatch.setattr(evaluation, "run_samples", fake_run)
+    class OnePrompt:
+        def __len__(self):
+            return 1
+
+        def next_batch(self, n):
+            return [SimpleNamespace(group_index=0, prompt="p", prompt_ids=[5, 6], label="l", metadata={})]
+
+    sets = [evaluation.EvalSet("copy", OnePrompt())]
+    args = SimpleNamespace(n_samples_per_eval_prompt=3, eval_temperature=None, eval_top_p=None, eval_top_k=None,
+                           eval_max_response_len=None, eval_reward_key=None, reward_key=None,
+                           custom_eval_rollout_log_function_path="tests.test_rollout_data._eval_log",
+                           logged=[], take_over=True)
+    data: dict = {}
+    metrics = evaluation.evaluate(args, None, sets, None, object(), data)
+    assert data["copy"]["rewards"] == [0.0, 1.0, 0.0] and data["copy"]["truncated"] == [1, 0, 0]
+    assert len(data["copy"]["samples"]) == 3 and metrics["eval/copy/reward_mean"] == pytest.approx(1 / 3)
+    kept = log_eval(args, 2, data, None, metrics)
+    assert args.logged == [(2, [0.0, 1.0, 0.0], None)] and not any(k.startswith("eval/") for k in kept)
