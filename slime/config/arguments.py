@@ -541,6 +541,8 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     args.data_parallel_size = dp
     args.world_size = world
 
+    if args.debug_train_only:  # no engine starts, so none is given devices (upstream's meaning)
+        args.rollout_num_gpus = 0
     if args.rollout_num_gpus is None:
         args.rollout_num_gpus = world if args.colocate else args.rollout_num_gpus_per_engine
     _require(args.rollout_num_gpus % args.rollout_num_gpus_per_engine == 0,
