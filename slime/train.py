@@ -202,6 +202,8 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
         t_call = time.perf_counter()
         if engines:
             metrics.update(_sync_weights(actor, rollout, rollout_id + 1, metrics))
+        else:
+            metrics["time/weight_sync"] = 0.0  # as train_async.py's records without a sync
         metrics["time/weight_sync_call"] = time.perf_counter() - t_call
         if args.offload_train:
             actor.offload()

@@ -92,7 +92,8 @@ def test_loss_mask_refuses_a_template_that_rewrites_history():
         MultiTurnLossMaskGenerator(tok, "llama")
 
 
-def test_sft_run_of_the_upstream_script_flags(assets, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("program", ["train_async.py", "train.py"])
+def test_sft_run_of_the_upstream_script_flags(assets, tmp_path, program):  # noqa: F811
     rng = random.Random(0)
     data = tmp_path / "chats.jsonl"
     data.write_text("".join(json.dumps({"messages": _chat(rng)}) + "\n" for _ in range(40)))
@@ -108,7 +109,7 @@ def test_sft_run_of_the_upstream_script_flags(assets, tmp_path):  # noqa: F811
         "--hidden-dropout", "0.0", "--num-cpus", "2", "--output-dir", str(out)]
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", SLIME_CPU_THREADS="1")
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "train_async.py"), *argv], env=env, cwd=ROOT,
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, program), *argv], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "rollout engine(s) up" not in proc.stderr or "0 " in proc.stderr
