@@ -9,6 +9,7 @@ import os
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from test_e2e import ROOT, assets  # noqa: F401 - the quick start's tiny model
@@ -119,3 +120,19 @@ def test_sft_run_of_the_upstream_script_flags(assets, tmp_path, program):  # noq
     # measured: 6.0 -> 1.1 (about ln 3: the answer letters' marginal learned in 20 steps)
     assert sum(losses[-4:]) / 4 < 0.3 * sum(losses[:4]) / 4, losses
     assert all(r["time/weight_sync"] == 0.0 for r in records)
+
+
+def test_loss_mask_equals_upstreams_on_recorded_chats():
+    """tests/data/upstream_sft_loss_masks.json: upstream's MultiTurnLossMaskGenerator (qwen, qwen3) on a ChatML
+    template, recorded outside this repository; ours gives the same tokens and masks."""
+    from slime.utils.mask_utils import MultiTurnLossMaskGenerator
+    from slime.utils.tiny_tokenizer import build_tokenizer
+
+    ref = json.loads((Path(ROOT) / "tests/data/upstream_sft_loss_masks.json").read_text())
+    assert ref["repository"] == "THUDM/slime" and len(ref["commit"]) == 40 and len(ref["cases"]) == 4
+    tok = build_tokenizer(64)
+    tok.add_special_tokens({"additional_special_tokens": ref["additional_special_tokens"]})
+    tok.chat_template = ref["chat_template"]
+    for case in ref["cases"]:
+        ids, mask = MultiTurnLossMaskGenerator(tok, case["loss_mask_type"]).get_loss_mask(case["messages"])
+        assert (ids, mask) == (case["token_ids"], case["loss_mask"]), case["messages"]
