@@ -266,13 +266,13 @@ def main(argv: Sequence[str] | None = None, train_fn=None) -> int:
     from slime.utils import exits
 
     _setup_logging()
-    exits.install_signal_handlers()  # first: a signal while parsing or in preflight also exits 128 + N, one line
-    exits.start_stop_watchdog(_take_over_stop)
-    try:
-        code = _main(argv, train_fn or train)
-    except exits.Interrupted as e:  # before Ray started (later ones are handled with the cleanup in _main)
-        print(f"train.py: {e.name}: stopped; exit {e.exit_code}", file=sys.stderr, flush=True)
-        return e.exit_code
+    # first: a signal while parsing or in preflight also exits 128 + N, one line
+    with exits.stop_handling(_take_over_stop):
+        try:
+            code = _main(argv, train_fn or train)
+        except exits.Interrupted as e:  # before Ray started (later ones are handled with the cleanup in _main)
+            print(f"train.py: {e.name}: stopped; exit {e.exit_code}", file=sys.stderr, flush=True)
+            return e.exit_code
     if code >= 128 and exits.ray_core_dead():  # interpreter exit would run Ray's hooks, which wait for the GCS
         sys.stdout.flush()
         os._exit(code)

@@ -67,3 +67,29 @@ def test_actor_creation_failure_is_its_exception_line():
 
 def test_builtin_exceptions_keep_their_type():
     assert exits._last_exception_line("Traceback\n  File x\nKeyError: 'w'") == "KeyError: 'w'"
+
+
+def test_main_in_process_gives_back_the_handlers_and_stops_its_watchdog(capsys):
+    """train.py's main run inside a longer-lived process (tests, library callers): afterwards a SIGTERM there
+    must reach that process's own handler, not a stop watchdog left behind that would end the process."""
+    import threading
+    import time
+
+    from slime.train import main
+
+    seen: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: seen.append(signum))
+    try:
+        with pytest.raises(SystemExit) as stop:  # an argument error: argparse's exit, one line
+            main(["--no-such-flag"])
+        assert stop.value.code == 2
+        assert "--no-such-flag" in capsys.readouterr().err
+        assert signal.getsignal(signal.SIGTERM).__name__ == "<lambda>"
+        assert "fd" not in exits._watch
+        time.sleep(0.1)
+        assert not [t for t in threading.enumerate() if t.name == "slime-stop-watchdog"]
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)
+        assert seen == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -307,8 +307,8 @@ def start_stop_watchdog(take_over: Callable[[int], bool], grace_s: float = 5.0) 
         return
     r, w = os.pipe()
     os.set_blocking(w, False)
-    _watch.update(fd=w, done=threading.Event())
-    signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    done = threading.Event()
+    _watch.update(fd=w, done=done, previous_fd=signal.set_wakeup_fd(w, warn_on_full_buffer=False))
 
     def watch() -> None:
         while True:
@@ -316,15 +316,48 @@ def start_stop_watchdog(take_over: Callable[[int], bool], grace_s: float = 5.0) 
                 data = os.read(r, 64)
             except OSError:
                 return
+            if not data:  # stop_stop_watchdog closed the write end
+                os.close(r)
+                return
             stops = [b for b in data if b in (signal.SIGINT, signal.SIGTERM)]
             if not stops:
                 continue
-            if _watch["done"].wait(grace_s):
+            if done.wait(grace_s):
                 return
             if take_over(stops[0]):
                 return
 
     threading.Thread(target=watch, name="slime-stop-watchdog", daemon=True).start()
+
+
+def stop_stop_watchdog() -> None:
+    """Undo `start_stop_watchdog`: when train.py's main returns inside a longer-lived process (a test, a
+    library caller), a later signal there must not wake a watchdog that would end that process."""
+    w = _watch.pop("fd", None)
+    if w is None:
+        return
+    _watch.pop("done").set()
+    previous = _watch.pop("previous_fd", -1)
+    if threading.current_thread() is threading.main_thread():
+        signal.set_wakeup_fd(previous)
+    os.close(w)
+
+
+@contextlib.contextmanager
+def stop_handling(take_over: Callable[[int], bool]) -> Iterator[None]:
+    """train.py's main: our SIGINT/SIGTERM handlers and the stop watchdog for the call, then the process's
+    own handlers back (main may run inside a longer-lived process, e.g. a test)."""
+    owner = threading.current_thread() is threading.main_thread()
+    previous = {s: signal.getsignal(s) for s in _HANDLED} if owner else {}
+    install_signal_handlers()
+    start_stop_watchdog(take_over)
+    try:
+        yield
+    finally:
+        stop_stop_watchdog()
+        _installed.clear()
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def hard_exit(code: int, line: str) -> None:
