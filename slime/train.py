@@ -144,7 +144,7 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
 
     from slime.ray.rollout import create_rollout_manager
     from slime.rollout.evaluation import eval_steps
-    from slime.utils.metrics import MetricsLogger, console_line
+    from slime.utils.metrics import MetricsLogger
     from slime.utils.tracking import Tracker
 
     actor = handles["actor"]
@@ -212,13 +212,7 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
         if _should_save(args, rollout_id):
             state = ray.get(rollout.state.remote())
             metrics.update(actor.save(rollout_id, {"data_source": state, "rollout_id": rollout_id}))
-        metrics["time/iteration"] = time.perf_counter() - t_iter
-        # CPU time of the loop thread only: Ray's own threads in this process tick with wall time, not with work
-        metrics["time/driver_cpu"] = time.thread_time() - driver_cpu
-        log.log(metrics)
-        tracker.log(metrics, rollout_id + 1)
-        records.append(metrics)
-        print(console_line(metrics, args.num_rollout), flush=True)
+        _close_iteration(metrics, t_iter, driver_cpu, log, tracker, records, args.num_rollout)
         if rollout_id + 1 in evals:  # on the weights just synced to the engines
             _evaluate(rollout, log, tracker, rollout_id + 1)
     tracker.close()
@@ -245,6 +239,20 @@ def _sync_weights(actor, rollout, version: int, metrics: dict[str, Any]) -> dict
             logger.warning("weight sync %d failed on an engine that died meanwhile (restarted); syncing again: %s",
                            version, str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__)
     raise AssertionError("unreachable")
+
+
+def _close_iteration(metrics: dict[str, Any], t_iter: float, driver_cpu: float, log, tracker,
+                     records: list[dict[str, Any]], num_rollout: int) -> None:
+    """End one rollout's record (both loops): its times, metrics.jsonl, the tracker and the console line."""
+    from slime.utils.metrics import console_line
+
+    metrics["time/iteration"] = time.perf_counter() - t_iter
+    # CPU time of the loop thread only: Ray's own threads in this process tick with wall time, not with work
+    metrics["time/driver_cpu"] = time.thread_time() - driver_cpu
+    log.log(metrics)
+    tracker.log(metrics, int(metrics["rollout_id"]) + 1)
+    records.append(metrics)
+    print(console_line(metrics, num_rollout), flush=True)
 
 
 def _evaluate(rollout, log, tracker, step: int) -> dict[str, Any]:

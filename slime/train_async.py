@@ -37,7 +37,7 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
     from slime.ray.rollout import create_rollout_manager
     from slime.ray.waiting import get
     from slime.rollout.evaluation import eval_steps
-    from slime.utils.metrics import MetricsLogger, console_line
+    from slime.utils.metrics import MetricsLogger
     from slime.utils.tracking import Tracker
 
     actor = handles["actor"]
@@ -110,12 +110,7 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
         metrics["time/save"] = 0.0
         if state is not None:
             metrics.update(actor.save(rollout_id, {"data_source": state, "rollout_id": rollout_id}))
-        metrics["time/iteration"] = time.perf_counter() - t_iter
-        metrics["time/driver_cpu"] = time.thread_time() - driver_cpu
-        log.log(metrics)
-        tracker.log(metrics, rollout_id + 1)
-        records.append(metrics)
-        print(console_line(metrics, args.num_rollout), flush=True)
+        sync._close_iteration(metrics, t_iter, driver_cpu, log, tracker, records, args.num_rollout)
         if rollout_id + 1 in evals:  # on the engines' current weights, after the rollout in flight
             if upcoming is not None and not isinstance(upcoming, dict):
                 upcoming = get(upcoming)
