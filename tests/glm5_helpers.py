@@ -208,3 +208,23 @@ def exported_weights(model) -> dict[str, torch.Tensor]:
     from slime.backends.megatron import model_setup
 
     return {n: t.detach().cpu().clone() for bucket in model_setup.export_hf(model, 1 << 20) for n, t in bucket}
+
+
+def write_run_inputs(d, prompts: int, length: tuple[int, int], eval_prompts: int = 0) -> dict:
+    """A quick-start run's inputs in folder `d`: the tiny GLM-5 checkpoint, `prompts` copy-task prompts
+    (seed 0) of `length` (min, max) symbols and, with `eval_prompts`, an eval set (seed 1) of the same length."""
+    import json
+
+    from slime.rollout.synthetic import make_dataset
+    from slime_plugins.models.glm5.tiny import write_tiny_checkpoint
+
+    def jsonl(name: str, n: int, seed: int) -> str:
+        path = d / name
+        rows = make_dataset(n, seed=seed, min_len=length[0], max_len=length[1])
+        path.write_text("".join(json.dumps(x) + "\n" for x in rows))
+        return str(path)
+
+    inputs = {"dir": d, "model": write_tiny_checkpoint(str(d / "model")), "data": jsonl("data.jsonl", prompts, 0)}
+    if eval_prompts:
+        inputs["eval_data"] = jsonl("eval.jsonl", eval_prompts, 1)
+    return inputs

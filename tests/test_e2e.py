@@ -36,16 +36,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    from slime.rollout.synthetic import make_dataset
-    from slime_plugins.models.glm5.tiny import write_tiny_checkpoint
+    from glm5_helpers import write_run_inputs
 
-    d = tmp_path_factory.mktemp("e2e")
-    model = write_tiny_checkpoint(str(d / "model"))
-    data = d / "data.jsonl"
-    data.write_text("".join(json.dumps(x) + "\n" for x in make_dataset(64, seed=0, min_len=5, max_len=5)))
-    eval_data = d / "eval.jsonl"
-    eval_data.write_text("".join(json.dumps(x) + "\n" for x in make_dataset(4, seed=1, min_len=5, max_len=5)))
-    return {"dir": d, "model": model, "data": str(data), "eval_data": str(eval_data)}
+    return write_run_inputs(tmp_path_factory.mktemp("e2e"), 64, (5, 5), eval_prompts=4)
 
 
 def _argv(assets, out: str, *extra: str) -> list[str]:

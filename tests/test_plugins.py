@@ -45,14 +45,10 @@ def env(tmp_path_factory):
     import ray
 
     from slime.ray.placement_group import init_ray
-    from slime.rollout.synthetic import make_dataset
-    from slime_plugins.models.glm5.tiny import write_tiny_checkpoint
+    from glm5_helpers import write_run_inputs
 
-    d = tmp_path_factory.mktemp("plugins")
-    model = write_tiny_checkpoint(str(d / "model"))
-    data = d / "data.jsonl"
-    data.write_text("".join(json.dumps(x) + "\n" for x in make_dataset(32, seed=0, min_len=3, max_len=3)))
-    (d / "eval.jsonl").write_text("".join(json.dumps(x) + "\n" for x in make_dataset(2, seed=1, min_len=3, max_len=3)))
+    inputs = write_run_inputs(tmp_path_factory.mktemp("plugins"), 32, (3, 3), eval_prompts=2)
+    d = inputs["dir"]
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Tool)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     saved = {k: os.environ.get(k) for k in ("SLIME_TOOL_URL", "SLIME_PLUGIN_LOG", "PYTHONPATH")}
@@ -61,7 +57,7 @@ def env(tmp_path_factory):
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, saved["PYTHONPATH"]) if p)  # tests.* in Ray workers
     os.environ.setdefault("SLIME_CPU_THREADS", "1")
     init_ray(num_cpus=2)
-    yield {"dir": d, "model": model, "data": str(data), "log": d / "plugin_log.jsonl"}
+    yield {**inputs, "log": d / "plugin_log.jsonl"}
     ray.shutdown()
     server.shutdown()
     for k, v in saved.items():

@@ -19,14 +19,9 @@ from slime.utils import run_identity
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    from slime.rollout.synthetic import make_dataset
-    from slime_plugins.models.glm5.tiny import write_tiny_checkpoint
+    from glm5_helpers import write_run_inputs
 
-    d = tmp_path_factory.mktemp("identity")
-    model = write_tiny_checkpoint(str(d / "model"))
-    data = d / "data.jsonl"
-    data.write_text("".join(json.dumps(x) + "\n" for x in make_dataset(8, seed=0, min_len=5, max_len=5)))
-    return {"model": model, "data": str(data)}
+    return write_run_inputs(tmp_path_factory.mktemp("identity"), 8, (5, 5))
 
 
 def _args(assets, out, *extra):

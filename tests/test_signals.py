@@ -32,14 +32,9 @@ NOTHING_LEFT_S = 30.0  # every process of the run gone within this after the dri
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    from slime.rollout.synthetic import make_dataset
-    from slime_plugins.models.glm5.tiny import write_tiny_checkpoint
+    from glm5_helpers import write_run_inputs
 
-    d = tmp_path_factory.mktemp("signals")
-    model = write_tiny_checkpoint(str(d / "model"))
-    data = d / "data.jsonl"
-    data.write_text("".join(json.dumps(x) + "\n" for x in make_dataset(32, seed=0, min_len=5, max_len=5)))
-    return {"dir": d, "model": model, "data": str(data)}
+    return write_run_inputs(tmp_path_factory.mktemp("signals"), 32, (5, 5))
 
 
 def _argv(assets, run_dir, prompt_data: str | None = None, *extra: str) -> list[str]:
