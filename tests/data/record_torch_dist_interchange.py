@@ -2,8 +2,8 @@
 writes from this project's torch_dist checkpoint of each tiny family (tensor name -> dtype, shape, sha256).
 
 Run against upstream's own code, outside this repository (the project never imports it):
-    python tests/data/record_torch_dist_interchange.py UPSTREAM_ROOT COMMIT
-where UPSTREAM_ROOT holds upstream's slime/ and tools/ (e.g. `git archive COMMIT slime tools | tar -x`).
+    python tests/data/record_torch_dist_interchange.py UPSTREAM_ROOT COMMIT [MODEL_TYPE ...]
+(the given families only, merged into the existing record; all of them without) where UPSTREAM_ROOT holds upstream's slime/ and tools/ (e.g. `git archive COMMIT slime tools | tar -x`).
 Each family's tiny random checkpoint (slime_plugins.models.common.tiny, seed 0) is converted with this
 project's tools/convert_hf_to_torch_dist.py, then with upstream's converter in a subprocess whose
 PYTHONPATH puts UPSTREAM_ROOT first. tests/test_checkpoint_interchange.py checks that this project's
@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 # GLM-5: upstream's converter hard-codes the indexer's head size (128) and rope size (64).
 FAMILIES = {"qwen3": {}, "qwen3_moe": {}, "qwen2": {}, "llama": {}, "glm4_moe": {}, "glm4_moe_lite": {},
-            "glm_moe_dsa": {"index_head_dim": 128, "qk_rope_head_dim": 64}}
+            "glm_moe_dsa": {"index_head_dim": 128, "qk_rope_head_dim": 64}, "glm4": {}, "deepseek_v3": {}}
 
 
 def tensor_digest(path: str) -> dict[str, list]:
@@ -45,12 +45,19 @@ def torch_uint8():
 
 
 def main() -> None:
-    upstream, commit = sys.argv[1], sys.argv[2]
+    upstream, commit, only = sys.argv[1], sys.argv[2], sys.argv[3:]
     from slime_plugins.models.common.tiny import write_tiny_checkpoint
 
+    path = os.path.join(HERE, "upstream_torch_dist_to_hf.json")
     record = {"upstream_commit": commit, "families": {}}
+    if only:
+        record = json.load(open(path))
+        if record["upstream_commit"] != commit:
+            raise SystemExit(f"{path} was recorded at {record['upstream_commit']}; record every family at {commit}")
     py = sys.executable
     for model_type, overrides in FAMILIES.items():
+        if only and model_type not in only:
+            continue
         with tempfile.TemporaryDirectory() as tmp:
             hf, td, out = (os.path.join(tmp, n) for n in ("hf", "torch_dist", "upstream_hf"))
             write_tiny_checkpoint(hf, model_type, seed=0, **overrides)
@@ -62,7 +69,7 @@ def main() -> None:
                            check=True, cwd=tmp, env=env)
             record["families"][model_type] = {"overrides": overrides, "tensors": tensor_digest(out)}
             print(model_type, len(record["families"][model_type]["tensors"]), "tensors")
-    with open(os.path.join(HERE, "upstream_torch_dist_to_hf.json"), "w") as f:
+    with open(path, "w") as f:
         json.dump(record, f, indent=1)
 
 
