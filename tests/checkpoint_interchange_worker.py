@@ -1,5 +1,6 @@
 """Ranks of tests/test_checkpoint_interchange.py's layout test: the converter under 2 ranks (as torchrun runs
-it), then the trainer's torch_dist load at another layout, its logits against transformers', and a save there."""
+it), then the trainer's `--load` (checkpoint.load, as the train actor calls it) at another layout, its logits
+against transformers', and a save there."""
 
 from __future__ import annotations
 
@@ -18,13 +19,15 @@ def run(rank: int, world: int, port: int, cases: list, out_json: str) -> None:
 
     init_rank(rank, world, port)
     results = {}
-    for hf, converted, saved, (tp, ep, pp) in cases:
+    for hf, ref_hf, converted, saved, (tp, ep, pp) in cases:
         hf_to_torch_dist(["--hf-checkpoint", hf, "--save", converted])
         model = load_hf_model(hf, tp, ep, pp).eval()
         with torch.no_grad():
             for p in model.parameters():
                 p.fill_(float("nan"))  # every weight must come from the torch_dist checkpoint
-        C.load_model_weights(converted, model)
+        layout = {"tp": tp, "ep": ep, "pp": pp, "world_size": world}
+        resumed = C.load(converted, model, None, rank, layout)
+        assert (resumed.start_rollout_id, resumed.restored) == (0, ("model",)), resumed  # a release: weights only
         gen = torch.Generator().manual_seed(1)
         ids = torch.randint(3, model.arch.vocab_size, (2, 8), generator=gen)
         pos = torch.arange(8).expand(2, -1)
@@ -33,11 +36,11 @@ def run(rank: int, world: int, port: int, cases: list, out_json: str) -> None:
         if rank == 0:
             from transformers import AutoModelForCausalLM
 
-            ref = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
+            ref = AutoModelForCausalLM.from_pretrained(ref_hf, dtype=torch.float32).eval()
             with torch.no_grad():
                 want = ref(input_ids=ids, position_ids=pos).logits
             results[hf] = ((logits - want).abs().max() / want.abs().max()).item()
-        C.save(saved, 5, model, None, rank, {"tp": tp, "ep": ep, "pp": pp, "world_size": world}, {})
+        C.save(saved, 5, model, None, rank, layout, {})
     if rank == 0:
         with open(out_json, "w") as f:
             json.dump(results, f)

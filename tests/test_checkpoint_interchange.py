@@ -258,23 +258,37 @@ def test_converters_refuse_bad_input_in_one_line(tiny, tmp_path, capsys):
 
 
 def test_converted_checkpoint_loads_at_another_layout_and_saves_back_bit_exact(tiny, tmp_path):
-    """Every family: the converter under 2 ranks (pipeline stages for the untied 2-layer models, as upstream's
-    tool splits them; else replicas); the trainer's torch_dist load at TP2 or EP2: logits
-    within 1e-5 of max |logit| of transformers'; saved there and converted back: the original tensors."""
+    """Every model type the registry serves: the converter under 2 ranks (pipeline stages for the untied 2-layer
+    models, as upstream's tool splits them; else replicas); the trainer's --load at TP2 or EP2: logits within
+    1e-5 of max |logit| of transformers'; saved there and converted back: the original tensors."""
+    import shutil
+
     from glm5_helpers import spawn_ranks
 
     from checkpoint_interchange_worker import run
     from slime.backends.megatron.checkpoint_convert import torch_dist_to_hf
+    from slime_plugins.models.registry import supported_model_types
 
-    layouts = {"qwen3": (2, 1, 1), "llama": (2, 1, 1), "qwen2": (2, 1, 1), "glm4_moe": (2, 1, 1),
-               "qwen3_moe": (1, 2, 1), "glm4_moe_lite": (1, 2, 1), "glm_moe_dsa": (1, 2, 1)}  # (tp, ep, pp)
-    cases = [(tiny(m), str(tmp_path / f"{m}_td"), str(tmp_path / f"{m}_saved"), layout) for m, layout in layouts.items()]
+    layouts = {"qwen3": (2, 1, 1), "llama": (2, 1, 1), "qwen2": (2, 1, 1), "glm4_moe": (2, 1, 1), "glm4": (2, 1, 1),
+               "deepseek_v3": (2, 1, 1), "qwen3_moe": (1, 2, 1), "glm4_moe_lite": (1, 2, 1), "glm_moe_dsa": (1, 2, 1),
+               "kimi_k2": (1, 2, 1)}  # (tp, ep, pp)
+    assert set(layouts) == set(supported_model_types())
+    # Kimi-K2 is DeepSeek-V3 under its own model_type (transformers has none): the reference runs the deepseek_v3 copy.
+    kimi = str(tmp_path / "kimi_k2")
+    shutil.copytree(tiny("deepseek_v3"), kimi)
+    cfg = json.load(open(os.path.join(kimi, "config.json")))
+    json.dump(cfg | {"model_type": "kimi_k2"}, open(os.path.join(kimi, "config.json"), "w"))
+    hf_of = {m: kimi if m == "kimi_k2" else tiny(m) for m in layouts}
+    ref_of = {m: tiny("deepseek_v3") if m == "kimi_k2" else hf_of[m] for m in layouts}
+    cases = [(hf_of[m], ref_of[m], str(tmp_path / f"{m}_td"), str(tmp_path / f"{m}_saved"), layout)
+             for m, layout in layouts.items()]
     spawn_ranks(run, 2, cases, str(tmp_path / "logits.json"))
     rel = json.load(open(tmp_path / "logits.json"))
     assert set(rel) == {c[0] for c in cases} and max(rel.values()) < 1e-5, rel
-    common = torch.load(str(tmp_path / "llama_td" / "release" / "common.pt"), weights_only=False)
-    assert common["args"].pipeline_model_parallel_size == 2  # two ranks converted llama as two stages
-    for hf, _, saved, _ in cases:
+    for m in ("llama", "glm4", "deepseek_v3"):  # two ranks converted these as two stages
+        common = torch.load(str(tmp_path / f"{m}_td" / "release" / "common.pt"), weights_only=False)
+        assert common["args"].pipeline_model_parallel_size == 2, m
+    for hf, _, _, saved, _ in cases:
         out = str(tmp_path / (os.path.basename(hf) + "_hf"))
         torch_dist_to_hf(["--input-dir", os.path.join(saved, "iter_0000005"), "--output-dir", out, "--origin-hf-dir", hf])
         assert _digest(out) == _digest(hf)
