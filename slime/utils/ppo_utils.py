@@ -1,4 +1,5 @@
-"""RL algorithm formulas: advantage estimators, PPO/GSPO policy loss, KL estimators, TIS.
+"""RL algorithm formulas: advantage estimators (GAE for PPO), on-policy distillation, PPO/GSPO policy loss,
+PPO value loss, KL estimators, TIS.
 
 Per-token tensors are flat over the response tokens of one or more samples; `lengths` gives
 each sample's response length in order (segments of the flat tensor). Pure torch, no device code.
@@ -6,6 +7,7 @@ each sample's response length in order (segments of the flat tensor). Pure torch
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -93,22 +95,72 @@ def reinforce_plus_plus_returns(rewards: torch.Tensor, kl: torch.Tensor, lengths
     return torch.cat(out) if out else kl.new_zeros(0)
 
 
+def gae(token_rewards: torch.Tensor, values: torch.Tensor, lengths: Sequence[int], gamma: float,
+        lambd: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized advantage estimation per sample (flat over response tokens), as upstream's PPO: with
+    delta_t = r_t + gamma * V_{t+1} - V_t (V after the last token is 0), A_t = delta_t + gamma * lambd * A_{t+1},
+    returns R_t = A_t + V_t. Every response token takes part (upstream's GAE reads no loss mask)."""
+    adv, ret = [], []
+    for r, v in zip(_split(token_rewards.float(), lengths), _split(values.float(), lengths)):
+        a, running = torch.empty_like(r), torch.zeros((), dtype=r.dtype)
+        next_value = torch.zeros((), dtype=v.dtype)
+        for t in range(r.numel() - 1, -1, -1):
+            running = r[t] + gamma * next_value - v[t] + gamma * lambd * running
+            a[t], next_value = running, v[t]
+        adv.append(a)
+        ret.append(a + v)
+    empty = token_rewards.new_zeros(0)
+    return (torch.cat(adv), torch.cat(ret)) if adv else (empty, empty)
+
+
+def ppo_token_rewards(rewards: torch.Tensor, kl: torch.Tensor, lengths: Sequence[int], kl_coef: float) -> torch.Tensor:
+    """PPO's token rewards (upstream's): -kl_coef * kl on every response token, plus the sample's reward on its
+    last response token."""
+    out = []
+    for r, k in zip(rewards.float(), _split(kl.float(), lengths)):
+        token = -kl_coef * k
+        if token.numel():
+            token[-1] += r
+        out.append(token)
+    return torch.cat(out) if out else kl.new_zeros(0)
+
+
+def opd_reverse_kl(student_log_probs: torch.Tensor, teacher_log_probs: torch.Tensor) -> torch.Tensor:
+    """On-policy distillation's per-token reverse KL estimate on the sampled tokens: log pi_student - log
+    pi_teacher (upstream's --use-opd term; the advantage gets -opd_kl_coef times it)."""
+    return student_log_probs.float() - teacher_log_probs.float()
+
+
+@dataclass(frozen=True)
+class OnPolicyDistillation:
+    """--use-opd: the student's (old-policy) and the teacher's log-probs of the sampled tokens, flat like
+    the advantages, and --opd-kl-coef."""
+    student_log_probs: torch.Tensor
+    teacher_log_probs: torch.Tensor
+    kl_coef: float
+
+
 def compute_advantages(estimator: str, rewards: torch.Tensor, lengths: Sequence[int], loss_mask: torch.Tensor,
                        group_size: int, *, kl: torch.Tensor | None = None, kl_coef: float = 0.0,
                        gamma: float = 1.0, std_normalization: bool = True,
                        sample_index: Sequence[int] | None = None, all_reduce=None,
-                       normalize: bool = False, group_normalize: bool = True) -> torch.Tensor:
+                       normalize: bool = False, group_normalize: bool = True,
+                       values: torch.Tensor | None = None, lambd: float = 1.0,
+                       opd: OnPolicyDistillation | None = None) -> torch.Tensor:
     """Per-token advantages (flat over response tokens) for one rollout batch.
 
     grpo / gspo: the group-normalised sample advantage on every token.
     reinforce_plus_plus: discounted returns of KL-shaped token rewards, whitened over the batch.
     reinforce_plus_plus_baseline: (reward - group mean) - kl_coef * kl per token, whitened over the batch.
-    normalize (--normalize-advantages): grpo / gspo advantages whitened over the batch too (upstream's
+    ppo: GAE (gamma, lambd) of ppo_token_rewards against the critic's `values` (flat, these samples').
+    opd (--use-opd): the estimator's advantage minus opd.kl_coef * (student - teacher log-prob), before
+    any whitening (upstream's order).
+    normalize (--normalize-advantages): grpo / gspo / ppo advantages whitened over the batch too (upstream's
     masked whitening; the reinforce_plus_plus estimators always are, as upstream requires the flag for them).
     group_normalize=False (--disable-rewards-normalization): grpo / gspo / the baseline use the raw rewards.
 
     A data-parallel share: `rewards` are the whole rollout's, `sample_index` the samples computed here
-    (`lengths`, `loss_mask`, `kl` are theirs); `all_reduce` sums the whitening statistics over the shares.
+    (`lengths`, `loss_mask`, `kl`, `values` are theirs); `all_reduce` sums the whitening statistics over the shares.
     """
     lengths = [int(n) for n in lengths]
     rep = torch.tensor(lengths, dtype=torch.long)
@@ -117,19 +169,26 @@ def compute_advantages(estimator: str, rewards: torch.Tensor, lengths: Sequence[
         raise ValueError(f"{len(lengths)} response lengths for {len(index)} samples")
     if kl is None:
         kl = torch.zeros(sum(lengths))
+    whiten = normalize
     if estimator in ("grpo", "gspo"):
         per_sample = (grpo_advantages(rewards, group_size, std_normalization) if group_normalize else rewards)[index]
         adv = torch.repeat_interleave(per_sample, rep)
-        return masked_whiten(adv, loss_mask, all_reduce) if normalize else adv
-    if estimator == "reinforce_plus_plus":
-        returns = reinforce_plus_plus_returns(rewards[index], kl, lengths, kl_coef, gamma, loss_mask)
-        return masked_whiten(returns, loss_mask, all_reduce)
-    if estimator == "reinforce_plus_plus_baseline":
+    elif estimator == "ppo":
+        if values is None:
+            raise ValueError("--advantage-estimator ppo needs the critic's values of every response token")
+        token_rewards = ppo_token_rewards(rewards.float()[index], kl, lengths, kl_coef)
+        adv, _ = gae(token_rewards, values, lengths, gamma, lambd)
+    elif estimator == "reinforce_plus_plus":
+        adv, whiten = reinforce_plus_plus_returns(rewards[index], kl, lengths, kl_coef, gamma, loss_mask), True
+    elif estimator == "reinforce_plus_plus_baseline":
         baseline = (grpo_advantages(rewards, group_size, std_normalization=False) if group_normalize
                     else rewards)[index]
-        raw = torch.repeat_interleave(baseline, rep) - kl_coef * kl.float()
-        return masked_whiten(raw, loss_mask, all_reduce)
-    raise ValueError(f"unknown advantage estimator {estimator!r}")
+        adv, whiten = torch.repeat_interleave(baseline, rep) - kl_coef * kl.float(), True
+    else:
+        raise ValueError(f"unknown advantage estimator {estimator!r}")
+    if opd is not None:
+        adv = adv - opd.kl_coef * opd_reverse_kl(opd.student_log_probs, opd.teacher_log_probs)
+    return masked_whiten(adv, loss_mask, all_reduce) if whiten else adv
 
 
 # --- policy loss --------------------------------------------------------------------------
@@ -180,3 +239,14 @@ def sample_mean_sum(values: torch.Tensor, lengths: Sequence[int], loss_mask: tor
         return values.sum() * 0
     parts = zip(_split(values, lengths), _split(loss_mask.to(values.dtype), lengths))
     return torch.stack([(v * m).sum() / m.sum().clamp_min(1) for v, m in parts]).sum()
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+               value_clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token clipped value loss of the critic (upstream's): max((V_clip - R)^2, (V - R)^2) with
+    V_clip = V_old + clamp(V - V_old, -value_clip, value_clip); and the indicator |V - V_old| > value_clip."""
+    v = values.float()
+    old = old_values.float()
+    clipped = old + (v - old).clamp(-value_clip, value_clip)
+    loss = torch.maximum((clipped - returns.float()).square(), (v - returns.float()).square())
+    return loss, ((v - old).abs() > value_clip).float()
