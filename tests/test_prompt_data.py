@@ -148,3 +148,44 @@ def test_eval_context_len_defaults_to_the_rollouts(tmp_path):
     assert (args.eval_max_context_len, args.eval_max_prompt_len) == (64, 63)
     args = _parse(tmp_path, "--eval-max-context-len", "32", "--eval-max-prompt-len", "8")
     assert (args.eval_max_context_len, args.eval_max_prompt_len, args.rollout_max_prompt_len) == (32, 8, None)
+
+
+# ChatML as Qwen2 / SmolLM2-Instruct tokenizers ship it (a default system turn when the chat has none).
+CHATML = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+          "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
+          "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def test_apply_chat_template_puts_the_templated_text_in_sample_prompt(tmp_path):
+    """--apply-chat-template: Sample.prompt is the chat template's text (as upstream's data loading makes it) and
+    its tokens are that text's; without the flag the prompt stays the raw string. A tokenizer saved and loaded
+    from disk as a run loads it (AutoTokenizer over --hf-checkpoint), with a ChatML template."""
+    from transformers import AutoTokenizer
+
+    from slime.config.rollout_args import rollout_defaults
+    from slime.rollout.data_source import JsonlDataSource, RolloutDataSourceWithBuffer
+    from slime.utils.tiny_tokenizer import build_tokenizer
+
+    tok = build_tokenizer(64)
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>", "system", "user", "assistant"]})
+    tok.chat_template = CHATML
+    tok.save_pretrained(tmp_path / "tok")
+    tok = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    rows = [{"prompt": "copy : a b =", "label": "a b"},
+            {"prompt": [{"role": "system", "content": "answer"}, {"role": "user", "content": "sort : b a ="}], "label": "a b"}]
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    want = ["<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\ncopy : a b =<|im_end|>\n"
+            "<|im_start|>assistant\n",
+            "<|im_start|>system\nanswer<|im_end|>\n<|im_start|>user\nsort : b a =<|im_end|>\n<|im_start|>assistant\n"]
+    args = rollout_defaults(prompt_data=str(path), apply_chat_template=True, n_samples_per_prompt=2)
+    groups = RolloutDataSourceWithBuffer(args, tok, JsonlDataSource(str(path), tok, apply_chat_template=True)).get_samples(2)
+    for group, text in zip(groups, want):
+        assert [s.prompt for s in group] == [text, text]
+        assert group[0].tokens == tok(text, add_special_tokens=False)["input_ids"]
+        pieces = tok.convert_ids_to_tokens(group[0].tokens)
+        assert pieces[:2] == ["<|im_start|>", "system"] and pieces[-2:] == ["<|im_start|>", "assistant"]
+        assert pieces.count("<|im_start|>") == 3 and pieces.count("<|im_end|>") == 2
+    plain = JsonlDataSource(str(path) + "@[0:1]", tok).next_batch(1)[0]
+    assert plain.prompt == "copy : a b =" and plain.prompt_ids == tok("copy : a b =", add_special_tokens=False)["input_ids"]

@@ -130,8 +130,9 @@ def test_data_source_keys_chat_template_and_filter(tmp_path, tokenizer):
     ds = JsonlDataSource(path, tokenizer, input_key="q", label_key="ans", apply_chat_template=True, max_prompt_len=9)
     assert len(ds) == 4 and ds.dropped == 2  # chat template adds <|user|> and <|assistant|>
     item = ds.next_batch(1)[0]
-    assert item.prompt == rows[0]["q"] and item.label == "a0" and item.metadata == {"i": 0}
-    assert tokenizer.decode(item.prompt_ids) == "<|user|> copy : a = <|assistant|>"
+    assert item.label == "a0" and item.metadata == {"i": 0}
+    # the templated text is the sample's prompt, as upstream's
+    assert item.prompt == "<|user|> copy : a = <|assistant|>" == tokenizer.decode(item.prompt_ids)
     plain = JsonlDataSource(path, tokenizer, input_key="q", label_key="ans")
     assert tokenizer.decode(plain.next_batch(1)[0].prompt_ids) == "copy : a ="
 

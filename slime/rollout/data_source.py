@@ -3,7 +3,8 @@
 Each line is a JSON object; `--input-key` holds the prompt (a string, or a list of chat messages
 {"role", "content"}), `--label-key` the reference answer for the reward. With
 `--apply-chat-template` a string prompt becomes one user message and the tokenizer's chat
-template (with the generation prompt) is applied. Shuffling is a permutation seeded by
+template (with the generation prompt) is applied; the sample's `prompt` is then that templated text, as
+upstream's. Shuffling is a permutation seeded by
 `--rollout-seed` + epoch, so a resumed run sees exactly the prompts it would have seen.
 
 `RolloutDataSourceWithBuffer` / `DataSource` are upstream slime's data-source API (`--data-source-path`)
@@ -44,17 +45,23 @@ def make_samples(items: list[PromptItem], n_per_prompt: int, indices: range) -> 
             for p in items for _ in range(n_per_prompt)]
 
 
-def tokenize_prompt(tokenizer: Any, prompt: Any, apply_chat_template: bool,
-                    chat_template_kwargs: dict[str, Any] | None = None, tools: list | None = None) -> list[int]:
+def prompt_text(tokenizer: Any, prompt: Any, apply_chat_template: bool,
+                chat_template_kwargs: dict[str, Any] | None = None, tools: list | None = None) -> str:
+    """The text the engine is prompted with: with --apply-chat-template the chat template's rendering (a string
+    prompt as one user message, with the generation prompt), else the prompt string itself."""
     if apply_chat_template:
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         # --apply-chat-template-kwargs (e.g. {"enable_thinking": false}) reach the template as upstream passes them
-        text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
+        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
                                              **(chat_template_kwargs or {}))
-    elif isinstance(prompt, str):
-        text = prompt
-    else:
-        raise DataSourceError("prompt is a list of chat messages: pass --apply-chat-template")
+    if isinstance(prompt, str):
+        return prompt
+    raise DataSourceError("prompt is a list of chat messages: pass --apply-chat-template")
+
+
+def tokenize_prompt(tokenizer: Any, prompt: Any, apply_chat_template: bool,
+                    chat_template_kwargs: dict[str, Any] | None = None, tools: list | None = None) -> list[int]:
+    text = prompt_text(tokenizer, prompt, apply_chat_template, chat_template_kwargs, tools)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -95,7 +102,9 @@ class JsonlDataSource:
                 if whole_chats and isinstance(prompt, list):
                     ids = list(tokenizer.apply_chat_template(prompt, tools=tools, tokenize=True, return_dict=False))
                 else:
-                    ids = tokenize_prompt(tokenizer, prompt, apply_chat_template, chat_template_kwargs, tools)
+                    # the sample's prompt is the templated text under --apply-chat-template, as upstream's
+                    prompt = prompt_text(tokenizer, prompt, apply_chat_template, chat_template_kwargs, tools)
+                    ids = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
                 if not ids:
                     raise DataSourceError(f"{where}: the prompt tokenizes to nothing")
                 if max_prompt_len is not None and len(ids) > max_prompt_len:
