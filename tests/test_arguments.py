@@ -74,7 +74,7 @@ def test_missing_checkpoint_dir(tmp_path):
 
 def test_bad_choice_rejected(tmp_path):
     with pytest.raises(SystemExit):
-        parse_args(_argv(tmp_path, "--advantage-estimator", "ppo"))
+        parse_args(_argv(tmp_path, "--advantage-estimator", "cispo_typo"))
 
 
 def _junk_dir(tmp_path):

@@ -19,7 +19,7 @@ from typing import Sequence
 from slime.utils.help_format import DefaultsOnceFormatter
 from slime.utils.mask_utils import LOSS_MASK_TYPES
 
-ADVANTAGE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+ADVANTAGE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
 KL_LOSS_TYPES = ("k1", "k2", "k3", "low_var_kl")
 UPDATE_WEIGHT_MODES = ("auto", "ipc", "distributed")
 CKPT_FORMATS = ("torch_dist",)
@@ -297,7 +297,7 @@ def _add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--use-unbiased-kl", action="store_true",
          help="weight the KL loss by the importance ratio pi_theta / pi_old (an unbiased estimate off-policy)")
     _add(g, parser, "--kl-coef", type=float, default=0.0,
-         help="KL penalty folded into token rewards (reinforce_plus_plus*)")
+         help="KL penalty folded into token rewards (reinforce_plus_plus*, ppo)")
     _add(g, parser, "--loss-type", choices=("policy_loss", "custom_loss", "sft_loss"), default="policy_loss",
          help="custom_loss: the loss of --custom-loss-function-path (upstream's contract, docs/plugins.md); "
               "sft_loss: negative log-likelihood of the loss-masked response tokens (docs/training.md)")
@@ -326,7 +326,7 @@ def _add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
          help="fn(args, model, store_prefix) before each log-prob pass ('' old policy, 'ref_' reference)")
     _add(g, parser, "--custom-megatron-before-train-step-hook-path", type=str, default=None,
          help="fn(args, rollout_id, step_id, model, optimizer, opt_param_scheduler) before each optimizer step")
-    _add(g, parser, "--gamma", type=float, default=1.0, help="discount for reinforce_plus_plus returns")
+    _add(g, parser, "--gamma", type=float, default=1.0, help="discount of reinforce_plus_plus returns and ppo's GAE")
     _add(g, parser, "--normalize-advantages", action="store_true",
          help="whiten advantages over the rollout's response tokens (loss-masked mean 0, std 1); "
               "reinforce_plus_plus* always whiten (upstream requires this flag with them)")
@@ -411,6 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
     from slime.config.preflight import add_preflight_arguments
 
     add_preflight_arguments(parser)  # --overwrite-output (checked before Ray by slime.config.preflight)
+    from slime.config.ppo_args import add_ppo_arguments
+
+    add_ppo_arguments(parser)  # --advantage-estimator ppo's critic, --use-opd
     from slime.config import megatron_flags, model_args
 
     model_args.add_model_arguments(parser)
@@ -605,8 +608,11 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         args.check_weight_sync = 1
     if args.update_weight_mode == "ipc":
         _require(args.colocate, "--update-weight-mode ipc needs --colocate (engines must share the trainer's host devices)")
+    from slime.config.ppo_args import validate_ppo_args
+
+    validate_ppo_args(args)  # before the reference decision: --megatron-config-path may set actor flags
     args.use_ref_model = bool(args.use_kl_loss and args.kl_loss_coef > 0) or (
-        args.kl_coef > 0 and args.advantage_estimator.startswith("reinforce_plus_plus"))
+        args.kl_coef > 0 and (args.advantage_estimator.startswith("reinforce_plus_plus") or args.use_critic))
     if args.ref_load is None:
         args.ref_load = args.hf_checkpoint
     # under --dry-run a path that does not exist yet is a warning (slime.dry_run); an existing one must be readable

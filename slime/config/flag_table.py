@@ -25,8 +25,6 @@ _SYNC = "weight updates go trainer -> engines by IPC or a broadcast group (--upd
 _DEBUG = "upstream's debug dump/replay of rollout or train data is not built"
 _PROFILE = "upstream's memory/profiler recording is not built"
 _CI = "upstream's CI checks; not part of this project's runs"
-_OPD = "on-policy distillation is not built"
-_PPO = "the ppo estimator (a critic) is not built"
 _BUFFER = "upstream's external rollout buffer service is not built"
 _HEALTH = "engines are watched per request (--rollout-request-timeout) and restarted (--rollout-engine-max-restarts); " \
           "upstream's periodic health-check loop is not built"
@@ -60,8 +58,6 @@ REFUSED: dict[str, str] = {
     "--eval-config": "evaluation sets come from --eval-prompt-data; upstream's YAML eval config is not read",
     "--eval-min-new-tokens": "a minimum response length for evaluation is not built",
     "--ref-ckpt-step": "--ref-load loads its checkpoint's latest iteration; picking a step is not built",
-    "--megatron-config-path": "Megatron flags come from the command line; a YAML of them is not read",
-    "--num-critic-only-steps": _PPO, "--value-clip": _PPO, "--lambd": _PPO,
     "--ref-update-interval": "the reference model stays fixed; refreshing it is not built",
     "--use-rollout-entropy": "entropy is computed by the trainer; the engine's is not used",
     "--get-mismatch-metrics": "train/rollout log-prob mismatch is always reported (train_rollout_logprob_abs_diff); "
@@ -70,8 +66,7 @@ REFUSED: dict[str, str] = {
     "--use-stateless-adam": "stateless Adam is not built",
     "--use-routing-replay": _ROUTING, "--use-rollout-routing-replay": _ROUTING,
     "--use-opsm": "OPSM masking is not built", "--opsm-delta": "OPSM masking is not built",
-    "--use-opd": _OPD, "--opd-type": _OPD, "--opd-kl-coef": _OPD, "--opd-teacher-load": _OPD,
-    "--opd-teacher-ckpt-step": _OPD,
+    "--opd-teacher-ckpt-step": "--opd-teacher-load loads its checkpoint's latest iteration; picking a step is not built",
     "--wandb-always-use-train-step": _LOG, "--log-multi-turn": _LOG,
     "--log-passrate": _LOG, "--log-reward-category": _LOG, "--log-correct-samples": _LOG,
     "--save-debug-rollout-data": _DEBUG, "--load-debug-rollout-data": _DEBUG, "--load-forge-rollout-data": _DEBUG,
