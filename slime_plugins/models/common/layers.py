@@ -50,16 +50,22 @@ class RMSNorm(MegatronModule):
     """RMSNorm through `ops.rms_norm`. Built by megatron's TransformerLayer/Block as
     `RMSNorm(config=, hidden_size=, eps=)`. On sequence-parallel activations its weight is marked
     `sequence_parallel` so megatron all-reduces its grad over TP; inside attention (full, gathered
-    tokens on every TP rank) pass sequence_parallel=False."""
+    tokens on every TP rank) pass sequence_parallel=False. With config.layernorm_zero_centered_gamma
+    (Megatron's --apply-layernorm-1p; Qwen3-Next / Qwen3.5) the stored weight is zero-centred: the scale is
+    1 + weight, applied in float32 before the cast back (transformers' Qwen3NextRMSNorm order)."""
 
     def __init__(self, config, hidden_size: int, eps: float = 1e-6, sequence_parallel: bool | None = None) -> None:
         super().__init__(config=config)
         self.eps = float(eps)
-        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype))
+        self.zero_centered = bool(getattr(config, "layernorm_zero_centered_gamma", False))
+        init = torch.zeros if self.zero_centered else torch.ones
+        self.weight = torch.nn.Parameter(init(hidden_size, dtype=config.params_dtype))
         sp = config.sequence_parallel if sequence_parallel is None else sequence_parallel
         self.weight.sequence_parallel = bool(sp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.zero_centered:
+            return get_accelerator().ops.rms_norm(x.float(), 1.0 + self.weight.float(), self.eps).to(x.dtype)
         return get_accelerator().ops.rms_norm(x, self.weight, self.eps)
 
 
