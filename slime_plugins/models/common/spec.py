@@ -15,9 +15,11 @@ from slime_plugins.models.common.moe import MoELayer
 def layer_spec(arch, layer_index: int, attention: type) -> ModuleSpec:
     """Decoder layer `layer_index` (global, 0-based): `attention` is built with params {"arch": arch}."""
     # Plain classes, not ModuleSpecs: megatron's TransformerLayer then passes only `config` to them.
-    # A family whose dense MLP differs (GLM-4 norms its output) names it on its attention class.
+    # A family whose dense MLP or MoE layer differs (GLM-4 norms the dense output, Qwen3-Next gates the shared
+    # expert) names it on its attention class.
     dense = getattr(attention, "dense_mlp", SwiGLUMLP)
-    mlp = MoELayer.bound_to(arch) if arch.mlp_type(layer_index) == "sparse" else dense
+    moe = getattr(attention, "moe_mlp", MoELayer)
+    mlp = moe.bound_to(arch) if arch.mlp_type(layer_index) == "sparse" else dense
     return ModuleSpec(
         module=TransformerLayer,
         submodules=TransformerLayerSubmodules(
