@@ -144,7 +144,11 @@ def all_hf_names(arch, layer_maps) -> list[str]:
 
 
 def is_mtp_name(arch, name: str) -> bool:
-    """MTP layers are stored as extra layers after the last decoder layer (model.layers.{N + i}.*)."""
+    """MTP layers are stored as extra layers after the last decoder layer (model.layers.{N + i}.*); a family
+    whose checkpoints keep other untrained tensors (Qwen3-Next's `mtp.*`, Qwen3.5's vision tower) lists their
+    prefixes in `arch.kept_hf_prefixes`. Such tensors are written back unchanged."""
+    if name.startswith(tuple(getattr(arch, "kept_hf_prefixes", ()))):
+        return True
     if not name.startswith("model.layers."):
         return False
     index = name.split(".")[2]
