@@ -16,6 +16,9 @@ CONFIGS: dict[str, tuple[int, list[str]]] = {
     "single": (1, ["--no-use-distributed-optimizer"]),
     "cp2": (2, ["--context-parallel-size", "2"]),
     "cp2_tp2": (4, ["--context-parallel-size", "2", "--tensor-model-parallel-size", "2"]),
+    # MTP training (checkpoint with an MTP layer): depth 1's inputs are the tokens one ahead of each row
+    "single_mtp": (1, ["--no-use-distributed-optimizer", "--enable-mtp-training", "--mtp-loss-scaling-factor", "0.5"]),
+    "cp2_mtp": (2, ["--context-parallel-size", "2", "--enable-mtp-training", "--mtp-loss-scaling-factor", "0.5"]),
 }
 
 
@@ -91,6 +94,7 @@ def run(rank: int, world: int, port: int, ckpt: str, batch_path: str, out_dir: s
         torch.save(list(records), os.path.join(out_dir, f"{name}.indexer.{rank}.pt"))
         if rank == 0:
             torch.save({"loss": metrics["train/loss"], "log_probs": log_probs, "weights": weights,
-                        "entropy": metrics["train/entropy"]}, os.path.join(out_dir, f"{name}.pt"))
+                        "entropy": metrics["train/entropy"], "mtp_loss": metrics.get("train/mtp_loss")},
+                       os.path.join(out_dir, f"{name}.pt"))
         dist.barrier()
     dist.destroy_process_group()

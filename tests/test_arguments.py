@@ -53,7 +53,6 @@ def test_help_groups():
     (["--save-interval", "2"], "needs --save"),
     (["--micro-batch-size", "3"], "not divisible by --micro-batch-size"),
     (["--expert-tensor-parallel-size", "2"], "keeps each routed expert whole on one rank (expert-TP 1); use 1"),
-    (["--context-parallel-size", "2", "--enable-mtp-training"], "use --context-parallel-size 1 for MTP training"),
     (["--custom-tis-function-path", "slime.utils.ppo_utils.tis_weights"], "add --use-tis"),
     (["--custom-rollout-log-function-path", "no_such_module.fn"], "--custom-rollout-log-function-path"),
 ])

@@ -71,6 +71,32 @@ def test_context_parallel_equals_single_rank(tmp_path):
         assert err <= 1e-5, f"{name}: updated {worst} differs from the single-rank step by {err:.3g} (rel)"
 
 
+@pytest.mark.timeout(600)
+def test_mtp_training_under_context_parallel_equals_single_rank(tmp_path):
+    """--enable-mtp-training at CP2: each rank's chunks take the MTP inputs one token ahead from the whole pack
+    (a chunk's last row needs the next chunk's first token, held by the other rank), and the MTP loss is scored
+    on the response rows each rank holds: loss, MTP loss and updated weights (MTP layer included) equal the
+    single-rank step."""
+    from glm5_helpers import add_mtp_layer
+    from safetensors.torch import load_file
+
+    ckpt = add_mtp_layer(write_checkpoint(tmp_path / "ckpt", "glm_moe_dsa", seed=3), seed=5)
+    batch_path = str(tmp_path / "batch.pt")
+    torch.save(long_rollout_batch(), batch_path)
+    out = str(tmp_path)
+    _spawn(1, ["single_mtp"], ckpt, batch_path, out)
+    _spawn(2, ["cp2_mtp"], ckpt, batch_path, out)
+    ref, got = (torch.load(os.path.join(out, f"{n}.pt")) for n in ("single_mtp", "cp2_mtp"))
+    assert ref["mtp_loss"] > 1.0  # cross entropy of a random-init head over 512 tokens
+    assert got["mtp_loss"] == pytest.approx(ref["mtp_loss"], rel=1e-5)
+    assert got["loss"] == pytest.approx(ref["loss"], rel=1e-5, abs=1e-7)
+    eh = "model.layers.3.eh_proj.weight"
+    assert max_rel(ref["weights"][eh], load_file(os.path.join(ckpt, "model.safetensors"))[eh]) > 1e-3  # MTP trained
+    worst = max(ref["weights"], key=lambda n: max_rel(got["weights"][n], ref["weights"][n]))
+    err = max_rel(got["weights"][worst], ref["weights"][worst])
+    assert err <= 1e-5, f"cp2_mtp: updated {worst} differs from the single-rank step by {err:.3g} (rel)"
+
+
 def test_one_writer_per_pipeline_stage_under_context_parallel(monkeypatch):
     """HF export and the per-stage weight sync write from one rank per stage: the CP ranks of DP rank 0 hold the
     same weights, and only CP rank 0 of them writes (two writers raced on the same shard file)."""

@@ -30,11 +30,12 @@ def _argv(tmp_path: Path, config_edit: dict | None = None) -> list[str]:
     return argv + ["--output-dir", str(tmp_path / "out"), "--rollout-num-gpus-per-engine", "8"]
 
 
-@pytest.mark.parametrize("extra, cp", [([], 2), (["--enable-mtp-training", "--context-parallel-size", "1"], 1)])
+@pytest.mark.parametrize("extra, cp", [([], 2), (["--enable-mtp-training"], 2),
+                                       (["--enable-mtp-training", "--context-parallel-size", "1"], 1)])
 def test_upstream_glm5_744b_layout_validates_as_a_real_run(tmp_path, extra, cp):
     from slime.config.arguments import parse_args
 
-    args = parse_args(_argv(tmp_path) + extra)  # MTP training: on the last of the 4 stages, without CP
+    args = parse_args(_argv(tmp_path) + extra)  # MTP training: on the last of the 4 stages, at CP 2 or 1
     assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.expert_model_parallel_size,
             args.expert_tensor_parallel_size, args.decoder_last_pipeline_num_layers) == (4, 4, 32, 1, 18)
     assert args.context_parallel_size == cp  # the script's own CP 2
@@ -67,9 +68,6 @@ def test_upstream_glm5_744b_dry_run_prints_its_stages(tmp_path, capsys):
     (["--rollout-num-gpus-per-engine", "64"], None,
      "--rollout-num-gpus-per-engine 64 with --colocate: an engine's devices must be on one node, and 64 does not "
      "divide --actor-num-gpus-per-node 8; use a divisor of 8"),
-    (["--enable-mtp-training"], None,
-     "--enable-mtp-training with --context-parallel-size 2: MTP shifts tokens across CP chunks, which is not "
-     "implemented; use --context-parallel-size 1 for MTP training"),
     (["--enable-mtp-training", "--context-parallel-size", "1"], {"num_nextn_predict_layers": 0},
      "--enable-mtp-training: {hf}/config.json has no num_nextn_predict_layers (no MTP layers to train); drop the flag"),
     ([], {"tie_word_embeddings": True},

@@ -527,9 +527,6 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     _limit(args, etp == 1,
            f"--expert-tensor-parallel-size {etp}: the GLM model keeps each routed expert "
            "whole on one rank (expert-TP 1); use 1 and shard experts with --expert-model-parallel-size")
-    _limit(args, cp == 1 or not args.enable_mtp_training,
-           f"--enable-mtp-training with --context-parallel-size {cp}: MTP shifts tokens across CP chunks, which is "
-           "not implemented; use --context-parallel-size 1 for MTP training")
     _require(world % (tp * pp * cp) == 0,
              f"trainer world size {world} is not divisible by TP*PP*CP={tp * pp * cp}; change "
              "--actor-num-gpus-per-node or the parallel sizes")

@@ -450,10 +450,7 @@ class MegatronTrainRayActor:
         ops = get_accelerator().ops
         lps, masks = [], []
         for k, logits in enumerate(depth_logits, start=1):
-            targets, valid = D.mtp_targets(mb, k)
-            flat = logits.reshape(-1, logits.shape[-1])
-            lp, _ = ops.token_log_probs(flat.index_select(0, mb.response_logit_rows.to(flat.device)),
-                                        targets.to(flat.device), chunk_size=self.args.log_probs_chunk_size)
+            lp, valid = D.mtp_log_probs(logits, mb, k, ops, chunk_size=self.args.log_probs_chunk_size)
             lps.append(lp)
             masks.append(loss_mask * valid.to(loss_mask.device))
         return mtp_loss(lps, masks, mb.response_lengths, normalizer, self.args.mtp_loss_scaling_factor,

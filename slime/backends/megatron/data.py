@@ -30,6 +30,10 @@ class RolloutBatch:
     old_log_probs: list[torch.Tensor] | None = None
     ref_log_probs: list[torch.Tensor] | None = None
     advantages: list[torch.Tensor] | None = None
+    # --advantage-estimator ppo: the critic's values of each response token before its update (its old values)
+    values: list[torch.Tensor] | None = None
+    # --use-opd: the teacher's log-probs of the response tokens (from the rollout, or the trainer's teacher)
+    teacher_log_probs: list | None = None
     # Set by the driver when the first training forward's detached log-probs serve as the old log-probs
     # (one optimizer step per rollout, nothing needs them before training): no separate old forward.
     reuse_train_log_probs: bool = False
@@ -60,7 +64,7 @@ class RolloutBatch:
             tokens=pick(self.tokens), response_lengths=pick(self.response_lengths), rewards=pick(self.rewards),
             loss_masks=pick(self.loss_masks), rollout_log_probs=pick(self.rollout_log_probs),
             old_log_probs=pick(self.old_log_probs), ref_log_probs=pick(self.ref_log_probs),
-            advantages=pick(self.advantages),
+            advantages=pick(self.advantages), values=pick(self.values), teacher_log_probs=pick(self.teacher_log_probs),
         )
 
 
@@ -241,6 +245,34 @@ def mtp_targets(mb: PackedMicroBatch, depth: int) -> tuple[torch.Tensor, torch.T
     valid = (j + depth) < lengths
     ahead = (rows + 1 + depth).clamp(max=mb.tokens.shape[-1] - 1)
     return torch.where(valid, mb.tokens[0, ahead], 0), valid.to(torch.float32)
+
+
+def tokens_ahead(mb: PackedMicroBatch, k: int, pad_id: int = 0) -> torch.Tensor:
+    """[1, T] ids k positions ahead inside each packed sequence (pad_id past its end): the input of MTP depth k,
+    over the whole pack (under context parallel a chunk's last rows need the next chunk's tokens)."""
+    flat = mb.tokens.reshape(-1)
+    t = torch.arange(flat.numel())
+    cu = mb.cu_seqlens.long()
+    end = cu[torch.searchsorted(cu, t, right=True)]
+    ahead = t + k
+    return torch.where(ahead < end, flat[ahead.clamp(max=flat.numel() - 1)], pad_id).view_as(mb.tokens)
+
+
+def mtp_log_probs(logits: torch.Tensor, mb: PackedMicroBatch, depth: int, ops, chunk_size: int | None = None,
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probs [R], valid [R]) of MTP depth `depth`'s targets at the response rows (mtp_targets), from its
+    [1, T, V] logits; under context parallel from this rank's rows, summed over the CP group as
+    response_log_probs does (every CP rank returns all R; the grad reaches each rank's own rows)."""
+    targets, valid = mtp_targets(mb, depth)
+    flat = logits.reshape(-1, logits.shape[-1])
+    if mb.cp is None:
+        lp, _ = ops.token_log_probs(flat.index_select(0, mb.response_logit_rows.to(flat.device)),
+                                    targets.to(flat.device), chunk_size=chunk_size)
+        return lp, valid
+    slots = mb.cp_response_slots.to(flat.device)
+    lp, _ = ops.token_log_probs(flat.index_select(0, mb.cp_logit_rows.to(flat.device)),
+                                targets.to(flat.device).index_select(0, slots), chunk_size=chunk_size)
+    return combine_rows(lp, slots, int(mb.response_logit_rows.numel()), mb.cp.group), valid
 
 
 def split_per_sample(flat: torch.Tensor, lengths: Sequence[int]) -> list[torch.Tensor]:

@@ -92,18 +92,20 @@ def forward(model: torch.nn.Module, mb: D.PackedMicroBatch, device: torch.device
     if mb.cp is not None:
         from slime_plugins.models.common.rope import ContextParallelSeqParams
 
-        if mtp_logits:
-            raise ValueError("MTP training under context parallel is not implemented (train.py rejects "
-                             "--enable-mtp-training with --context-parallel-size > 1)")
-
         cp = mb.cp
         cu = cp.cu_seqlens_q.to(device)
         longest = max(b - a for a, b in zip(cp.cu_seqlens_q.tolist(), cp.cu_seqlens_q.tolist()[1:]))
         packed = ContextParallelSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
                                           max_seqlen_kv=longest, context_parallel=cp)
         local = cp.local_index
+        extra = {}
+        if mtp_logits:  # a chunk's tokens k ahead may sit in the next chunk: shift over the whole pack, then take ours
+            from slime.backends.megatron.hf_export import unwrap
+
+            extra = {"mtp_logits": True, "mtp_input_ids": [
+                D.tokens_ahead(mb, k)[:, local].to(device) for k in range(1, unwrap(model).arch.mtp_num_layers + 1)]}
         return model(input_ids=mb.tokens[:, local].to(device), position_ids=mb.position_ids[:, local].to(device),
-                     attention_mask=None, packed_seq_params=packed)
+                     attention_mask=None, packed_seq_params=packed, **extra)
     cu = mb.cu_seqlens.to(device)
     packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=mb.max_seqlen,
                              max_seqlen_kv=mb.max_seqlen)

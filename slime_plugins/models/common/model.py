@@ -129,9 +129,11 @@ class DecoderModel(MegatronModule):
         self.decoder.set_input_tensor(input_tensor)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                packed_seq_params: PackedSeqParams | None = None, mtp_logits: bool = False, **_: object):
+                packed_seq_params: PackedSeqParams | None = None, mtp_logits: bool = False,
+                mtp_input_ids: list[torch.Tensor] | None = None, **_: object):
         """mtp_logits=True (model built with MTP): returns (logits, [logits of MTP depth k = 1..]), where
-        depth k's row t predicts token t + k + 1 of the same sequence."""
+        depth k's row t predicts token t + k + 1 of the same sequence. Under context parallel the rows are this
+        rank's chunks, so the ids k tokens ahead come from the whole pack: `mtp_input_ids` [B, S] per depth."""
         if attention_mask is not None:
             raise ValueError("attention_mask is not supported: pass packed_seq_params (cu_seqlens) to separate samples")
         if input_ids.dim() != 2 or position_ids.shape != input_ids.shape:
@@ -147,9 +149,9 @@ class DecoderModel(MegatronModule):
         cp = getattr(packed_seq_params, "context_parallel", None)
         if cp is not None:
             cp = cp.to(device)
-            if mtp_logits:
-                raise ValueError("MTP logits under context parallel are not supported (MTP shifts tokens across CP "
-                                 "chunks); use --context-parallel-size 1 with MTP")
+            if mtp_logits and mtp_input_ids is None:
+                raise ValueError("MTP logits under context parallel need mtp_input_ids (the ids k tokens ahead of "
+                                 "each local row, taken from the whole pack: a chunk's next tokens are another rank's)")
         ctx = ForwardContext(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cos=cos, sin=sin, cu_seqlens=cu,
                              batch=batch, seq_len=seq_len, cp=cp)
         hidden = None
@@ -165,7 +167,7 @@ class DecoderModel(MegatronModule):
             return self._finish_logits(logits)
         if getattr(self, "mtp", None) is None:
             raise ValueError("mtp_logits=True needs a model built with MTP (load_hf_model(..., load_mtp=True))")
-        extra = self.mtp(self, input_ids, hidden, ctx)
+        extra = self.mtp(self, input_ids, hidden, ctx, shifted_ids=mtp_input_ids)
         return self._finish_logits(logits), [self._finish_logits(x) for x in extra]
 
     def _finish_logits(self, logits: torch.Tensor) -> torch.Tensor:

@@ -64,11 +64,16 @@ class MtpBlock(MegatronModule):
         super().__init__(config=config)
         self.layers = torch.nn.ModuleList(MtpLayer(config, glm, d + 1) for d in range(glm.mtp_num_layers))
 
-    def forward(self, model, input_ids, hidden, ctx) -> list[torch.Tensor]:
-        """Logits [S(/tp), B, V/tp] of each depth (before the TP gather), from the main hidden states."""
+    def forward(self, model, input_ids, hidden, ctx, shifted_ids=None) -> list[torch.Tensor]:
+        """Logits [S(/tp), B, V/tp] of each depth (before the TP gather), from the main hidden states.
+        `shifted_ids[k - 1]`: depth k's input ids when the caller has them (context parallel: a local chunk's
+        ids k ahead are in the next chunk, held by another rank); else shifted here within each sequence."""
         outputs = []
         for layer in self.layers:
-            ids = shift_within_sequences(input_ids, layer.depth, ctx.cu_seqlens)
+            if shifted_ids is not None:
+                ids = shifted_ids[layer.depth - 1].to(input_ids.device)
+            else:
+                ids = shift_within_sequences(input_ids, layer.depth, ctx.cu_seqlens)
             embedded = model.embedding(ids).transpose(0, 1).contiguous()
             if self.config.sequence_parallel:
                 embedded = tensor_parallel.scatter_to_sequence_parallel_region(embedded)
