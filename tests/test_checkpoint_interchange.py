@@ -83,23 +83,7 @@ def test_converters_round_trip_bit_exact_and_equal_upstreams_converter(model_typ
     assert got == RECORDED["families"][model_type]["tensors"]
 
 
-# The torch_dist keys of one GLM-5 (glm_moe_dsa: MLA + DSA, MoE) layer as upstream's model writes them, read
-# from its code at commit 624b824: slime_plugins/models/glm5/glm5.py get_glm5_spec (DSAMLASelfAttention with
-# TE linear_q_down_proj, linear_q_up_proj / linear_kv_up_proj as LayerNormColumnParallelLinear, q/kv
-# layernorm IdentityOp, the indexer wq_b / wk / k_norm (TE LayerNorm) / weights_proj on the attention
-# module) inside megatron-core's TE decoder block spec (input_layernorm TENorm; dense layers' pre-MLP norm
-# fused into mlp.linear_fc1; MoE layers: pre_mlp_layernorm, TopKRouter with expert bias, TEGroupedMLP
-# saved as experts.experts.linear_fc1/2, shared experts).
-GLM5_ATTENTION = ["input_layernorm.weight", "self_attention.linear_q_down_proj.weight",
-                  "self_attention.linear_q_up_proj.layer_norm_weight", "self_attention.linear_q_up_proj.weight",
-                  "self_attention.linear_kv_down_proj.weight", "self_attention.linear_kv_up_proj.layer_norm_weight",
-                  "self_attention.linear_kv_up_proj.weight", "self_attention.linear_proj.weight",
-                  "self_attention.wq_b.weight", "self_attention.wk.weight", "self_attention.k_norm.weight",
-                  "self_attention.k_norm.bias", "self_attention.weights_proj.weight"]
-GLM5_DENSE = ["mlp.linear_fc1.layer_norm_weight", "mlp.linear_fc1.weight", "mlp.linear_fc2.weight"]
-GLM5_MOE = ["pre_mlp_layernorm.weight", "mlp.router.weight", "mlp.router.expert_bias",
-            "mlp.experts.experts.linear_fc1.weight", "mlp.experts.experts.linear_fc2.weight",
-            "mlp.shared_experts.linear_fc1.weight", "mlp.shared_experts.linear_fc2.weight"]
+GLM5_KEYS = json.load(open(os.path.join(HERE, "data", "upstream_glm5_torch_dist_keys.json")))
 
 
 def test_glm5_keys_equal_upstreams_glm5_spec(tiny, tmp_path):
@@ -109,9 +93,9 @@ def test_glm5_keys_equal_upstreams_glm5_spec(tiny, tmp_path):
     model = load_hf_model(tiny("glm_moe_dsa"))
     C.save(str(tmp_path), 0, model, None, 0, LAYOUT, {})
     arch = model.arch
-    want = {"embedding.word_embeddings.weight", "output_layer.weight", "decoder.final_layernorm.weight"}
+    want = set(GLM5_KEYS["model"])
     for i in range(arch.num_hidden_layers):
-        rest = GLM5_ATTENTION + (GLM5_DENSE if arch.mlp_type(i) == "dense" else GLM5_MOE)
+        rest = GLM5_KEYS["attention"] + GLM5_KEYS["dense_mlp" if arch.mlp_type(i) == "dense" else "moe_mlp"]
         want |= {f"decoder.layers.{i}.{r}" for r in rest}
     assert _weight_keys(str(tmp_path / "iter_0000000")) == want
 
