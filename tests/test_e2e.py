@@ -102,9 +102,14 @@ def uninterrupted(assets, ray_session):
     args = parse_args(_argv(assets, out, "--colocate", "--update-weight-mode", "ipc", "--num-rollout", "2",
                             "--save", save, "--save-interval", "1", "--eval-interval", "2",
                             "--eval-prompt-data", "copy", assets["eval_data"], "--n-samples-per-eval-prompt", "2",
-                            "--eval-temperature", "0"))
+                            "--eval-temperature", "0", "--ci-save-grad-norm", _grad_norms(assets),
+                            "--log-passrate", "--log-correct-samples"))
     records = train(args)
-    return {"records": records, "out": out, "save": save}
+    return {"records": records, "out": out, "save": save, "assets": assets}
+
+
+def _grad_norms(assets) -> str:  # --ci-save-grad-norm's template: the resumed run must reproduce them
+    return str(assets["dir"] / "grad_norms" / "{role}_{rollout_id}_{step_id}.pt")
 
 
 def test_e2e_colocated_ipc(uninterrupted):
@@ -117,6 +122,13 @@ def test_e2e_colocated_ipc(uninterrupted):
     assert [e["eval_step"] for e in evals] == [0, 2]
     for e in evals:
         assert e["eval/copy/samples"] == 8 and 0.0 <= e["eval/copy/reward_mean"] <= 1.0
+        assert 0.0 <= e["eval/copy/pass@1"] <= e["eval/copy/pass@2"] <= 1.0  # --log-passrate, groups of 2
+    for r in records:  # --log-passrate over groups of 16; --log-correct-samples
+        passes = [r[f"passrate/pass@{k}"] for k in (1, 2, 4, 8, 16)]
+        assert passes == sorted(passes) and 0.0 <= passes[0] and passes[-1] <= 1.0
+        assert sum(r[f"rollout/correct_length/p{p}"] for p in (25, 50, 75, 100)) == pytest.approx(
+            1.0 if r["rollout/correct_samples"] else 0.0)
+    assert sorted(os.listdir(os.path.dirname(_grad_norms(uninterrupted["assets"])))) == ["actor_0_0.pt", "actor_1_0.pt"]
     from slime.report import write_report
 
     png, md = write_report(uninterrupted["out"])
@@ -134,7 +146,8 @@ def test_e2e_resume_distributed_reproduces(assets, uninterrupted):
     (resume / "latest_checkpointed_iteration.txt").write_text("0")
     out = str(assets["dir"] / "run_b")
     args = parse_args(_argv(assets, out, "--rollout-num-gpus", "1", "--update-weight-mode", "distributed",
-                            "--num-rollout", "2", "--load", str(resume)))
+                            "--num-rollout", "2", "--load", str(resume),
+                            "--ci-load-grad-norm", _grad_norms(assets)))  # rollout 1's grad norm, as recorded
     records = train(args)
     assert [r["rollout_id"] for r in records] == [1]  # continued at the next rollout id
     _check_run(records, 1)

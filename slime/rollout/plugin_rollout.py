@@ -207,4 +207,13 @@ def log_eval(args: Any, rollout_id: int, data: dict, extra_metrics: dict | None,
     path = getattr(args, "custom_eval_rollout_log_function_path", None)
     if path and load_function(path)(rollout_id, args, data, extra_metrics):
         return {k: v for k, v in metrics.items() if not k.startswith("eval/")}
+    if getattr(args, "log_passrate", False):  # pass@k of each eval set over groups of --n-samples-per-eval-prompt
+        from slime.rollout.rollout_metrics import pass_at_k
+
+        n = getattr(args, "n_samples_per_eval_prompt", None) or 1
+        for name, result in data.items():
+            rewards = [float(r) for r in result.get("rewards", [])]
+            if n > 1 and rewards and len(rewards) % n == 0:
+                groups = [rewards[i:i + n] for i in range(0, len(rewards), n)]
+                metrics.update({f"eval/{name}/{k.split('/', 1)[1]}": v for k, v in pass_at_k(groups).items()})
     return metrics

@@ -31,6 +31,10 @@ class Tracker:
 
     def __init__(self, args: Any) -> None:
         self.wandb = self.tb = None  # a missing package was named by train.py's start-up warnings
+        # --wandb-always-use-train-step: step records by optimizer steps (samples per rollout / global batch)
+        self._steps_per_rollout = None
+        if args.wandb_always_use_train_step:
+            self._steps_per_rollout = (args.rollout_batch_size * args.n_samples_per_prompt, args.global_batch_size)
         if args.use_wandb and _installed("wandb"):
             import wandb
 
@@ -50,7 +54,15 @@ class Tracker:
                                                         args.tb_experiment_name or "")
             self.tb = SummaryWriter(log_dir=path)
 
+    def step_of(self, rollouts_done: int) -> int:
+        """The tracker step of a record made after `rollouts_done` rollouts."""
+        if self._steps_per_rollout is None:
+            return rollouts_done
+        samples, batch = self._steps_per_rollout
+        return rollouts_done * samples // batch
+
     def log(self, record: dict[str, Any], step: int) -> None:
+        step = self.step_of(step)
         scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k not in ("rollout_id", "kind")}
         if self.wandb is not None:
             self.wandb.log(scalars, step=step)
