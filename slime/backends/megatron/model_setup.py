@@ -29,26 +29,30 @@ def load_model(args, hf_dir: str) -> torch.nn.Module:
     overrides.update(recompute_overrides(args))
     if args.moe_router_dtype is not None:  # the MoE router's logits precision (slime_plugins common MoE layer)
         overrides["moe_router_dtype"] = args.moe_router_dtype
+    if args.deterministic_mode:  # megatron's embedding then gathers rows (F.embedding's backward is not deterministic)
+        overrides["deterministic_mode"] = True
     return load_hf_model(hf_dir, args.tensor_model_parallel_size, args.expert_model_parallel_size,
                          args.pipeline_model_parallel_size, dtype=torch.bfloat16 if args.bf16 else None,
                          load_mtp=bool(args.enable_mtp_training),
                          gather_logits=True, seed=args.seed, **overrides)
 
 
-def load_reference(args) -> torch.nn.Module:
-    """The reference policy from --ref-load: an HF directory, or a torch_dist checkpoint (its model weights,
-    resharded to this layout, into the model built from --hf-checkpoint)."""
+def load_reference(args, path: str | None = None, flag: str = "--ref-load") -> torch.nn.Module:
+    """The reference policy from --ref-load (or another policy-shaped model, e.g. --opd-teacher-load's teacher:
+    `path`, `flag`): an HF directory, or a torch_dist checkpoint (its model weights, resharded to this layout,
+    into the model built from --hf-checkpoint)."""
     from slime.backends.megatron import checkpoint as ckpt
 
-    found = ckpt.find_checkpoint(args.ref_load, "--ref-load")
+    path = args.ref_load if path is None else path
+    found = ckpt.find_checkpoint(path, flag)
     if found.kind == ckpt.HF:
         return load_model(args, found.path)
     if found.kind != ckpt.TORCH_DIST:
-        raise ckpt.CheckpointFormatError(f"--ref-load {args.ref_load} is neither an HF directory (config.json + "
+        raise ckpt.CheckpointFormatError(f"{flag} {path} is neither an HF directory (config.json + "
                                          "*.safetensors) nor a torch_dist checkpoint (latest_checkpointed_iteration.txt "
                                          "+ iter_XXXXXXX/)")
     model = load_model(args, args.hf_checkpoint)
-    ckpt.load_model_weights(args.ref_load, model)
+    ckpt.load_model_weights(path, model, flag)
     return model
 
 

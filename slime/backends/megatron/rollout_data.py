@@ -36,6 +36,8 @@ def pack_samples(samples: Sequence[Any], reward_key: str | None = None) -> dict[
     masks = [[0] * int(s.response_length) if getattr(s, "remove_sample", False) else
              s.loss_mask if s.loss_mask is not None else [1] * int(s.response_length) for s in samples]
     with_lp = bool(samples) and all(s.rollout_log_probs is not None for s in samples)
+    # --use-opd --opd-type sglang: the teacher's log-probs a reward post-process put on every sample
+    with_teacher = bool(samples) and all(getattr(s, "teacher_log_probs", None) is not None for s in samples)
     return {
         "tokens": np.fromiter((t for s in samples for t in s.tokens), dtype=np.int64, count=int(lengths.sum())),
         "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
@@ -44,7 +46,29 @@ def pack_samples(samples: Sequence[Any], reward_key: str | None = None) -> dict[
         "loss_masks": np.fromiter((m for mask in masks for m in mask), dtype=np.int8, count=int(response.sum())),
         "rollout_log_probs": np.fromiter((x for s in samples for x in s.rollout_log_probs), dtype=np.float32,
                                          count=int(response.sum())) if with_lp else None,
+        # --use-rollout-routing-replay: the engines' experts of each sample's fed tokens, int32 [sum(len - 1), L, k]
+        "rollout_routed_experts": _routes_of(samples, lengths),
+        "teacher_log_probs": np.concatenate([_teacher_of(s) for s in samples]) if with_teacher else None,
     }
+
+
+def _teacher_of(sample) -> np.ndarray:
+    values = np.asarray(sample.teacher_log_probs, dtype=np.float32).reshape(-1)
+    if values.size != int(sample.response_length):
+        raise ValueError(f"sample {getattr(sample, 'index', '?')}: {values.size} teacher log-probs for a response of "
+                         f"{sample.response_length} tokens; give one per response token (--use-opd)")
+    return values
+
+
+def _routes_of(samples: Sequence[Any], lengths: np.ndarray) -> np.ndarray | None:
+    if not samples or any(getattr(s, "rollout_routed_experts", None) is None for s in samples):
+        return None
+    routes = [np.asarray(s.rollout_routed_experts, dtype=np.int32) for s in samples]
+    for s, r, n in zip(samples, routes, lengths):
+        if r.ndim != 3 or r.shape[0] != n - 1:
+            raise ValueError(f"sample {getattr(s, 'index', '?')}: rollout_routed_experts has shape {r.shape}, expected "
+                             f"({n - 1}, layers, top-k): one row per token but the last")
+    return np.concatenate(routes)
 
 
 def payload_summary(payload: dict[str, Any]) -> dict[str, float]:
@@ -64,6 +88,7 @@ def batch_from_payload(payload: dict[str, Any]) -> RolloutBatch:
     resp_offsets = np.concatenate([[0], np.cumsum(response)])
     tokens = payload["tokens"]
     rollout_lp = payload["rollout_log_probs"]
+    teacher = payload.get("teacher_log_probs")
     n = len(response)
     return RolloutBatch(
         tokens=[tokens[offsets[i]:offsets[i + 1]].tolist() for i in range(n)],
@@ -72,7 +97,19 @@ def batch_from_payload(payload: dict[str, Any]) -> RolloutBatch:
         loss_masks=[payload["loss_masks"][resp_offsets[i]:resp_offsets[i + 1]].tolist() for i in range(n)],
         rollout_log_probs=None if rollout_lp is None else
         [rollout_lp[resp_offsets[i]:resp_offsets[i + 1]].tolist() for i in range(n)],
+        rollout_routed_experts=_routes_per_sample(payload.get("rollout_routed_experts"), offsets),
+        teacher_log_probs=None if teacher is None else
+        [torch.from_numpy(teacher[resp_offsets[i]:resp_offsets[i + 1]].copy()) for i in range(n)],
     )
+
+
+def _routes_per_sample(routes: np.ndarray | None, offsets: np.ndarray) -> list[torch.Tensor] | None:
+    """Sample i's rows: tokens offsets[i] .. offsets[i+1] - 1 less one per earlier sample (its last token)."""
+    if routes is None:
+        return None
+    starts = offsets[:-1] - np.arange(len(offsets) - 1)
+    ends = offsets[1:] - np.arange(1, len(offsets))
+    return [torch.from_numpy(np.ascontiguousarray(routes[a:b])) for a, b in zip(starts, ends)]
 
 
 def _sum_all(values: Sequence[float], all_reduce: AllReduce | None) -> list[float]:
@@ -95,10 +132,16 @@ def share_advantages(args, batch: RolloutBatch, indices: Sequence[int],
     if batch.ref_log_probs is not None and batch.old_log_probs is not None and indices:
         kl = ppo_utils.approx_kl(torch.cat([batch.old_log_probs[i] for i in indices]),
                                  torch.cat([batch.ref_log_probs[i] for i in indices]), args.kl_loss_type)
+    values = None
+    if args.advantage_estimator == "ppo":
+        values = torch.cat([torch.as_tensor(batch.values[i], dtype=torch.float32) for i in indices]) if indices \
+            else torch.zeros(0)
+    opd = _opd_inputs(args, batch, indices)
     adv = ppo_utils.compute_advantages(
         args.advantage_estimator, torch.tensor(batch.rewards), lengths, mask, args.n_samples_per_prompt or 1,
         kl=kl, kl_coef=args.kl_coef, gamma=args.gamma, std_normalization=not args.disable_grpo_std_normalization,
         sample_index=indices, all_reduce=all_reduce, normalize=args.normalize_advantages,
+        values=values, lambd=getattr(args, "lambd", 1.0), opd=opd,
         # --custom-reward-post-process-path / --custom-convert-samples-to-train-data-path already normalized
         # the rewards (upstream's contract)
         group_normalize=args.rewards_normalization and not (args.custom_reward_post_process_path
@@ -110,6 +153,11 @@ def share_advantages(args, batch: RolloutBatch, indices: Sequence[int],
     batch.advantages = advantages
     abs_sum, n_tokens = _sum_all([float((adv.abs() * mask).sum()), float(mask.sum())], all_reduce)
     metrics = {"train/advantage_abs_mean": abs_sum / max(n_tokens, 1.0)}
+    if opd is not None:  # upstream's opd_reverse_kl: the per-sample masked mean, averaged over samples
+        reverse_kl = ppo_utils.opd_reverse_kl(opd.student_log_probs, opd.teacher_log_probs)
+        per_sample, count = ppo_utils.sample_mean_sum(reverse_kl, lengths, mask), len(indices)
+        total, samples = _sum_all([float(per_sample), float(count)], all_reduce)
+        metrics["train/opd_reverse_kl"] = total / max(samples, 1.0)
     if batch.rollout_log_probs is not None and batch.old_log_probs is not None:
         # Train-inference mismatch: the trainer's and the engine's log-probs of the same tokens, same weights.
         old = torch.cat([batch.old_log_probs[i] for i in indices]) if indices else torch.zeros(0)
@@ -123,6 +171,28 @@ def share_advantages(args, batch: RolloutBatch, indices: Sequence[int],
     elif batch.rollout_log_probs is None:
         metrics["train_rollout_logprob_abs_diff"] = float("nan")
     return metrics
+
+
+def _opd_inputs(args, batch: RolloutBatch, indices: list[int]) -> "ppo_utils.OnPolicyDistillation | None":
+    """--use-opd: the student's log-probs (the old policy's, or the engine's with --use-rollout-logprobs, as
+    upstream) and the teacher's of `indices`, flat."""
+    if not getattr(args, "use_opd", False):
+        return None
+    if batch.teacher_log_probs is None:
+        where = ("the trainer's teacher (--opd-teacher-load)" if args.opd_type == "megatron" else
+                 "the rollout: set Sample.teacher_log_probs (e.g. in --custom-reward-post-process-path)")
+        raise ValueError(f"--use-opd --opd-type {args.opd_type}: no teacher log-probs for this rollout; they come "
+                         f"from {where}")
+    student = batch.rollout_log_probs if args.use_rollout_logprobs else batch.old_log_probs
+    if student is None:
+        raise ValueError("--use-opd needs the student's log-probs of the sampled tokens before training (the "
+                         "old-policy pass, or the engine's with --use-rollout-logprobs)")
+
+    def flat(values):
+        return torch.cat([torch.as_tensor(values[i], dtype=torch.float32) for i in indices]) if indices \
+            else torch.zeros(0)
+
+    return ppo_utils.OnPolicyDistillation(flat(student), flat(batch.teacher_log_probs), float(args.opd_kl_coef))
 
 
 class GroupReduce:
