@@ -172,6 +172,20 @@ class Accelerator(ABC):
         """Per-process set-up in a trainer worker, after `worker_env` took effect (nothing by default)."""
         return None
 
+    def deterministic_env(self) -> dict[str, str]:
+        """Environment a bitwise-reproducible run needs on this device (set before its libraries initialise)."""
+        return {}
+
+    def set_deterministic(self) -> None:
+        """`--deterministic-mode` (Megatron's meaning, as upstream slime sets it at trainer start): only
+        deterministic algorithms (torch raises on an op without one), plus the device's own switches.
+        Environment variables already set are kept."""
+        import os
+
+        for key, value in self.deterministic_env().items():
+            os.environ.setdefault(key, value)
+        torch.use_deterministic_algorithms(True, warn_only=False)
+
     # --- device ---------------------------------------------------------------------------
     def device(self, index: int | None = None) -> torch.device:
         """A torch.device for this accelerator (current device when index is None)."""

@@ -49,3 +49,14 @@ class CudaAccelerator(DeviceModuleAccelerator):
             # Let NCCL free buffers when the work completes instead of per-stream bookkeeping.
             "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
         }
+
+    def deterministic_env(self) -> dict[str, str]:
+        # cuBLAS needs a fixed workspace for reproducible GEMMs under torch.use_deterministic_algorithms;
+        # NCCL's ring algorithm sums in a fixed order; Transformer Engine refuses its non-deterministic kernels.
+        # (The variables upstream's run-qwen2.5-0.5B-reproducibility.sh sets.)
+        return {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "NCCL_ALGO": "Ring", "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"}
+
+    def set_deterministic(self) -> None:
+        super().set_deterministic()
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False

@@ -56,6 +56,10 @@ def add_numerics_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--data-pad-size-multiplier", type=int, default=1,
          help="pad each packed micro-batch to a multiple of this many tokens (times TP with sequence parallel)")
     _add(g, parser, "--fp16", action="store_true", help="not supported (bf16 or fp32 only); rejected")
+    _add(g, parser, "--deterministic-mode", action="store_true",
+         help="bitwise-reproducible training (Megatron's meaning): only deterministic algorithms "
+              "(torch.use_deterministic_algorithms; the device's switches, e.g. cuBLAS workspace, NCCL ring), "
+              "Megatron's deterministic embedding; pair with --sglang-enable-deterministic-inference for the engines")
 
 
 def add_mtp_arguments(parser: argparse.ArgumentParser) -> None:

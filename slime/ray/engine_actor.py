@@ -28,6 +28,7 @@ class EngineSpec:
     random_seed: int | None = None
     sglang_args: list[str] = field(default_factory=list)
     memory_saver: bool = False
+    deterministic: bool = False  # embedded: --sglang-enable-deterministic-inference (SGLang reads it from sglang_args)
 
 
 class RolloutEngineActor:
@@ -57,7 +58,7 @@ class RolloutEngineActor:
             from slime.backends.embedded.launcher import embedded_command, embedded_env
 
             cmd = embedded_command(s.model_path, port, s.max_running_requests, s.context_length, s.dtype, s.random_seed,
-                                   host=host)
+                                   host=host, deterministic=s.deterministic)
             env = embedded_env(s.token, device_ids=s.device_ids)
         else:
             raise ValueError(f"unknown rollout engine kind {s.kind!r}; use embedded or sglang")

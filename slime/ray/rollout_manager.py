@@ -129,7 +129,8 @@ class RolloutManager(EngineFleet):
             max_running_requests=a.sglang_max_running_requests, context_length=a.sglang_context_length,
             dtype=a.sglang_dtype, random_seed=(a.rollout_seed + i) if self.kind == "embedded" else None,
             sglang_args=list(a.sglang_launch_args),
-            memory_saver=bool(a.offload_rollout or a.colocate))
+            memory_saver=bool(a.offload_rollout or a.colocate),
+            deterministic=bool(a.sglang_enable_deterministic_inference))
         return ray.remote(RolloutEngineActor).options(**options).remote(spec)
 
     def _own_placement(self, i: int) -> dict[str, Any]:
@@ -213,9 +214,6 @@ class RolloutManager(EngineFleet):
             payload = pack_samples(samples, self.args.reward_key)
             metrics.update(post_process_rewards(self.args, samples, payload))  # --custom-reward-post-process-path
         metrics.update(payload_summary(payload))
-        from slime.rollout.rollout_metrics import rollout_metrics
-
-        metrics.update(rollout_metrics(self.args, samples))  # --log-passrate, --log-multi-turn, ...
         metrics = log_rollout(self.args, rollout_id, samples, metrics, time.time() - started)
         # engines: the list after this rollout (restarts happen during one), for the weight sync that follows
         out = {"data": self._ray().put(payload), "num_samples": int(payload["response_lengths"].size),

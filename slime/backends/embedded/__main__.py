@@ -32,6 +32,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--return-original-logprob", action="store_true",
                     help="return logprobs of the raw (temperature 1) distribution instead of the sampled one")
     ap.add_argument("--attn-implementation", default=None)
+    ap.add_argument("--enable-deterministic-inference", action="store_true",
+                    help="each request computed alone: results independent of the batch (SGLang's option)")
+    ap.add_argument("--tp-size", type=int, default=1, help="tensor parallel over this many processes (one per device)")
+    ap.add_argument("--tp-rank", type=int, default=0, help="this process's TP rank; rank 0 serves HTTP, others follow it")
+    ap.add_argument("--dist-init-addr", default=None, help="host:port of rank 0's rendezvous (with --tp-size > 1)")
     ap.add_argument("--log-level", default="info")
     return ap.parse_args(argv)
 
@@ -40,6 +45,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.tp_size > 1 and not args.dist_init_addr:
+        raise SystemExit(f"--tp-size {args.tp_size} needs --dist-init-addr HOST:PORT (rank 0's rendezvous)")
+    if args.tp_rank > 0:
+        return _follow(args)
     from slime.backends.embedded import EmbeddedEngine, EngineConfig, EngineHTTPServer
 
     token = os.environ.get(TOKEN_ENV) or ""
@@ -56,10 +65,29 @@ def main(argv: list[str] | None = None) -> None:
         model_path=args.model_path, tokenizer_path=args.tokenizer_path, dtype=args.dtype,
         max_running_requests=args.max_running_requests, context_length=args.context_length,
         random_seed=args.random_seed, original_logprobs=args.return_original_logprob,
-        attn_implementation=args.attn_implementation))
+        tp_size=args.tp_size, dist_init_addr=args.dist_init_addr,
+        attn_implementation=args.attn_implementation, deterministic=args.enable_deterministic_inference))
     print(f"embedded engine serving {args.model_path} at {server.url}", flush=True)
     stop.wait()
     server.stop()
+    sys.exit(0)
+
+
+def _follow(args: argparse.Namespace) -> None:
+    """TP rank > 0: load the same model, join rank 0's group and repeat its commands (no HTTP server)."""
+    from slime.backends.embedded import EmbeddedEngine, EngineConfig
+    from slime.backends.embedded.tensor_parallel import follow
+
+    engine = EmbeddedEngine(EngineConfig(
+        model_path=args.model_path, tokenizer_path=args.tokenizer_path, dtype=args.dtype,
+        context_length=args.context_length, attn_implementation=args.attn_implementation,
+        tp_size=args.tp_size, tp_rank=args.tp_rank, dist_init_addr=args.dist_init_addr))
+    print(f"embedded engine TP rank {args.tp_rank}/{args.tp_size} following {args.dist_init_addr}", flush=True)
+    try:
+        follow(engine, engine.tp_group)
+    except RuntimeError as e:  # rank 0 went away (its process ended): this rank has nothing left to serve
+        print(f"embedded engine TP rank {args.tp_rank}: rank 0 is gone ({str(e).splitlines()[0]})", flush=True)
+        sys.exit(1)
     sys.exit(0)
 
 

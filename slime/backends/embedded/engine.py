@@ -91,6 +91,10 @@ class EngineConfig:
     max_batch_wait_s: float = 0.1  # ... or this long after the first one
     tokenizer_path: str | None = None
     attn_implementation: str | None = None
+    # SGLang's --enable-deterministic-inference: a request's tokens and log-probs must not depend on what else
+    # is in flight. Here each request is computed alone (waves of one row), so no padding or batch shape
+    # reaches its numbers; sampling is already seeded per request.
+    deterministic: bool = False
 
 
 @dataclass
@@ -129,6 +133,7 @@ class EmbeddedEngine(WeightControl):
         self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
         self._keep_kw = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         self._default_gen = torch.Generator().manual_seed(cfg.random_seed)
+        self._wave_rows = 1 if cfg.deterministic else cfg.max_running_requests  # rows computed together
 
         self._model_lock = threading.RLock()  # held per forward step and per weight change
         self._cond = threading.Condition()
@@ -271,7 +276,7 @@ class EmbeddedEngine(WeightControl):
                 # Gather: keep waiting while requests keep arriving (a burst of concurrent clients
                 # lands over a few ms), so they share one wave instead of splitting into several.
                 deadline = time.perf_counter() + self.cfg.max_batch_wait_s
-                while (len(self._queue) < self.cfg.max_running_requests and self.cfg.batch_wait_s > 0
+                while (len(self._queue) < self._wave_rows and self.cfg.batch_wait_s > 0
                        and time.perf_counter() < deadline):
                     before = len(self._queue)
                     self._cond.wait(self.cfg.batch_wait_s)
@@ -279,7 +284,7 @@ class EmbeddedEngine(WeightControl):
                         break
                 if self._paused or self._released_weights is not None or not self._queue:
                     continue
-                wave = [self._queue.popleft() for _ in range(min(len(self._queue), self.cfg.max_running_requests))]
+                wave = [self._queue.popleft() for _ in range(min(len(self._queue), self._wave_rows))]
                 self._running = wave
                 self._wave_idle.clear()
             t_wave = time.perf_counter()
@@ -348,7 +353,7 @@ class EmbeddedEngine(WeightControl):
             if (self._paused or self._abort_pending or self._stopped or self._released_weights is not None
                     or not self._queue or 2 * len(self._queue) < running):
                 return []
-            room = self.cfg.max_running_requests - running
+            room = self._wave_rows - running
             joiners = [self._queue.popleft() for _ in range(min(room, len(self._queue)))]
             self._running = self._running + joiners
             return joiners

@@ -11,12 +11,14 @@ from slime.backends.embedded.__main__ import TOKEN_ENV
 
 def embedded_command(model_path: str, port: int, max_running_requests: int | None = None,
                      context_length: int | None = None, dtype: str | None = None, random_seed: int | None = None,
-                     python: str = sys.executable, host: str = "127.0.0.1") -> list[str]:
+                     python: str = sys.executable, host: str = "127.0.0.1", deterministic: bool = False) -> list[str]:
     cmd = [python, "-m", "slime.backends.embedded", "--model-path", model_path, "--port", str(port), "--host", host]
     for flag, value in (("--max-running-requests", max_running_requests), ("--context-length", context_length),
                         ("--dtype", dtype), ("--random-seed", random_seed)):
         if value is not None:
             cmd += [flag, str(value)]
+    if deterministic:
+        cmd.append("--enable-deterministic-inference")
     return cmd
 
 

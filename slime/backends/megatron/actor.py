@@ -16,7 +16,6 @@ import torch
 
 from slime.accelerator import get_accelerator
 from slime.backends.megatron import checkpoint as ckpt
-from slime.backends.megatron import ci_checks
 from slime.backends.megatron import data as D
 from slime.backends.megatron import hooks
 from slime.backends.megatron.loss import METRIC_KEYS, LossConfig, LossHooks, rl_loss, sft_loss
@@ -98,24 +97,9 @@ class MegatronTrainRayActor:
         found = ckpt.find_checkpoint(args.load) if args.load else None
         # An HF directory as --load gives the initial weights; a trainer checkpoint is restored on top.
         self.model = model_setup.load_model(args, found.path if found and found.kind == ckpt.HF else args.hf_checkpoint)
-        from slime.backends.megatron.freeze import freeze_parameters
-
-        freeze_parameters(self.model, args.only_train_params_name_list, args.freeze_params_name_list)
         self.model, self.optimizer = model_setup.wrap_and_build_optimizer(args, self.model)
         self.loss_config = LossConfig.from_args(args)
         self.loss_hooks = LossHooks.from_args(args)  # --custom-tis-function-path, --custom-pg-loss-reducer-...
-        if args.use_routing_replay:
-            self._install_routing_replay()
-        self.critic = None
-        if getattr(args, "use_critic", False):  # --advantage-estimator ppo: a value model on these ranks
-            from slime.backends.megatron.critic import Critic
-
-            self.critic = Critic(self, args)
-        self.teacher_weights = None
-        if getattr(args, "use_opd", False) and args.opd_type == "megatron":  # held on the host like the reference
-            teacher = model_setup.load_reference(args, args.opd_teacher_load, "--opd-teacher-load")
-            self.teacher_weights = model_setup.host_copy(teacher)
-            del teacher
 
         start_rollout_id = 0
         if found is None or found.kind in (ckpt.HF, ckpt.NONE):
@@ -131,11 +115,6 @@ class MegatronTrainRayActor:
             start_rollout_id = resumed.start_rollout_id
         # the LR schedule is a pure function of the step: a resumed run starts it at its step
         self.lr_scheduler = model_setup.build_lr_scheduler(args, self.optimizer, start_rollout_id)
-        self.old_actor = None
-        if args.keep_old_actor:  # the loaded weights: actor, old_actor and rollout_actor start equal
-            from slime.backends.megatron.old_actor import OldActor
-
-            self.old_actor = OldActor(self.model, args.update_weights_interval)
         hooks.on_init(args)  # --custom-megatron-init-path
         return start_rollout_id
 
@@ -146,41 +125,6 @@ class MegatronTrainRayActor:
         if a.context_parallel_size > 1:  # (absent at CP 1: checkpoints from before CP keep their layout)
             layout["cp"] = a.context_parallel_size
         return layout
-
-    def _install_routing_replay(self) -> None:
-        from megatron.core import parallel_state as mpu
-
-        from slime.utils import routing_replay
-
-        if routing_replay.install(self.model) == 0 and mpu.get_pipeline_model_parallel_world_size() == 1:
-            raise ValueError("--use-routing-replay / --use-rollout-routing-replay: the model has no MoE layer to "
-                             "replay routes in; drop the flag")
-        sp = self.args.sequence_parallel and self.tp_size > 1  # MoE layers then see their TP rank's slice
-        routing_replay.REPLAY.layout = {"tp_rank": self.tp_rank, "sp_size": self.tp_size if sp else 1}
-
-    def _old_pass_replay(self, batch: D.RolloutBatch):
-        """The old-policy log-prob pass: the engine's routes (--use-rollout-routing-replay), or the routers'
-        own, recorded for the training pass (--use-routing-replay)."""
-        from contextlib import nullcontext
-
-        from slime.utils.routing_replay import REPLAY
-
-        if self.args.use_rollout_routing_replay:
-            return REPLAY.replaying("rollout", batch)
-        return REPLAY.recording() if self.args.use_routing_replay else nullcontext()
-
-    def _train_pass_replay(self, batch: D.RolloutBatch):
-        """The training pass routes as the old-policy pass did (recorded; none recorded when the training
-        forward's own log-probs are the old ones: its routers then are the old policy's)."""
-        from contextlib import nullcontext
-
-        from slime.utils.routing_replay import REPLAY
-
-        if self.args.use_rollout_routing_replay:
-            return REPLAY.replaying("rollout", batch)
-        if self.args.use_routing_replay and REPLAY.recorded:
-            return REPLAY.replaying("recorded")
-        return nullcontext()
 
     def loaded_extra_state(self) -> dict[str, Any] | None:
         return self._extra_state
@@ -216,13 +160,8 @@ class MegatronTrainRayActor:
                 return out
             return run
 
-        from slime.utils.routing_replay import REPLAY
-
-        def forward(m, mb):
-            REPLAY.begin_micro_batch(mb)  # routing replay: the routes of this micro-batch (no-op when off)
-            return model_setup.forward(m, mb, self.device, mtp_logits=mtp_logits)
-
-        forward_backward(self.model, micro_batches, timed(forward),
+        forward_backward(self.model, micro_batches,
+                         timed(lambda m, mb: model_setup.forward(m, mb, self.device, mtp_logits=mtp_logits)),
                          timed(on_logits), forward_only)
 
     def _from_last_stage(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
@@ -295,15 +234,7 @@ class MegatronTrainRayActor:
                 out[i] = part
             return zero.clone()
 
-        from slime.utils.routing_replay import REPLAY
-
-        if REPLAY.mode == "record":  # the training pass's micro-batches, so that it finds their recorded routes
-            picked = set(indices)
-            groups = [mb for step in D.step_indices(len(batch), self.args.global_batch_size)
-                      for mb in self._micro_batches(batch, [i for i in self._dp_shard(batch, step) if i in picked])]
-        else:
-            groups = self._micro_batches(batch, indices)
-        mbs = [self._pack(batch, mb_indices) for mb_indices in groups]
+        mbs = [self._pack(batch, mb_indices) for mb_indices in self._micro_batches(batch, indices)]
         self._run_schedule(mbs, on_logits, forward_only=True)
         if self.pp_size == 1 or not indices:
             return out
@@ -346,11 +277,6 @@ class MegatronTrainRayActor:
         batch.reuse_train_log_probs = reuse_train_log_probs
         mine = self._my_samples(batch)
         metrics: dict[str, float] = {"time/log_probs": 0.0, "time/log_probs_old": 0.0, "time/log_probs_ref": 0.0}
-        if self.critic is not None:  # first, as upstream's critic group: its old values feed the actor's GAE
-            metrics.update(self.critic.train_rollout(rollout_id, batch, mine))
-            if rollout_id < args.num_critic_only_steps:  # --num-critic-only-steps: the actor does not train yet
-                metrics["train/actor_trained"] = 0.0
-                return metrics
         t0 = time.perf_counter()
         self.model.eval()
 
@@ -358,30 +284,16 @@ class MegatronTrainRayActor:
             return [by_index.get(i) for i in range(len(batch))]
 
         sft = args.loss_type == "sft_loss"  # the loss needs neither old log-probs nor advantages
-        from contextlib import ExitStack
-
-        old_pass_routes = ExitStack()  # routing replay of the old-policy pass only (not the reference's)
         if not reuse_train_log_probs and not sft:
             hooks.before_log_prob(args, self.model, "")  # --custom-megatron-before-log-prob-hook-path
-            old_pass_routes.enter_context(self._old_pass_replay(batch))
-            import contextlib
-
-            with (model_setup.swapped_weights(self.model, self.old_actor.weights) if self.old_actor is not None
-                  else contextlib.nullcontext()):  # --keep-old-actor
-                batch.old_log_probs = full(self._log_probs_of(batch, mine))
-        old_pass_routes.close()
+            batch.old_log_probs = full(self._log_probs_of(batch, mine))
         metrics["time/log_probs_old"] = time.perf_counter() - t0
         if self.ref_weights is not None:
             hooks.before_log_prob(args, self.model, "ref_")
             with model_setup.swapped_weights(self.model, self.ref_weights):
                 batch.ref_log_probs = full(self._log_probs_of(batch, mine))
-        if self.teacher_weights is not None:  # --use-opd --opd-type megatron
-            with model_setup.swapped_weights(self.model, self.teacher_weights):
-                batch.teacher_log_probs = full(self._log_probs_of(batch, mine))
         metrics["time/log_probs"] = time.perf_counter() - t0
         metrics["time/log_probs_ref"] = metrics["time/log_probs"] - metrics["time/log_probs_old"]
-        if not reuse_train_log_probs and not sft:
-            ci_checks.check_log_probs(args, rollout_id, batch.old_log_probs, batch.ref_log_probs, batch.loss_masks)
         t = time.perf_counter()
         if args.compute_advantages_and_returns and not sft:
             metrics.update(share_advantages(args, batch, mine, GroupReduce(self.dp_group)))
@@ -393,14 +305,7 @@ class MegatronTrainRayActor:
             from slime.utils.misc import load_function
 
             postprocess_rollout_data(load_function(args.rollout_data_postprocess_path), args, rollout_id, batch, mine)
-        from slime.utils.routing_replay import REPLAY
-
-        try:
-            with self._train_pass_replay(batch):
-                metrics.update(self.train(rollout_id, batch))
-        finally:
-            REPLAY.recorded = {}  # this rollout's routes
-        ci_checks.check_mismatch(args, metrics)  # --ci-test
+        metrics.update(self.train(rollout_id, batch))
         return metrics
 
     # --- training -------------------------------------------------------------------------
@@ -411,10 +316,6 @@ class MegatronTrainRayActor:
         acc.reset_peak_memory_stats()
         t0 = time.perf_counter()
         self.model.train()
-        if self.args.reset_optimizer_states:  # Adam starts over each rollout
-            from slime.backends.megatron.optimizer import reset_optimizer_states
-
-            reset_optimizer_states(self.optimizer)
         args, ops = self.args, acc.ops
         mtp = bool(args.enable_mtp_training)
         keys = METRIC_KEYS + (("mtp_loss",) if mtp else ())
@@ -503,11 +404,6 @@ class MegatronTrainRayActor:
                                                 args.check_for_nan_in_loss_and_grad)
             timer.lap("optimizer", t)
             grad_norms.append(grad_norm)
-            ci_checks.record_grad_norm(args, rollout_id, step_id, grad_norm, self.rank)  # --ci-save/load-grad-norm
-            if step_id == 0 and args.ci_test and self.last_stage:
-                local = counts[1] if args.calculate_per_token_loss else counts[0]
-                ci_checks.check_first_step(args, rollout_id, step_id, totals["ppo_kl"] / max(float(local), 1.0),
-                                           totals["kl"] / max(float(local), 1.0) if batch.ref_log_probs else None)
             loss_t = torch.tensor([step_loss], dtype=torch.float64)
             dist.all_reduce(loss_t, group=self.dp_group)
             losses.append(float(loss_t.item()) / self.dp_size)
@@ -579,11 +475,6 @@ class MegatronTrainRayActor:
             raise RuntimeError("update_weights called before connect_rollout_engines")
         endpoints = None if engines is None else [EngineEndpoint.from_dict(e) for e in engines]
         return self.weight_sync.sync(version, endpoints)
-
-    def advance_old_actor(self) -> None:
-        """--keep-old-actor: the weights were synced to the engines (slime.backends.megatron.old_actor)."""
-        if self.old_actor is not None:
-            self.old_actor.after_sync(self.model)
 
     # --- checkpoints ----------------------------------------------------------------------
     def save(self, rollout_id: int, extra_state: dict[str, Any]) -> dict[str, float]:
