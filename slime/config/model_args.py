@@ -23,10 +23,13 @@ from slime.config.arguments import add_argument_once as _add
 # How each HF model_type reads MODEL_ARGS (which models the trainer can build: slime_plugins.models.registry).
 # MLA families carry kv_lora_rank etc.; the others are GQA/MHA.
 MLA_MODEL_TYPES = ("glm_moe_dsa", "glm4_moe_lite", "deepseek_v3", "kimi_k2")
-GQA_MODEL_TYPES = ("glm4_moe", "glm4", "qwen3", "qwen3_moe", "qwen2", "qwen2_moe", "llama")
+# Qwen3-Next / Qwen3.5: output-gated attention, zero-centred norms (--apply-layernorm-1p), gated shared expert
+HYBRID_QWEN = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
+GQA_MODEL_TYPES = ("glm4_moe", "glm4", "qwen3", "qwen3_moe", "qwen2", "qwen2_moe", "llama") + HYBRID_QWEN
 POST_NORMED = ("glm4",)  # RMSNorm on the attention and MLP outputs (Megatron: --post-self-attn/mlp-layernorm)
 KNOWN_MODEL_TYPES = MLA_MODEL_TYPES + GQA_MODEL_TYPES
-SOFTMAX_ROUTED = ("qwen3_moe", "qwen2_moe")  # the other MoE families route with sigmoid + expert bias
+SOFTMAX_ROUTED = ("qwen3_moe", "qwen2_moe") + HYBRID_QWEN  # the other MoE families route with sigmoid + expert bias
+SHARED_EXPERT_GATED = ("qwen2_moe",) + HYBRID_QWEN  # sigmoid(x . shared_expert_gate) scales the shared expert
 
 
 class ModelArgsError(ValueError):
@@ -107,7 +110,7 @@ def _shared_expert_size(cfg: dict) -> int | None:
 
 
 def _qk_norm(cfg: dict) -> bool:
-    if _mla(cfg) or cfg.get("model_type") in ("qwen3", "qwen3_moe"):
+    if _mla(cfg) or cfg.get("model_type") in ("qwen3", "qwen3_moe") + HYBRID_QWEN:
         return True  # MLA: norms on the low-rank latents; Qwen3: q_norm/k_norm
     return bool(cfg.get("use_qk_norm", False))
 
@@ -178,6 +181,13 @@ SWITCHES: dict[str, tuple[Getter, str]] = {
     "--rotary-interleaved": (lambda c: None if _mla(c) else c.get("model_type") == "glm4", "interleaved rotary (glm4)"),
     "--moe-router-enable-expert-bias": (lambda c: None if not _num_experts(c) else
                                         c.get("model_type") not in SOFTMAX_ROUTED, "e_score_correction_bias"),
+    # Megatron's names (attention_output_gate, layernorm_zero_centered_gamma, moe_shared_expert_gate) and the
+    # older --use-gated-attention of upstream's Megatron fork, which means the same output gate
+    "--attention-output-gate": (lambda c: c.get("model_type") in HYBRID_QWEN, "gated attention (qwen3_next, qwen3_5)"),
+    "--use-gated-attention": (lambda c: c.get("model_type") in HYBRID_QWEN, "gated attention (qwen3_next, qwen3_5)"),
+    "--apply-layernorm-1p": (lambda c: c.get("model_type") in HYBRID_QWEN, "zero-centred RMSNorm weights (1 + w)"),
+    "--moe-shared-expert-gate": (lambda c: None if not _num_experts(c) else c.get("model_type") in SHARED_EXPERT_GATED,
+                                 "shared_expert_gate"),
 }
 # accepted, no config.json counterpart (or implied by the family): rope flags and the bias switch
 PLAIN_SWITCHES = ("--disable-bias-linear", "--use-rotary-position-embeddings", "--no-position-embedding",
@@ -213,9 +223,18 @@ def model_args_given(args: argparse.Namespace) -> bool:
     return any(getattr(args, _dest(f), None) is not None for f in flags)
 
 
+def text_model_config(cfg: dict) -> dict:
+    """A vision-language config.json (Qwen3.5: `text_config`) read as its text model's, which MODEL_ARGS describe."""
+    text = cfg.get("text_config")
+    if not isinstance(text, dict):
+        return cfg
+    return text | {k: v for k, v in cfg.items() if k in ("tie_word_embeddings", "model_type")}
+
+
 def model_arg_mismatches(args: argparse.Namespace, cfg: dict) -> list[str]:
     """One line per MODEL_ARGS flag that disagrees with config.json: 'FLAG VALUE: config.json says ...'."""
     out: list[str] = []
+    cfg = text_model_config(cfg)
     for flag, (typ, get, key) in VALUE_FLAGS.items():
         mine = getattr(args, _dest(flag), None)
         if mine is None:

@@ -37,13 +37,15 @@ def write_tiny_checkpoint(out_dir: str, model_type: str = "glm_moe_dsa", seed: i
     import tempfile
 
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     from slime.utils.tiny_tokenizer import save_tokenizer
 
     config = tiny_config(model_type, **overrides)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    # a vision-language type (Qwen3.5) is written as its published checkpoints are: text model and vision tower
+    auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
+    model = auto.from_config(config, dtype=getattr(torch, dtype))
     # Random-init e_score_correction_bias is zeros; give it values so the bias path is exercised.
     with torch.no_grad():
         for name, b in model.named_buffers():
@@ -54,7 +56,7 @@ def write_tiny_checkpoint(out_dir: str, model_type: str = "glm_moe_dsa", seed: i
     tmp = tempfile.mkdtemp(prefix=".tmp-ckpt-", dir=parent)
     try:
         model.save_pretrained(tmp, safe_serialization=True)
-        save_tokenizer(tmp, config.vocab_size)
+        save_tokenizer(tmp, config.get_text_config().vocab_size)
         if os.path.exists(out_dir):
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)
