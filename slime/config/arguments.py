@@ -203,6 +203,13 @@ def _add_optimizer_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--adam-beta2", type=float, default=0.98)
     _add(g, parser, "--adam-eps", type=float, default=1e-8)
     _add(g, parser, "--seed", type=int, default=1234)
+    _add(g, parser, "--reset-optimizer-states", action="store_true",
+         help="zero Adam's moments and step count at the start of every rollout's training")
+    _add(g, parser, "--only-train-params-name-list", type=str, nargs="*", default=None,
+         help="regular expressions (re.search) over Megatron parameter names to train; every other parameter is "
+              "frozen (e.g. `experts`, `layers\\.2[0-3]\\.`)")
+    _add(g, parser, "--freeze-params-name-list", type=str, nargs="*", default=None,
+         help="regular expressions over Megatron parameter names to freeze (e.g. `embedding output_layer`)")
 
 
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe")  # what the GLM layers implement (docs/training.md)

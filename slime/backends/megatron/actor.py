@@ -97,6 +97,9 @@ class MegatronTrainRayActor:
         found = ckpt.find_checkpoint(args.load) if args.load else None
         # An HF directory as --load gives the initial weights; a trainer checkpoint is restored on top.
         self.model = model_setup.load_model(args, found.path if found and found.kind == ckpt.HF else args.hf_checkpoint)
+        from slime.backends.megatron.freeze import freeze_parameters
+
+        freeze_parameters(self.model, args.only_train_params_name_list, args.freeze_params_name_list)
         self.model, self.optimizer = model_setup.wrap_and_build_optimizer(args, self.model)
         self.loss_config = LossConfig.from_args(args)
         self.loss_hooks = LossHooks.from_args(args)  # --custom-tis-function-path, --custom-pg-loss-reducer-...
@@ -316,6 +319,10 @@ class MegatronTrainRayActor:
         acc.reset_peak_memory_stats()
         t0 = time.perf_counter()
         self.model.train()
+        if self.args.reset_optimizer_states:  # Adam starts over each rollout
+            from slime.backends.megatron.optimizer import reset_optimizer_states
+
+            reset_optimizer_states(self.optimizer)
         args, ops = self.args, acc.ops
         mtp = bool(args.enable_mtp_training)
         keys = METRIC_KEYS + (("mtp_loss",) if mtp else ())

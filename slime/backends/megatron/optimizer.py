@@ -119,3 +119,31 @@ def sync_params(model) -> None:
     reading them before that (weight sync, export, save) needs the gather finished now."""
     if getattr(model, "use_forward_hook", False):
         model.start_param_sync(force_sync=True)
+
+
+def _torch_optimizers(optimizer) -> list:
+    """The torch optimizers holding the state under Megatron's wrappers (chained, distributed, host offload)."""
+    out = []
+    for chained in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = chained.optimizer
+        out.append(inner)
+        out.extend(getattr(inner, "sub_optimizers", []))  # HybridDeviceOptimizer: its device and host Adams
+    return out
+
+
+def reset_optimizer_states(optimizer) -> None:
+    """--reset-optimizer-states (upstream's): Adam starts over: step counts and both moments zeroed in place
+    (the buffers stay allocated, so a later step or a checkpoint sees the same tensors)."""
+    for opt in _torch_optimizers(optimizer):
+        for group in opt.param_groups:
+            if "step" in group:
+                group["step"] = 0
+        for state in opt.state.values():
+            for key, value in state.items():
+                if key == "step":
+                    if isinstance(value, torch.Tensor):
+                        value.zero_()
+                    else:
+                        state[key] = 0
+                elif key in ("exp_avg", "exp_avg_sq") and isinstance(value, torch.Tensor):
+                    value.zero_()

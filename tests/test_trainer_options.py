@@ -1,0 +1,61 @@
+"""Trainer flags of upstream's that change what the optimizer does, on the real trainer actor (one rank, the
+tiny GLM-5, two train steps on a fixed rollout batch): --freeze-params-name-list and
+--only-train-params-name-list (this model's names and upstream's Megatron names), --reset-optimizer-states."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from glm5_helpers import rl_batch, spawn_ranks, write_checkpoint
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    from trainer_options_worker import CONFIGS, run
+
+    d = tmp_path_factory.mktemp("trainer_options")
+    ckpt = write_checkpoint(d / "ckpt", "glm_moe_dsa", seed=3)
+    batch = str(d / "batch.pt")
+    torch.save(rl_batch(8, 0, lengths=(10, 16), responses=(3, 7)), batch)
+    spawn_ranks(run, 1, ckpt, batch, str(d), list(CONFIGS))
+    return {name: torch.load(os.path.join(d, f"{name}.pt")) for name in CONFIGS}
+
+
+def test_freeze_list_keeps_exactly_those_weights(results):
+    plain, got = results["plain"], results["freeze_embeddings"]
+    frozen = {n for n in got["trainable"] if n.startswith(("embedding", "output_layer"))}
+    assert frozen == {"embedding.weight", "output_layer.weight"}
+    trainable = {n for n, t in plain["trainable"].items() if t}  # (the DSA indexer is not trained by default)
+    assert trainable - {n for n, t in got["trainable"].items() if t} == frozen
+    assert not any(got["moved"][n] for n in frozen)
+    assert all(plain["moved"][n] for n in frozen)  # without the flag the steps move them
+    moved = {n for n, m in got["moved"].items() if m}
+    assert moved == {n for n, m in plain["moved"].items() if m} - frozen
+    assert len(got["states"]) == len(plain["states"]) - 2  # no Adam state for frozen weights
+    assert len(moved) > 20
+
+
+def test_only_train_list_matches_upstream_megatron_names(results):
+    got = results["only_upstream_names"]
+    expected = {n for n in got["trainable"] if n.endswith("mlp.experts.weight1")} | \
+        {"decoder.layers.1.self_attention.q_a_proj.weight"}
+    assert len(expected) >= 3  # two MoE layers' experts and one attention weight
+    assert {n for n, t in got["trainable"].items() if t} == expected
+    assert {n for n, m in got["moved"].items() if m} == expected
+
+
+def test_reset_optimizer_states_restarts_adam_each_rollout(results):
+    b1, b2 = results["reset"]["betas"]
+    for name, step_count in (("plain", 2), ("reset", 1)):
+        for step, m, v in results[name]["states"]:
+            assert step == step_count, name
+    # Moments from one gradient g: m = (1-b1) g, v = (1-b2) g^2, so v (1-b1)^2 = (1-b2) m^2 exactly up to
+    # rounding; after two steps without the reset the relation breaks.
+    def worst(name):
+        return max(float(((v * (1 - b1) ** 2 - (1 - b2) * m * m).abs().max() / (v.abs().max() + 1e-30)))
+                   for _, m, v in results[name]["states"])
+    assert worst("reset") < 1e-5
+    assert worst("plain") > 1e-3  # (the same batch twice: the two gradients are close)

@@ -1,0 +1,47 @@
+"""Worker of tests/test_trainer_options.py: one spawned trainer rank that runs the real trainer actor with a
+named set of train.py flags for two train steps on a fixed rollout batch and saves, per parameter, whether it
+is trainable and whether the steps moved it, and the AdamW state the steps left."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+CONFIGS: dict[str, list[str]] = {
+    "plain": [],
+    "freeze_embeddings": ["--freeze-params-name-list", "embedding", "output_layer"],
+    # upstream's Megatron names: the routed experts' fc1 and the MLA query down-projection of layer 1
+    "only_upstream_names": ["--only-train-params-name-list", r"mlp\.experts\.experts\.linear_fc1",
+                            r"layers\.1\.self_attention\.linear_q_down_proj"],
+    "reset": ["--reset-optimizer-states"],
+}
+
+
+def run(rank: int, world: int, port: int, ckpt: str, batch_path: str, out_dir: str, names: list[str]) -> None:
+    from glm5_helpers import init_rank
+    from slime.backends.megatron.actor import MegatronTrainRayActor
+    from slime.backends.megatron.data import RolloutBatch
+    from slime.config.arguments import parse_args
+
+    init_rank(rank, world, port)
+    fields = torch.load(batch_path)
+    for name in names:
+        args = parse_args(["--hf-checkpoint", ckpt, "--num-rollout", "2", "--global-batch-size", "8",
+                           "--use-dynamic-batch-size", "--max-tokens-per-gpu", "64", "--lr", "1e-2",
+                           "--no-use-distributed-optimizer"] + CONFIGS[name])
+        actor = MegatronTrainRayActor(world, rank)
+        actor.init(args)
+        params = dict(actor.model.module.named_parameters())
+        before = {n: p.detach().clone() for n, p in params.items()}
+        actor.train(0, RolloutBatch(**fields))
+        actor.train(1, RolloutBatch(**fields))
+        adam = actor.optimizer.chained_optimizers[0].optimizer
+        states = [(int(s["step"]), s["exp_avg"].clone(), s["exp_avg_sq"].clone()) for s in adam.state.values()]
+        torch.save({"trainable": {n: p.requires_grad for n, p in params.items()},
+                    "moved": {n: not torch.equal(before[n], p.detach()) for n, p in params.items()},
+                    "betas": adam.param_groups[0]["betas"], "states": states},
+                   os.path.join(out_dir, f"{name}.pt"))
+        dist.barrier()
+    dist.destroy_process_group()
