@@ -149,23 +149,18 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None,
     out(f"dry run: flags checked against {os.path.join(args.hf_checkpoint, 'config.json')} (no weights, no Ray)")
     out(f"model: {cfg.get('model_type')}, {cfg.get('num_hidden_layers')} layers, hidden {cfg.get('hidden_size')}; "
         + ("MODEL_ARGS agree with config.json" if model_args_given(args) else "no MODEL_ARGS given"))
-    for flag, path in (("--load", args.load), ("--ref-load", args.ref_load)):
-        if path and os.path.exists(path):  # a torch_dist checkpoint: its layout and weight keys vs the model
-            from slime.backends.megatron.checkpoint_check import check_checkpoint
-            from slime.backends.megatron.checkpoint_layout import CheckpointFormatError, find_checkpoint
+    from slime.backends.megatron.checkpoint_check import check_run_checkpoints
+    from slime.backends.megatron.checkpoint_layout import CheckpointFormatError
 
-            try:
-                find_checkpoint(path, flag)
-            except CheckpointFormatError as e:  # e.g. a config-only HF dir on a laptop: the real run checks it
-                out(f"warning: {e}")
-                continue
-            try:
-                line = check_checkpoint(path, flag, cfg)
-            except CheckpointFormatError as e:
-                out(f"train.py: error: {e}")
-                return 2
-            if line:
-                out(f"checkpoint: {line}")
+    try:  # torch_dist --load / --ref-load: their layout and weight keys vs the model
+        lines, unreadable = check_run_checkpoints(args, cfg, unreadable_warns=True)
+    except CheckpointFormatError as e:
+        out(f"train.py: error: {e}")
+        return 2
+    for w in unreadable:
+        out(f"warning: {w}")
+    for line in lines:
+        out(f"checkpoint: {line}")
     try:
         stages = pipeline_split(args, int(cfg.get("num_hidden_layers", 0)))
     except ValueError as e:

@@ -542,11 +542,16 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
              "--actor-num-gpus-per-node or the parallel sizes")
     dp = world // (tp * pp * cp)
     _validate_pipeline(args)
-    # Megatron's expert groups: etp * ep * pp must divide the world (upstream's single-node GLM-4.7-30B-A3B
-    # script asks for ep 8 x pp 2 on 8 devices; --dry-run reports that as a warning)
-    _limit(args, world % (etp * ep * pp) == 0,
-           f"Megatron needs --expert-tensor-parallel-size {etp} x --expert-model-parallel-size {ep} x "
-           f"--pipeline-model-parallel-size {pp} = {etp * ep * pp} to divide the {world} trainer devices; "
+    # Megatron's expert groups: etp * ep * pp must divide the world. Megatron-core's own check (mirrored in
+    # megatron_layout, tested against it): upstream's single-node GLM-4.7-30B-A3B script asks for ep 8 x pp 2
+    # on 8 devices, which Megatron refuses too; --dry-run reports it as a warning that says so.
+    from slime.config.megatron_layout import ParallelLayout, megatron_refusal
+
+    refusal = megatron_refusal(ParallelLayout(world, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp))
+    _limit(args, refusal is None,
+           f"Megatron-core needs --expert-tensor-parallel-size {etp} x --expert-model-parallel-size {ep} x "
+           f"--pipeline-model-parallel-size {pp} = {etp * ep * pp} to divide the {world} trainer devices "
+           f"(Megatron-core itself refuses this layout: initialize_model_parallel raises \"{refusal}\"); "
            "lower --expert-model-parallel-size or add devices")
     args.data_parallel_size = dp
     args.world_size = world

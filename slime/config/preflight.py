@@ -299,17 +299,14 @@ def check_checkpoint_keys(args: Any, report: PreflightReport, hf_config: dict) -
     """--load / --ref-load torch_dist checkpoints: their layout, and every weight the model loads present
     (slime.backends.megatron.checkpoint_check, from .metadata alone) against `hf_config` (--hf-checkpoint's
     config.json, as check_hf_checkpoint read it)."""
-    from slime.backends.megatron.checkpoint_check import check_checkpoint
+    from slime.backends.megatron.checkpoint_check import check_run_checkpoints
     from slime.backends.megatron.checkpoint_layout import CheckpointFormatError
 
-    for flag, path in (("--load", getattr(args, "load", None)), ("--ref-load", getattr(args, "ref_load", None))):
-        if path and os.path.exists(path):
-            try:
-                line = check_checkpoint(path, flag, hf_config)
-            except CheckpointFormatError as e:
-                raise PreflightError(str(e)) from e
-            if line:
-                report.checkpoints.append(line)
+    try:
+        lines, _ = check_run_checkpoints(args, hf_config)
+    except CheckpointFormatError as e:
+        raise PreflightError(str(e)) from e
+    report.checkpoints.extend(lines)
 
 
 def check_no_overwrite(args: Any, report: PreflightReport) -> None:

@@ -350,16 +350,17 @@ def _resumed(rollout_id: int, extra: dict[str, Any], options: LoadOptions, resto
     return Resumed(rollout_id + 1, extra, restored)
 
 
-def load_model_weights(path: str, model, flag: str = "--ref-load") -> int:
+def load_model_weights(path: str, model, flag: str = "--ref-load", metadata: dict | None = None) -> int:
     """Only the model weights of the torch_dist checkpoint `path` names (e.g. the reference policy), resharded
-    to this rank's layout. Collective. Returns the iteration loaded."""
+    to this rank's layout. Collective. Returns the iteration loaded. metadata: the checkpoint's
+    load_tensors_metadata when the caller has read it already."""
     from megatron.core import dist_checkpointing
 
     found = L.find_checkpoint(path, flag)
     if found.kind != L.TORCH_DIST:
         raise L.CheckpointFormatError(f"{flag} {path} is not a torch_dist checkpoint ({TRACKER} + iter_XXXXXXX/ "
                                       "with metadata.json)")
-    state, _, translation = _request(model, None, found.path, with_optimizer=False, flag=flag)
+    state, _, translation = _request(model, None, found.path, with_optimizer=False, flag=flag, metadata=metadata)
     loaded = dist_checkpointing.load(state, found.path)
     if translation is not None:
         translation.restore(loaded)
@@ -367,19 +368,22 @@ def load_model_weights(path: str, model, flag: str = "--ref-load") -> int:
     return int(found.iteration or 0)
 
 
-def checkpoint_layout(path: str) -> tuple[str, bool, dict[str, tuple]]:
-    """(layout, stacked layers, global shape of each tensor) of the torch_dist iteration directory `path`."""
+def checkpoint_layout(path: str, metadata: dict | None = None) -> tuple[str, bool, dict[str, tuple]]:
+    """(layout, stacked layers, global shape of each tensor) of the torch_dist iteration directory `path`
+    (from `metadata`, its load_tensors_metadata, when given)."""
     from megatron.core import dist_checkpointing
 
-    shapes = {k: tuple(v.global_shape) for k, v in dist_checkpointing.load_tensors_metadata(path).items()}
+    if metadata is None:
+        metadata = dist_checkpointing.load_tensors_metadata(path)
+    shapes = {k: tuple(v.global_shape) for k, v in metadata.items()}
     stacked = K.has_stacked_layers(shapes)
     return K.detect_layout(shapes), stacked, shapes
 
 
-def _request(model, optimizer, path: str, *, with_optimizer: bool, flag: str = "--load"):
+def _request(model, optimizer, path: str, *, with_optimizer: bool, flag: str = "--load", metadata: dict | None = None):
     """The load request for this model in the layout the checkpoint at `path` uses (one log line names it):
     (state, non-tensor optimizer state, the Translation to undo after the load or None)."""
-    layout, stacked, shapes = checkpoint_layout(path)
+    layout, stacked, shapes = checkpoint_layout(path, metadata)
     arch = _unwrap(model).arch
     if _rank() == 0:
         logger.info("%s %s: torch_dist checkpoint with %s%s", flag, path, layout,

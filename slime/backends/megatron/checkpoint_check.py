@@ -4,6 +4,8 @@ the model `--hf-checkpoint`'s config.json describes. Reads only the checkpoint's
 
 from __future__ import annotations
 
+import os
+
 from slime.backends.megatron import checkpoint_keys as K
 from slime.backends.megatron.checkpoint_layout import TORCH_DIST, CheckpointFormatError, find_checkpoint
 from slime.backends.megatron.hf_io import name_list
@@ -44,3 +46,24 @@ def check_checkpoint(path: str, flag: str, hf_config: dict) -> str | None:
             f"of --hf-checkpoint loads: {name_list(missing, 6)}; is it a checkpoint of that model?")
     extra = f"; {len(unexpected)} more not read: {name_list(unexpected, 4)}" if unexpected else ""
     return f"{flag} {found.path}: torch_dist checkpoint ({form}), all {len(want)} model weights present{extra}"
+
+
+def check_run_checkpoints(args, hf_config: dict, *, unreadable_warns: bool = False) -> tuple[list[str], list[str]]:
+    """(lines, warnings) for the run's existing --load / --ref-load directories (check_checkpoint on each).
+    Raises CheckpointFormatError (one line) for a checkpoint that lacks model weights, and for a directory
+    that holds no checkpoint, unless unreadable_warns (the dry run: e.g. a config-only HF directory on a laptop,
+    which the real run checks), which makes the latter a warning."""
+    lines, warnings = [], []
+    for flag, path in (("--load", args.load), ("--ref-load", args.ref_load)):
+        if not path or not os.path.exists(path):
+            continue
+        if unreadable_warns:
+            try:
+                find_checkpoint(path, flag)
+            except CheckpointFormatError as e:
+                warnings.append(str(e))
+                continue
+        line = check_checkpoint(path, flag, hf_config)
+        if line:
+            lines.append(line)
+    return lines, warnings

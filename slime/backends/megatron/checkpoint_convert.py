@@ -158,7 +158,7 @@ def torch_dist_to_hf(argv: list[str] | None = None) -> str:
     with torch.no_grad():
         for p in model.parameters():
             p.fill_(float("nan"))  # any weight the checkpoint does not set shows up, never the origin's
-    C.load_model_weights(found.path, model, flag="--input-dir")
+    C.load_model_weights(found.path, model, flag="--input-dir", metadata=saved)
     missing = [n for n, p in model.named_parameters() if torch.isnan(p).any()]
     if missing:
         _fail(f"--input-dir {found.path} does not set {missing[:4]} ...; is it a checkpoint of this model?")

@@ -256,7 +256,9 @@ def translate(state: dict, arch, *, loading: bool, saved_shapes: dict[str, tuple
                 padded = (saved_shapes or {}).get(_VOCAB[key], (vocab,))[0]
                 full = torch.empty(padded, *sh.local_shape[1:], dtype=sh.dtype, device=sh.data.device)
             else:
-                full = _gather_rows(sh.data, frag)
+                from slime.backends.megatron.hf_export import gather_shards
+
+                full = torch.cat(gather_shards(sh.data, ps.get_tensor_model_parallel_group() if frag > 1 else None))
                 pad = padded_vocab_size(vocab, vocab_divisible_by, frag) - vocab
                 full = torch.cat([full, full.new_zeros(pad, *full.shape[1:])]) if pad else full
             move([path], _whole(sh, up, full, tp_rank),
@@ -284,17 +286,6 @@ def translate(state: dict, arch, *, loading: bool, saved_shapes: dict[str, tuple
         raise ValueError(f"q/k/v projections without their partners: {sorted(sh.key for g in leftover for _, sh in g.values())}")
     state[SLOT] = moved
     return tr
-
-
-def _gather_rows(local: torch.Tensor, tp: int) -> torch.Tensor:
-    if tp == 1:
-        return local
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-
-    parts = [torch.empty_like(local) for _ in range(tp)]
-    dist.all_gather(parts, local.contiguous(), group=ps.get_tensor_model_parallel_group())
-    return torch.cat(parts)
 
 
 def _fuse_qkv(arch, group: dict, key: str, move) -> None:

@@ -29,7 +29,8 @@ def unwrap(model):
     return model
 
 
-def _gather(t: torch.Tensor, group) -> list[torch.Tensor]:
+def gather_shards(t: torch.Tensor, group) -> list[torch.Tensor]:
+    """Every rank's `t` of `group`, in rank order (just [t] without a group or with one rank)."""
     size = dist.get_world_size(group) if group is not None else 1
     if size == 1:
         return [t]
@@ -64,9 +65,9 @@ def export_hf(model, bucket_bytes: int = 1 << 28, dtype: torch.dtype | None = No
         for m in maps:
             local = state[m.param].detach()
             if m.kind in (W.TP_ROWS, W.TP_COLS, W.TP_GATE_UP, W.TP_GATE_UP_FUSED):
-                shards = _gather(local, tp_group)
+                shards = gather_shards(local, tp_group)
             elif m.kind in (W.EXPERT_W1, W.EXPERT_W2):
-                shards = _gather(local, ep_group)
+                shards = gather_shards(local, ep_group)
             else:
                 shards = [local]
             for name, t in zip(m.hf_names_after_gather(model.arch.n_routed_experts), m.to_hf(shards)):
