@@ -547,7 +547,7 @@ def test_weight_sync_group_leaves_the_default_group_alone(tmp_path):
 
 def test_sglang_generate_extras_and_get_weights_by_name(served, ckpts):
     """SGLang's custom_params are accepted (ignored without a processor, as SGLang does); a custom logit
-    processor and return_routed_experts get one clear 400; /get_weights_by_name answers as SGLang does
+    processor and a malformed return_routed_experts / routed_experts_start_len get one clear 400; /get_weights_by_name answers as SGLang does
     (float32 nested lists, first dimension truncated), by HF name."""
     server, client = served
     prompt = _prompts(3, lengths=(5,))[0]
@@ -556,7 +556,9 @@ def test_sglang_generate_extras_and_get_weights_by_name(served, ckpts):
     custom = client.generate(prompt, {**greedy, "custom_params": {"thinking_budget": 3}})
     assert custom["output_ids"] == plain["output_ids"]
     for extra, needle in (({"custom_logit_processor": "x"}, "custom_logit_processor is not supported"),
-                          ({"return_routed_experts": True}, "return_routed_experts is not supported"),
+                          ({"return_routed_experts": "yes"}, "return_routed_experts must be true/false"),
+                          ({"return_routed_experts": True, "routed_experts_start_len": 99},
+                           "routed_experts_start_len must be an integer in [0, 5]"),
                           ({"sampling_params": {"custom_params": 3}}, "custom_params must be a JSON object")):
         with pytest.raises(EngineError) as e:
             client.post("/generate", {"input_ids": prompt, "sampling_params": greedy, **extra})

@@ -421,6 +421,9 @@ def build_parser() -> argparse.ArgumentParser:
     from slime.config.ppo_args import add_ppo_arguments
 
     add_ppo_arguments(parser)  # --advantage-estimator ppo's critic, --use-opd
+    from slime.config.routing_replay_args import add_routing_replay_arguments
+
+    add_routing_replay_arguments(parser)  # --use-routing-replay, --use-rollout-routing-replay
     from slime.config import megatron_flags, model_args
 
     model_args.add_model_arguments(parser)
@@ -623,6 +626,10 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     from slime.config.ppo_args import validate_ppo_args
 
     validate_ppo_args(args)  # before the reference decision: --megatron-config-path may set actor flags
+    from slime.config.routing_replay_args import validate_routing_replay_args
+
+    validate_routing_replay_args(args, _read_hf_config(args) if args.use_routing_replay
+                                 or args.use_rollout_routing_replay else None)
     args.use_ref_model = bool(args.use_kl_loss and args.kl_loss_coef > 0) or (
         args.kl_coef > 0 and (args.advantage_estimator.startswith("reinforce_plus_plus") or args.use_critic))
     if args.ref_load is None:

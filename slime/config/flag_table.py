@@ -29,7 +29,6 @@ _BUFFER = "upstream's external rollout buffer service is not built"
 _HEALTH = "engines are watched per request (--rollout-request-timeout) and restarted (--rollout-engine-max-restarts); " \
           "upstream's periodic health-check loop is not built"
 _DEEPGEMM = "DeepGEMM kernels are not integrated"
-_ROUTING = "MoE routing replay is not built"
 _LOG = "this metric/logging option of upstream's is not built"
 REFUSED: dict[str, str] = {
     "--num-gpus-per-node": "placement follows --actor-num-gpus-per-node and the devices Ray reports",
@@ -64,7 +63,6 @@ REFUSED: dict[str, str] = {
                               "upstream's custom-TIS metrics are not built",
     "--reset-optimizer-states": "resetting the optimizer state each rollout is not built",
     "--use-stateless-adam": "stateless Adam is not built",
-    "--use-routing-replay": _ROUTING, "--use-rollout-routing-replay": _ROUTING,
     "--use-opsm": "OPSM masking is not built", "--opsm-delta": "OPSM masking is not built",
     "--opd-teacher-ckpt-step": "--opd-teacher-load loads its checkpoint's latest iteration; picking a step is not built",
     "--wandb-always-use-train-step": _LOG, "--log-multi-turn": _LOG,

@@ -155,7 +155,8 @@ def _engine_stats(client: Any) -> dict[str, float] | None:
 
 
 def _finish_sample(sample: Sample, out: dict[str, Any], idx: int, tokenizer: Any,
-                   skip_special_tokens: bool = False) -> None:
+                   skip_special_tokens: bool = False, routes: Any = None) -> None:
+    """routes: the args (num_layers, moe_router_topk) to read meta_info's routed experts with, or None."""
     meta = out["meta_info"]
     ids = list(out["output_ids"])
     logprobs = meta.get("output_token_logprobs")
@@ -174,6 +175,9 @@ def _finish_sample(sample: Sample, out: dict[str, Any], idx: int, tokenizer: Any
     sample.status = SampleStatus.COMPLETED if meta["finish_reason"]["type"] == "stop" else SampleStatus.TRUNCATED
     sample.weight_version = meta.get("weight_version")
     sample.engine_index = idx
+    if routes is not None:  # --use-rollout-routing-replay: the engine's experts per fed token
+        sample.rollout_routed_experts = None
+        sample._apply_routed_experts(routes, meta)
 
 
 def samples_per_request(args: Any, fleet: Any, num_samples: int) -> int:
@@ -213,7 +217,7 @@ def _custom_generate(fn: Any, args: Any, client: EngineClient, sample: Sample, p
         out = asyncio.run(_await(out))
     if out is not sample:  # copy the returned sample's result onto the tracked one
         for field in ("tokens", "response", "response_length", "loss_mask", "rollout_log_probs", "status",
-                      "weight_versions", "metadata"):
+                      "weight_versions", "metadata", "rollout_routed_experts"):
             setattr(sample, field, getattr(out, field))
     n = sample.response_length
     if n < 1 or len(sample.tokens) != prompt_length + n:
@@ -252,6 +256,8 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
     custom = load_generate_function(args)
     chunk = 1 if custom is not None else samples_per_request(args, fleet, len(samples))
     behind_router = bool(fleet.behind_router())
+    # --use-rollout-routing-replay: the engines return each sample's routed experts
+    routed = {"return_routed_experts": True} if getattr(args, "use_rollout_routing_replay", False) else {}
     attempts = {s.index: _Attempts() for s in samples}
     pending: deque[Sample] = deque(samples)
     unfinished = [len(samples)]
@@ -320,9 +326,11 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
         try:
             client = fleet.generation_client(idx)  # the sglang-router, when in front
             if len(batch) == 1:
-                outs = [client.generate(batch[0].prompt_tokens, params[0], return_logprob=True, timeout=timeout)]
+                outs = [client.generate(batch[0].prompt_tokens, params[0], return_logprob=True, timeout=timeout,
+                                        **routed)]
             else:
-                outs = client.generate([s.prompt_tokens for s in batch], params, return_logprob=True, timeout=timeout)
+                outs = client.generate([s.prompt_tokens for s in batch], params, return_logprob=True, timeout=timeout,
+                                       **routed)
         except EngineUnreachable as e:
             lost(batch, idx, gen, e)
             return
@@ -350,7 +358,7 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
                 again.append(s)
                 continue
             fleet.note_version(idx, out["meta_info"].get("weight_version"))
-            _finish_sample(s, out, idx, tokenizer, bool(args.rollout_skip_special_tokens))
+            _finish_sample(s, out, idx, tokenizer, bool(args.rollout_skip_special_tokens), args if routed else None)
             if reward_fn is not None and not args.group_rm:
                 s.reward = compute_reward(reward_fn, args, s)
             counters.add(done=1)

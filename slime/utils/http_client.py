@@ -200,9 +200,12 @@ class EngineClient(HttpClient):
 
     # ------------------------------------------------------------------ generation
     def generate(self, input_ids: list[int] | list[list[int]], sampling_params: dict | list | None = None,
-                 return_logprob: bool = False, rid: str | None = None, timeout: float | None = None) -> Any:
+                 return_logprob: bool = False, rid: str | None = None, timeout: float | None = None,
+                 return_routed_experts: bool = False) -> Any:
         body: dict[str, Any] = {"input_ids": input_ids, "sampling_params": sampling_params or {},
                                 "return_logprob": return_logprob}
+        if return_routed_experts:  # SGLang's meta_info["routed_experts"] (MoE routing replay)
+            body["return_routed_experts"] = True
         if rid is not None:
             body["rid"] = rid
         return self.post("/generate", body, timeout)

@@ -226,6 +226,7 @@ class Sample:
         self._check_lengths()
 
     def _apply_meta_info(self, args: Any, meta_info: dict, update_terminal_info: bool) -> None:
+        self._apply_routed_experts(args, meta_info)
         if not update_terminal_info or "finish_reason" not in meta_info:
             return
         if getattr(args, "sglang_speculative_algorithm", None):
@@ -237,6 +238,35 @@ class Sample:
                   "stop": Sample.Status.COMPLETED}.get((meta_info["finish_reason"] or {}).get("type"))
         if status is not None:
             self.status = status
+
+    def _apply_routed_experts(self, args: Any, meta_info: dict) -> None:
+        """SGLang's `meta_info["routed_experts"]` (return_routed_experts): the experts of every token fed to the
+        engine from `routed_experts_start_len` on (all of prompt + response but the last token), as int32
+        [rows, --num-layers, --moe-router-topk]; rows before the start are kept from the earlier turns."""
+        from slime.utils.misc import decode_int32_meta_array
+
+        flat = decode_int32_meta_array(meta_info, "routed_experts")
+        if flat is None:
+            return
+        layers, topk = getattr(args, "num_layers", None), getattr(args, "moe_router_topk", None)
+        if not layers or not topk:
+            raise ValueError("routed experts need args.num_layers and args.moe_router_topk to be reshaped "
+                             "(--use-rollout-routing-replay fills them from config.json)")
+        start = int(meta_info.get("routed_experts_start_len", 0) or 0)
+        rows = max(0, len(self.tokens) - 1 - start)
+        if start < 0 or flat.numel() != rows * layers * topk:
+            raise ValueError(f"sample {self.index}: routed_experts has {flat.numel()} values, expected {rows} tokens x "
+                             f"{layers} layers x top-{topk} (tokens {len(self.tokens)}, routed_experts_start_len {start})")
+        routes = flat.reshape(rows, layers, topk)
+        if start:
+            earlier = self.rollout_routed_experts
+            if earlier is None or len(earlier) < start:
+                raise ValueError(f"sample {self.index}: routed_experts_start_len {start} but only "
+                                 f"{0 if earlier is None else len(earlier)} earlier rows are known")
+            import torch
+
+            routes = torch.cat([torch.as_tensor(earlier, dtype=torch.int32)[:start], routes])
+        self.rollout_routed_experts = routes
 
     def _check_lengths(self) -> None:
         for name in ("loss_mask", "rollout_log_probs"):

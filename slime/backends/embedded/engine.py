@@ -112,6 +112,9 @@ class Request:
     finished_at: float = 0.0
     done: threading.Event = field(default_factory=threading.Event)
     generator: torch.Generator | None = None
+    return_routed_experts: bool = False
+    routed_experts_start_len: int = 0
+    routed: torch.Tensor | None = None  # int32 [tokens fed so far, num_layers, top_k]: the routers' choices
 
 
 class EmbeddedEngine(WeightControl):
@@ -133,6 +136,9 @@ class EmbeddedEngine(WeightControl):
         self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
         self._keep_kw = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         self._default_gen = torch.Generator().manual_seed(cfg.random_seed)
+        from slime.backends.embedded.routed_experts import RouteCapture
+
+        self._routes = RouteCapture(self.model)
         self._wave_rows = 1 if cfg.deterministic else cfg.max_running_requests  # rows computed together
 
         self._model_lock = threading.RLock()  # held per forward step and per weight change
@@ -192,7 +198,8 @@ class EmbeddedEngine(WeightControl):
 
     # ------------------------------------------------------------------ requests
     def make_request(self, input_ids: Any, sampling_params: Any, return_logprob: bool = False,
-                     rid: str | None = None, text: str | None = None) -> Request:
+                     rid: str | None = None, text: str | None = None, return_routed_experts: bool = False,
+                     routed_experts_start_len: int = 0) -> Request:
         """Validate one request (BadRequest on any problem)."""
         if input_ids is None and text is not None:
             if self.tokenizer is None:
@@ -215,7 +222,17 @@ class EmbeddedEngine(WeightControl):
             raise BadRequest("sampling_params.stop (strings) needs a tokenizer; use stop_token_ids")
         if not isinstance(return_logprob, bool):
             raise BadRequest("return_logprob must be true/false")
-        req = Request(list(input_ids), params, return_logprob, rid=str(rid) if rid is not None else uuid.uuid4().hex)
+        if not isinstance(return_routed_experts, bool):
+            raise BadRequest("return_routed_experts must be true/false")
+        if return_routed_experts and not self._routes.available:
+            raise BadRequest("return_routed_experts: this model has no MoE router to report; drop it (routing "
+                             "replay is for MoE models)")
+        start = routed_experts_start_len
+        if not isinstance(start, int) or isinstance(start, bool) or not 0 <= start <= len(input_ids):
+            raise BadRequest(f"routed_experts_start_len must be an integer in [0, {len(input_ids)}] (the prompt "
+                             f"length), got {start!r}")
+        req = Request(list(input_ids), params, return_logprob, rid=str(rid) if rid is not None else uuid.uuid4().hex,
+                      return_routed_experts=return_routed_experts, routed_experts_start_len=start)
         if params.sampling_seed is not None:
             req.generator = torch.Generator().manual_seed(params.sampling_seed)
         return req
@@ -263,6 +280,14 @@ class EmbeddedEngine(WeightControl):
         }
         if req.return_logprob:
             meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(req.logprobs, req.output_ids)]
+        if req.return_routed_experts:
+            from slime.backends.embedded.routed_experts import encode
+
+            # SGLang's rows: tokens [start_len, len(prompt + response) - 1)
+            end = len(req.input_ids) + len(req.output_ids) - 1
+            rows = req.routed[req.routed_experts_start_len:end] if req.routed is not None else \
+                torch.zeros(0, self._routes.num_layers, self._routes.top_k, dtype=torch.int32)
+            meta["routed_experts"] = encode(rows)
         return {"text": req.text, "output_ids": list(req.output_ids), "meta_info": meta}
 
     # ------------------------------------------------------------------ scheduler
@@ -302,15 +327,33 @@ class EmbeddedEngine(WeightControl):
                     self._wave_idle.set()
                     self._cond.notify_all()
 
-    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any,
+                 rows: list[Request] | None = None) -> torch.Tensor:
+        """Next-token logits; rows that asked for routed experts get this forward's router choices (the
+        positions each row feeds: its whole sequence in a prefill, its last token in a decode step)."""
         kwargs: dict[str, Any] = {self._cache_kw: cache, "use_cache": True}
         if self._keep_kw:
             kwargs["logits_to_keep"] = 1
+        capture = rows is not None and any(r.return_routed_experts for r in rows)
         with self._model_lock:
             t0 = time.perf_counter()
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, **kwargs)
+            self._routes.enabled = capture
+            try:
+                out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, **kwargs)
+            finally:
+                self._routes.enabled = False
             self.stats["forward_seconds"] += time.perf_counter() - t0
+            routes = self._routes.take(*ids.shape) if capture else None
         self.stats["forward_steps"] += 1
+        if routes is not None:
+            width = ids.shape[1]
+            for i, r in enumerate(rows):
+                if not r.return_routed_experts:
+                    continue
+                if width == 1 and r.routed is not None:  # decode: the row's newest token
+                    r.routed = torch.cat([r.routed, routes[i]])
+                else:  # (re-)prefill: the row's whole sequence, right-aligned in the left-padded batch
+                    r.routed = routes[i, width - len(r.input_ids) - len(r.output_ids):].clone()
         return out.logits[:, -1, :]
 
     def _new_cache(self) -> Any:
@@ -343,7 +386,7 @@ class EmbeddedEngine(WeightControl):
         ids, mask = ids.to(self.device), mask.to(self.device)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = self._new_cache()
-        logits = self._forward(ids, mask, pos, cache)
+        logits = self._forward(ids, mask, pos, cache, rows)
         return logits, cache, mask, pos[:, -1]
 
     def _take_joiners(self, running: int) -> list[Request]:
@@ -400,7 +443,7 @@ class EmbeddedEngine(WeightControl):
                 rows = [rows[i] for i in keep]
             mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
             last_pos = last_pos + 1
-            logits = self._forward(next_ids, mask, last_pos[:, None], cache)
+            logits = self._forward(next_ids, mask, last_pos[:, None], cache, rows)
 
     def _adjust_logits(self, logits: torch.Tensor, rows: list[Request]) -> torch.Tensor:
         """Penalties and min_new_tokens masking, only for rows that ask for them."""

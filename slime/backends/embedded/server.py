@@ -164,17 +164,14 @@ def _generate(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
     if body.get("custom_logit_processor"):
         raise BadRequest("custom_logit_processor is not supported by the embedded engine (it runs no custom logit "
                          "processors); drop it, or use an SGLang engine started with --enable-custom-logit-processor")
-    if any(body.get("return_routed_experts") if isinstance(body.get("return_routed_experts"), list)
-           else [body.get("return_routed_experts")]):
-        raise BadRequest("return_routed_experts is not supported by the embedded engine (it does not record the "
-                         "router's choices); drop it, or use an SGLang engine for routing replay")
     input_ids, text = body.get("input_ids"), body.get("text")
     if input_ids is None and text is None:
         raise BadRequest("send input_ids (list of ints, or list of lists for a batch) or text")
     batch = (isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list)) or isinstance(text, list)
     if not batch:
         req = engine.make_request(input_ids, body.get("sampling_params"), body.get("return_logprob", False),
-                                  body.get("rid"), text)
+                                  body.get("rid"), text, body.get("return_routed_experts", False),
+                                  body.get("routed_experts_start_len", 0))
         engine.submit(req).done.wait()
         return 200, engine.response(req)
     items = input_ids if input_ids is not None else text
@@ -189,8 +186,9 @@ def _generate(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
         return [None if key == "rid" else v] * n
 
     params, logprob, rids = per_item("sampling_params", None), per_item("return_logprob", False), per_item("rid", None)
+    routed, starts = per_item("return_routed_experts", False), per_item("routed_experts_start_len", 0)
     reqs = [engine.make_request(items[i] if input_ids is not None else None, params[i], logprob[i], rids[i],
-                                items[i] if input_ids is None else None) for i in range(n)]
+                                items[i] if input_ids is None else None, routed[i], starts[i]) for i in range(n)]
     for r in reqs:  # all validated before any is queued
         engine.submit(r)
     for r in reqs:

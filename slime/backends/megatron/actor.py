@@ -103,6 +103,8 @@ class MegatronTrainRayActor:
         self.model, self.optimizer = model_setup.wrap_and_build_optimizer(args, self.model)
         self.loss_config = LossConfig.from_args(args)
         self.loss_hooks = LossHooks.from_args(args)  # --custom-tis-function-path, --custom-pg-loss-reducer-...
+        if args.use_routing_replay:
+            self._install_routing_replay()
 
         start_rollout_id = 0
         if found is None or found.kind in (ckpt.HF, ckpt.NONE):
@@ -128,6 +130,41 @@ class MegatronTrainRayActor:
         if a.context_parallel_size > 1:  # (absent at CP 1: checkpoints from before CP keep their layout)
             layout["cp"] = a.context_parallel_size
         return layout
+
+    def _install_routing_replay(self) -> None:
+        from megatron.core import parallel_state as mpu
+
+        from slime.utils import routing_replay
+
+        if routing_replay.install(self.model) == 0 and mpu.get_pipeline_model_parallel_world_size() == 1:
+            raise ValueError("--use-routing-replay / --use-rollout-routing-replay: the model has no MoE layer to "
+                             "replay routes in; drop the flag")
+        sp = self.args.sequence_parallel and self.tp_size > 1  # MoE layers then see their TP rank's slice
+        routing_replay.REPLAY.layout = {"tp_rank": self.tp_rank, "sp_size": self.tp_size if sp else 1}
+
+    def _old_pass_replay(self, batch: D.RolloutBatch):
+        """The old-policy log-prob pass: the engine's routes (--use-rollout-routing-replay), or the routers'
+        own, recorded for the training pass (--use-routing-replay)."""
+        from contextlib import nullcontext
+
+        from slime.utils.routing_replay import REPLAY
+
+        if self.args.use_rollout_routing_replay:
+            return REPLAY.replaying("rollout", batch)
+        return REPLAY.recording() if self.args.use_routing_replay else nullcontext()
+
+    def _train_pass_replay(self, batch: D.RolloutBatch):
+        """The training pass routes as the old-policy pass did (recorded; none recorded when the training
+        forward's own log-probs are the old ones: its routers then are the old policy's)."""
+        from contextlib import nullcontext
+
+        from slime.utils.routing_replay import REPLAY
+
+        if self.args.use_rollout_routing_replay:
+            return REPLAY.replaying("rollout", batch)
+        if self.args.use_routing_replay and REPLAY.recorded:
+            return REPLAY.replaying("recorded")
+        return nullcontext()
 
     def loaded_extra_state(self) -> dict[str, Any] | None:
         return self._extra_state
@@ -163,8 +200,13 @@ class MegatronTrainRayActor:
                 return out
             return run
 
-        forward_backward(self.model, micro_batches,
-                         timed(lambda m, mb: model_setup.forward(m, mb, self.device, mtp_logits=mtp_logits)),
+        from slime.utils.routing_replay import REPLAY
+
+        def forward(m, mb):
+            REPLAY.begin_micro_batch(mb)  # routing replay: the routes of this micro-batch (no-op when off)
+            return model_setup.forward(m, mb, self.device, mtp_logits=mtp_logits)
+
+        forward_backward(self.model, micro_batches, timed(forward),
                          timed(on_logits), forward_only)
 
     def _from_last_stage(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
@@ -237,7 +279,15 @@ class MegatronTrainRayActor:
                 out[i] = part
             return zero.clone()
 
-        mbs = [self._pack(batch, mb_indices) for mb_indices in self._micro_batches(batch, indices)]
+        from slime.utils.routing_replay import REPLAY
+
+        if REPLAY.mode == "record":  # the training pass's micro-batches, so that it finds their recorded routes
+            picked = set(indices)
+            groups = [mb for step in D.step_indices(len(batch), self.args.global_batch_size)
+                      for mb in self._micro_batches(batch, [i for i in self._dp_shard(batch, step) if i in picked])]
+        else:
+            groups = self._micro_batches(batch, indices)
+        mbs = [self._pack(batch, mb_indices) for mb_indices in groups]
         self._run_schedule(mbs, on_logits, forward_only=True)
         if self.pp_size == 1 or not indices:
             return out
@@ -287,9 +337,14 @@ class MegatronTrainRayActor:
             return [by_index.get(i) for i in range(len(batch))]
 
         sft = args.loss_type == "sft_loss"  # the loss needs neither old log-probs nor advantages
+        from contextlib import ExitStack
+
+        old_pass_routes = ExitStack()  # routing replay of the old-policy pass only (not the reference's)
         if not reuse_train_log_probs and not sft:
             hooks.before_log_prob(args, self.model, "")  # --custom-megatron-before-log-prob-hook-path
+            old_pass_routes.enter_context(self._old_pass_replay(batch))
             batch.old_log_probs = full(self._log_probs_of(batch, mine))
+        old_pass_routes.close()
         metrics["time/log_probs_old"] = time.perf_counter() - t0
         if self.ref_weights is not None:
             hooks.before_log_prob(args, self.model, "ref_")
@@ -308,7 +363,13 @@ class MegatronTrainRayActor:
             from slime.utils.misc import load_function
 
             postprocess_rollout_data(load_function(args.rollout_data_postprocess_path), args, rollout_id, batch, mine)
-        metrics.update(self.train(rollout_id, batch))
+        from slime.utils.routing_replay import REPLAY
+
+        try:
+            with self._train_pass_replay(batch):
+                metrics.update(self.train(rollout_id, batch))
+        finally:
+            REPLAY.recorded = {}  # this rollout's routes
         return metrics
 
     # --- training -------------------------------------------------------------------------

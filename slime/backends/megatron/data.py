@@ -26,6 +26,8 @@ class RolloutBatch:
     rewards: list[float]
     loss_masks: list[list[int]]  # per response token: 1 = trained on
     rollout_log_probs: list[list[float]] | None = None  # engine's log-probs of the response tokens
+    # --use-rollout-routing-replay: the engine's experts per token but the last, int32 [len - 1, layers, top-k]
+    rollout_routed_experts: list[torch.Tensor] | None = None
     # Filled by the trainer/driver (one flat tensor per sample, over response tokens):
     old_log_probs: list[torch.Tensor] | None = None
     ref_log_probs: list[torch.Tensor] | None = None
@@ -63,6 +65,7 @@ class RolloutBatch:
         return RolloutBatch(
             tokens=pick(self.tokens), response_lengths=pick(self.response_lengths), rewards=pick(self.rewards),
             loss_masks=pick(self.loss_masks), rollout_log_probs=pick(self.rollout_log_probs),
+            rollout_routed_experts=pick(self.rollout_routed_experts),
             old_log_probs=pick(self.old_log_probs), ref_log_probs=pick(self.ref_log_probs),
             advantages=pick(self.advantages), values=pick(self.values), teacher_log_probs=pick(self.teacher_log_probs),
         )

@@ -64,6 +64,7 @@ class MoELayer(KeepsFloat32, MegatronModule):
     when `arch.router_dtype_float32` (GLM, as transformers keeps it), else follows the model dtype (Qwen)."""
 
     bound_arch = None
+    replay_layer: int | None = None  # global decoder layer index under routing replay (routing_replay.install)
 
     @classmethod
     def bound_to(cls, arch) -> type["MoELayer"]:
@@ -93,23 +94,50 @@ class MoELayer(KeepsFloat32, MegatronModule):
         )
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weights float32 [T, k], expert ids [T, k]) in transformers' op order for the router kind."""
+        """(weights float32 [T, k], expert ids [T, k]) in transformers' op order for the router kind. Under
+        routing replay the ids are the replayed ones (where given) and the weights the router's at those ids."""
+        from slime.utils.routing_replay import REPLAY
+
         arch = self.arch
+        replayed = REPLAY.choice(self.replay_layer, x.shape[0], x.device)
         # --moe-router-dtype (Megatron's moe_router_dtype): the logits' precision; unset, transformers' op order
         wanted = {"fp32": torch.float32, "fp64": torch.float64}.get(self.config.moe_router_dtype)
         if arch.router == "softmax":  # Qwen3-MoE: logits in the model dtype, softmax in float32
             dtype = wanted or self.router_weight.dtype
             probs = torch.softmax(x.to(dtype) @ self.router_weight.to(dtype).t(), dim=-1, dtype=torch.float32)
             weights, indices = torch.topk(probs, arch.num_experts_per_tok, dim=-1)
+            if replayed is not None:
+                indices = torch.where(replayed[1][:, None], replayed[0], indices)
+                weights = probs.gather(1, indices)
             if arch.norm_topk_prob:
                 weights = weights / weights.sum(dim=-1, keepdim=True)
+            REPLAY.record(self.replay_layer, indices)
             return weights, indices
         if wanted == torch.float64:
             logits = (x.double() @ self.router_weight.double().t()).float()
         else:
             logits = x.float() @ self.router_weight.float().t()
-        return get_accelerator().ops.moe_route(logits, self.expert_bias, arch.num_experts_per_tok, arch.n_group,
-                                               arch.topk_group, arch.routed_scaling_factor, arch.norm_topk_prob)
+        if replayed is not None:
+            return self._replayed_sigmoid_weights(logits, *replayed)
+        weights, indices = get_accelerator().ops.moe_route(logits, self.expert_bias, arch.num_experts_per_tok, arch.n_group,
+                                                           arch.topk_group, arch.routed_scaling_factor, arch.norm_topk_prob)
+        REPLAY.record(self.replay_layer, indices)
+        return weights, indices
+
+    def _replayed_sigmoid_weights(self, logits: torch.Tensor, ids: torch.Tensor, replayed: torch.Tensor
+                                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """moe_route's weights at given experts: unbiased sigmoid scores, / (sum + 1e-20) when norm_topk_prob,
+        x routed_scaling_factor. Rows not replayed take the router's own choice."""
+        arch = self.arch
+        if not bool(replayed.all()):
+            _, own = get_accelerator().ops.moe_route(logits.detach(), self.expert_bias, arch.num_experts_per_tok,
+                                                     arch.n_group, arch.topk_group, arch.routed_scaling_factor,
+                                                     arch.norm_topk_prob)
+            ids = torch.where(replayed[:, None], ids, own.to(ids.dtype))
+        weights = torch.sigmoid(logits).gather(1, ids)
+        if arch.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * arch.routed_scaling_factor, ids
 
     def forward(self, hidden_states: torch.Tensor, padding_mask=None):
         ops = get_accelerator().ops

@@ -1,0 +1,45 @@
+"""Upstream slime's MoE routing-replay flags, with upstream's names and meaning.
+
+`--use-routing-replay`: the trainer records each MoE router's expert choices in the old-policy log-prob
+forward and the training forward routes every token to exactly those experts (the gate weights still
+come from the current router, so the router keeps its gradient). `--use-rollout-routing-replay` (implies
+the former): the engines return the experts their routers chose for every token they fed
+(`return_routed_experts`, SGLang's `meta_info["routed_experts"]`) and both trainer forwards use those.
+The reference model's forward routes by itself. See docs/rollout.md ("Routing replay").
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from slime.config.arguments import ArgumentError
+from slime.config.arguments import add_argument_once as _add
+
+
+def add_routing_replay_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("MoE routing replay")
+    _add(g, parser, "--use-routing-replay", action="store_true",
+         help="the training forward routes each token to the experts the old-policy log-prob forward chose")
+    _add(g, parser, "--use-rollout-routing-replay", action="store_true",
+         help="the trainer routes each token to the experts the rollout engine chose for it (implies "
+              "--use-routing-replay; the engines return them per token)")
+
+
+def validate_routing_replay_args(args: argparse.Namespace, hf_config: dict | None) -> None:
+    """--use-rollout-routing-replay implies --use-routing-replay (upstream's rule); either needs an MoE model.
+    The rollout side reshapes the engines' routes by --num-layers x --moe-router-topk, filled from config.json."""
+    if args.use_rollout_routing_replay:
+        args.use_routing_replay = True
+    if not args.use_routing_replay or hf_config is None:
+        return
+    flag = "--use-rollout-routing-replay" if args.use_rollout_routing_replay else "--use-routing-replay"
+    experts = hf_config.get("n_routed_experts", hf_config.get("num_experts"))
+    if not experts or not hf_config.get("num_experts_per_tok"):
+        raise ArgumentError(f"{flag} replays MoE routes, but {args.hf_checkpoint}'s config.json describes a dense "
+                            f"model (no n_routed_experts/num_experts_per_tok); drop {flag}")
+    if args.num_layers is None:
+        args.num_layers = int(hf_config["num_hidden_layers"])
+    if args.moe_router_topk is None:
+        args.moe_router_topk = int(hf_config["num_experts_per_tok"])
+    if args.num_experts is None:
+        args.num_experts = int(experts)

@@ -1,0 +1,205 @@
+"""MoE routing replay (--use-rollout-routing-replay, --use-routing-replay) on the tiny GLM-5 checkpoint, in one
+process: the embedded engine returns the experts its routers chose per token (SGLang's meta_info
+"routed_experts"), and the trainer routes exactly so even after its routers changed."""
+
+import pytest
+import torch
+
+from slime.config.arguments import parse_args
+
+PROMPTS = [[5, 9, 11, 40], [7, 7, 30], [100, 3, 8, 21, 60], [12, 13]]
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory):
+    from slime_plugins.models.glm5.tiny import write_tiny_checkpoint
+
+    return write_tiny_checkpoint(str(tmp_path_factory.mktemp("ckpt") / "glm5"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _clean_megatron_state():
+    from glm5_helpers import megatron_state_cleanup
+
+    yield from megatron_state_cleanup()
+
+
+@pytest.fixture(scope="module")
+def actor(tiny_ckpt):
+    from slime.backends.megatron.actor import MegatronTrainRayActor
+
+    args = parse_args(["--hf-checkpoint", tiny_ckpt, "--num-rollout", "1", "--global-batch-size", "4",
+                       "--micro-batch-size", "2", "--lr", "1e-3", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
+                       "--use-rollout-routing-replay"])
+    assert args.use_routing_replay and (args.num_layers, args.moe_router_topk) == (3, 2)  # from config.json
+    actor = MegatronTrainRayActor(1, 0)
+    actor.init(args)
+    return actor
+
+
+@pytest.fixture(scope="module")
+def rollout(tiny_ckpt, actor):
+    """Four samples from the embedded engine with their routed experts, through Sample and the trainer payload."""
+    from slime.backends.embedded.engine import EmbeddedEngine, EngineConfig
+    from slime.backends.megatron.rollout_data import batch_from_payload, pack_samples
+    from slime.utils.types import Sample
+
+    engine = EmbeddedEngine(EngineConfig(model_path=tiny_ckpt, batch_wait_s=0.05))
+    try:
+        reqs = [engine.submit(engine.make_request(p, {"max_new_tokens": 6, "temperature": 1.0, "sampling_seed": i,
+                                                      "ignore_eos": True}, True, return_routed_experts=True))
+                for i, p in enumerate(PROMPTS)]
+        outs = [(r.done.wait(), engine.response(r))[1] for r in reqs]
+    finally:
+        engine.shutdown()
+    samples = []
+    for i, (p, out) in enumerate(zip(PROMPTS, outs)):
+        s = Sample(index=i, tokens=list(p), reward=float(i % 2))
+        pairs = out["meta_info"]["output_token_logprobs"]
+        s.append_response_tokens(actor.args, tokens=[x[1] for x in pairs], log_probs=[x[0] for x in pairs],
+                                 meta_info=out["meta_info"])
+        assert s.rollout_routed_experts.shape == (len(s.tokens) - 1, 3, 2)
+        assert not s.rollout_routed_experts[:, 0].any() and s.rollout_routed_experts[:, 1:].max() < 8  # dense layer 0
+        samples.append(s)
+    return samples, batch_from_payload(pack_samples(samples))
+
+
+def _moe_layers(actor):
+    from slime_plugins.models.common.moe import MoELayer
+
+    return [m for m in actor.model.modules() if isinstance(m, MoELayer)]
+
+
+def _log_probs(actor, batch, replay):
+    from contextlib import nullcontext
+
+    from slime.utils.routing_replay import REPLAY
+
+    with REPLAY.replaying("rollout", batch) if replay else nullcontext():
+        out = actor._log_probs_of(batch, list(range(len(batch))))
+    return [out[i] for i in range(len(batch))]
+
+
+def _max_diff(a, b):
+    return max(float((x - torch.tensor(y)).abs().max()) for x, y in zip(a, b))
+
+
+def test_changed_router_bias_still_routes_as_the_engine(actor, rollout):
+    """The expert bias steers only the choice (the gate weights are the unbiased scores): with replay the trainer's
+    log-probs equal the engine's after the bias changed; routing by itself they do not."""
+    _, batch = rollout
+    layers = _moe_layers(actor)
+    saved = [m.expert_bias.clone() for m in layers]
+    before = _log_probs(actor, batch, replay=True)
+    assert _max_diff(before, batch.rollout_log_probs) < 1e-4  # same weights: the engine's values
+    try:
+        for m in layers:  # experts 6 and 7 (group 2) win every choice
+            m.expert_bias.copy_(torch.tensor([0, 0, 0, 0, 0, 0, 5.0, 5.0]))
+        replayed = _log_probs(actor, batch, replay=True)
+        own = _log_probs(actor, batch, replay=False)
+    finally:
+        for m, b in zip(layers, saved):
+            m.expert_bias.copy_(b)
+    assert _max_diff(replayed, batch.rollout_log_probs) < 1e-4
+    assert _max_diff(own, batch.rollout_log_probs) > 1e-2  # measured ~0.5: routing by itself differs
+
+
+def test_changed_router_weights_route_every_token_as_the_engine(actor, rollout, monkeypatch):
+    """Router weights scrambled: every fed token (all but each sample's last) goes to the engine's experts in
+    every MoE layer; the gate weights are the new router's scores there (router grads still flow)."""
+    from slime_plugins.models.common.moe import MoELayer
+
+    samples, batch = rollout
+    seen = {}
+    original = MoELayer.route
+
+    def spy(self, x):
+        w, ids = original(self, x)
+        seen.setdefault(self.replay_layer, []).append(ids.detach().cpu())
+        return w, ids
+
+    monkeypatch.setattr(MoELayer, "route", spy)
+    layers = _moe_layers(actor)
+    saved = [m.router_weight.detach().clone() for m in layers]
+    try:
+        gen = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for m in layers:
+                m.router_weight.copy_(torch.randn(m.router_weight.shape, generator=gen))
+        _log_probs(actor, batch, replay=True)
+    finally:
+        with torch.no_grad():
+            for m, w in zip(layers, saved):
+                m.router_weight.copy_(w)
+    mbs = [[0, 1], [2, 3]]  # --micro-batch-size 2, in order
+    for layer in (1, 2):
+        for mb, ids in zip(mbs, seen[layer]):
+            at = 0
+            for i in mb:
+                n = len(samples[i].tokens)
+                want = samples[i].rollout_routed_experts[:, layer].sort(-1).values
+                assert torch.equal(ids[at:at + n - 1].sort(-1).values, want.long()), (layer, i)
+                at += n
+
+
+def test_train_rollout_replays_in_both_forwards(actor, rollout):
+    """The whole trainer path (payload -> old log-probs -> training forward with grad): with the bias changed,
+    the old log-probs still equal the engine's (train_rollout_logprob_abs_diff ~1e-6); without the flag not."""
+    from slime.backends.megatron.rollout_data import pack_samples
+
+    samples, _ = rollout
+    args = actor.args
+    layers = _moe_layers(actor)
+    saved = [m.expert_bias.clone() for m in layers]
+    weights = {k: v.detach().clone() for k, v in actor.model.state_dict().items() if torch.is_tensor(v)}
+    diffs = {}
+    try:
+        for flag in (True, False):
+            for m in layers:
+                m.expert_bias.copy_(torch.tensor([5.0, 5.0, 0, 0, 0, 0, 0, 0]))
+            args.use_rollout_routing_replay = args.use_routing_replay = flag
+            m = actor.train_rollout(0, pack_samples(samples), reuse_train_log_probs=False)
+            diffs[flag] = m["train_rollout_logprob_abs_diff_max"]
+            assert m["train/grad_norm"] > 0
+            actor.model.load_state_dict(weights, strict=False)
+    finally:
+        args.use_rollout_routing_replay = args.use_routing_replay = True
+        for m, b in zip(layers, saved):
+            m.expert_bias.copy_(b)
+    assert diffs[True] < 1e-4 and diffs[False] > 1e-2, diffs
+
+
+def test_use_routing_replay_records_the_old_pass_for_the_training_pass(actor, rollout):
+    """--use-routing-replay alone: the old-policy pass records its routes (packed as the training pass packs);
+    replayed after the bias changed, the log-probs are the recorded pass's exactly."""
+    from slime.utils.routing_replay import REPLAY, RoutingReplayError
+
+    _, batch = rollout
+    everything = list(range(len(batch)))
+    with REPLAY.recording():
+        recorded = actor._log_probs_of(batch, everything)
+    layers = _moe_layers(actor)
+    saved = [m.expert_bias.clone() for m in layers]
+    try:
+        for m in layers:
+            m.expert_bias.copy_(torch.tensor([0, 0, 0, 5.0, 5.0, 0, 0, 0]))
+        with REPLAY.replaying("recorded"):
+            replayed = actor._log_probs_of(batch, everything)
+        own = actor._log_probs_of(batch, everything)
+        with pytest.raises(RoutingReplayError, match="was not recorded"), REPLAY.replaying("recorded"):
+            actor._log_probs_of(batch, [0, 2])  # other micro-batches than the recorded pass's
+    finally:
+        for m, b in zip(layers, saved):
+            m.expert_bias.copy_(b)
+        REPLAY.recorded = {}
+    assert all(torch.equal(recorded[i], replayed[i]) for i in everything)
+    assert max(float((recorded[i] - own[i]).abs().max()) for i in everything) > 1e-2
+
+
+def test_flags_refuse_a_dense_model(tmp_path, capsys):
+    from slime_plugins.models.common.tiny import write_tiny_checkpoint
+
+    path = write_tiny_checkpoint(str(tmp_path / "dense"), "qwen3")
+    with pytest.raises(SystemExit):
+        parse_args(["--hf-checkpoint", path, "--num-rollout", "1", "--global-batch-size", "2", "--use-routing-replay"])
+    assert "describes a dense model" in capsys.readouterr().err
