@@ -57,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--update-weight-buffer-size", type=int, default=64 * 1024**2,
                     help="bytes per exported bucket (the quick start's value)")
     ap.add_argument("--export", choices=("glm", "copy", "view"), default="glm",
-                    help="glm: the stored tensors, expert weights as transposed views (the GLM export at tp=ep=1); "
+                    help="glm: the stored tensors, expert weights as views of megatron's stacked layout (the GLM export at tp=ep=1); "
                          "copy: a fresh contiguous copy of every tensor; view: the stored tensors, all contiguous")
     ap.add_argument("--repeats", type=int, default=2, help="timed syncs per size and mode (best is reported)")
     ap.add_argument("--check", type=int, choices=(0, 1), default=0,
@@ -170,9 +170,26 @@ def is_expert_weight(name: str) -> bool:
 
 
 def glm_layout(weights: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
-    """Expert weights stored transposed (megatron's [in, out] per expert) and seen through `.t()`, so the
-    export hands out non-contiguous views, as WeightMap.to_hf does."""
-    return [(n, t.t().contiguous().t() if is_expert_weight(n) and t.dim() == 2 else t) for n, t in weights]
+    """Expert weights stored as megatron stores them (per layer weight1 [E, H, 2I] = [gate | up] columns,
+    weight2 [E, I, H]) and handed out as WeightMap.to_hf does at tp = ep = 1: `w1[e][:, :I].t()`,
+    `w1[e][:, I:].t()`, `w2[e].t()`, non-contiguous views; the rest as stored."""
+    by_name = dict(weights)
+    out = dict(weights)
+    layers = sorted({n.split(".experts.")[0] for n in by_name if is_expert_weight(n)})
+    for layer in layers:
+        experts = sorted({int(n.split(".experts.")[1].split(".")[0]) for n in by_name
+                          if n.startswith(layer + ".experts.") and is_expert_weight(n)})
+        p = [f"{layer}.experts.{e}." for e in experts]
+        if not all(f"{q}{k}_proj.weight" in by_name for q in p for k in ("gate", "up", "down")):
+            continue
+        w1 = torch.stack([torch.cat([by_name[q + "gate_proj.weight"].t(), by_name[q + "up_proj.weight"].t()], 1)
+                          for q in p])
+        w2 = torch.stack([by_name[q + "down_proj.weight"].t() for q in p])
+        ffn = w1.shape[2] // 2
+        for i, q in enumerate(p):
+            out[q + "gate_proj.weight"], out[q + "up_proj.weight"] = w1[i][:, :ffn].t(), w1[i][:, ffn:].t()
+            out[q + "down_proj.weight"] = w2[i].t()
+    return [(n, out[n]) for n, _ in weights]
 
 
 def all_checksums(named: list[tuple[str, torch.Tensor]]) -> dict[str, list[int]]:

@@ -442,6 +442,86 @@ def test_distributed_update_two_processes_over_gloo(ckpts, served, restore, tmp_
     assert server.engine.weight_version == "d1" and not server.engine._groups
 
 
+def test_weight_sync_distributed_flattened_buckets_are_bit_exact_reuse_one_buffer_and_refuse_whole(ckpts, served,
+                                                                                                      restore, tmp_path):
+    """WeightSync's distributed path (trainer rank 0 in a second process) against the engine: one flattened
+    broadcast per bucket (the engine advertises it), transposed views packed like contiguous ones, every
+    weight bit-exact after the sync and checked by checksums, the engine's receive buffer the same one on
+    the next sync; an update the engine refuses (a wrong shape) changes nothing and hangs nothing."""
+    server, _ = served
+    assert server.engine.model_info()["distributed_flattened_bucket"] is True
+    script = textwrap.dedent("""
+        import sys
+        from safetensors.torch import load_file
+        from slime.backends.megatron.weight_sync import EngineEndpoint, WeightSync, WeightSyncError
+        url, token, path = sys.argv[1:4]
+        named = sorted(load_file(path + "/model.safetensors").items())
+        # every other 2-D weight as a column-major view (as the GLM export hands out expert weights)
+        named = [(n, t.t().contiguous().t() if t.dim() == 2 and i % 2 else t) for i, (n, t) in enumerate(named)]
+        buckets = [named[i:i + 7] for i in range(0, len(named), 7)]
+        ws = WeightSync("distributed", lambda: iter(buckets), [EngineEndpoint(url, token=token)], rank=0, timeout_s=60)
+        print("CHECKED", int(ws.sync(version=5)["weight_sync/checked_tensors"]), len(named), flush=True)
+        input()  # the test looks at the engine's receive buffer
+        ws.export = lambda: iter(buckets[::-1])
+        ws.sync(version=6)
+        print("SYNCED 6", flush=True)
+        input()
+        n, t = buckets[0][3]
+        ws.export = lambda: iter([buckets[0][:3] + [(n, t[:1])] + buckets[0][4:]])
+        try:
+            ws.sync(version=7)
+        except WeightSyncError as e:
+            print("REFUSED", str(e).splitlines()[0], flush=True)
+        ws.close()
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script, server.url, TOKEN, ckpts["lite1"]], cwd=ROOT, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(tmp_path / "stderr", "w"))
+    try:
+        line = proc.stdout.readline().split()
+        assert line[:1] == ["CHECKED"] and line[1] == line[2], (line, (tmp_path / "stderr").read_text()[-2000:])
+        _assert_params_equal(server.engine, {n: p.detach() for n, p in _hf(ckpts["lite1"]).named_parameters()})
+        (buffer,) = server.engine._packed_buffers.values()
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "SYNCED 6"
+        assert next(iter(server.engine._packed_buffers.values())).data_ptr() == buffer.data_ptr()  # reused
+        before = _params(server.engine)
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        refused = proc.stdout.readline()
+        assert refused.startswith("REFUSED") and "shape" in refused and "nothing changed" in refused, refused
+        assert proc.wait(timeout=120) == 0, (tmp_path / "stderr").read_text()[-2000:]
+        _assert_params_equal(server.engine, before)
+        assert server.engine.weight_version == "6"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_flattened_receive_views_every_tensor_of_a_gapless_mixed_dtype_layout():
+    """SGLang's gapless packing can leave a tensor unaligned for its dtype (float32 after 3 bfloat16 values):
+    such a tensor is copied out of the receive buffer, the aligned ones are views; values bit-exact."""
+    from types import SimpleNamespace
+
+    from slime.backends.embedded.engine_weights import WeightControl
+
+    g = torch.Generator().manual_seed(3)
+    tensors = [torch.randn(3, generator=g).bfloat16(), torch.randn(2, 5, generator=g), torch.randn(7, generator=g).half(),
+               torch.randint(0, 100, (4,), generator=g)]
+    host = SimpleNamespace(device=torch.device("cpu"))
+    specs = [(f"t{i}", list(t.shape), t.dtype) for i, t in enumerate(tensors)]
+    recv, sources = WeightControl._packed_receive(host, "g", specs)
+    assert recv.numel() == sum(t.numel() * t.element_size() for t in tensors)
+    recv.copy_(torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors]))  # what the broadcast delivers
+    got = [f() for f in sources]
+    for t, x in zip(tensors, got):
+        assert x.dtype == t.dtype and torch.equal(x, t)
+    assert got[0].data_ptr() == recv.data_ptr()  # aligned: a view
+    assert got[1].untyped_storage().data_ptr() != recv.untyped_storage().data_ptr()  # offset 6: copied
+    again, _ = WeightControl._packed_receive(host, "g", specs[:2])
+    assert again.data_ptr() == recv.data_ptr()  # the same buffer, kept for the group
+
+
 def test_weights_checksum_and_model_info(ckpts, served):
     from slime.utils.weight_checksum import mismatches, named_checksums
 

@@ -466,3 +466,41 @@ def test_mtp_layers_reach_only_engines_that_load_them():
                                                  ["lm_head.weight"]]
     assert not engines_load_mtp(SimpleNamespace(sglang_speculative_algorithm=None))
     assert engines_load_mtp(SimpleNamespace(sglang_speculative_algorithm="EAGLE"))
+
+
+@pytest.mark.parametrize("ffn,hidden,capacity", [(24, 40, 1 << 20), (5, 7, 1 << 20), (24, 40, 5800)])
+def test_exported_expert_views_pack_bit_exact_with_each_experts_gate_and_up_as_one_transpose(ffn, hidden, capacity,
+                                                                                             monkeypatch):
+    """The GLM export's expert weights (transposed views of megatron's [E, H, 2I] / [E, I, H]) land in the
+    shared buffers bit-exact; an expert's gate and up are copied as the one [2I, H] transpose they form when
+    their slots are adjacent (sizes that are whole 64-byte lines), each alone otherwise, and a buffer that
+    fills between them splits the pair."""
+    from slime.backends.megatron import shared_buckets as sb
+    from slime_plugins.models.common.weights import EXPERT_W1, EXPERT_W2, WeightMap
+
+    experts = 3
+    g = torch.Generator().manual_seed(ffn)
+    w1 = torch.randn(experts, hidden, 2 * ffn, generator=g).to(torch.bfloat16)
+    w2 = torch.randn(experts, ffn, hidden, generator=g).to(torch.bfloat16)
+    maps = [WeightMap("w1", (), EXPERT_W1, tuple(range(experts)), "e"), WeightMap("w2", (), EXPERT_W2, tuple(range(experts)), "e")]
+    named = [(n, t) for m, w in zip(maps, (w1, w2)) for n, t in zip(m.hf_names_after_gather(experts), m.to_hf([w]))]
+    assert all(not t.is_contiguous() for _, t in named)
+    runs, original = [], sb._TransposedRun.copy
+    monkeypatch.setattr(sb._TransposedRun, "copy", lambda self: (runs.append(self.count), original(self))[1])
+    got = {}
+    sender = sb.SharedBucketSender(capacity, torch.device("cpu"),
+                                   lambda p: got.update({n: v.clone() for n, v in p.set.named_views()}))
+    for n, t in named:
+        sender.add(n, t)
+    sender.finish()
+    sender.close()
+    assert set(got) == {n for n, _ in named}
+    for n, t in named:
+        assert torch.equal(got[n], t.contiguous()), n
+    lined = ffn * hidden * 2 % 64 == 0
+    if lined and capacity > 1 << 16:
+        assert runs == [2] * experts + [1] * experts  # gate+up per expert, then each down
+    elif not lined:
+        assert runs == [1] * (3 * experts)
+    else:  # 1920-byte weights, 5800-byte buffers: expert 1's up starts the second buffer
+        assert runs == [2, 1, 1, 2, 1, 1, 1]

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from slime.backends.embedded import tensor_parallel
 from slime.backends.embedded.errors import BadRequest
 from slime.backends.embedded.weights import (
     PlannedCopy,
@@ -21,7 +22,7 @@ from slime.backends.embedded.weights import (
 
 class WeightControl:
     """Needs from the engine: model, device, acc, cfg, name_map, weight_version, _model_lock, _cond,
-    _released_weights, _groups, abort_all(), context_length, vocab_size, eos_ids."""
+    _released_weights, _groups, abort_all(), context_length, vocab_size, eos_ids, tp (rank 0's Lockstep or None)."""
 
     # ------------------------------------------------------------------ memory
     def release_memory(self, tags: list[str] | None = None) -> None:
@@ -36,10 +37,13 @@ class WeightControl:
         from slime.backends.embedded.flattened_bucket import drop_open
 
         drop_open()  # the trainer's shared buffers, kept open between updates
+        self.__dict__.pop("_packed_buffers", None)  # the flattened_bucket receive buffers of distributed updates
         with self._model_lock:
             for name, p in self.model.named_parameters():
                 self._released_weights[name] = (p.shape, p.dtype)
                 p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+            if self.tp is not None:  # the other TP ranks release theirs
+                self.tp.memory(tensor_parallel.RELEASE, tags)
         self.acc.empty_cache()
 
     def resume_memory(self, tags: list[str] | None = None) -> None:
@@ -52,6 +56,8 @@ class WeightControl:
                 # Contents are undefined until the next weight update; NaN makes a missed update visible.
                 fill = float("nan") if dtype.is_floating_point else 0
                 p.data = torch.full(shape, fill, dtype=dtype, device=self.device)
+            if self.tp is not None:
+                self.tp.memory(tensor_parallel.RESUME, tags)
         with self._cond:
             self._released_weights = None
             self._cond.notify_all()
@@ -64,6 +70,8 @@ class WeightControl:
     def _commit(self, plan: list[PlannedCopy], weight_version: Any) -> None:
         with self._model_lock:
             apply_plan(plan)
+            if self.tp is not None:  # tensor parallel: every rank holds the full weights (tensor_parallel.py)
+                self.tp.weights_changed([(p.name, p.target) for p in plan])
             if weight_version is not None:
                 self.weight_version = str(weight_version)
 
@@ -99,22 +107,35 @@ class WeightControl:
             rank=rank_offset, group_name=group_name, backend=backend)
 
     def update_from_distributed(self, names: Any, dtypes: Any, shapes: Any, group_name: str,
-                                weight_version: Any = None) -> int:
-        """Receive every tensor (broadcast from group rank 0, in `names` order), then apply all or nothing.
-        Tensors are received even when the update will be rejected, so the sender never hangs."""
+                                weight_version: Any = None, load_format: Any = None) -> int:
+        """Receive every tensor (broadcast from group rank 0), then apply all or nothing. Tensors are received
+        even when the update will be rejected, so the sender never hangs.
+
+        load_format None: one broadcast per tensor, in `names` order. "flattened_bucket" (SGLang's bucketed
+        form): one broadcast of the tensors' bytes packed in `names` order without gaps (SGLang's
+        FlattenedTensorBucket layout), received into one buffer this engine keeps for the next update."""
         from slime.utils.distributed import broadcast
 
         if group_name not in self._groups:
             raise BadRequest(f"no weights update group {group_name!r}; call /init_weights_update_group first")
+        flat = load_format == "flattened_bucket"
         try:
+            if load_format not in (None, "direct", "auto", "flattened_bucket"):
+                raise BadRequest(f"update_weights_from_distributed: load_format {load_format!r} is not supported; "
+                                 "use null or \"flattened_bucket\"")
             if not (isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)
                     and len(names) == len(dtypes) == len(shapes) and names):
                 raise BadRequest("names, dtypes and shapes must be non-empty lists of equal length")
             try:
-                bufs = [torch.empty([int(s) for s in shape], dtype=parse_dtype(dt), device=self.device)
-                        for shape, dt in zip(shapes, dtypes)]
+                specs = [(n, [int(d) for d in shape], parse_dtype(dt)) for n, shape, dt in zip(names, shapes, dtypes)]
+                if any(d < 0 for _, shape, _ in specs for d in shape):
+                    raise ValueError("negative dimension")
             except (TypeError, ValueError) as e:
                 raise BadRequest(f"bad shapes/dtypes in update_weights_from_distributed: {e}") from e
+            if flat:
+                recv, sources = self._packed_receive(group_name, specs)
+            else:
+                sources = [torch.empty(shape, dtype=dt, device=self.device) for _, shape, dt in specs]
         except BadRequest as e:
             # The sender is about to broadcast tensors this engine cannot receive: leave the group, which
             # closes its connections, so the sender's pending broadcast fails now instead of at its timeout.
@@ -124,18 +145,44 @@ class WeightControl:
         plan: list[PlannedCopy] = []
         try:
             self._require_weights()
-            plan = plan_update(self.name_map, [(n, b.shape, b.dtype) for n, b in zip(names, bufs)])
+            plan = plan_update(self.name_map, [(n, shape, dt) for n, shape, dt in specs])
         except BadRequest as e:
             error = e
         group = self._groups[group_name]
-        for b in bufs:
+        for b in ([recv] if flat else sources):
             broadcast(b, src=0, group=group)
         if error is not None:
             raise error
-        for p, b in zip(plan, bufs):
+        if flat:
+            sources = [v() for v in sources]
+        for p, b in zip(plan, sources):
             p.source = b
         self._commit(plan, weight_version)
         return len(plan)
+
+    def _packed_receive(self, group_name: str, specs: list[tuple[str, list[int], torch.dtype]]):
+        """The receive buffer for a flattened_bucket broadcast of `specs` (one per group, as pipeline stages send
+        concurrently over their own groups; kept and grown across updates) and,
+        per tensor, a function giving it from the received bytes (a view; a copy where SGLang's gapless
+        packing leaves it unaligned for its dtype)."""
+        import math
+
+        spans, off = [], 0
+        for _, shape, dt in specs:
+            n = math.prod(shape) * dt.itemsize
+            spans.append((off, off + n))
+            off += n
+        buffers = self.__dict__.setdefault("_packed_buffers", {})
+        buf = buffers.get(group_name)
+        if buf is None or buf.numel() < off:
+            buffers[group_name] = buf = torch.empty(max(off, 1), dtype=torch.uint8, device=self.device)
+        recv = buf[:off]
+
+        def source(start: int, end: int, shape: list[int], dt: torch.dtype):
+            part = recv[start:end]
+            return lambda: (part if start % dt.itemsize == 0 else part.clone()).view(dt).view(shape)
+
+        return recv, [source(a, b, shape, dt) for (a, b), (_, shape, dt) in zip(spans, specs)]
 
     def destroy_weights_update_group(self, group_name: str) -> None:
         from slime.utils.distributed import destroy_custom_process_group
@@ -143,6 +190,7 @@ class WeightControl:
         group = self._groups.pop(group_name, None)
         if group is None:
             raise BadRequest(f"no weights update group {group_name!r}")
+        self.__dict__.get("_packed_buffers", {}).pop(group_name, None)
         destroy_custom_process_group(group)
 
     def weights_checksum(self, names: Any) -> dict[str, list[int]]:
@@ -190,6 +238,8 @@ class WeightControl:
             "flattened_bucket": True,
             # /update_weights_from_tensor with "return_checksums": true answers with the updated weights' checksums
             "update_checksums": True,
+            # /update_weights_from_distributed takes load_format flattened_bucket (one broadcast per update)
+            "distributed_flattened_bucket": True,
         }
 
     def _main_dtype(self) -> torch.dtype:

@@ -214,6 +214,10 @@ class WeightSync:
         self._sender = None  # ipc: SharedBucketSender, kept across syncs while the engines take flat buffers
         self._failed: BaseException | None = None  # this sync's first failure (the rest of it only drains)
         self.last_split: dict[str, float] = {}  # seconds of the last sync's parts (see sync)
+        # distributed: the bucket on the wire (engine calls, broadcast works, deadline) and the two send buffers
+        self._in_flight: tuple | None = None
+        self._dist_buffers: list[torch.Tensor | None] = [None, None]
+        self._dist_next = 0
 
     # --- set-up ---------------------------------------------------------------------------
     def connect(self) -> None:
@@ -300,6 +304,7 @@ class WeightSync:
             host.close()
 
     def close(self) -> None:
+        self._dist_buffers = [None, None]
         if self._sender is not None:
             self._sender.close()
             self._sender = None
@@ -390,6 +395,11 @@ class WeightSync:
                         self._failed = e
                 del bucket
             t_wait = time.perf_counter()
+            if leader and self.mode == "distributed":
+                try:
+                    self._finish_distributed()  # the last bucket (also after a failure: nothing left on the wire)
+                except BaseException as e:  # noqa: BLE001 - raised below with the first failure
+                    self._failed = self._failed or e
             if sender is not None:
                 try:
                     expected = sender.finish()
@@ -402,6 +412,11 @@ class WeightSync:
             t_done = time.perf_counter()
         except BaseException as e:  # noqa: BLE001 - gathered below, so every rank ends the same way
             error = error or e
+            if self._in_flight is not None:  # the export itself failed with a bucket on the wire
+                try:
+                    self._finish_distributed()
+                except BaseException:  # noqa: BLE001 - the first error is the one reported
+                    pass
         parts = self.role.gather((sent_bytes, expected if leader else {}, self._reported,
                                   None if error is None else _line(error)))
         try:
@@ -524,23 +539,59 @@ class WeightSync:
             return
         _EngineCalls(self, [(e, None, i) for i, e in enumerate(self.engines)], fn=post).wait(None).raise_first()
 
+    def takes_flat_broadcasts(self) -> bool:
+        """Whether every engine takes /update_weights_from_distributed with load_format flattened_bucket
+        (`"distributed_flattened_bucket": true`, the embedded engine): one broadcast per bucket."""
+        return all(self.engine_info(e).get("distributed_flattened_bucket") is True for e in self.engines)
+
     def _send_distributed(self, bucket: list[tuple[str, torch.Tensor]], version: int) -> None:
-        """Post the bucket's names to every engine and broadcast its tensors. An engine that refuses (its
-        reply comes back while the broadcast is pending) or a broadcast still pending after the timeout
-        aborts the group everywhere; the next sync forms it again."""
+        """Start sending one bucket: its names to every engine over HTTP while rank 0 broadcasts its tensors.
+        Engines that take flattened buckets get the bucket's bytes in one broadcast, packed (widest dtype
+        first, so SGLang's gapless layout keeps every tensor aligned) into one of two send buffers kept
+        across buckets and syncs; other engines one broadcast per tensor. The previous bucket finishes
+        first (a group carries one update at a time) but after this one is packed: the export and packing
+        of a bucket overlap the broadcast of the one before (`_finish_distributed` waits for the last)."""
+        from slime.backends.megatron.shared_buckets import pack_into
         from slime.utils.distributed import broadcast_async
 
         if self.group is None:
             self.connect()
         device = get_accelerator().device()
-        tensors = [t.detach().to(device).contiguous() for _, t in bucket]
-        payload = {"names": [n for n, _ in bucket], "dtypes": [str(t.dtype).removeprefix("torch.") for t in tensors],
-                   "shapes": [list(t.shape) for t in tensors], "group_name": self.role.group_name, "flush_cache": False,
+        flat = self.takes_flat_broadcasts()
+        if flat:
+            bucket = sorted(bucket, key=lambda nt: -nt[1].element_size())  # stable: export order within a dtype
+            starts, nbytes = [], 0
+            for _, t in bucket:
+                starts.append(nbytes)
+                nbytes += t.numel() * t.element_size()
+            slot, self._dist_next = self._dist_next, 1 - self._dist_next
+            buffers = self._dist_buffers
+            if buffers[slot] is None or buffers[slot].numel() < nbytes or buffers[slot].device != device:
+                buffers[slot] = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            pack_into(buffers[slot], [(o, t.to(device)) for o, (_, t) in zip(starts, bucket)])
+            get_accelerator().synchronize()  # packed before the broadcast reads it
+            tensors = [buffers[slot][:nbytes]]
+        else:
+            tensors = [t.detach().to(device).contiguous() for _, t in bucket]
+        payload = {"names": [n for n, _ in bucket], "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+                   "shapes": [list(t.shape) for _, t in bucket], "group_name": self.role.group_name, "flush_cache": False,
                    "weight_version": str(version)}
+        if flat:
+            payload["load_format"] = "flattened_bucket"
+        self._finish_distributed()
         # The engines block in the broadcast until rank 0 sends, so their HTTP calls run alongside.
         calls = _EngineCalls(self, [(e, "/update_weights_from_distributed", payload) for e in self.engines])
         works = [broadcast_async(t, src=0, group=self.group) for t in tensors]
-        deadline = time.monotonic() + self.timeout_s
+        self._in_flight = (calls, works, time.monotonic() + self.timeout_s)
+
+    def _finish_distributed(self) -> None:
+        """Wait for the bucket on the wire. An engine that refuses it (its reply comes back while the broadcast
+        is pending) or a broadcast still pending after the timeout aborts the group everywhere; the next sync
+        forms it again."""
+        flight, self._in_flight = self._in_flight, None
+        if flight is None:
+            return
+        calls, works, deadline = flight
         while not all(w.is_completed() for w in works):
             refused = calls.first_error()
             if refused is not None or time.monotonic() > deadline:
@@ -552,11 +603,10 @@ class WeightSync:
                                           "the weight-update group was aborted and is formed again at the next sync")
                 raise WeightSyncError(f"{str(refused).splitlines()[0]}; the weight-update group was aborted on every "
                                       "engine and is formed again at the next sync") from None
-            time.sleep(0.01)
+            time.sleep(0.001)
         for w in works:
             w.wait()
         calls.wait(self.timeout_s).raise_first()
-
 
     def serves_checksums(self, engine: EngineEndpoint) -> bool:
         """Whether the engine advertises `/get_weights_checksum` (`"weights_checksum": true` in
