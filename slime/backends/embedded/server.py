@@ -285,8 +285,6 @@ def _init_group(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
 
 
 def _update_from_distributed(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
-    if body.get("load_format") not in (None, "direct", "auto"):
-        raise BadRequest("update_weights_from_distributed supports only the per-tensor format (load_format null)")
     n = engine.update_from_distributed(body.get("names"), body.get("dtypes"), body.get("shapes"),
                                        body.get("group_name", "weight_update_group"), body.get("weight_version"),
                                        body.get("load_format"))
