@@ -65,7 +65,7 @@ def _context_parallel(ckpt: str, ref: dict) -> None:
     assert grads.keys() == ref["grads"].keys(), "cp2: grad names"
     for name, g in ref["grads"].items():
         err = float((grads[name] - g).abs().max())
-        assert err <= 1e-5 * float(g.abs().max()) + 1e-7, f"cp2: grad {name} off by {err}"
+        assert err <= ref.get("grad_tol", 1e-5) * float(g.abs().max()) + 1e-7, f"cp2: grad {name} off by {err}"
     init_parallel(1, 1, 1)
 
 
@@ -116,7 +116,7 @@ def run(rank: int, port: int, cases: list[tuple[str, str, str, list]], save_root
             assert grads.keys() == ref["grads"].keys(), f"{where}: grad names"
             for name, g in ref["grads"].items():
                 err = float((grads[name] - g).abs().max())
-                assert err <= 1e-5 * float(g.abs().max()) + 1e-7, f"{where}: grad {name} off by {err}"
+                assert err <= ref.get("grad_tol", 1e-5) * float(g.abs().max()) + 1e-7, f"{where}: grad {name} off by {err}"
             exported = {n: t for bucket in export_hf(ddp, bucket_bytes=1 << 14) for n, t in bucket}
             assert exported.keys() == original.keys()
             bad = [n for n in original if not torch.equal(exported[n].cpu(), original[n])]
@@ -152,5 +152,7 @@ def tied_needs_one_stage(cases) -> None:
     from slime.backends.megatron import load_hf_model
 
     tied = [ckpt for model_type, ckpt, _, _ in cases if model_type == "qwen3"]
+    if not tied:  # a run without a tied checkpoint (tests/test_qwen3_next_parallel.py)
+        return
     with pytest.raises(ValueError, match="tie_word_embeddings=True needs the embedding and the output layer on one stage"):
         load_hf_model(tied[0], pp=2)

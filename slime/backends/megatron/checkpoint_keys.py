@@ -70,9 +70,10 @@ def is_mla(arch) -> bool:
 
 def stacked_layers(arch) -> bool:
     """Upstream's layer form for this architecture: one stacked tensor per name when every layer is alike
-    (the dense families), else per-layer keys (MoE models, GLM-5)."""
+    (the dense families), else per-layer keys (MoE models, GLM-5, the hybrid Qwen models whose layers alternate
+    Gated DeltaNet and attention)."""
     return all(arch.mlp_type(i) == "dense" for i in range(arch.num_hidden_layers)) and not getattr(
-        arch, "mtp_num_layers", 0)
+        arch, "mtp_num_layers", 0) and len(set(getattr(arch, "layer_types", ()))) <= 1
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int = 128, tp: int = 1) -> int:

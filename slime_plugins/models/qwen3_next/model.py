@@ -114,9 +114,9 @@ class GatedDeltaNet(MegatronModule):
         x = to_thd(x)
         if ctx.cp is None:
             lengths = torch.diff(ctx.cu_seqlens).tolist()
-        else:  # the second local chunk of each sequence ends the sequence: its key segment is the whole sequence
+        else:  # each rank holds 2 of a sequence's 2 * CP equal chunks, as consecutive query segments
             x = gather_sequence(x, ctx.cp)
-            lengths = torch.diff(ctx.cp.cu_seqlens_kv).tolist()[1::2]
+            lengths = [n * 2 * ctx.cp.size for n in torch.diff(ctx.cp.cu_seqlens_q).tolist()[0::2]]
         y = self.linear_attn(x, lengths)
         if ctx.cp is not None:
             y = y.index_select(0, ctx.cp.local_index.to(y.device))
