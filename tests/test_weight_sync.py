@@ -171,19 +171,30 @@ def test_checksums_come_with_the_updates_when_the_engine_offers_them(trainer_wei
         ws.sync(version=2)
 
 
-def test_engines_that_keep_handles_get_new_buffers_in_the_same_format():
+@pytest.mark.parametrize("synchronized", [True, False])
+def test_engines_that_do_not_promise_to_have_read_get_reused_buffers_only_on_a_synchronized_device(synchronized,
+                                                                                                  monkeypatch):
     """An engine that does not promise to have read the buffers when it replies (SGLang) gets the same
-    flattened_bucket payloads, but in new buffers for every flush, never refilled."""
+    flattened_bucket payloads; on a synchronized device (CPU: its copies are done when it replies) in the
+    buffers reused across syncs, on a GPU/NPU (its copies may still be queued) in new buffers for every
+    flush, never refilled."""
+    monkeypatch.setattr(type(get_accelerator()), "is_synchronized_device", lambda self: synchronized)
     weights = _mixed_weights(3)
     nan = {k: torch.full(v.shape, float("nan"), dtype=v.dtype) for k, v in weights.items()}
     flat, plain = FakeEngine(nan, flat=True), FakeEngine(nan)
     ws = WeightSync("ipc", _export_of(weights), [EngineEndpoint(flat.url), EngineEndpoint(plain.url)], rank=0,
                     buffer_bytes=4096)
-    ws.sync(version=1)
+    for version in (1, 2):
+        ws.sync(version=version)
     for e in (flat, plain):
         assert all(torch.equal(e.weights[k], v) for k, v in weights.items())
-        assert set(e.formats) == {"flattened_bucket"} and len(e.formats) >= 3
-    assert ws._sender is None  # not kept for reuse
+        assert set(e.formats) == {"flattened_bucket"} and len(e.formats) >= 6
+    buffers = [p for h in plain.handles for p in h]
+    if synchronized:
+        assert ws._sender is not None and len(set(buffers)) <= 4  # two sets (+ their growth), every sync
+    else:
+        assert ws._sender is None and len(set(buffers)) == len(buffers)  # one new buffer per flush
+    ws.close()
 
 
 def test_refused_update_in_a_later_flush_stops_the_sync():

@@ -9,9 +9,13 @@ the other set (double buffering); a set is written again only after every engine
 that read it.
 
 Engines that advertise `"flattened_bucket": true` in `/get_model_info` (the embedded engine) promise to
-have finished reading when they reply, so the buffers are reused across flushes and syncs. Other engines
-(SGLang) get new buffers for every flush (torch's IPC reference counting keeps a buffer alive while an
-engine still holds it).
+have finished reading when they reply, so the buffers are reused across flushes and syncs; so does every
+engine on a synchronized device (CPU), where a reply follows the engine's completed copies. Other engines
+(SGLang on a GPU/NPU, whose copies may still be queued on its stream when it replies) get new buffers for
+every flush (torch's IPC reference counting keeps a buffer alive while an engine still holds it).
+
+Transposed views (the GLM export's expert weights) are copied as runs: an expert's gate and up views form
+one [2I, H] transpose of its [H, 2I] weight, copied by torch's cache-blocked transpose kernel in one call.
 
 Slots start on 64-byte boundaries (aligned copies and dtype views; whole 64-bit words for the checksums).
 """

@@ -474,12 +474,15 @@ class WeightSync:
         return self.engine_info(engine).get("flattened_bucket") is True
 
     def _ipc_sender(self, version: int):
-        """The shared-buffer sender for this sync: reused across syncs while every engine reads synchronously
-        (the embedded engine); a fresh one, not reusing buffers, otherwise."""
+        """The shared-buffer sender for this sync: reused across flushes and syncs when every engine has read the
+        buffers when it replies; a fresh one, not reusing buffers, otherwise. On a synchronized device (CPU)
+        every engine has: its copies are complete when they return, SGLang's CPU backend's too. On a GPU/NPU
+        SGLang replies with its copies possibly still queued on its stream, so only engines that synchronize
+        before replying (`"flattened_bucket": true`, the embedded engine) get refilled buffers there."""
         from slime.backends.megatron.shared_buckets import SharedBucketSender
 
         acc = get_accelerator()
-        reuse = all(self.takes_flat_buffers(e) for e in self.engines)
+        reuse = acc.is_synchronized_device() or all(self.takes_flat_buffers(e) for e in self.engines)
         if self._sender is None or self._sender.reuse != reuse:
             if self._sender is not None:
                 self._sender.close()
