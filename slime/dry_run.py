@@ -144,10 +144,11 @@ def runtime_warnings(args: argparse.Namespace, parser: argparse.ArgumentParser |
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None, out: Printer = print) -> int:
     cfg = args.hf_config
-    from slime.config.model_args import model_args_given
+    from slime.config.model_args import model_args_given, text_model_config
 
+    text = text_model_config(cfg)  # a vision-language checkpoint (Qwen3.5): its text model is what trains
     out(f"dry run: flags checked against {os.path.join(args.hf_checkpoint, 'config.json')} (no weights, no Ray)")
-    out(f"model: {cfg.get('model_type')}, {cfg.get('num_hidden_layers')} layers, hidden {cfg.get('hidden_size')}; "
+    out(f"model: {cfg.get('model_type')}, {text.get('num_hidden_layers')} layers, hidden {text.get('hidden_size')}; "
         + ("MODEL_ARGS agree with config.json" if model_args_given(args) else "no MODEL_ARGS given"))
     from slime.backends.megatron.checkpoint_check import check_run_checkpoints
     from slime.backends.megatron.checkpoint_layout import CheckpointFormatError
@@ -162,7 +163,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None,
     for line in lines:
         out(f"checkpoint: {line}")
     try:
-        stages = pipeline_split(args, int(cfg.get("num_hidden_layers", 0)))
+        stages = pipeline_split(args, int(text.get("num_hidden_layers", 0)))
     except ValueError as e:
         out(f"train.py: error: {e}")
         return 2

@@ -32,10 +32,6 @@ PENDING = {
     "run-glm5.2-744B-A40B.sh": _SPAN,
     "run-mimo-7B-rl-eagle.sh": "MiMo family (qwen2 + MTP) not built (--max-position-embeddings, model_type mimo)",
     "run-minimax-m2.sh": "minimax_m2 family not built (--model-name minimax_m2, model_type minimax_m2)",
-    "run-qwen3-next-80B-A3B.sh": "qwen3_next family not built (--use-gated-attention, --apply-layernorm-1p, "
-                                 "--attention-output-gate, --moe-shared-expert-gate; Gated DeltaNet)",
-    "run-qwen3.5-27B.sh": "Qwen3.5 family not built (gated attention, Gated DeltaNet; model_type qwen3_5)",
-    "run-qwen3.5-35B-A3B-sft.sh": "Qwen3.5 MoE family not built",
 }
 
 
