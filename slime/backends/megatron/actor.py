@@ -103,6 +103,16 @@ class MegatronTrainRayActor:
         self.model, self.optimizer = model_setup.wrap_and_build_optimizer(args, self.model)
         self.loss_config = LossConfig.from_args(args)
         self.loss_hooks = LossHooks.from_args(args)  # --custom-tis-function-path, --custom-pg-loss-reducer-...
+        self.critic = None
+        if getattr(args, "use_critic", False):  # --advantage-estimator ppo: a value model on these ranks
+            from slime.backends.megatron.critic import Critic
+
+            self.critic = Critic(self, args)
+        self.teacher_weights = None
+        if getattr(args, "use_opd", False) and args.opd_type == "megatron":  # held on the host like the reference
+            teacher = model_setup.load_reference(args, args.opd_teacher_load, "--opd-teacher-load")
+            self.teacher_weights = model_setup.host_copy(teacher)
+            del teacher
         if args.use_routing_replay:
             self._install_routing_replay()
 
@@ -330,6 +340,11 @@ class MegatronTrainRayActor:
         batch.reuse_train_log_probs = reuse_train_log_probs
         mine = self._my_samples(batch)
         metrics: dict[str, float] = {"time/log_probs": 0.0, "time/log_probs_old": 0.0, "time/log_probs_ref": 0.0}
+        if self.critic is not None:  # first, as upstream's critic group: its old values feed the actor's GAE
+            metrics.update(self.critic.train_rollout(rollout_id, batch, mine))
+            if rollout_id < args.num_critic_only_steps:  # --num-critic-only-steps: the actor does not train yet
+                metrics["train/actor_trained"] = 0.0
+                return metrics
         t0 = time.perf_counter()
         self.model.eval()
 
@@ -350,6 +365,9 @@ class MegatronTrainRayActor:
             hooks.before_log_prob(args, self.model, "ref_")
             with model_setup.swapped_weights(self.model, self.ref_weights):
                 batch.ref_log_probs = full(self._log_probs_of(batch, mine))
+        if self.teacher_weights is not None:  # --use-opd --opd-type megatron
+            with model_setup.swapped_weights(self.model, self.teacher_weights):
+                batch.teacher_log_probs = full(self._log_probs_of(batch, mine))
         metrics["time/log_probs"] = time.perf_counter() - t0
         metrics["time/log_probs_ref"] = metrics["time/log_probs"] - metrics["time/log_probs_old"]
         t = time.perf_counter()
@@ -549,6 +567,8 @@ class MegatronTrainRayActor:
         t0 = time.perf_counter()
         ckpt.save(self.args.save, rollout_id, self.model, self.optimizer, self.rank, self._layout(), extra_state,
                   vocab_divisible_by=self.args.make_vocab_size_divisible_by)  # Megatron's padding
+        if self.critic is not None:  # its own torch_dist checkpoint (slime.backends.megatron.critic)
+            self.critic.save(self.args, rollout_id)
         if self.args.save_hf:
             from slime.backends.megatron import model_setup
 

@@ -146,14 +146,22 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "module", model)
 
 
+def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters and the buffers a checkpoint holds (e.g. the MoE expert bias, which differs between checkpoints
+    of one architecture: a teacher's or a reference's must be swapped in with its weights)."""
+    module = _unwrap(model)
+    saved = module.state_dict(keep_vars=True).keys()
+    return {**dict(module.named_parameters()), **{n: b for n, b in module.named_buffers() if n in saved}}
+
+
 def host_copy(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.detach().to("cpu", copy=True) for n, p in _unwrap(model).named_parameters()}
+    return {n: p.detach().to("cpu", copy=True) for n, p in _weights(model).items()}
 
 
 @contextlib.contextmanager
 def swapped_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> Iterator[None]:
-    """Temporarily load `weights` (host tensors by parameter name) into `model`, restoring after."""
-    params = dict(_unwrap(model).named_parameters())
+    """Temporarily load `weights` (host tensors by parameter or buffer name) into `model`, restoring after."""
+    params = _weights(model)
     if params.keys() != weights.keys():
         missing = sorted(params.keys() ^ weights.keys())[:3]
         raise ValueError(f"reference weights do not match the model's parameters (e.g. {missing})")
