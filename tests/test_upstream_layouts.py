@@ -26,7 +26,7 @@ def _argv(tmp_path: Path, config_edit: dict | None = None) -> list[str]:
     for flag, value in (("--hf-checkpoint", hf), ("--ref-load", hf), ("--load", tmp_path / "ckpt"),
                         ("--save", tmp_path / "ckpt"), ("--prompt-data", tmp_path / "prompts.jsonl")):
         argv[argv.index(flag) + 1] = str(value)
-    # one-node engines: a colocated engine of the script's 64 devices would span 8 nodes (a test below)
+    # one-node engines (the script's 64-device engines span 8 nodes: tests/test_upstream_scripts.py, test_engine_span.py)
     return argv + ["--output-dir", str(tmp_path / "out"), "--rollout-num-gpus-per-engine", "8"]
 
 
@@ -65,9 +65,9 @@ def test_upstream_glm5_744b_dry_run_prints_its_stages(tmp_path, capsys):
      "trainer world size 256 is not divisible by TP*PP*CP=24; change --actor-num-gpus-per-node or the parallel sizes"),
     (["--expert-model-parallel-size", "128"], None,
      "--expert-model-parallel-size 128 x --pipeline-model-parallel-size 4 = 512 to divide the 256 trainer devices"),
-    (["--rollout-num-gpus-per-engine", "64"], None,
-     "--rollout-num-gpus-per-engine 64 with --colocate: an engine's devices must be on one node, and 64 does not "
-     "divide --actor-num-gpus-per-node 8; use a divisor of 8"),
+    (["--rollout-num-gpus", "240", "--rollout-num-gpus-per-engine", "12"], None,
+     "--rollout-num-gpus-per-engine 12 with --colocate: an engine's devices must be on one node or fill whole nodes, "
+     "and 12 neither divides nor is a multiple of --actor-num-gpus-per-node 8; use a divisor or a multiple of 8"),
     (["--enable-mtp-training", "--context-parallel-size", "1"], {"num_nextn_predict_layers": 0},
      "--enable-mtp-training: {hf}/config.json has no num_nextn_predict_layers (no MTP layers to train); drop the flag"),
     ([], {"tie_word_embeddings": True},
@@ -100,8 +100,8 @@ def _megatron_groups(tp, cp, ep, pp, world):
 
 
 @pytest.mark.parametrize("nodes, per_node, tp, cp, ep, pp, engine", [
-    # upstream GLM-5 744B; its script asks for 64-device engines, but a colocated engine here must sit on one
-    # node (DeviceSlots.engine_options), so engines of one node are checked
+    # upstream GLM-5 744B; its script's 64-device engines span 8 nodes (DeviceSlots.engine_parts: one part per
+    # node, whole nodes), so the check below holds for them too; engines of one node are checked
     (32, 8, 4, 2, 32, 4, 8),
     (32, 8, 4, 8, 32, 8, 8),  # upstream GLM-5.2 744B
     (1, 4, 2, 1, 2, 2, 2),  # the CPU quick start at TP2 x PP2

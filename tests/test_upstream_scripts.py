@@ -22,14 +22,7 @@ SCRIPTS = sorted(DATA["scripts"])
 
 
 # Scripts that need what is not built yet (issue 20 part 2): strict, so each flips to a failure once it passes.
-_SPAN = "colocated SGLang engines spanning nodes not built (--rollout-num-gpus-per-engine > --actor-num-gpus-per-node)"
 PENDING = {
-    "run-deepseek-r1.sh": _SPAN,
-    "run-kimi-k2-Instruct.sh": _SPAN,
-    "run-kimi-k2-Thinking.sh": _SPAN,
-    "run-glm4.7-355B-A32B.sh": _SPAN,
-    "run-glm5-744B-A40B.sh": _SPAN,
-    "run-glm5.2-744B-A40B.sh": _SPAN,
     "run-mimo-7B-rl-eagle.sh": "MiMo family (qwen2 + MTP) not built (--max-position-embeddings, model_type mimo)",
     "run-minimax-m2.sh": "minimax_m2 family not built (--model-name minimax_m2, model_type minimax_m2)",
 }
@@ -114,7 +107,7 @@ def test_upstream_script_paths_are_warnings(tmp_path, capsys):
 def test_upstream_layout_is_resolved(tmp_path, capsys):
     from slime.train import main
 
-    assert main(_argv("run-glm5.2-744B-A40B.sh", tmp_path)) == 0  # (with a "would fail" line: engines span nodes)
+    assert main(_argv("run-glm5.2-744B-A40B.sh", tmp_path)) == 0  # its 64-device engines span 8 nodes each
     out = capsys.readouterr().out
     # TP4 PP8 CP8 on 256 devices: DP 1; first/last stages 14/16 layers, six middle stages of 8
     assert "world 256 = dp 1 x tp 4 x pp 8 x cp 8" in out

@@ -184,14 +184,14 @@ def _validate_pipeline(args: argparse.Namespace) -> None:
 
 
 def _validate_colocated_engine_span(args: argparse.Namespace) -> None:
-    """A colocated engine takes consecutive trainer devices of one node (placement refuses one that would span
-    nodes, after Ray has started): checked here, a warning under --dry-run (upstream's 744B script asks for
-    64-device engines on 8-device nodes)."""
+    """A colocated engine takes consecutive trainer devices: part of one node, or whole nodes (SGLang's --nnodes,
+    as upstream's GLM-5 scripts run 64-device engines on 8-device nodes; placement_group.engine_parts). Checked
+    here, before Ray starts."""
     g, per_node = args.rollout_num_gpus_per_engine, args.actor_num_gpus_per_node
-    _limit(args, per_node % g == 0,
-           f"--rollout-num-gpus-per-engine {g} with --colocate: an engine's devices must be on one node, and {g} does "
-           f"not divide --actor-num-gpus-per-node {per_node}; use a divisor of {per_node} (cross-node engines: "
-           "docs/rollout.md)")
+    _require(per_node % g == 0 or g % per_node == 0,
+             f"--rollout-num-gpus-per-engine {g} with --colocate: an engine's devices must be on one node or fill "
+             f"whole nodes, and {g} neither divides nor is a multiple of --actor-num-gpus-per-node {per_node}; use a "
+             f"divisor or a multiple of {per_node} (docs/rollout.md)")
 
 
 def _add_optimizer_arguments(parser: argparse.ArgumentParser) -> None:

@@ -21,6 +21,10 @@ class EngineSpec:
     log_dir: str
     tp_size: int = 1
     device_ids: list[int] = field(default_factory=list)  # empty: use what the actor's environment gives
+    # An engine over several processes (placement_group.engine_parts): SGLang one per node (--nnodes), the
+    # embedded engine one per device (--tp-size); part 0 serves HTTP and starts the others (start_part).
+    nnodes: int = 1
+    node_rank: int = 0
     startup_timeout: float = 900.0
     max_running_requests: int | None = None
     context_length: int | None = None
@@ -32,18 +36,23 @@ class EngineSpec:
 
 
 class RolloutEngineActor:
-    def __init__(self, spec: EngineSpec) -> None:
+    def __init__(self, spec: EngineSpec, parts: list | None = None) -> None:
         from slime.utils.net import free_port
 
         self.spec = spec
+        self.parts = list(parts or [])  # actors of node ranks 1.. (part 0 only)
+        if len(self.parts) != (spec.nnodes - 1 if spec.node_rank == 0 else 0):
+            raise ValueError(f"engine {spec.index} over {spec.nnodes} processes got {len(self.parts)} other parts")
         self.port = free_port()
+        self.dist_init_addr: str | None = None  # part 0's rendezvous host:port, picked at each start
         self.server = self._build(self.port)
 
     def _build(self, port: int):
         from slime.backends.sglang.process import ServerProcess
 
         s = self.spec
-        log = os.path.join(s.log_dir, f"engine-{s.index}.log")
+        part = f"-node{s.node_rank}" if s.node_rank else ""
+        log = os.path.join(s.log_dir, f"engine-{s.index}{part}.log")
         from slime.utils.net import bind_host
 
         host = bind_host()
@@ -52,13 +61,17 @@ class RolloutEngineActor:
             from slime.backends.sglang.launcher import SGLangLaunchSpec, sglang_command, sglang_env
 
             launch = SGLangLaunchSpec(model_path=s.model_path, port=port, tp_size=s.tp_size, device_ids=s.device_ids,
-                                      token=s.token, extra_args=s.sglang_args, memory_saver=s.memory_saver, host=host)
+                                      token=s.token, extra_args=s.sglang_args, memory_saver=s.memory_saver, host=host,
+                                      nnodes=s.nnodes, node_rank=s.node_rank, dist_init_addr=self.dist_init_addr)
             cmd, env = sglang_command(launch), sglang_env(launch)
         elif s.kind == "embedded":
             from slime.backends.embedded.launcher import embedded_command, embedded_env
 
             cmd = embedded_command(s.model_path, port, s.max_running_requests, s.context_length, s.dtype, s.random_seed,
                                    host=host, deterministic=s.deterministic)
+            if s.nnodes > 1:  # one process per device: this one is TP rank node_rank
+                cmd += ["--tp-size", str(s.nnodes), "--tp-rank", str(s.node_rank),
+                        "--dist-init-addr", self.dist_init_addr or ""]
             env = embedded_env(s.token, device_ids=s.device_ids)
         else:
             raise ValueError(f"unknown rollout engine kind {s.kind!r}; use embedded or sglang")
@@ -69,7 +82,11 @@ class RolloutEngineActor:
         before the server binds: then pick another port and try again."""
         from slime.backends.sglang.process import EngineStartError
 
+        if self.spec.node_rank:
+            raise ValueError(f"engine {self.spec.index} node rank {self.spec.node_rank} is started by its part 0")
         for attempt in range(attempts):
+            if self.parts:
+                self._start_parts()
             self.server.start()
             try:
                 self.server.wait_healthy(self.spec.startup_timeout, self.spec.token)
@@ -79,6 +96,33 @@ class RolloutEngineActor:
                     raise
                 self._move_to_free_port()
         raise AssertionError("unreachable")
+
+    def _start_parts(self) -> None:
+        """A fresh rendezvous address on this node (part 0's), then the other parts' processes with it."""
+        import ray
+
+        from slime.utils.net import bind_host, free_port
+
+        host = bind_host()
+        self.dist_init_addr = f"{host}:{free_port(host)}"
+        starts = self.server.starts
+        self.server = self._build(self.port)
+        self.server.starts = starts
+        ray.get([p.start_part.remote(self.dist_init_addr) for p in self.parts])
+
+    def start_part(self, dist_init_addr: str) -> None:
+        """Node rank > 0: start this part's process, joining part 0 at `dist_init_addr` (it serves no HTTP)."""
+        self.server.stop()
+        self.dist_init_addr = dist_init_addr
+        starts = self.server.starts
+        self.server = self._build(self.port)
+        self.server.starts = starts
+        self.server.start()
+
+    def _stop_parts(self) -> None:
+        import ray
+
+        ray.get([p.stop.remote() for p in self.parts])
 
     def _move_to_free_port(self) -> None:
         """Rebuild the (stopped) server on a fresh port, keeping its start count for reports."""
@@ -104,6 +148,7 @@ class RolloutEngineActor:
         from slime.backends.sglang.process import wait_port_free
 
         self.server.stop()
+        self._stop_parts()
         if not wait_port_free(self.port):
             self._move_to_free_port()
         return self.start()
@@ -114,4 +159,6 @@ class RolloutEngineActor:
         return self.server.exit_code()
 
     def stop(self) -> int | None:
-        return self.server.stop()
+        code = self.server.stop()
+        self._stop_parts()
+        return code

@@ -34,6 +34,15 @@ def device_request(amount: float) -> dict[str, Any]:
 
 
 @dataclass
+class EnginePart:
+    """One process group member of a rollout engine: its actor's `.options(**...)`, devices and node ip."""
+
+    options: dict[str, Any]
+    device_ids: list[int]
+    node_ip: str
+
+
+@dataclass
 class DeviceSlots:
     """Bundles of one placement group given to one role (trainer or rollout)."""
 
@@ -44,6 +53,7 @@ class DeviceSlots:
     cpus_per_bundle: float
     share: float  # fraction of each bundle device this role's actors request
     devices_per_bundle: int = 1  # 1: one bundle per device; > 1: one bundle per rollout engine (split placement)
+    node_ids: list[str] | None = None  # per bundle: Ray's node id (nodes of one host share an ip); None: node_ips
 
     def __len__(self) -> int:
         return len(self.bundle_indices)
@@ -72,14 +82,18 @@ class DeviceSlots:
             **device_request(int(amount) if float(amount).is_integer() else amount),
         }
 
-    def engine_options(self, engine: int, devices: int) -> tuple[dict[str, Any], list[int]]:
-        """(`.options(**...)`, device ids) of rollout engine `engine` spanning `devices` devices.
+    def engine_parts(self, engine: int, devices: int, per_device: bool = False) -> list[EnginePart]:
+        """Where rollout engine `engine` of `devices` devices runs: one part per node it spans (SGLang: one server
+        per node, --nnodes / --node-rank), or with `per_device` one part per device (the embedded engine: one
+        process per device). Part 0 is the engine's first device, which serves HTTP.
 
-        Split placement (one bundle per engine, `devices_per_bundle == devices`): the actor reserves every
-        device of its bundle. Colocated (one bundle per device, shared with the trainer): a Ray actor takes
-        resources from one bundle only, so it books its share on its first device's bundle; the trainer
-        ranks hold all the devices, and the engine's devices must be on one node."""
+        A colocated engine takes `devices` consecutive trainer bundles (ranks ordered by node, order_by_place):
+        all on one node, or whole nodes, the same number of devices on each (SGLang's --nnodes layout; upstream's
+        GLM-5 scripts: 64-device engines on 8-device nodes). Split placement: one bundle per engine, one node."""
         if self.devices_per_bundle == devices:
+            if per_device and devices > 1:
+                raise ValueError(f"the embedded engine splits over {devices} processes only on the trainer's own "
+                                 "devices (--colocate, one bundle per device); use --colocate or SGLang")
             first, count = engine, 1
         elif self.devices_per_bundle == 1:
             first, count = engine * devices, devices
@@ -89,12 +103,36 @@ class DeviceSlots:
         if first + count > len(self):
             raise ValueError(f"rollout engine {engine} needs bundles {first}..{first + count - 1} but only {len(self)} "
                              "were placed; check --rollout-num-gpus / --rollout-num-gpus-per-engine")
-        nodes = sorted(set(self.node_ips[first:first + count]))
-        if len(nodes) > 1:
-            raise ValueError(f"rollout engine {engine} would span nodes {nodes}; an engine's {devices} devices must be "
-                             "on one node: make --rollout-num-gpus-per-engine divide the devices per node")
-        ids = [d for b in range(first, first + count) for d in self.bundle_device_ids(b)]
-        return self.actor_options(first, device_ids=ids), ids
+        node_of = self.node_ids or self.node_ips
+        bundles = list(range(first, first + count))
+        on_node: dict[str, list[int]] = {}
+        for b in bundles:
+            on_node.setdefault(node_of[b], []).append(b)
+        if len(on_node) > 1:
+            whole = all(len(bs) == node_of.count(n) for n, bs in on_node.items())
+            if not whole or len({len(bs) for bs in on_node.values()}) > 1:
+                raise ValueError(
+                    f"rollout engine {engine} would span nodes {sorted(set(self.node_ips[b] for b in bundles))} with "
+                    f"part of a node's devices; an engine's {devices} devices must be on one node or fill whole nodes: "
+                    "make --rollout-num-gpus-per-engine divide the devices per node (or a multiple of them)")
+        groups = [[b] for b in bundles] if per_device else list(on_node.values())
+        parts = []
+        for bs in groups:
+            ids = [d for b in bs for d in self.bundle_device_ids(b)]
+            parts.append(EnginePart(self.actor_options(bs[0], device_ids=ids), ids, self.node_ips[bs[0]]))
+        return parts
+
+    def engine_options(self, engine: int, devices: int) -> tuple[dict[str, Any], list[int]]:
+        """(`.options(**...)`, device ids) of rollout engine `engine` spanning `devices` devices.
+
+        Split placement (one bundle per engine, `devices_per_bundle == devices`): the actor reserves every
+        device of its bundle. Colocated (one bundle per device, shared with the trainer): a Ray actor takes
+        resources from one bundle only, so it books its share on its first device's bundle; the trainer
+        ranks hold all the devices. An engine over several nodes: engine_parts."""
+        parts = self.engine_parts(engine, devices)
+        if len(parts) > 1:
+            raise ValueError(f"rollout engine {engine} spans {len(parts)} nodes; place its parts with engine_parts")
+        return parts[0].options, parts[0].device_ids
 
 
 def bundle_devices(args) -> tuple[list[int], int]:
@@ -122,10 +160,10 @@ def _probe_bundles(pg, devices: list[int]) -> list[tuple[str, list[int]]]:
     resource = get_accelerator().ray_resource
 
     @ray.remote(num_cpus=0)
-    def where(count: int) -> tuple[str, list[int]]:
+    def where(count: int) -> tuple[str, list[int], str]:
         ctx = ray.get_runtime_context()
         ids = ctx.get_accelerator_ids().get(resource, []) if resource else []
-        return ray.util.get_node_ip_address(), sorted(int(i) for i in ids) if ids else [0] * count
+        return ray.util.get_node_ip_address(), sorted(int(i) for i in ids) if ids else [0] * count, ctx.get_node_id()
 
     refs = []
     for i, count in enumerate(devices):
@@ -140,7 +178,7 @@ def order_by_place(where: list[tuple[str, list[int]]], idx) -> list[int]:
     groups with TP fastest, then CP, EP, DP and PP slowest (initialize_model_parallel's "tp-cp-ep-dp-pp"), so
     consecutive ranks fill a node first: a TP group of at most a node's devices stays on one node, and a
     colocated engine of g devices (trainer ranks e*g .. e*g+g-1) shares its node with whole TP groups."""
-    return sorted(idx, key=lambda i: (where[i][0], where[i][1][:1], i))
+    return sorted(idx, key=lambda i: (where[i][0], where[i][2] if len(where[i]) > 2 else "", where[i][1][:1], i))
 
 
 def create_placement_groups(args, cpus_per_bundle: float | None = None, timeout_s: float = 120.0) -> dict[str, DeviceSlots]:
@@ -170,7 +208,7 @@ def create_placement_groups(args, cpus_per_bundle: float | None = None, timeout_
     def slots(idx: list[int], share: float, per_bundle: int = 1) -> DeviceSlots:
         return DeviceSlots(pg=pg, bundle_indices=idx, device_ids=[d for i in idx for d in where[i][1]],
                            node_ips=[where[i][0] for i in idx], cpus_per_bundle=cpus_per_bundle, share=share,
-                           devices_per_bundle=per_bundle)
+                           devices_per_bundle=per_bundle, node_ids=[where[i][2] for i in idx])
 
     trainer = by_place(range(world))
     if args.colocate:

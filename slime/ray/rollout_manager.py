@@ -66,8 +66,10 @@ class RolloutManager(EngineFleet):
         self.data_source = self._make_data_source()
         self.kind = resolve_engine_kind(args)
         self.tp = int(args.rollout_num_gpus_per_engine)
-        if self.kind == "embedded" and self.tp != 1:
-            raise RolloutError(f"the embedded engine runs on one device; --rollout-num-gpus-per-engine {self.tp} needs "
+        if self.kind == "embedded" and self.tp != 1 and (slots is None or not args.colocate):
+            # over several devices it runs one process per device, on the trainer's bundles (engine_parts)
+            raise RolloutError(f"the embedded engine splits over devices only colocated with the trainer; "
+                               f"--rollout-num-gpus-per-engine {self.tp} without --colocate needs "
                                "--rollout-engine sglang (or set it to 1)")
         total = int(args.rollout_num_gpus or self.tp)
         if total % self.tp:
@@ -118,8 +120,11 @@ class RolloutManager(EngineFleet):
 
         ray, a, acc = self._ray(), self.args, get_accelerator()
         device_ids: list[int] = []
+        parts = []
         if slots is not None:
-            options, ids = slots.engine_options(i, self.tp)  # every device of the engine, in its env
+            # one process per node it spans (SGLang --nnodes) or per device (embedded TP); part 0 serves HTTP
+            parts = slots.engine_parts(i, self.tp, per_device=self.kind == "embedded")
+            options, ids = parts[0].options, parts[0].device_ids  # the part's devices, in its env
             device_ids = ids if acc.ray_resource else []
         else:
             options = self._own_placement(i)
@@ -131,7 +136,15 @@ class RolloutManager(EngineFleet):
             sglang_args=list(a.sglang_launch_args),
             memory_saver=bool(a.offload_rollout or a.colocate),
             deterministic=bool(a.sglang_enable_deterministic_inference))
-        return ray.remote(RolloutEngineActor).options(**options).remote(spec)
+        if len(parts) <= 1:
+            return ray.remote(RolloutEngineActor).options(**options).remote(spec)
+        import dataclasses
+
+        others = [ray.remote(RolloutEngineActor).options(**p.options).remote(dataclasses.replace(
+            spec, nnodes=len(parts), node_rank=k, device_ids=p.device_ids if acc.ray_resource else []))
+            for k, p in enumerate(parts) if k]
+        spec.nnodes = len(parts)
+        return ray.remote(RolloutEngineActor).options(**options).remote(spec, others)
 
     def _own_placement(self, i: int) -> dict[str, Any]:
         """Without the trainer's slots: one placement group, a bundle per engine (CPU bundles on CPU)."""

@@ -91,6 +91,10 @@ class EngineConfig:
     max_batch_wait_s: float = 0.1  # ... or this long after the first one
     tokenizer_path: str | None = None
     attn_implementation: str | None = None
+    # tensor parallel over processes (tensor_parallel.py): this process's rank and rank 0's rendezvous host:port
+    tp_size: int = 1
+    tp_rank: int = 0
+    dist_init_addr: str | None = None
     # SGLang's --enable-deterministic-inference: a request's tokens and log-probs must not depend on what else
     # is in flight. Here each request is computed alone (waves of one row), so no padding or batch shape
     # reaches its numbers; sampling is already seeded per request.
@@ -136,6 +140,12 @@ class EmbeddedEngine(WeightControl):
         self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
         self._keep_kw = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         self._default_gen = torch.Generator().manual_seed(cfg.random_seed)
+        self.tp_size, self.tp, self.tp_group = cfg.tp_size, None, None  # tp: rank 0's Lockstep
+        if cfg.tp_size > 1:
+            from slime.backends.embedded import tensor_parallel
+
+            self.tp_group = tensor_parallel.attach(self, tensor_parallel.TensorParallelConfig(
+                cfg.tp_size, cfg.tp_rank, cfg.dist_init_addr or ""))
         from slime.backends.embedded.routed_experts import RouteCapture
 
         self._routes = RouteCapture(self.model)
@@ -534,5 +544,7 @@ class EmbeddedEngine(WeightControl):
             self._cond.notify_all()
         self.abort_all("engine is shutting down")
         self._thread.join(timeout=10)
+        if self.tp is not None:
+            self.tp.stop()  # the followers leave their loop
         for name in list(self._groups):
             self.destroy_weights_update_group(name)

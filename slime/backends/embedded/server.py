@@ -231,15 +231,17 @@ def _resume_memory(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
     return _ok("resumed")
 
 
-def _decode_named_tensors(body: dict) -> list[tuple[str, Any]]:
+def _decode_named_tensors(body: dict, tp: int = 1) -> list[tuple[str, Any]]:
     from slime.accelerator.ipc import deserialize_flattened_bucket
     from slime.backends.embedded.flattened_bucket import unflatten
 
     payload = body.get("serialized_named_tensors")
     if not isinstance(payload, list) or not payload or not all(isinstance(s, str) for s in payload):
         raise BadRequest("serialized_named_tensors must be a non-empty list of base64 strings (one per TP rank)")
-    if len(payload) != 1:
-        raise BadRequest(f"this engine has tp_size 1 but serialized_named_tensors has {len(payload)} entries")
+    if len(payload) != tp:
+        raise BadRequest(f"this engine has tp_size {tp} but serialized_named_tensors has {len(payload)} entries")
+    # TP rank 0 opens its own entry (its node's buffers) and broadcasts the result to the other ranks
+    # (tensor_parallel.py): entries 1.. point at other nodes' memory and are not opened here
     fmt = body.get("load_format")
     if fmt not in (None, "direct", "auto", "flattened_bucket"):
         raise BadRequest(f"load_format {fmt!r} is not supported; use null or \"flattened_bucket\"")
@@ -262,7 +264,7 @@ def _decode_named_tensors(body: dict) -> list[tuple[str, Any]]:
 
 
 def _update_from_tensor(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
-    named = _decode_named_tensors(body)
+    named = _decode_named_tensors(body, getattr(engine, "tp_size", 1))
     n = engine.update_from_named_tensors(named, body.get("weight_version"))
     extra = {}
     if body.get("return_checksums"):  # slime's check of this update, without a /get_weights_checksum round trip

@@ -75,8 +75,10 @@ def sglang_env(spec: SGLangLaunchSpec, acc: Any = None, base: dict[str, str] | N
     acc = acc or get_accelerator()
     env = dict(os.environ if base is None else base)
     if spec.device_ids:
-        if len(spec.device_ids) != spec.tp_size:
-            raise ValueError(f"engine has tp_size {spec.tp_size} but {len(spec.device_ids)} device ids {spec.device_ids}")
+        if len(spec.device_ids) * spec.nnodes != spec.tp_size:  # each node's server sees its own devices
+            where = f" on this one of {spec.nnodes} nodes" if spec.nnodes > 1 else ""
+            raise ValueError(f"engine has tp_size {spec.tp_size} but {len(spec.device_ids)} device ids "
+                             f"{spec.device_ids}{where}")
         env.update({k: str(v) for k, v in acc.worker_env(spec.device_ids).items()})
     return env
 
