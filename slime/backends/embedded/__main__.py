@@ -37,9 +37,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--tp-size", type=int, default=1, help="tensor parallel over this many processes (one per device)")
     ap.add_argument("--tp-rank", type=int, default=0, help="this process's TP rank; rank 0 serves HTTP, others follow it")
     ap.add_argument("--dist-init-addr", default=None, help="host:port of rank 0's rendezvous (with --tp-size > 1)")
-    ap.add_argument("--tp-size", type=int, default=1, help="tensor parallel over this many processes (one per device)")
-    ap.add_argument("--tp-rank", type=int, default=0, help="this process's TP rank; rank 0 serves HTTP, others follow it")
-    ap.add_argument("--dist-init-addr", default=None, help="host:port of rank 0's rendezvous (with --tp-size > 1)")
     ap.add_argument("--log-level", default="info")
     return ap.parse_args(argv)
 
@@ -69,29 +66,10 @@ def main(argv: list[str] | None = None) -> None:
         max_running_requests=args.max_running_requests, context_length=args.context_length,
         random_seed=args.random_seed, original_logprobs=args.return_original_logprob,
         tp_size=args.tp_size, dist_init_addr=args.dist_init_addr,
-        tp_size=args.tp_size, dist_init_addr=args.dist_init_addr,
         attn_implementation=args.attn_implementation, deterministic=args.enable_deterministic_inference))
     print(f"embedded engine serving {args.model_path} at {server.url}", flush=True)
     stop.wait()
     server.stop()
-    sys.exit(0)
-
-
-def _follow(args: argparse.Namespace) -> None:
-    """TP rank > 0: load the same model, join rank 0's group and repeat its commands (no HTTP server)."""
-    from slime.backends.embedded import EmbeddedEngine, EngineConfig
-    from slime.backends.embedded.tensor_parallel import follow
-
-    engine = EmbeddedEngine(EngineConfig(
-        model_path=args.model_path, tokenizer_path=args.tokenizer_path, dtype=args.dtype,
-        context_length=args.context_length, attn_implementation=args.attn_implementation,
-        tp_size=args.tp_size, tp_rank=args.tp_rank, dist_init_addr=args.dist_init_addr))
-    print(f"embedded engine TP rank {args.tp_rank}/{args.tp_size} following {args.dist_init_addr}", flush=True)
-    try:
-        follow(engine, engine.tp_group)
-    except RuntimeError as e:  # rank 0 went away (its process ended): this rank has nothing left to serve
-        print(f"embedded engine TP rank {args.tp_rank}: rank 0 is gone ({str(e).splitlines()[0]})", flush=True)
-        sys.exit(1)
     sys.exit(0)
 
 
