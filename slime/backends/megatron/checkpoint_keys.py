@@ -105,6 +105,9 @@ def upstream_name(arch, key: str) -> str | None:
     prefix, index, mtp, rest = m.groups()
     layer = int(index) if index is not None else (arch.num_hidden_layers + int(mtp) if mtp is not None else 0)
     renames = dict(_MLA_RENAMES if is_mla(arch) else _GQA_RENAMES)
+    if layer < arch.num_hidden_layers and getattr(arch, "layer_types", None) and arch.is_linear(layer):
+        # upstream's Gated DeltaNet layers (slime_plugins/models/qwen3_next.py there) hold their input norm
+        renames["input_layernorm.weight"] = "self_attention.input_layernorm.weight"
     if arch.mlp_type(layer) == "dense":
         renames["pre_mlp_layernorm.weight"] = "mlp.linear_fc1.layer_norm_weight"
     else:
@@ -296,12 +299,18 @@ def _fuse_qkv(arch, group: dict, key: str, move) -> None:
     groups = k.local_shape[0] // d
     per = q.local_shape[0] // (groups * d)
     tail = q.data.shape[1:]
-    fused = torch.cat([q.data.reshape(groups, per * d, *tail), k.data.reshape(groups, d, *tail),
+    # Output-gated attention (Qwen3-Next / Qwen3.5): HF's q_proj rows are [query; gate] per head, Megatron's
+    # linear_qkv holds a group's queries, then its gates (per = 2 x the group's query heads)
+    gated = bool(getattr(arch, "attention_output_gate", False))
+    queries = q.data.reshape(groups, per // 2, 2, d, *tail).transpose(1, 2) if gated else q.data
+    fused = torch.cat([queries.reshape(groups, per * d, *tail), k.data.reshape(groups, d, *tail),
                        v.data.reshape(groups, d, *tail)], dim=1).reshape(-1, *tail)
 
     def split(t, g=groups, per=per, d=d):
         t = t.reshape(g, (per + 2) * d, *t.shape[1:])
         qs, ks, vs = t.split([per * d, d, d], dim=1)
+        if gated:
+            qs = qs.reshape(g, 2, per // 2, d, *t.shape[2:]).transpose(1, 2)
         return [x.reshape(-1, *t.shape[2:]) for x in (qs, ks, vs)]
 
     move([pq, pk, pv], _reshaped(q, key, fused, rows=fused.shape[0]), split)

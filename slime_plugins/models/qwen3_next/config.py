@@ -35,6 +35,7 @@ class HybridConfig(GqaConfig):
     shared_expert_intermediate_size: int = 0  # gated shared expert of the MoE layers (0: none)
     hf_prefix: str = "model"  # "model.language_model" for the vision-language checkpoints
     kept_hf_prefixes: tuple[str, ...] = ("mtp.",)  # checkpoint tensors kept unchanged (MTP, vision tower)
+    attention_output_gate = True  # q_proj yields [query; gate] per head (read by the torch_dist key translation)
 
     @property
     def key_dim(self) -> int:
