@@ -395,3 +395,78 @@ def test_bf16_glm5_round_trips_in_its_dtypes(tmp_path):
     want = _digest(hf)
     assert {d for d, _, _ in want.values()} == {"bfloat16", "float32"}  # the router gate is float32 in the file
     assert _digest(str(tmp_path / "hf")) == want
+
+
+def _upstream_training_save(ddp, optimizer, root: str, iteration: int, sharding: str) -> str:
+    """A checkpoint as upstream's training run saves it (Megatron-LM's save_checkpoint: model, optimizer with
+    the distributed optimizer's sharding type, iteration; no `slime` entry). On CPU its fully_reshardable
+    form needs --distrib-optim-fully-reshardable-mem-efficient (gloo), the same tensors on disk."""
+    from megatron.core import dist_checkpointing
+
+    d = os.path.join(root, f"iter_{iteration:07d}")
+    os.makedirs(d)
+    state = {"model": ddp.module.sharded_state_dict(), "checkpoint_version": 3.0, "iteration": iteration}
+    state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=False, metadata={
+        "distrib_optim_sharding_type": sharding, "chained_optim_avoid_prefix": True,
+        "distrib_optim_fully_reshardable_mem_efficient": True})
+    dist_checkpointing.save(state, d)
+    open(os.path.join(root, "latest_checkpointed_iteration.txt"), "w").write(str(iteration))
+    return d
+
+
+def _tensors(iter_dir: str) -> dict[str, torch.Tensor]:
+    from megatron.core import dist_checkpointing
+
+    meta = dist_checkpointing.load_tensors_metadata(iter_dir)
+    loaded = dist_checkpointing.load(dict(meta), iter_dir)  # with the common state merged in
+    return {k: loaded[k] for k in meta}
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "qwen3_moe"])
+def test_upstream_optimizer_state_resumes_here_or_is_refused_in_one_line(model_type, tiny, tmp_path):
+    """megatron-core's GPTModel (upstream's TE names) trained 2 Adam steps with the distributed optimizer, saved as
+    upstream's training run saves it. Its model-space optimizer state (--dist-ckpt-optim-fully-reshardable)
+    resumes here: step 2, and saved again here every weight and Adam tensor equals upstream's bit for bit.
+    Megatron-LM's default dp_reshardable form (flat grad buckets) is refused in one line naming --no-load-optim,
+    with which its weights and iteration load."""
+    from slime.backends.megatron import checkpoint as C
+    from slime.backends.megatron.checkpoint_check import check_checkpoint
+    from slime.backends.megatron.checkpoint_layout import CheckpointFormatError
+    from slime.backends.megatron.hf_loader import load_hf_model
+    from slime.backends.megatron.model_setup import finish_step
+    from slime.backends.megatron.optimizer import build_optimizer
+
+    ours = load_hf_model(tiny(model_type))
+    gpt, gopt = build_optimizer(_megatron_gpt(ours.arch).train(), 1e-2, use_distributed_optimizer=True)
+    gen = torch.Generator().manual_seed(2)
+    ids = torch.randint(3, ours.arch.vocab_size, (2, 9), generator=gen)
+    for _ in range(2):
+        gpt(ids, torch.arange(9).expand(2, -1), attention_mask=None).float().pow(2).mean().backward()
+        finish_step(gpt, gopt)
+    model_space = _upstream_training_save(gpt, gopt, str(tmp_path / "fully_reshardable"), 7, "fully_reshardable")
+    buckets = _upstream_training_save(gpt, gopt, str(tmp_path / "dp_reshardable"), 7, "dp_reshardable")
+
+    ddp, opt = build_optimizer(ours, 1e-2, use_distributed_optimizer=True)
+    resumed = C.load(str(tmp_path / "fully_reshardable"), ddp, opt, 0, LAYOUT)
+    assert (resumed.start_rollout_id, resumed.restored) == (8, ("model", "optimizer"))
+    assert C.optimizer_step(opt) == 2
+    again = C.save(str(tmp_path / "ours"), 8, ddp, opt, 0, LAYOUT, {})
+    theirs, mine = _tensors(model_space), _tensors(again)
+    assert any(k.startswith("optimizer.state.exp_avg_sq.") for k in theirs) and theirs.keys() <= mine.keys()
+    assert [k for k, t in theirs.items() if not torch.equal(t, mine[k])] == []
+
+    cfg = json.load(open(os.path.join(tiny(model_type), "config.json")))
+    for refuse in (lambda: C.load(str(tmp_path / "dp_reshardable"), ddp, opt, 0, LAYOUT),
+                   lambda: check_checkpoint(str(tmp_path / "dp_reshardable"), "--load", cfg, optimizer=True)):
+        with pytest.raises(CheckpointFormatError) as e:
+            refuse()
+        assert "\n" not in str(e.value) and "dp_reshardable" in str(e.value) and "--no-load-optim" in str(e.value)
+    assert "all" in check_checkpoint(str(tmp_path / "dp_reshardable"), "--load", cfg, optimizer=False)
+    with torch.no_grad():
+        for p in ddp.module.parameters():
+            p.fill_(float("nan"))
+    resumed = C.load(str(tmp_path / "dp_reshardable"), ddp, opt, 0, LAYOUT, C.LoadOptions(optimizer=False))
+    assert (resumed.start_rollout_id, resumed.restored) == (8, ("model",))
+    weights = _tensors(C.save(str(tmp_path / "ours_weights"), 8, ddp, None, 0, LAYOUT, {}))
+    assert all(torch.equal(t, weights[k]) for k, t in theirs.items() if not k.startswith("optimizer."))
+    assert os.path.basename(buckets) == "iter_0000007"

@@ -298,15 +298,25 @@ def load(root: str, model, optimizer, rank: int, layout: dict[str, int],
     from megatron.core import dist_checkpointing
 
     common = dist_checkpointing.load_common_state_dict(found.path)
+    tensors = dist_checkpointing.load_tensors_metadata(found.path)
     meta = common.get("slime") or {}
     if found.iteration == -1:  # a release checkpoint (converted weights): Megatron starts from it at iteration 0
         options = dataclasses.replace(options, finetune=True)
+    if optimizer is None:  # nothing to restore it into
+        options = dataclasses.replace(options, optimizer=False)
+    foreign_step = None
     if not meta:  # written elsewhere (upstream's converter: a release checkpoint; its training runs)
+        options = dataclasses.replace(options, rng=False)  # its RNG state is Megatron-LM's, per rank of its layout
+        if options.optimizer and not options.finetune:
+            from slime.backends.megatron.checkpoint_check import read_metadata
+            from slime.backends.megatron.checkpoint_foreign import foreign_optimizer_step, optimizer_keys
+
+            foreign_step = foreign_optimizer_step(found.path, optimizer_keys(read_metadata(found.path)), common)
         if _rank() == 0:
-            logger.info("--load %s: not written by slime's trainer here; model weights only (optimizer and RNG "
-                        "state not read), starting at rollout %s", found.path,
-                        0 if found.iteration == -1 else common.get("iteration", found.iteration))
-        options = dataclasses.replace(options, optimizer=False, rng=False)
+            what = ("model weights only" if foreign_step is None else
+                    f"model weights and Adam state (step {foreign_step})")
+            logger.info("--load %s: not written by slime's trainer here; %s, RNG state not read, starting at rollout "
+                        "%s", found.path, what, 0 if options.finetune else common.get("iteration", found.iteration) + 1)
     saved_layout = meta.get("layout")
     want_optimizer = options.optimizer and not options.finetune
     want_rng = options.rng and not options.finetune
@@ -314,9 +324,9 @@ def load(root: str, model, optimizer, rank: int, layout: dict[str, int],
         logger.info("checkpoint %s was written at layout %s, this run uses %s: RNG state not restored (as Megatron "
                     "does after a TP/PP change); model and optimizer are resharded", found.path, saved_layout, layout)
         want_rng = False
-    state, local, translation = _request(model, optimizer, found.path, with_optimizer=want_optimizer)
+    state, local, translation = _request(model, optimizer, found.path, with_optimizer=want_optimizer, metadata=tensors)
     if want_optimizer:
-        saved = set(dist_checkpointing.load_tensors_metadata(found.path))
+        saved = set(tensors)
         _alias_main_params(state["optimizer"], saved)
         _alias_main_params(state.get(K.SLOT, {}), saved)  # the optimizer entries translate moved
     if want_rng:
@@ -331,7 +341,8 @@ def load(root: str, model, optimizer, rank: int, layout: dict[str, int],
         from megatron.core.dist_checkpointing.mapping import LocalNonpersistentObject
 
         dict_list_map_inplace(lambda v: v.unwrap() if isinstance(v, LocalNonpersistentObject) else v, local)
-        step = int(meta.get("optimizer_step", 0))
+        _drop_common(loaded["optimizer"], common.get("optimizer"))
+        step = int(meta.get("optimizer_step", 0)) if foreign_step is None else foreign_step
         optimizer.load_state_dict(_with_step(merge(local, loaded["optimizer"]), step))
         _set_optimizer_step(optimizer, step)
         restored.append("optimizer")
@@ -342,6 +353,20 @@ def load(root: str, model, optimizer, rank: int, layout: dict[str, int],
         restored.append("rng")
     rollout_id = int(meta.get("rollout_id", common.get("iteration", found.iteration)))
     return _resumed(rollout_id, meta.get("extra") or {}, options, tuple(restored))
+
+
+def _drop_common(loaded: Any, common: Any) -> None:
+    """Remove from a loaded optimizer state what came from the checkpoint's common.pt (dist_checkpointing.load
+    merges it in): a Megatron-LM save keeps the optimizer's param groups there; this run keeps its own (`local`)."""
+    if not isinstance(loaded, dict) or not isinstance(common, dict):
+        return
+    for key, value in common.items():
+        if isinstance(value, dict) and isinstance(loaded.get(key), dict):
+            _drop_common(loaded[key], value)
+            if not loaded[key]:
+                del loaded[key]
+        else:
+            loaded.pop(key, None)
 
 
 def _resumed(rollout_id: int, extra: dict[str, Any], options: LoadOptions, restored: tuple[str, ...]) -> Resumed:
