@@ -225,3 +225,32 @@ def test_bad_hybrid_configs_are_one_line_errors(ckpts):
         parse_hf_config(cfg | {"layer_types": ["linear_attention"] * 3 + ["sliding"]})
     with pytest.raises(ValueError, match="shared_expert_intermediate_size=48 % tp=32"):
         parse_hf_config(cfg | {"num_attention_heads": 32, "num_key_value_heads": 32})[1].check_parallel(32, 1)
+
+
+def test_torch_dist_holds_upstream_layout_and_converts_back(ckpts, tmp_path):
+    """tools/convert_hf_to_torch_dist.py on qwen3_next: upstream's key names (a DeltaNet layer's input norm inside
+    self_attention, the DeltaNet under self_attention.linear_attn, the gated shared expert's gate_weight) and its
+    linear_qkv layout for output-gated attention (per query group: its queries, then their gates, then k, v, as
+    upstream's megatron_to_hf/qwen3_next.py reads it); convert_torch_dist_to_hf gives the checkpoint back bit for bit."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from slime.backends.megatron.checkpoint_convert import hf_to_torch_dist, torch_dist_to_hf
+
+    src = ckpts["qwen3_next"]
+    hf_to_torch_dist(["--hf-checkpoint", src, "--save", str(tmp_path / "td")])
+    dcp_to_torch_save(str(tmp_path / "td" / "release"), str(tmp_path / "td.pt"))
+    saved = {k: v for k, v in torch.load(tmp_path / "td.pt", weights_only=False).items() if isinstance(v, torch.Tensor)}
+    hf = load_file(os.path.join(src, "model.safetensors"))
+    layer0, layer1 = "decoder.layers.0.self_attention.", "decoder.layers.1.self_attention."
+    assert torch.equal(saved[layer0 + "input_layernorm.weight"], hf["model.layers.0.input_layernorm.weight"])
+    assert torch.equal(saved[layer0 + "linear_attn.in_proj_qkvz.weight"], hf["model.layers.0.linear_attn.in_proj_qkvz.weight"])
+    assert torch.equal(saved["decoder.layers.1.mlp.shared_experts.gate_weight"], hf["model.layers.1.mlp.shared_expert_gate.weight"])
+    d, groups, per = 16, 2, 2  # tiny: head_dim 16, 2 query groups of 2 heads
+    qkv = saved[layer1 + "linear_qkv.weight"].view(groups, 2 * per + 2, d, -1)
+    q = hf["model.layers.1.self_attn.q_proj.weight"].view(groups, per, 2, d, -1)  # [query; gate] per head
+    assert torch.equal(qkv[:, :per], q[:, :, 0]) and torch.equal(qkv[:, per:2 * per], q[:, :, 1])
+    assert torch.equal(qkv[:, 2 * per], hf["model.layers.1.self_attn.k_proj.weight"].view(groups, d, -1))
+    torch_dist_to_hf(["--input-dir", str(tmp_path / "td" / "release"), "--output-dir", str(tmp_path / "back"),
+                      "--origin-hf-dir", src])
+    back = load_file(tmp_path / "back" / "model.safetensors")
+    assert back.keys() == hf.keys() and all(torch.equal(back[n], hf[n]) for n in hf)
