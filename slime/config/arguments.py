@@ -80,6 +80,12 @@ def _add_dist_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--no-load-rng", action="store_true", help="resume without the RNG state")
     _add(g, parser, "--finetune", action="store_true",
          help="take only the model weights from --load; start at rollout 0 with fresh optimizer and data order")
+    # Megatron-LM's switches to the model-space optimizer form, which is the one this trainer always saves (and
+    # the one of upstream's it reads: checkpoint_foreign); accepted so upstream scripts that pass them run.
+    _add(g, parser, "--dist-ckpt-optim-fully-reshardable", action="store_true",
+         help="always on here: the optimizer state is saved in model space (fully_reshardable), loadable at any layout")
+    _add(g, parser, "--distrib-optim-fully-reshardable-mem-efficient", action="store_true",
+         help="always on here: that state is gathered on DP rank 0 in host memory over gloo")
 
 
 def _validate_checkpoint_dirs(args: argparse.Namespace, only_existing: bool = False) -> None:
