@@ -203,3 +203,54 @@ def test_flags_refuse_a_dense_model(tmp_path, capsys):
     with pytest.raises(SystemExit):
         parse_args(["--hf-checkpoint", path, "--num-rollout", "1", "--global-batch-size", "2", "--use-routing-replay"])
     assert "describes a dense model" in capsys.readouterr().err
+
+
+def test_activation_recompute_replays_the_same_routes(actor, rollout):
+    """Full recompute re-runs each layer's forward in backward: it must route as that micro-batch's first forward
+    did. With the bias changed (the routers alone would pick other experts) the step's loss and grad norm equal
+    those without recompute."""
+    from slime.backends.megatron.hf_export import unwrap
+    from slime.backends.megatron.rollout_data import pack_samples
+
+    samples, _ = rollout
+    config = unwrap(actor.model).config
+    layers = _moe_layers(actor)
+    saved = [m.expert_bias.clone() for m in layers]
+    weights = {k: v.detach().clone() for k, v in actor.model.state_dict().items() if torch.is_tensor(v)}
+    runs = {}
+    try:
+        for granularity in (None, "full"):
+            config.recompute_granularity, config.recompute_method, config.recompute_num_layers = \
+                granularity, "uniform" if granularity else None, 1 if granularity else None
+            for m in layers:
+                m.expert_bias.copy_(torch.tensor([0, 0, 5.0, 5.0, 0, 0, 0, 0]))
+            runs[granularity] = actor.train_rollout(0, pack_samples(samples), reuse_train_log_probs=False)
+            actor.model.load_state_dict(weights, strict=False)
+    finally:
+        config.recompute_granularity = config.recompute_method = config.recompute_num_layers = None
+        for m, b in zip(layers, saved):
+            m.expert_bias.copy_(b)
+    plain, recomputed = runs[None], runs["full"]
+    assert recomputed["train_rollout_logprob_abs_diff_max"] < 1e-4
+    for key in ("train/loss", "train/grad_norm"):
+        assert abs(plain[key] - recomputed[key]) <= 1e-6 * max(1.0, abs(plain[key])), (key, plain[key], recomputed[key])
+
+
+@pytest.mark.timeout(600)
+def test_replay_at_tp2_cp2_ep2_routes_as_the_engine(tiny_ckpt, rollout, tmp_path):
+    """Each rank's MoE layers see their slice of the packed tokens (TP2: sequence parallel; CP2: the rank's
+    chunks; EP2: all tokens, half the experts): replayed, the log-probs are the engine's; by themselves not."""
+    from glm5_helpers import spawn_ranks
+    from routing_replay_parallel_worker import run
+
+    from slime.backends.megatron.rollout_data import pack_samples
+
+    samples, batch = rollout
+    path = str(tmp_path / "rollout.pt")
+    torch.save(pack_samples(samples), path)
+    names = ["tp2", "cp2", "ep2"]
+    spawn_ranks(run, 2, tiny_ckpt, path, str(tmp_path), names)
+    for name in names:
+        got = torch.load(tmp_path / f"{name}.pt")
+        assert _max_diff(got[True], batch.rollout_log_probs) < 1e-4, name
+        assert _max_diff(got[False], batch.rollout_log_probs) > 1e-2, name

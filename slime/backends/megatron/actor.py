@@ -149,7 +149,10 @@ class MegatronTrainRayActor:
         if routing_replay.install(self.model) == 0 and mpu.get_pipeline_model_parallel_world_size() == 1:
             raise ValueError("--use-routing-replay / --use-rollout-routing-replay: the model has no MoE layer to "
                              "replay routes in; drop the flag")
-        sp = self.args.sequence_parallel and self.tp_size > 1  # MoE layers then see their TP rank's slice
+        from slime.backends.megatron.hf_export import unwrap
+
+        # the model runs sequence parallel whenever TP > 1: MoE layers then see their TP rank's slice of the tokens
+        sp = bool(unwrap(self.model).config.sequence_parallel) and self.tp_size > 1
         routing_replay.REPLAY.layout = {"tp_rank": self.tp_rank, "sp_size": self.tp_size if sp else 1}
 
     def _old_pass_replay(self, batch: D.RolloutBatch):

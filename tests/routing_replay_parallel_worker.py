@@ -1,0 +1,48 @@
+"""Worker of tests/test_routing_replay.py: one spawned trainer rank (gloo) with --use-rollout-routing-replay at
+TP2 (sequence parallel: each MoE layer sees its rank's slice of the packed tokens), CP2 (its rank's chunks) or
+EP2; with the routers' expert bias changed it computes the rollout's log-probs replayed and routed by
+themselves, and rank 0 writes both."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+CONFIGS = {"tp2": ["--tensor-model-parallel-size", "2"], "cp2": ["--context-parallel-size", "2"],
+           "ep2": ["--expert-model-parallel-size", "2"]}
+
+
+def run(rank: int, world: int, port: int, ckpt: str, rollout_path: str, out_dir: str, names: list[str]) -> None:
+    from contextlib import nullcontext
+
+    from glm5_helpers import init_rank
+    from slime.backends.megatron.actor import MegatronTrainRayActor
+    from slime.backends.megatron.rollout_data import batch_from_payload
+    from slime.config.arguments import parse_args
+    from slime.utils.routing_replay import REPLAY
+    from slime_plugins.models.common.moe import MoELayer
+
+    init_rank(rank, world, port)
+    payload = torch.load(rollout_path, weights_only=False)
+    for name in names:
+        args = parse_args(["--hf-checkpoint", ckpt, "--num-rollout", "1", "--global-batch-size", "4",
+                           "--micro-batch-size", "2", "--actor-num-gpus-per-node", str(world),
+                           "--use-rollout-routing-replay", *CONFIGS[name]])
+        actor = MegatronTrainRayActor(world, rank)
+        actor.init(args)
+        for m in actor.model.modules():
+            if isinstance(m, MoELayer):  # experts 6 and 7 win every choice the routers make themselves
+                m.expert_bias.copy_(torch.tensor([0, 0, 0, 0, 0, 0, 5.0, 5.0]))
+        batch = batch_from_payload(payload)
+        everything = list(range(len(batch)))
+        out = {}
+        for replay in (True, False):
+            with REPLAY.replaying("rollout", batch) if replay else nullcontext():
+                lp = actor._log_probs_of(batch, everything)
+            out[replay] = [lp[i] for i in everything]
+        if rank == 0:
+            torch.save(out, os.path.join(out_dir, f"{name}.pt"))
+        dist.barrier()
+    dist.destroy_process_group()
