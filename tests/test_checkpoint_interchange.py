@@ -423,7 +423,7 @@ def _tensors(iter_dir: str) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("model_type", ["qwen3", "qwen3_moe"])
-def test_upstream_optimizer_state_resumes_here_or_is_refused_in_one_line(model_type, tiny, tmp_path):
+def test_upstream_optimizer_state_resumes_here_or_is_refused_in_one_line(model_type, tiny, tmp_path, capsys):
     """megatron-core's GPTModel (upstream's TE names) trained 2 Adam steps with the distributed optimizer, saved as
     upstream's training run saves it. Its model-space optimizer state (--dist-ckpt-optim-fully-reshardable)
     resumes here: step 2, and saved again here every weight and Adam tensor equals upstream's bit for bit.
@@ -462,6 +462,18 @@ def test_upstream_optimizer_state_resumes_here_or_is_refused_in_one_line(model_t
             refuse()
         assert "\n" not in str(e.value) and "dp_reshardable" in str(e.value) and "--no-load-optim" in str(e.value)
     assert "all" in check_checkpoint(str(tmp_path / "dp_reshardable"), "--load", cfg, optimizer=False)
+    from slime.train import main
+
+    (tmp_path / "p.jsonl").write_text('{"prompt": "1+1", "label": "2"}\n')
+    argv = ["--hf-checkpoint", tiny(model_type), "--load", str(tmp_path / "dp_reshardable"), "--prompt-data",
+            str(tmp_path / "p.jsonl"), "--input-key", "prompt", "--label-key", "label", "--num-rollout", "9",
+            "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4", "--rm-type", "math",
+            "--dry-run"]
+    capsys.readouterr()
+    assert main(argv) == 2  # before Ray starts: the dry run (and the preflight) refuse it in one line
+    err = [line for line in capsys.readouterr().out.splitlines() if "error" in line]
+    assert len(err) == 1 and "--no-load-optim" in err[0]
+    assert main([*argv, "--no-load-optim"]) == 0
     with torch.no_grad():
         for p in ddp.module.parameters():
             p.fill_(float("nan"))
