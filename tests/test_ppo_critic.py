@@ -260,3 +260,59 @@ def test_flag_errors_are_one_line(ckpts, tmp_path, extra, message, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+def test_opd_sglang_hooks_against_a_stand_in_teacher_server():
+    """slime.rollout.on_policy_distillation (upstream's example hooks): reward_func posts SGLang's scoring request
+    (max_new_tokens 0, return_logprob, logprob_start_len 0) to --rm-url on 127.0.0.1 and keeps the teacher's
+    log-probs of the response tokens; they reach the trainer's batch and its OPD term."""
+    import asyncio
+
+    from json_http import JsonHandler, serve
+
+    from slime.backends.megatron.rollout_data import batch_from_payload, pack_samples, share_advantages
+    from slime.rollout import on_policy_distillation as opd
+    from slime.utils.types import Sample
+
+    seen = []
+
+    def teacher_lp(token: int) -> float:
+        return -((token * 7) % 11) / 10.0
+
+    class Teacher(JsonHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            body = self.body()
+            seen.append((self.path, body))
+            ids = body["input_ids"]
+            entries = [[None, ids[0], "x"]] + [[teacher_lp(t), t, "x"] for t in ids[1:]]
+            self.reply(200, {"text": "", "meta_info": {"input_token_logprobs": entries, "finish_reason": {"type": "length"}}})
+
+    server, url = serve(Teacher)
+    try:
+        args = SimpleNamespace(rm_url=url + "/generate", rollout_temperature=0.8, reward_key=None, use_opd=True,
+                               opd_type="sglang", opd_kl_coef=0.5, use_rollout_logprobs=False, advantage_estimator="grpo",
+                               kl_loss_type="k1", kl_coef=0.0, n_samples_per_prompt=2, gamma=1.0,
+                               disable_grpo_std_normalization=False, normalize_advantages=False,
+                               rewards_normalization=True, custom_reward_post_process_path=None,
+                               custom_convert_samples_to_train_data_path=None)
+        samples = [Sample(index=i, tokens=t, response_length=r) for i, (t, r) in
+                   enumerate([([5, 9, 13, 2], 2), ([5, 9, 40], 1), ([8, 3, 3, 3, 7], 3), ([8, 3, 1], 2)])]
+        rewards = [asyncio.run(opd.reward_func(args, s)) for s in samples]
+    finally:
+        server.shutdown()
+    assert rewards == [0.0] * 4 and seen[0][0] == "/generate"
+    assert seen[0][1] == {"input_ids": [5, 9, 13, 2], "return_logprob": True, "logprob_start_len": 0,
+                          "sampling_params": {"temperature": 0.8, "max_new_tokens": 0, "skip_special_tokens": False}}
+    for s in samples:
+        s.reward = 0.0
+        assert s.teacher_log_probs == [teacher_lp(t) for t in s.tokens[-s.response_length:]]
+    assert opd.post_process_rewards(args, samples) == ([0.0] * 4, [0.0] * 4)
+    batch = batch_from_payload(pack_samples(samples))
+    batch.old_log_probs = [torch.full((r,), -0.25) for r in batch.response_lengths]
+    share_advantages(args, batch, range(4))
+    for i, s in enumerate(samples):  # equal rewards: GRPO's part is 0, the OPD term is all
+        ref = [-0.5 * (-0.25 - teacher_lp(t)) for t in s.tokens[-s.response_length:]]
+        torch.testing.assert_close(torch.as_tensor(batch.advantages[i]).double(), torch.tensor(ref, dtype=torch.float64),
+                                   atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match="input_token_logprobs for a response of 5 tokens"):
+        opd.response_log_probs({"meta_info": {"input_token_logprobs": [[None, 1], [-1.0, 2]]}}, 5)
