@@ -45,7 +45,6 @@ REFUSED: dict[str, str] = {
     "--recompute-loss-function": "the loss is computed once per micro-batch; recomputing it in backward is not built",
     "--only-train-params-name-list": "training a subset of parameters (freezing) is not built",
     "--freeze-params-name-list": "training a subset of parameters (freezing) is not built",
-    "--model-name": _SFT,
     "--keep-old-actor": "keeping a copy of the previous actor is not built",
     "--rollout-external-engine-addrs": "engines started outside slime are not supported; slime starts them",
     "--use-fault-tolerance": _HEALTH, "--rollout-health-check-interval": _HEALTH,

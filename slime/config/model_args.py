@@ -25,7 +25,8 @@ from slime.config.arguments import add_argument_once as _add
 MLA_MODEL_TYPES = ("glm_moe_dsa", "glm4_moe_lite", "deepseek_v3", "kimi_k2")
 # Qwen3-Next / Qwen3.5: output-gated attention, zero-centred norms (--apply-layernorm-1p), gated shared expert
 HYBRID_QWEN = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
-GQA_MODEL_TYPES = ("glm4_moe", "glm4", "qwen3", "qwen3_moe", "qwen2", "qwen2_moe", "llama") + HYBRID_QWEN
+GQA_MODEL_TYPES = ("glm4_moe", "glm4", "qwen3", "qwen3_moe", "qwen2", "qwen2_moe", "llama", "mimo",
+                   "minimax_m2") + HYBRID_QWEN
 POST_NORMED = ("glm4",)  # RMSNorm on the attention and MLP outputs (Megatron: --post-self-attn/mlp-layernorm)
 KNOWN_MODEL_TYPES = MLA_MODEL_TYPES + GQA_MODEL_TYPES
 SOFTMAX_ROUTED = ("qwen3_moe", "qwen2_moe") + HYBRID_QWEN  # the other MoE families route with sigmoid + expert bias
@@ -60,7 +61,7 @@ def _mla(cfg: dict) -> bool:
 
 
 def _num_experts(cfg: dict) -> int | None:
-    return cfg.get("n_routed_experts", cfg.get("num_experts"))
+    return cfg.get("n_routed_experts", cfg.get("num_experts", cfg.get("num_local_experts")))  # last: Mixtral-style
 
 
 def moe_layer_pattern(cfg: dict) -> list[int] | None:
@@ -118,7 +119,7 @@ def _qk_norm(cfg: dict) -> bool:
 def _qkv_bias(cfg: dict) -> bool | None:
     if _mla(cfg):
         return None  # Megatron's MLA has no fused qkv projection: the flag has no effect there
-    if cfg.get("model_type") in ("qwen2", "qwen2_moe"):
+    if cfg.get("model_type") in ("qwen2", "qwen2_moe", "mimo"):
         return True
     return bool(cfg.get("attention_bias", cfg.get("model_type") == "glm4"))  # transformers' Glm4Config: true
 
@@ -153,6 +154,7 @@ VALUE_FLAGS: dict[str, tuple[type, Getter, str]] = {
                                     c.get("scoring_func", "sigmoid"), "router scoring (model_type)"),
     "--mtp-num-layers": (int, lambda c: c.get("num_nextn_predict_layers", 0), "num_nextn_predict_layers"),
     "--vocab-size": (int, lambda c: c.get("vocab_size"), "vocab_size"),
+    "--max-position-embeddings": (int, lambda c: c.get("max_position_embeddings"), "max_position_embeddings"),
     "--norm-epsilon": (float, lambda c: c.get("rms_norm_eps"), "rms_norm_eps"),
     "--rotary-base": (float, lambda c: _rope(c, "rope_theta"), "rope_theta"),
     "--rotary-percent": (float, lambda c: None if _mla(c) else _rope(c, "partial_rotary_factor", 1.0),
@@ -206,6 +208,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         _add(g, parser, flag, action="store_true", default=None, help=f"must agree with config.json ({meaning})")
     for flag in PLAIN_SWITCHES:
         _add(g, parser, flag, action="store_true", default=None, help="accepted (implied by the model family)")
+    _add(g, parser, "--model-name", type=str, default=None,
+         help="upstream picks its Megatron->HF weight converter by this name (default: the config class's); here "
+              "config.json's model_type picks the model family, and a --model-name naming another family is an error")
 
 
 def _dest(flag: str) -> str:
@@ -235,6 +240,8 @@ def model_arg_mismatches(args: argparse.Namespace, cfg: dict) -> list[str]:
     """One line per MODEL_ARGS flag that disagrees with config.json: 'FLAG VALUE: config.json says ...'."""
     out: list[str] = []
     cfg = text_model_config(cfg)
+    if args.model_name is not None:
+        out += _model_name_mismatch(args.model_name, cfg)
     for flag, (typ, get, key) in VALUE_FLAGS.items():
         mine = getattr(args, _dest(flag), None)
         if mine is None:
@@ -258,6 +265,22 @@ def model_arg_mismatches(args: argparse.Namespace, cfg: dict) -> list[str]:
                 out.append(f"{flag} {'given' if mine else 'absent'}: config.json says "
                            f"{'' if have else 'not '}{meaning}")
     return out
+
+
+def _model_name_mismatch(name: str, cfg: dict) -> list[str]:
+    """--model-name names a family by substring, as upstream's converter dispatch reads it ('minimax_m2',
+    'qwen2.5'); it must name the family that serves config.json's model_type, or no registered family."""
+    from slime_plugins.models.registry import families
+
+    def norm(text: str) -> str:
+        return text.lower().replace("_", "").replace("-", "").replace(".", "")
+
+    model_type = str(cfg.get("model_type", ""))
+    named = [f for f in families() if any(norm(t) in norm(name) for t in (f.name, *f.model_types))]
+    if not named or any(model_type in f.model_types for f in named):
+        return []
+    return [f"--model-name {name}: names the {named[0].name} model family, but config.json's model_type is "
+            f"{model_type!r}; drop --model-name or point --hf-checkpoint at a {named[0].name} checkpoint"]
 
 
 def _pattern_text(pattern: list[int]) -> str:

@@ -67,7 +67,9 @@ class WeightNameMap:
         for n in runtime:
             self._slots[n] = _Slot(n, ())
         self._fused: set[str] = set()
+        self._renamed: set[str] = set()  # names that a checkpoint stores under another module path
         self._add_conversions()
+        self._add_renamings()
         # Tied weights (lm_head <- embed_tokens) are one tensor; a checkpoint stores only one name.
         tied = getattr(model, "_tied_weights_keys", None) or {}
         tie = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
@@ -101,7 +103,8 @@ class WeightNameMap:
                 continue
             target = targets[0]
             for rt_name, shape in shapes.items():
-                if not (rt_name == target or rt_name.endswith("." + target)):
+                # patterns name a module path relative to any prefix, with (Mixtral's) or without a leading dot
+                if not (rt_name == target or rt_name.endswith(target if target.startswith(".") else "." + target)):
                     continue
                 prefix = rt_name[: len(rt_name) - len(target)]
                 cat_dim = concat[0].dim if concat else None
@@ -118,6 +121,33 @@ class WeightNameMap:
                         name = prefix + (src.replace("*", str(e)) if e is not None else src)
                         self._slots[name] = _Slot(rt_name, tuple(idx))
                 self._fused.add(rt_name)
+
+    def _add_renamings(self) -> None:
+        """Checkpoint names of modules transformers renames on load (MiniMax-M2: `.block_sparse_moe.` -> `.mlp.`):
+        each name holding the rename's target gets the checkpoint's name too (what save_pretrained writes). Only
+        literal module-path renames (".a." -> ".b.") are reversed; the runtime name then stays resolvable but is
+        not listed as a checkpoint name."""
+        try:
+            from transformers.conversion_mapping import get_model_conversion_mapping
+            from transformers.core_model_loading import WeightRenaming
+
+            renames = [c for c in get_model_conversion_mapping(self.model) if isinstance(c, WeightRenaming)]
+        except Exception:
+            return
+        for conv in renames:
+            sources, targets = list(conv.source_patterns), list(conv.target_patterns)
+            if len(sources) != 1 or len(targets) != 1:
+                continue
+            src, tgt = sources[0], targets[0]
+            if not all(_simple_pattern(p) and p.startswith(".") for p in (src, tgt)):
+                continue
+            for name, slot in list(self._slots.items()):
+                if tgt in name and src not in name:
+                    alias = name.replace(tgt, src)
+                    self._slots.setdefault(alias, slot)
+                    self._renamed.add(name)
+                    if name in self._fused:  # a fused runtime tensor is listed by its parts only
+                        self._fused.add(alias)
 
     def _tensor(self, runtime_name: str) -> torch.Tensor:
         try:
@@ -138,7 +168,7 @@ class WeightNameMap:
         """Names a complete HF checkpoint provides: fused runtime names replaced by their parts, tied aliases dropped."""
         out = []
         for name, slot in self._slots.items():
-            if name in self._aliases or (name in self._fused and not slot.index):
+            if name in self._aliases or name in self._renamed or (name in self._fused and not slot.index):
                 continue
             out.append(name)
         return out

@@ -49,6 +49,16 @@ class GQASelfAttention(MegatronModule):
             self.q_norm = RMSNorm(config, d, eps=arch.rms_norm_eps)
             self.k_norm = RMSNorm(config, d, eps=arch.rms_norm_eps)
 
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Full tokens [T, H] -> this rank's q [T, heads, d], k and v [T, kv_heads, d], QK-normed per head."""
+        d = self.arch.head_dim
+        q = self.q_proj(x)[0].view(-1, self.heads, d)
+        k = self.k_proj(x)[0].view(-1, self.kv_heads, d)
+        v = self.v_proj(x)[0].view(-1, self.kv_heads, d)
+        if self.arch.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, v
+
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, packed_seq_params: ForwardContext | None = None,
                 **_: object):
         ctx = packed_seq_params
@@ -60,11 +70,7 @@ class GQASelfAttention(MegatronModule):
             x = tensor_parallel.gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=True)
         x = to_thd(x)  # [T, H]
         d = arch.head_dim
-        q = self.q_proj(x)[0].view(-1, self.heads, d)
-        k = self.k_proj(x)[0].view(-1, self.kv_heads, d)
-        v = self.v_proj(x)[0].view(-1, self.kv_heads, d)
-        if arch.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = self.project_qkv(x)
         q = ops.apply_rotary(q, ctx.cos, ctx.sin, rotary_dim=arch.rotary_dim, interleaved=arch.rope_interleaved)
         k = ops.apply_rotary(k, ctx.cos, ctx.sin, rotary_dim=arch.rotary_dim, interleaved=arch.rope_interleaved)
         if ctx.cp is not None:  # context parallel: keys and values of the whole causal prefix

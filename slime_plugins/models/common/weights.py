@@ -30,14 +30,15 @@ class WeightMap:
     kind: str
     experts: tuple[int, ...] = ()  # global expert ids of the local shard (EXPERT_*)
     expert_prefix: str = ""  # "model.layers.L.mlp.experts" (EXPERT_*)
+    expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # per-expert HF names (Mixtral: w1 w3 w2)
 
     def hf_names_after_gather(self, num_experts: int) -> tuple[str, ...]:
         """HF names of `to_hf` of the gathered shards: for expert weights, every expert's."""
-        p = self.expert_prefix
+        p, (gate, up, down) = self.expert_prefix, self.expert_names
         if self.kind == EXPERT_W1:
-            return tuple(n for e in range(num_experts) for n in (f"{p}.{e}.gate_proj.weight", f"{p}.{e}.up_proj.weight"))
+            return tuple(n for e in range(num_experts) for n in (f"{p}.{e}.{gate}.weight", f"{p}.{e}.{up}.weight"))
         if self.kind == EXPERT_W2:
-            return tuple(f"{p}.{e}.down_proj.weight" for e in range(num_experts))
+            return tuple(f"{p}.{e}.{down}.weight" for e in range(num_experts))
         return self.hf
 
     def to_local(self, full: list[torch.Tensor], tp_rank: int, tp: int) -> torch.Tensor:
