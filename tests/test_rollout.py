@@ -434,6 +434,58 @@ def test_batched_requests_give_every_sample_once_despite_failures_and_aborts(eng
         assert a.tokens == b.tokens and a.reward == b.reward
 
 
+def test_behind_a_router_batches_carry_one_sampling_params_and_consecutive_seeds(engines, tmp_path, tokenizer):
+    """Through sglang-router (one sampling_params object per request) a request carries a run of samples with
+    consecutive seeds and the first one's params; the engine seeds item i with seed + i, so the samples are
+    the per-sample path's (same tokens and rewards; log-probs within float rounding), aborted ones included."""
+    from slime.rollout.generate import sample_seed, samples_per_request
+
+    _, clients = engines
+
+    class RouterFleet(_Fleet):
+        def __init__(self, *a, abort_once=(), **kw):
+            super().__init__(*a, **kw)
+            self.requests, self.abort_once = [], set(abort_once)
+
+        def num_engines(self):
+            return len(self.clients)
+
+        def behind_router(self):
+            return True
+
+        def generation_client(self, idx):
+            fleet = self
+
+            class Router:
+                def generate(self, ids, params, return_logprob, timeout=None):
+                    batch = isinstance(ids[0], list)
+                    assert isinstance(params, dict)  # what sglang-router forwards
+                    with fleet.lock:
+                        fleet.requests.append((len(ids) if batch else 1, params["sampling_seed"]))
+                    out = fleet.clients[idx].generate(ids, params, return_logprob, timeout=timeout)
+                    for i, o in enumerate(out if batch else [out]):
+                        if params["sampling_seed"] + i in fleet.abort_once:
+                            fleet.abort_once.discard(params["sampling_seed"] + i)
+                            o["meta_info"]["finish_reason"] = {"type": "abort", "message": "paused"}
+                    return out
+
+            return Router()
+
+    args, ds = _rollout_setup(tmp_path, tokenizer)
+    reference, _ = generate_rollout(args, _Fleet(clients), ds, tokenizer, get_reward_fn(args))  # per sample
+    args, ds = _rollout_setup(tmp_path, tokenizer)
+    args.max_concurrency = 64
+    fleet = RouterFleet(clients, abort_once={sample_seed(args, 4)})
+    assert samples_per_request(args, fleet, 15) == 8
+    samples, metrics = generate_rollout(args, fleet, ds, tokenizer, get_reward_fn(args))
+    assert [s.index for s in samples] == list(range(15)) and metrics["rollout/aborted_requests"] == 1
+    assert max(n for n, _ in fleet.requests) > 1 and len(fleet.requests) < 15
+    assert sorted(seed for _, seed in fleet.requests)[0] == sample_seed(args, 0)
+    for a, b in zip(reference, samples):
+        assert a.tokens == b.tokens and a.reward == b.reward  # (log-probs: float rounding of another batch shape)
+        assert b.rollout_log_probs == pytest.approx(a.rollout_log_probs, abs=1e-5)
+
+
 def test_dynamic_sampling_keeps_only_groups_that_pass_the_filter(engines, tmp_path, tokenizer):
     """--over-sampling-batch-size rounds until --rollout-batch-size groups pass; the upstream-named filter
     drops groups whose rewards are all equal."""

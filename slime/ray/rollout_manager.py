@@ -409,9 +409,13 @@ class RolloutManager(EngineFleet):
         return f"rollout requests are routed in-process ({why})"
 
     def batched_requests(self) -> bool:
-        """Whether a /generate request may carry several samples: sglang-router (0.3) accepts one
-        sampling_params object per request only, and every sample has its own seed."""
-        return self._router_client is None
+        """Whether a /generate request may carry several samples. sglang-router (0.3) forwards one
+        sampling_params object per request, so through it a request carries a run of samples whose seeds are
+        consecutive (generate.run_samples) with the first one's params: embedded engines seed item i of such a
+        batch with seed + i, the samples' own seeds; SGLang uses the seed only with deterministic inference,
+        and would then seed every item alike, so there each sample goes alone."""
+        return (self._router_client is None or self.kind == "embedded"
+                or not self.args.sglang_enable_deterministic_inference)
 
     def behind_router(self) -> bool:
         """Whether generation goes through sglang-router (its 5xx replies then mean an engine died)."""

@@ -186,7 +186,7 @@ def samples_per_request(args: Any, fleet: Any, num_samples: int) -> int:
     --max-concurrency over all engines. 1 (a request per sample) for a fleet that does not say how many engines it has."""
     count = fleet.num_engines()
     if count is None or not fleet.batched_requests():
-        return 1  # (sglang-router takes one sampling_params object per request: a sample per request there)
+        return 1
     engines = max(1, int(count))
     # every engine gets a request in flight (the router spreads them) within --max-concurrency samples
     return max(1, min(request_concurrency(args, engines) // engines, -(-num_samples // engines)))
@@ -264,13 +264,19 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
     cond = threading.Condition()
 
     def take() -> list[Sample]:
-        """Up to `chunk` pending samples; [] once every sample is done (or the rollout stops)."""
+        """Up to `chunk` pending samples; [] once every sample is done (or the rollout stops). Behind
+        sglang-router, whose requests carry one sampling_params object, only a run of samples with consecutive
+        seeds (consecutive indices: a GRPO group, a whole rollout) that the engine seeds item by item."""
         with cond:
             while not pending and unfinished[0] and not stop.is_set():
                 cond.wait(0.5)  # in-flight samples may come back (lost or aborted)
             if stop.is_set() or not unfinished[0]:
                 return []
-            return [pending.popleft() for _ in range(min(chunk, len(pending)))]
+            out = [pending.popleft()]
+            while len(out) < chunk and pending and (
+                    not behind_router or sample_seed(args, pending[0].index) == sample_seed(args, out[-1].index) + 1):
+                out.append(pending.popleft())
+            return out
 
     def retry(batch: list[Sample]) -> None:
         with cond:
@@ -329,7 +335,8 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
                 outs = [client.generate(batch[0].prompt_tokens, params[0], return_logprob=True, timeout=timeout,
                                         **routed)]
             else:
-                outs = client.generate([s.prompt_tokens for s in batch], params, return_logprob=True, timeout=timeout,
+                outs = client.generate([s.prompt_tokens for s in batch], params[0] if behind_router else params,
+                                       return_logprob=True, timeout=timeout,
                                        **routed)
         except EngineUnreachable as e:
             lost(batch, idx, gen, e)

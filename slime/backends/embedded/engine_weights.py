@@ -240,6 +240,8 @@ class WeightControl:
             "update_checksums": True,
             # /update_weights_from_distributed takes load_format flattened_bucket (one broadcast per update)
             "distributed_flattened_bucket": True,
+            # a batched /generate with one sampling_params object seeds item i with sampling_seed + i
+            "batch_item_seeds": True,
         }
 
     def _main_dtype(self) -> torch.dtype:

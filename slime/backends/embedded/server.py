@@ -186,6 +186,7 @@ def _generate(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
         return [None if key == "rid" else v] * n
 
     params, logprob, rids = per_item("sampling_params", None), per_item("return_logprob", False), per_item("rid", None)
+    params = _item_seeds(params, body.get("sampling_params"))
     routed, starts = per_item("return_routed_experts", False), per_item("routed_experts_start_len", 0)
     reqs = [engine.make_request(items[i] if input_ids is not None else None, params[i], logprob[i], rids[i],
                                 items[i] if input_ids is None else None, routed[i], starts[i]) for i in range(n)]
@@ -194,6 +195,17 @@ def _generate(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
     for r in reqs:
         r.done.wait()
     return 200, [engine.response(r) for r in reqs]
+
+
+def _item_seeds(params: list[Any], shared: Any) -> list[Any]:
+    """One sampling_params object for a whole batch with a sampling_seed s: item i samples with seed s + i. A
+    client that sends each sample its own seed (s, s + 1, ... for consecutive samples, as slime's rollout
+    does) can then batch through sglang-router, which forwards one sampling_params object per request; SGLang
+    would give every item seed s, i.e. one prompt's samples all alike (a GRPO group collapsed)."""
+    if not isinstance(shared, dict) or isinstance(shared.get("sampling_seed"), bool) \
+            or not isinstance(shared.get("sampling_seed"), int):
+        return params
+    return [{**shared, "sampling_seed": shared["sampling_seed"] + i} for i in range(len(params))]
 
 
 def _model_info(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
