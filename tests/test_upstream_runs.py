@@ -8,8 +8,8 @@ script's MODEL_ARGS; the torch_dist result is --ref-load, and for GLM-4 also --l
 2 trainer ranks; GLM-4: TP 2 x CP 2, 4 ranks). Each iteration's reward is defined (finite, in [0, 1]; a random
 model earns deepscaler's 0, so GRPO's advantages and grads are 0 here), the weight sync was checksum-verified and
 the engine's log-probs match the trainer's (float32); the eval set ran before the first rollout. Changed from
-upstream besides sizes and paths: one device per engine (`--rollout-num-gpus-per-engine 1`, and GLM-4's
-`--rollout-num-gpus 1`): the embedded engine runs on one device. Whole runs (Ray start-up, 2-4 trainer ranks),
+upstream besides sizes and paths: one engine on one device (`--rollout-num-gpus-per-engine 1`, and GLM-4's
+`--rollout-num-gpus 1`), the fewest processes on a small CPU machine. Whole runs (Ray start-up, 2-4 trainer ranks),
 hence `slow`."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ TINY = {
     "--num-rollout": "2", "--rollout-batch-size": "2", "--n-samples-per-prompt": "2",
     "--rollout-max-response-len": "8", "--global-batch-size": "4", "--max-tokens-per-gpu": "512",
     "--n-samples-per-eval-prompt": "1", "--eval-max-response-len": "8",
-    "--rollout-num-gpus-per-engine": "1", "--lr": "1e-3",  # the embedded engine runs on one device
+    "--rollout-num-gpus-per-engine": "1", "--lr": "1e-3",  # one engine process
 }
 
 
