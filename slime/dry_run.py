@@ -45,6 +45,9 @@ def _placement(args: argparse.Namespace) -> list[str]:
     lines = [f"trainer: {args.actor_num_nodes} node(s) x {args.actor_num_gpus_per_node} devices = {args.world_size} ranks",
              f"rollout: {engines} engine(s) x {args.rollout_num_gpus_per_engine} devices = {args.rollout_num_gpus} "
              f"devices, {'colocated with the trainer' if args.colocate else 'on their own devices'}"]
+    per_engine, per_node = args.rollout_num_gpus_per_engine, args.actor_num_gpus_per_node
+    if args.colocate and engines and per_engine > per_node:  # whole nodes each (placement_group.engine_parts)
+        lines[-1] += f"; each engine over {per_engine // per_node} nodes (SGLang --nnodes {per_engine // per_node})"
     for m in args.sglang_deployments or ():
         groups = ", ".join(f"{g.worker_type} {g.num_gpus // g.num_gpus_per_engine}x{g.num_gpus_per_engine}"
                            for g in m.groups)
@@ -133,8 +136,10 @@ def runtime_warnings(args: argparse.Namespace, parser: argparse.ArgumentParser |
         if ignored:
             out.append(f"warning: {ignored}")
         if args.rollout_num_gpus_per_engine != 1:
-            out.append(f"warning: the embedded engine runs on one device; --rollout-num-gpus-per-engine "
-                       f"{args.rollout_num_gpus_per_engine} needs SGLang")
+            out.append(f"warning: the embedded engine runs --rollout-num-gpus-per-engine "
+                       f"{args.rollout_num_gpus_per_engine} as that many processes, each with all the weights "
+                       f"(its linear layers' work is split, not its memory: docs/rollout.md); SGLang divides both"
+                       + ("" if args.colocate else "; without --colocate it needs SGLang"))
     from slime.config.upstream_differences import upstream_difference_warnings
     from slime.utils.tracking import tracking_warnings
 
