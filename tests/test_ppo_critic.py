@@ -294,7 +294,7 @@ def test_opd_sglang_hooks_against_a_stand_in_teacher_server():
                                kl_loss_type="k1", kl_coef=0.0, n_samples_per_prompt=2, gamma=1.0,
                                disable_grpo_std_normalization=False, normalize_advantages=False,
                                rewards_normalization=True, custom_reward_post_process_path=None,
-                               custom_convert_samples_to_train_data_path=None)
+                               custom_convert_samples_to_train_data_path=None, lambd=1.0)
         samples = [Sample(index=i, tokens=t, response_length=r) for i, (t, r) in
                    enumerate([([5, 9, 13, 2], 2), ([5, 9, 40], 1), ([8, 3, 3, 3, 7], 3), ([8, 3, 1], 2)])]
         rewards = [asyncio.run(opd.reward_func(args, s)) for s in samples]

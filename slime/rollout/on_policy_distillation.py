@@ -42,7 +42,7 @@ def response_log_probs(reply: dict, response_length: int) -> list[float]:
 
 
 async def reward_func(args: Any, sample: Any, **kwargs) -> float:
-    if not getattr(args, "rm_url", None):
+    if not args.rm_url:
         raise ValueError("slime.rollout.on_policy_distillation.reward_func needs --rm-url (the teacher's /generate)")
     reply = await post(args.rm_url, teacher_request(args, sample))
     sample.teacher_log_probs = response_log_probs(reply, int(sample.response_length))

@@ -104,12 +104,12 @@ class MegatronTrainRayActor:
         self.loss_config = LossConfig.from_args(args)
         self.loss_hooks = LossHooks.from_args(args)  # --custom-tis-function-path, --custom-pg-loss-reducer-...
         self.critic = None
-        if getattr(args, "use_critic", False):  # --advantage-estimator ppo: a value model on these ranks
+        if args.use_critic:  # --advantage-estimator ppo: a value model on these ranks
             from slime.backends.megatron.critic import Critic
 
             self.critic = Critic(self, args)
         self.teacher_weights = None
-        if getattr(args, "use_opd", False) and args.opd_type == "megatron":  # held on the host like the reference
+        if args.use_opd and args.opd_type == "megatron":  # held on the host like the reference
             teacher = model_setup.load_reference(args, args.opd_teacher_load, "--opd-teacher-load")
             self.teacher_weights = model_setup.host_copy(teacher)
             del teacher

@@ -141,7 +141,7 @@ def share_advantages(args, batch: RolloutBatch, indices: Sequence[int],
         args.advantage_estimator, torch.tensor(batch.rewards), lengths, mask, args.n_samples_per_prompt or 1,
         kl=kl, kl_coef=args.kl_coef, gamma=args.gamma, std_normalization=not args.disable_grpo_std_normalization,
         sample_index=indices, all_reduce=all_reduce, normalize=args.normalize_advantages,
-        values=values, lambd=getattr(args, "lambd", 1.0), opd=opd,
+        values=values, lambd=args.lambd, opd=opd,
         # --custom-reward-post-process-path / --custom-convert-samples-to-train-data-path already normalized
         # the rewards (upstream's contract)
         group_normalize=args.rewards_normalization and not (args.custom_reward_post_process_path
@@ -176,7 +176,7 @@ def share_advantages(args, batch: RolloutBatch, indices: Sequence[int],
 def _opd_inputs(args, batch: RolloutBatch, indices: list[int]) -> "ppo_utils.OnPolicyDistillation | None":
     """--use-opd: the student's log-probs (the old policy's, or the engine's with --use-rollout-logprobs, as
     upstream) and the teacher's of `indices`, flat."""
-    if not getattr(args, "use_opd", False):
+    if not args.use_opd:
         return None
     if batch.teacher_log_probs is None:
         where = ("the trainer's teacher (--opd-teacher-load)" if args.opd_type == "megatron" else
