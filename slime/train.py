@@ -33,7 +33,9 @@ def reuses_train_log_probs(args, num_samples: int) -> bool:
         return False
     one_step = len(step_indices(num_samples, args.global_batch_size)) == 1
     # with --hidden-dropout the training forward is stochastic; old log-probs need the deterministic one
-    return one_step and not kl_in_reward and not args.use_rollout_logprobs and args.hidden_dropout == 0
+    # --keep-old-actor: the old log-probs come from the kept copy, not from the weights being trained
+    return (one_step and not kl_in_reward and not args.use_rollout_logprobs and args.hidden_dropout == 0
+            and not args.keep_old_actor)
 
 
 def _wait_with_progress(ref, rollout, total: int, after_s: float = 2.0):
@@ -89,6 +91,10 @@ def train(args, loop=None) -> list[dict[str, Any]]:
     slots = create_placement_groups(args)
     handles: dict[str, Any] = {}  # filled as they start, so a failure still stops what is running
     try:
+        if args.debug_rollout_only:  # no trainer rank at all (slime.debug_modes)
+            from slime.debug_modes import run_rollout_only
+
+            return run_rollout_only(args, handles, slots)
         handles["actor"] = RayTrainGroup(args, slots["actor"])
         from slime.utils.run_identity import record_processes
 
@@ -234,13 +240,17 @@ def _sync_weights(actor, rollout, version: int, metrics: dict[str, Any]) -> dict
         for key, value in health.items():
             metrics[key] = metrics.get(key, 0.0) + value
         try:
-            return actor.update_weights(version, engines)
+            out = actor.update_weights(version, engines)
         except Exception as e:
             health = ray.get(rollout.check_engines.remote())
             if attempt or not health.get("rollout/engine_restarts"):
                 raise
             logger.warning("weight sync %d failed on an engine that died meanwhile (restarted); syncing again: %s",
                            version, str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__)
+            continue
+        if actor.args.keep_old_actor:  # the kept copies move on after each sync (upstream's queue)
+            actor.advance_old_actor()
+        return out
     raise AssertionError("unreachable")
 
 

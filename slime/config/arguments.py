@@ -112,6 +112,9 @@ def _add_training_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--num-rollout", type=int, default=None, help="total rollout iterations")
     _add(g, parser, "--update-weights-interval", type=int, default=1,
          help="train_async.py: push the trainer's weights to the engines after every N-th rollout (train.py: every one)")
+    _add(g, parser, "--keep-old-actor", action="store_true",
+         help="old log-probs from a host copy of the weights the engines generated with (upstream's queue: with "
+              "--update-weights-interval 1 the copy trails the synced weights by one sync), not the current weights")
     _add(g, parser, "--num-steps-per-rollout", type=int, default=None,
          help="optimizer steps per rollout (default 1): sets --global-batch-size, which must then agree")
     _add(g, parser, "--global-batch-size", type=int, default=None,
@@ -424,6 +427,9 @@ def build_parser() -> argparse.ArgumentParser:
     from slime.config.preflight import add_preflight_arguments
 
     add_preflight_arguments(parser)  # --overwrite-output (checked before Ray by slime.config.preflight)
+    from slime.config.debug_args import add_debug_arguments
+
+    add_debug_arguments(parser)  # --debug-rollout-only, --save/--load-debug-rollout-data, --use-fault-tolerance
     from slime.config.ppo_args import add_ppo_arguments
 
     add_ppo_arguments(parser)  # --advantage-estimator ppo's critic, --use-opd
@@ -565,6 +571,9 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     args.data_parallel_size = dp
     args.world_size = world
 
+    from slime.config.debug_args import apply_debug_modes
+
+    apply_debug_modes(args, world)  # --load-debug-rollout-data implies --debug-train-only; --debug-rollout-only
     if args.debug_train_only:  # no engine starts, so none is given devices (upstream's meaning)
         args.rollout_num_gpus = 0
     if args.rollout_num_gpus is None:

@@ -22,12 +22,10 @@ _HOOK = "upstream's customization hook; not built here yet"
 _SFT = "train_async.py / SFT are not built yet"
 _SYNC = "weight updates go trainer -> engines by IPC or a broadcast group (--update-weight-mode); upstream's " \
         "disk / delta transport is not built"
-_DEBUG = "upstream's debug dump/replay of rollout or train data is not built"
+_DEBUG = "upstream's train-data dump and forge replay are not built (rollouts: --save/--load-debug-rollout-data)"
 _PROFILE = "upstream's memory/profiler recording is not built"
 _CI = "upstream's CI checks; not part of this project's runs"
 _BUFFER = "upstream's external rollout buffer service is not built"
-_HEALTH = "engines are watched per request (--rollout-request-timeout) and restarted (--rollout-engine-max-restarts); " \
-          "upstream's periodic health-check loop is not built"
 _DEEPGEMM = "DeepGEMM kernels are not integrated"
 _LOG = "this metric/logging option of upstream's is not built"
 REFUSED: dict[str, str] = {
@@ -45,10 +43,7 @@ REFUSED: dict[str, str] = {
     "--recompute-loss-function": "the loss is computed once per micro-batch; recomputing it in backward is not built",
     "--only-train-params-name-list": "training a subset of parameters (freezing) is not built",
     "--freeze-params-name-list": "training a subset of parameters (freezing) is not built",
-    "--keep-old-actor": "keeping a copy of the previous actor is not built",
     "--rollout-external-engine-addrs": "engines started outside slime are not supported; slime starts them",
-    "--use-fault-tolerance": _HEALTH, "--rollout-health-check-interval": _HEALTH,
-    "--rollout-health-check-timeout": _HEALTH, "--rollout-health-check-first-wait": _HEALTH,
     "--disable-rollout-global-dataset": "the rollout always reads --prompt-data through the data source",
     "--multimodal-keys": "multimodal (vision) prompts are not supported",
     "--balance-by-flops": "--balance-data balances by token count; by FLOPs is not built",
@@ -66,9 +61,7 @@ REFUSED: dict[str, str] = {
     "--opd-teacher-ckpt-step": "--opd-teacher-load loads its checkpoint's latest iteration; picking a step is not built",
     "--wandb-always-use-train-step": _LOG, "--log-multi-turn": _LOG,
     "--log-passrate": _LOG, "--log-reward-category": _LOG, "--log-correct-samples": _LOG,
-    "--save-debug-rollout-data": _DEBUG, "--load-debug-rollout-data": _DEBUG, "--load-forge-rollout-data": _DEBUG,
-    "--load-debug-rollout-data-subsample": _DEBUG, "--save-debug-train-data": _DEBUG, "--dump-details": _DEBUG,
-    "--debug-rollout-only": _DEBUG,
+    "--load-forge-rollout-data": _DEBUG, "--save-debug-train-data": _DEBUG, "--dump-details": _DEBUG,
     "--memory-snapshot-dir": _PROFILE, "--memory-snapshot-num-steps": _PROFILE, "--profile-target": _PROFILE,
     "--memory-recorder": _PROFILE,
     "--http-proxy": "HTTP requests of rewards and rollouts go direct; a proxy is not built",

@@ -57,6 +57,10 @@ class RayTrainGroup:
     def update_weights(self, version: int, engines: list[dict[str, Any]] | None = None) -> dict[str, float]:
         return self._all("update_weights", version, engines)[0]
 
+    def advance_old_actor(self) -> None:
+        """--keep-old-actor: move the kept weight copies on after a weight sync."""
+        self._all("advance_old_actor")
+
     def save(self, rollout_id: int, extra_state: dict[str, Any]) -> dict[str, float]:
         return self._all("save", rollout_id, extra_state)[0]
 

@@ -139,7 +139,8 @@ def bundle_devices(args) -> tuple[list[int], int]:
     """(devices of each bundle in creation order, number of trainer bundles). Trainer: one bundle per
     device. Colocated engines share those; split: one bundle per engine holding all its devices, so an
     engine's devices are on one node and reserved by its actor."""
-    world = args.actor_num_nodes * args.actor_num_gpus_per_node
+    # --debug-rollout-only: no trainer rank starts, so none is given a device
+    world = 0 if getattr(args, "debug_rollout_only", False) else args.actor_num_nodes * args.actor_num_gpus_per_node
     if args.colocate:
         return [1] * world, world
     per_engine = int(args.rollout_num_gpus_per_engine)

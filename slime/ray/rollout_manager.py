@@ -101,6 +101,8 @@ class RolloutManager(EngineFleet):
         self._restart_seconds = 0.0
         self._resyncs = 0
         self._eval_sets = None  # loaded on the first eval
+        self._health_restarts = 0
+        self.health_monitor = self._start_health_monitor()
         logger.info("%d %s rollout engine(s) up: %s (logs in %s)", self.n, self.kind, self.urls, self.log_dir)
 
     # ------------------------------------------------------------------ set-up
@@ -191,6 +193,52 @@ class RolloutManager(EngineFleet):
         logger.info("rollout requests go through sglang-router at %s (%d engines registered)", router.url, self.n)
         return router
 
+    def _start_health_monitor(self):
+        """--use-fault-tolerance: the health-check loop (slime.ray.health_monitor), paused until a rollout starts."""
+        if not self.args.use_fault_tolerance or not self.n:
+            return None
+        from slime.ray.health_monitor import EngineHealthMonitor
+
+        a = self.args
+        monitor = EngineHealthMonitor(self.n, self._health_check, self._restart_unhealthy,
+                                      a.rollout_health_check_interval, a.rollout_health_check_timeout,
+                                      a.rollout_health_check_first_wait)
+        monitor.start()
+        return monitor
+
+    def _health_check(self, idx: int, timeout: float) -> None:
+        from slime.ray.health_monitor import SKIP, HealthCheckFailed
+
+        if idx in self._down:
+            raise SKIP()
+        token = self._generation[idx]
+        try:
+            self.clients[idx].get("/health_generate", timeout=timeout)
+        except EngineError as e:
+            raise HealthCheckFailed(getattr(e, "message", str(e)), token) from None
+
+    def _restart_unhealthy(self, idx: int, token: int, reason: str, resync: bool = True) -> None:
+        """The health monitor's failure: stop engine idx (it may be hung, not dead), restart it within
+        --rollout-engine-max-restarts and re-sync the trainer's weights, unless a request's report restarted it
+        since the check began (`token`, its restart generation then)."""
+        import contextlib
+
+        fleet = self._fleet_lock if self.sglang_router is not None else contextlib.nullcontext()
+        with fleet, self._engine_locks[idx]:
+            if idx in self._down or self._generation[idx] != token:
+                return
+            self._ray().get(self.actors[idx].kill.remote())  # SIGKILL: a hung engine may ignore SIGTERM
+            self._health_restarts += 1
+            self._restart(idx, RuntimeError(f"health check failed: {reason}"), resync=resync)
+
+    def _health_resume(self) -> None:
+        if self.health_monitor is not None:
+            self.health_monitor.resume()
+
+    def _health_pause(self) -> None:
+        if self.health_monitor is not None:
+            self.health_monitor.pause()
+
     # ------------------------------------------------------------------ trainer API
     def ready(self) -> bool:
         return True
@@ -217,6 +265,9 @@ class RolloutManager(EngineFleet):
 
         started = time.time()
         samples, metrics = self._generate(rollout_id)
+        from slime.rollout import debug_data
+
+        debug_data.save_rollout(self.args.save_debug_rollout_data, samples, rollout_id)  # before packing (upstream)
         # wall-clock bounds and the engines' weight version, for loops that overlap rollout and training
         metrics.update({"rollout/start_time": started, "rollout/end_time": time.time(),
                         "rollout/weight_version": _common_version(samples)})
@@ -244,6 +295,7 @@ class RolloutManager(EngineFleet):
         from slime.rollout import plugin_rollout
         from slime.rollout.evaluation import evaluate, load_eval_sets
 
+        self._health_resume()
         if plugin_rollout.uses_plugin_eval(self.args):  # upstream's eval function contract
             self._refresh_versions()
             self._rollout_id = rollout_id
@@ -258,6 +310,9 @@ class RolloutManager(EngineFleet):
         self._rollout_id = rollout_id
         data: dict = {}
         metrics = evaluate(self.args, self, self._eval_sets, self.tokenizer, self.reward_fn, data)
+        from slime.rollout import debug_data
+
+        debug_data.save_eval(self.args.save_debug_rollout_data, data, rollout_id)
         return plugin_rollout.log_eval(self.args, rollout_id, data, None, metrics)  # --custom-eval-rollout-log-...
 
     def _plugin_rollout(self, rollout_id: int):
@@ -274,6 +329,12 @@ class RolloutManager(EngineFleet):
     def _generate(self, rollout_id: int):
         from slime.rollout.plugin_rollout import uses_plugin_rollout
 
+        if self.args.load_debug_rollout_data:  # replay: the saved samples instead of the engines' (upstream's)
+            from slime.rollout import debug_data
+
+            self._rollout_id = rollout_id
+            return debug_data.load_rollout(self.args.load_debug_rollout_data, rollout_id,
+                                           self.args.load_debug_rollout_data_subsample), {}
         plugin = uses_plugin_rollout(self.args)
         if self.data_source is None and not (plugin and self.args.data_source_path):
             raise RolloutError("no prompts: pass --prompt-data")
@@ -282,6 +343,7 @@ class RolloutManager(EngineFleet):
         self._rollout_id = rollout_id
         self._progress = _Counters()
         before = self._restart_counters()
+        self._health_resume()  # until the engines are offloaded or the weight sync begins (upstream's window)
         if plugin:
             samples, metrics = self._plugin_rollout(rollout_id)
         else:
@@ -293,14 +355,17 @@ class RolloutManager(EngineFleet):
             metrics["rollout/raw_reward_mean"] = sum(rewards) / len(rewards)
         return samples, metrics
 
-    def _restart_counters(self) -> tuple[int, float, int]:
-        return sum(self._restarts), self._restart_seconds, self._resyncs
+    def _restart_counters(self) -> tuple[int, float, int, int]:
+        return sum(self._restarts), self._restart_seconds, self._resyncs, self._health_restarts
 
-    def _restart_metrics(self, before: tuple[int, float, int]) -> dict[str, float]:
-        restarts, seconds, resyncs = self._restart_counters()
-        return {"rollout/engine_restarts": float(restarts - before[0]),
-                "rollout/engine_restart_seconds": seconds - before[1],
-                "rollout/engine_resyncs": float(resyncs - before[2])}
+    def _restart_metrics(self, before: tuple[int, float, int, int]) -> dict[str, float]:
+        restarts, seconds, resyncs, by_health = self._restart_counters()
+        out = {"rollout/engine_restarts": float(restarts - before[0]),
+               "rollout/engine_restart_seconds": seconds - before[1],
+               "rollout/engine_resyncs": float(resyncs - before[2])}
+        if self.health_monitor is not None:  # of those restarts, the ones the health checks started
+            out["rollout/health_check_restarts"] = float(by_health - before[3])
+        return out
 
     def set_weight_source(self, trainer_actors: list, offload_train: bool = False) -> None:
         """The trainer rank actors: an engine restarted during a rollout gets their current weights through
@@ -311,6 +376,7 @@ class RolloutManager(EngineFleet):
     def check_engines(self) -> dict[str, Any]:
         """Between rollouts (before a weight sync): restart engines whose process died since; the sync that
         follows gives them the current weights. Returns {"engines": engines(), **restart metrics}."""
+        self._health_pause()  # the sync begins: an engine busy loading weights must not count as hung
         before = self._restart_counters()
         for idx in range(self.n):
             if idx in self._down:
@@ -319,6 +385,15 @@ class RolloutManager(EngineFleet):
             if not status["running"]:
                 self._recover_engine(idx, self._generation[idx], RuntimeError("engine process not running"),
                                      resync=False)
+            elif self.health_monitor is not None:  # running but hung: the sync would wait on it
+                from slime.ray.health_monitor import HealthCheckFailed
+
+                try:
+                    self._health_check(idx, float(self.args.rollout_health_check_timeout))
+                except HealthCheckFailed as e:
+                    logger.error("health check before the weight sync: rollout engine %d did not answer (%s); "
+                                 "restarting it", idx, e)
+                    self._restart_unhealthy(idx, e.token, str(e), resync=False)
         return {"engines": self.engines(), **self._restart_metrics(before)}
 
     def progress(self) -> dict[str, Any]:
@@ -351,6 +426,7 @@ class RolloutManager(EngineFleet):
     # An engine that died while offloaded is skipped here: the weight sync that follows restarts it (within
     # --rollout-engine-max-restarts), and a restarted engine holds its memory already.
     def offload(self) -> None:
+        self._health_pause()
         self._each_reachable(lambda c: c.release_memory_occupation())
 
     def onload(self) -> None:
@@ -374,6 +450,8 @@ class RolloutManager(EngineFleet):
 
     def shutdown(self) -> None:
         ray = self._ray()
+        if self.health_monitor is not None:
+            self.health_monitor.stop()
         if self.sglang_router is not None:
             self.sglang_router.stop()
         try:

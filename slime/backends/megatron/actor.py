@@ -130,6 +130,11 @@ class MegatronTrainRayActor:
             start_rollout_id = resumed.start_rollout_id
         # the LR schedule is a pure function of the step: a resumed run starts it at its step
         self.lr_scheduler = model_setup.build_lr_scheduler(args, self.optimizer, start_rollout_id)
+        self.old_actor = None
+        if args.keep_old_actor:  # the loaded weights: actor, old_actor and rollout_actor start equal
+            from slime.backends.megatron.old_actor import OldActor
+
+            self.old_actor = OldActor(self.model, args.update_weights_interval)
         hooks.on_init(args)  # --custom-megatron-init-path
         return start_rollout_id
 
@@ -361,7 +366,11 @@ class MegatronTrainRayActor:
         if not reuse_train_log_probs and not sft:
             hooks.before_log_prob(args, self.model, "")  # --custom-megatron-before-log-prob-hook-path
             old_pass_routes.enter_context(self._old_pass_replay(batch))
-            batch.old_log_probs = full(self._log_probs_of(batch, mine))
+            import contextlib
+
+            with (model_setup.swapped_weights(self.model, self.old_actor.weights) if self.old_actor is not None
+                  else contextlib.nullcontext()):  # --keep-old-actor
+                batch.old_log_probs = full(self._log_probs_of(batch, mine))
         old_pass_routes.close()
         metrics["time/log_probs_old"] = time.perf_counter() - t0
         if self.ref_weights is not None:
@@ -564,6 +573,11 @@ class MegatronTrainRayActor:
             raise RuntimeError("update_weights called before connect_rollout_engines")
         endpoints = None if engines is None else [EngineEndpoint.from_dict(e) for e in engines]
         return self.weight_sync.sync(version, endpoints)
+
+    def advance_old_actor(self) -> None:
+        """--keep-old-actor: the weights were synced to the engines (slime.backends.megatron.old_actor)."""
+        if self.old_actor is not None:
+            self.old_actor.after_sync(self.model)
 
     # --- checkpoints ----------------------------------------------------------------------
     def save(self, rollout_id: int, extra_state: dict[str, Any]) -> dict[str, float]:
