@@ -241,6 +241,7 @@ def test_opd_sglang_teacher_log_probs_travel_in_the_payload():
     (["--use-opd", "--opd-type", "megatron", "--opd-teacher-load", "/nonexistent/t"], "does not exist"),
     (["--use-opd", "--opd-type", "sglang", "--opd-teacher-load", "."], "--opd-teacher-load is for --opd-type megatron"),
     (["--opd-teacher-load", "."], "--opd-teacher-load is set but --use-opd is not"),
+    (["--use-opd", "--opd-type", "megatron", "--opd-teacher-load", "EMPTY"], "--opd-teacher-load"),
     (["--num-critic-only-steps", "1"], "--num-critic-only-steps needs --advantage-estimator ppo"),
     (["--advantage-estimator", "ppo", "--value-clip", "0"], "--value-clip must be > 0"),
     (["--advantage-estimator", "ppo", "--megatron-config-path", "ROLES:lrr: 1"], "override 'lrr' is not a train.py flag"),
@@ -251,6 +252,9 @@ def test_opd_sglang_teacher_log_probs_travel_in_the_payload():
 def test_flag_errors_are_one_line(ckpts, tmp_path, extra, message, capsys):
     argv = ["--hf-checkpoint", ckpts["student"], "--num-rollout", "1", "--global-batch-size", "2"]
     for k, v in enumerate(extra):
+        if v == "EMPTY":
+            (tmp_path / "empty").mkdir()
+            extra[k] = str(tmp_path / "empty")
         if v.startswith("ROLES:"):
             roles = tmp_path / "roles.yaml"
             roles.write_text(f"megatron:\n  - role: critic\n    overrides:\n      {v[6:]}\n")

@@ -91,6 +91,18 @@ def apply_role_overrides(args: argparse.Namespace, overrides: dict, role: str) -
     return out
 
 
+def _check_teacher_dir(path: str) -> None:
+    from slime.backends.megatron import checkpoint_layout as L
+
+    try:
+        found = L.find_checkpoint(path, "--opd-teacher-load")
+    except L.CheckpointFormatError as e:
+        raise ArgumentError(str(e)) from e
+    _require(found.kind in (L.HF, L.TORCH_DIST),
+             f"--opd-teacher-load {path} holds no model; pass an HF dir (config.json + *.safetensors) or a torch_dist "
+             "checkpoint dir of the policy's architecture")
+
+
 def validate_ppo_args(args: argparse.Namespace) -> None:
     """PPO / OPD combinations (upstream's checks), the critic's arguments (args.critic_args), use_critic."""
     args.use_critic = args.advantage_estimator == "ppo"
@@ -120,6 +132,8 @@ def validate_ppo_args(args: argparse.Namespace) -> None:
                      "--opd-type megatron needs --opd-teacher-load DIR (the teacher: an HF dir or a torch_dist checkpoint)")
             _require(args.dry_run or os.path.exists(args.opd_teacher_load),
                      f"--opd-teacher-load {args.opd_teacher_load} does not exist; pass the teacher's checkpoint dir")
+            if os.path.exists(args.opd_teacher_load):
+                _check_teacher_dir(args.opd_teacher_load)
         else:
             _require(args.opd_teacher_load is None,
                      "--opd-teacher-load is for --opd-type megatron; with --opd-type sglang the rollout supplies the "
