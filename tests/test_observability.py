@@ -106,7 +106,8 @@ def test_tracker_steps_by_train_steps_only_when_asked():
 
 def _ci(**kw):
     base = dict(ci_test=True, ci_disable_kl_checker=False, ci_train_rollout_logprob_abs_diff_threshold=0.1,
-                ci_save_grad_norm=None, ci_load_grad_norm=None, use_rollout_logprobs=False)
+                ci_save_grad_norm=None, ci_load_grad_norm=None, use_rollout_logprobs=False,
+                use_rollout_routing_replay=False)
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -118,6 +119,7 @@ def test_ci_log_prob_checks():
     with pytest.raises(ci_checks.CICheckError, match="rollout 0's mean log-prob .* reference"):
         ci_checks.check_log_probs(_ci(), 0, lp, ref, masks)
     ci_checks.check_log_probs(_ci(ci_disable_kl_checker=True), 0, lp, ref, masks)  # the KL checker is off
+    ci_checks.check_log_probs(_ci(use_rollout_routing_replay=True), 0, lp, ref, masks)  # the actor routes as the engine
     ci_checks.check_log_probs(_ci(), 1, lp, ref, masks)  # only rollout 0 compares with the reference
     with pytest.raises(ci_checks.CICheckError, match=r"outside \(-1, 0\)"):
         ci_checks.check_log_probs(_ci(), 3, [torch.tensor([-4.0])], None, [[1]])

@@ -1,6 +1,7 @@
 """Trainer flags of upstream's that change what the optimizer does, on the real trainer actor (one rank, the
 tiny GLM-5, two train steps on a fixed rollout batch): --freeze-params-name-list and
---only-train-params-name-list (this model's names and upstream's Megatron names), --reset-optimizer-states."""
+--only-train-params-name-list (this model's names and upstream's Megatron names), --reset-optimizer-states; and
+the profiler flags (--use-pytorch-profiler per --profile-target, --record-memory-history on the host)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ def results(tmp_path_factory):
     batch = str(d / "batch.pt")
     torch.save(rl_batch(8, 0, lengths=(10, 16), responses=(3, 7)), batch)
     spawn_ranks(run, 1, ckpt, batch, str(d), list(CONFIGS))
-    return {name: torch.load(os.path.join(d, f"{name}.pt")) for name in CONFIGS}
+    out = {name: torch.load(os.path.join(d, f"{name}.pt")) for name in CONFIGS}
+    out["dir"] = d
+    return out
 
 
 def test_freeze_list_keeps_exactly_those_weights(results):
@@ -59,3 +62,41 @@ def test_reset_optimizer_states_restarts_adam_each_rollout(results):
                    for _, m, v in results[name]["states"])
     assert worst("reset") < 1e-5
     assert worst("plain") > 1e-3  # (the same batch twice: the two gradients are close)
+
+
+def _trace_ops(path) -> set[str]:
+    import gzip
+    import json
+
+    with gzip.open(path, "rt") as f:
+        return {e.get("name", "") for e in json.load(f)["traceEvents"]}
+
+
+def test_profiler_writes_a_trace_per_target(results):
+    traces = results["dir"] / "traces"
+    files = sorted(p.name for p in traces.iterdir())
+    for target in ("train_overall", "train_actor", "train_log_probs"):
+        mine = [f for f in files if f.startswith(f"{target}_rank_0.") and f.endswith(".pt.trace.json.gz")]
+        assert len(mine) >= 1, (target, files)
+        ops = _trace_ops(traces / mine[0])
+        assert any(op.startswith("aten::") and ("mm" in op or "matmul" in op) for op in ops), (target, sorted(ops)[:20])
+    actor = _trace_ops(traces / next(f for f in files if f.startswith("train_actor_rank_0.")))
+    assert any("backward" in op.lower() for op in actor)  # an optimizer step's trace holds the backward pass
+    log_probs = _trace_ops(traces / next(f for f in files if f.startswith("train_log_probs_rank_0.")))
+    assert not any("backward" in op.lower() for op in log_probs)  # no grad
+    assert not (results["dir"] / "memory").exists() or not list((results["dir"] / "memory").iterdir())
+
+
+def test_profiler_flag_errors():
+    from slime.config.arguments import ArgumentError, build_parser
+    from slime.config.observability_args import validate_profiler_args
+
+    args = build_parser().parse_args(["--use-pytorch-profiler", "--profile-step-start", "3", "--profile-step-end", "3"])
+    with pytest.raises(ArgumentError, match="--profile-step-end 3 must be greater than --profile-step-start 3"):
+        validate_profiler_args(args)
+    args = build_parser().parse_args(["--use-pytorch-profiler", "--profile-target", "train_overall", "train_actor"])
+    with pytest.raises(ArgumentError, match="profile train_overall alone"):
+        validate_profiler_args(args)
+    args = build_parser().parse_args(["--record-memory-history", "--memory-recorder", "memray"])
+    with pytest.raises(ArgumentError, match="memray needs --memory-snapshot-num-steps"):
+        validate_profiler_args(args)

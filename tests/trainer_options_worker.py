@@ -16,6 +16,14 @@ CONFIGS: dict[str, list[str]] = {
     "only_upstream_names": ["--only-train-params-name-list", r"mlp\.experts\.experts\.linear_fc1",
                             r"layers\.1\.self_attention\.linear_q_down_proj"],
     "reset": ["--reset-optimizer-states"],
+    # the profiler's per-step targets for their first step, then train_overall alone; the host keeps no
+    # allocator history (a warning, no file)
+    "profile": ["--use-pytorch-profiler", "--profile-step-start", "0", "--profile-step-end", "1",
+                "--profile-target", "train_actor", "train_log_probs", "--tensorboard-dir",
+                "{out}/traces", "--record-memory-history", "--memory-snapshot-dir", "{out}/memory",
+                "--memory-snapshot-num-steps", "1"],
+    "profile_overall": ["--use-pytorch-profiler", "--profile-step-start", "1", "--profile-step-end", "2",
+                        "--profile-target", "train_overall", "--tensorboard-dir", "{out}/traces"],
 }
 
 
@@ -30,13 +38,16 @@ def run(rank: int, world: int, port: int, ckpt: str, batch_path: str, out_dir: s
     for name in names:
         args = parse_args(["--hf-checkpoint", ckpt, "--num-rollout", "2", "--global-batch-size", "8",
                            "--use-dynamic-batch-size", "--max-tokens-per-gpu", "64", "--lr", "1e-2",
-                           "--no-use-distributed-optimizer"] + CONFIGS[name])
+                           "--no-use-distributed-optimizer"] + [f.replace("{out}", out_dir) for f in CONFIGS[name]])
         actor = MegatronTrainRayActor(world, rank)
         actor.init(args)
         params = dict(actor.model.module.named_parameters())
         before = {n: p.detach().clone() for n, p in params.items()}
+        if name.startswith("profile"):
+            actor.compute_log_probs(RolloutBatch(**{**fields, "reuse_train_log_probs": False}))
         actor.train(0, RolloutBatch(**fields))
         actor.train(1, RolloutBatch(**fields))
+        actor.shutdown()
         adam = actor.optimizer.chained_optimizers[0].optimizer
         states = [(int(s["step"]), s["exp_avg"].clone(), s["exp_avg_sq"].clone()) for s in adam.state.values()]
         torch.save({"trainable": {n: p.requires_grad for n, p in params.items()},

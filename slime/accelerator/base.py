@@ -231,6 +231,12 @@ class Accelerator(ABC):
     @abstractmethod
     def empty_cache(self) -> None: ...
 
+    # --- profiling ------------------------------------------------------------------------
+    def memory_history_module(self) -> Any | None:
+        """The module whose `_record_memory_history` / `_dump_snapshot` record this device's allocator history;
+        None where the device has none (the host)."""
+        return None
+
     # --- rng ------------------------------------------------------------------------------
     @abstractmethod
     def manual_seed(self, seed: int) -> None:

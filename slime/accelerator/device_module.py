@@ -67,6 +67,13 @@ class DeviceModuleAccelerator(Accelerator):
     def empty_cache(self) -> None:
         self._module().empty_cache()
 
+    # profiling
+    def memory_history_module(self) -> Any | None:
+        memory = getattr(self._module(), "memory", None)
+        if memory is None or not all(hasattr(memory, f) for f in ("_record_memory_history", "_dump_snapshot")):
+            return None
+        return memory
+
     # rng
     def manual_seed(self, seed: int) -> None:
         torch.manual_seed(seed)

@@ -444,9 +444,10 @@ def build_parser() -> argparse.ArgumentParser:
     megatron_flags.add_mtp_arguments(parser)
     megatron_flags.add_implementation_arguments(parser)
     megatron_flags.add_logging_arguments(parser)
-    from slime.config.observability_args import add_observability_arguments
+    from slime.config.observability_args import add_observability_arguments, add_profiler_arguments
 
     add_observability_arguments(parser)  # upstream's optional rollout metrics and CI checks
+    add_profiler_arguments(parser)  # Megatron's profiler flags, upstream's targets for them
     _add_dry_run_arguments(parser)
     megatron_flags.add_owned_elsewhere_arguments(parser)  # last: the owners' definitions win
     return parser
@@ -631,6 +632,9 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
                  f"--tis-clip-low {args.tis_clip_low} must be below --tis-clip {args.tis_clip} (> 0)")
     _validate_optimizer(args)
     _validate_memory_args(args)
+    from slime.config.observability_args import validate_profiler_args
+
+    validate_profiler_args(args)
     if args.save_interval is not None:
         _require(args.save is not None, "--save-interval needs --save DIR")
         _require(args.save_interval >= 1, f"--save-interval must be >= 1, got {args.save_interval}")

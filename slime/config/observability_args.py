@@ -42,3 +42,49 @@ def add_observability_arguments(parser: argparse.ArgumentParser) -> None:
          help="save each step's grad norm to this path template ({role}, {rollout_id}, {step_id})")
     _add(g, parser, "--ci-load-grad-norm", type=str, default=None,
          help="compare each step's grad norm with the one saved at this path template (rel/abs tolerance 0.01)")
+
+
+PROFILE_TARGETS = ("train_overall", "train_actor", "train_log_probs")
+
+
+def add_profiler_arguments(parser: argparse.ArgumentParser) -> None:
+    """Megatron's profiler flags (--use-pytorch-profiler, --profile-step-start/-end, --record-memory-history,
+    --memory-snapshot-path) and upstream slime's targets for them (slime.backends.megatron.profiler)."""
+    g = parser.add_argument_group("profiling (torch.profiler traces, device memory history)")
+    _add(g, parser, "--use-pytorch-profiler", action="store_true",
+         help="write torch.profiler traces (TensorBoard format, gzip) to --tensorboard-dir for each --profile-target")
+    _add(g, parser, "--profile-step-start", type=int, default=10, help="first profiled step of each target")
+    _add(g, parser, "--profile-step-end", type=int, default=12, help="profiling stops before this step")
+    _add(g, parser, "--profile-ranks", type=int, nargs="+", default=[0], help="trainer ranks that profile")
+    _add(g, parser, "--profile-target", choices=PROFILE_TARGETS, nargs="+", default=["train_overall"],
+         help="what a profiler step is: a rollout's whole training (train_overall), one optimizer step "
+              "(train_actor), one log-prob pass (train_log_probs)")
+    _add(g, parser, "--record-memory-history", action="store_true",
+         help="record the device allocator's history from start-up and dump it (and on an out-of-memory error) "
+              "to --memory-snapshot-dir; on a device without one (CPU) a warning")
+    _add(g, parser, "--memory-snapshot-path", type=str, default="snapshot.pickle",
+         help="file name of the memory snapshot (prefixed with the time and the rank)")
+    _add(g, parser, "--memory-snapshot-dir", type=str, default=".", help="directory of the memory snapshot")
+    _add(g, parser, "--memory-snapshot-num-steps", type=int, default=None,
+         help="dump the memory history after this many rollouts (default: only on an out-of-memory error)")
+    _add(g, parser, "--memory-recorder", choices=("torch", "memray"), default="torch",
+         help="torch: the device allocator's history; memray: host allocations (needs the memray package and "
+              "--memory-snapshot-num-steps)")
+
+
+def validate_profiler_args(args: argparse.Namespace) -> None:
+    from slime.config.arguments import ArgumentError
+
+    if args.use_pytorch_profiler and args.profile_step_end <= args.profile_step_start:
+        raise ArgumentError(f"--profile-step-end {args.profile_step_end} must be greater than --profile-step-start "
+                            f"{args.profile_step_start}")
+    if args.use_pytorch_profiler and "train_overall" in args.profile_target and len(set(args.profile_target)) > 1:
+        raise ArgumentError(f"--profile-target {' '.join(args.profile_target)}: train_overall spans the other "
+                            "targets and torch.profiler runs one session at a time; profile train_overall alone")
+    if args.record_memory_history and args.memory_recorder == "memray":
+        if args.memory_snapshot_num_steps is None:
+            raise ArgumentError("--memory-recorder memray needs --memory-snapshot-num-steps (when to stop and write it)")
+        import importlib.util
+
+        if importlib.util.find_spec("memray") is None:
+            raise ArgumentError("--memory-recorder memray: the memray package is not installed (pip install memray)")

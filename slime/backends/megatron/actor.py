@@ -135,6 +135,10 @@ class MegatronTrainRayActor:
             from slime.backends.megatron.old_actor import OldActor
 
             self.old_actor = OldActor(self.model, args.update_weights_interval)
+        from slime.backends.megatron.profiler import TrainProfiler
+
+        self.profiler = TrainProfiler(args, self.rank)  # --use-pytorch-profiler, --record-memory-history
+        self.profiler.on_init_end()
         hooks.on_init(args)  # --custom-megatron-init-path
         return start_rollout_id
 
@@ -306,7 +310,8 @@ class MegatronTrainRayActor:
         else:
             groups = self._micro_batches(batch, indices)
         mbs = [self._pack(batch, mb_indices) for mb_indices in groups]
-        self._run_schedule(mbs, on_logits, forward_only=True)
+        with self.profiler.log_probs_pass():
+            self._run_schedule(mbs, on_logits, forward_only=True)
         if self.pp_size == 1 or not indices:
             return out
         # The other stages need them too (advantages with a KL term, the train-rollout mismatch metric).
@@ -421,6 +426,7 @@ class MegatronTrainRayActor:
         counts = torch.zeros(3, dtype=torch.float64)  # samples, loss tokens, real tokens (this DP rank)
         grad_norms, losses = [], []
         steps = D.step_indices(len(batch), args.global_batch_size)
+        self.profiler.end_log_probs()
         reuse = batch.reuse_train_log_probs
         if reuse and len(steps) != 1:
             raise ValueError(f"reuse_train_log_probs needs one optimizer step per rollout, but {len(batch)} samples make "
@@ -430,7 +436,7 @@ class MegatronTrainRayActor:
         # Phase times from device events, read once after the last step: no synchronize() per phase or micro-batch.
         timer = PhaseTimer(acc, ("pack", "forward", "backward", "optimizer"))
 
-        for step_id, step in enumerate(steps):
+        for step_id, step in self.profiler.steps("train_actor", enumerate(steps)):
             # --custom-megatron-before-train-step-hook-path
             hooks.before_train_step(args, rollout_id, step_id, self.model, self.optimizer, self.lr_scheduler)
             shard = self._dp_shard(batch, step)
@@ -508,6 +514,7 @@ class MegatronTrainRayActor:
         seconds = timer.seconds()
         seconds["backward"] -= seconds["forward"]
         model_setup.sync_params(self.model)  # --overlap-param-gather: weight sync and save read the new weights
+        self.profiler.step(rollout_id)
         elapsed = time.perf_counter() - t0
 
         # Metrics: sums over this DP rank, then over the data-parallel group; the last pipeline stage computed
@@ -613,5 +620,7 @@ class MegatronTrainRayActor:
             get_accelerator().synchronize()
 
     def shutdown(self) -> None:
+        if getattr(self, "profiler", None) is not None:  # (set by init)
+            self.profiler.close()
         if self.weight_sync is not None:
             self.weight_sync.close()
