@@ -60,11 +60,11 @@ def test_registry_serves_every_family_and_imports_no_megatron():
             "assert 'megatron' not in sys.modules and 'megatron.core' not in sys.modules")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     hybrid = ["qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"]  # test_qwen3_next_family.py
-    own_tests = ["minimax_m2"]  # tests/test_minimax_m2_family.py
+    own_tests = ["mimo", "minimax_m2"]  # tests/test_mimo_family.py, tests/test_minimax_m2_family.py
     assert out[0].split() == sorted(GQA_TYPES + ["glm4_moe_lite", "glm_moe_dsa", "deepseek_v3", "kimi_k2"] + hybrid
                                     + own_tests)
-    assert out[1].split() == ["deepseek_v3", "glm4", "glm4_moe", "glm5", "llama", "minimax_m2", "qwen2", "qwen3",
-                              "qwen3_5", "qwen3_moe", "qwen3_next"]
+    assert out[1].split() == ["deepseek_v3", "glm4", "glm4_moe", "glm5", "llama", "mimo", "minimax_m2", "qwen2",
+                              "qwen3", "qwen3_5", "qwen3_moe", "qwen3_next"]
 
 
 def test_unknown_model_type_and_bad_configs_are_one_line_errors():

@@ -1,0 +1,196 @@
+"""The mimo family (MiMo-7B: Qwen2 plus MTP layers `model.mtp_layers.{k}`) on megatron-core. transformers ships no
+`mimo` type, so on a tiny random checkpoint (slime_plugins/models/mimo/tiny.py: a transformers Qwen2 plus seeded MTP
+tensors under the published names):
+- the main model against transformers' Qwen2ForCausalLM of the same tensors (float32): logits within 1e-5 of max
+  |logit|, grads within 1e-5 of each tensor's max |grad| (+1e-7);
+- the MTP layer (load_mtp) against a float64 reference written from the published MiMoMTPLayers (token / hidden
+  norms, input_proj over cat(hidden, token), transformers' Qwen2DecoderLayer, final norm, lm_head): depth-1 logits
+  within 1e-5 and the MTP tensors' grads within 1e-5 of each max |grad| (+1e-7);
+- export_hf / save_hf give the checkpoint back bit for bit, with the MTP layer trained or passed through;
+- the embedded engine (Qwen2ForCausalLM for mimo) samples log-probs equal to the trainer's (5e-5), also after a
+  weight sync of the main model's tensors (what weight sync sends without a speculative draft);
+- 2 gloo ranks: the main model at tp=2 and cp=2 (tests/model_families_parallel_worker.py: bounds above after DDP,
+  export, torch_dist across layouts) and the MTP logits at tp=2 equal to the float64 reference (1e-5)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from glm5_helpers import hf_grads_by_checkpoint_name, megatron_grads_by_hf_name, megatron_state_cleanup, random_batch
+from safetensors.torch import load_file
+
+from slime.backends.megatron import export_hf, load_hf_model, save_hf
+
+VOCAB = 512
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _clean_megatron_state():
+    yield from megatron_state_cleanup()
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    from slime_plugins.models.mimo.tiny import write_tiny_mimo_checkpoint
+
+    return write_tiny_mimo_checkpoint(str(tmp_path_factory.mktemp("mimo") / "mimo"), seed=3, initializer_range=0.2)
+
+
+def qwen2_of(path, dtype=torch.float32):
+    """transformers' Qwen2ForCausalLM over a MiMo checkpoint's main-model tensors (its MTP tensors unused)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = json.load(open(os.path.join(path, "config.json")))
+    config = Qwen2Config(**{k: v for k, v in cfg.items() if k != "model_type"})
+    return Qwen2ForCausalLM.from_pretrained(str(path), config=config, dtype=dtype).eval()
+
+
+def mtp_reference(path, ids, pos, weight):
+    """float64 MiMo MTP depth 1 from the published architecture; returns (logits, {MTP tensor name: grad of
+    sum(logits * weight)})."""
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
+
+    model = qwen2_of(path, torch.float64)
+    prefix = "model.mtp_layers.0."
+    own = {k[len(prefix):]: v.double().requires_grad_() for k, v in load_file(os.path.join(path, "model.safetensors")).items()
+           if k.startswith(prefix)}
+    layer = Qwen2DecoderLayer(model.config, 0).double().eval()
+    params = dict(layer.named_parameters())
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(own[name])
+    eps = model.config.rms_norm_eps
+
+    def rms(x, w):
+        return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+    hidden = model.model(ids, position_ids=pos).last_hidden_state.detach()
+    shifted = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)  # token t + 1 at row t
+    embedded = model.model.embed_tokens(shifted).detach()
+    x = torch.nn.functional.linear(torch.cat([rms(hidden, own["hidden_layernorm.weight"]),
+                                              rms(embedded, own["token_layernorm.weight"])], -1), own["input_proj.weight"])
+    seq = ids.shape[1]
+    mask = torch.full((seq, seq), torch.finfo(x.dtype).min, dtype=x.dtype).triu(1)[None, None].expand(ids.shape[0], 1, seq, seq)
+    x = layer(x, attention_mask=mask, position_ids=pos, position_embeddings=model.model.rotary_emb(x, pos))
+    logits = torch.nn.functional.linear(rms(x, own["final_layernorm.weight"]), model.lm_head.weight.detach())
+    (logits * weight.double()).sum().backward()
+    return logits.detach(), {prefix + k: (params[k] if k in params else v).grad for k, v in own.items()}
+
+
+def _rel_max(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((ours.detach().double() - ref.detach().double()).abs().max() / ref.detach().abs().max().clamp(min=1e-30))
+
+
+def test_config_and_registry():
+    from slime_plugins.models.registry import parse_hf_config
+
+    cfg = json.loads(open(os.path.join(os.path.dirname(__file__), "..", "scripts/models/configs/mimo-7B-rl.json")).read())
+    family, arch = parse_hf_config(cfg)
+    assert family.name == "mimo" and family.supports_mtp and arch.mtp_num_layers == 1 and arch.qkv_bias
+    assert (arch.num_hidden_layers, arch.num_key_value_heads, arch.mlp_type(36)) == (36, 8, "dense")
+
+
+def test_main_model_logits_and_grads_match_transformers_qwen2(accel, ckpt):
+    model = load_hf_model(ckpt)
+    ref = qwen2_of(ckpt)
+    ids, pos = random_batch(2, 9, VOCAB, 1)
+    weight = torch.randn(2, 9, VOCAB, generator=torch.Generator().manual_seed(1))
+    logits = model(ids.to(accel.device()), pos.to(accel.device())).cpu()
+    ref_logits = ref(ids, position_ids=pos).logits
+    assert _rel_max(logits, ref_logits) <= 1e-5
+    (logits * weight).sum().backward()
+    (ref_logits * weight).sum().backward()
+    ours, theirs = megatron_grads_by_hf_name(model), hf_grads_by_checkpoint_name(ref)
+    assert ours.keys() == theirs.keys()
+    for name, g in theirs.items():
+        assert float((ours[name].cpu() - g).abs().max()) <= 1e-5 * float(g.abs().max()) + 1e-7, name
+
+
+def test_mtp_layer_matches_the_float64_reference_and_round_trips(ckpt, tmp_path):
+    original = load_file(os.path.join(ckpt, "model.safetensors"))
+    passed = {n: t for b in export_hf(load_hf_model(ckpt)) for n, t in b}  # MTP tensors passed through untrained
+    assert passed.keys() == original.keys() and all(torch.equal(passed[n].cpu(), original[n]) for n in original)
+    model = load_hf_model(ckpt, load_mtp=True)
+    ids, pos = random_batch(2, 11, VOCAB, 9)
+    weight = torch.randn(2, 11, VOCAB, generator=torch.Generator().manual_seed(9))
+    weight[:, -1] = 0  # the last row has no token t + 1 to embed (both sides pad it alike; not compared)
+    logits, (mtp1,) = model(ids, pos, mtp_logits=True)
+    ref_logits, ref_grads = mtp_reference(ckpt, ids, pos, weight)
+    assert _rel_max(mtp1[:, :-1], ref_logits[:, :-1]) <= 1e-5
+    (mtp1 * weight).sum().backward()
+    ours = megatron_grads_by_hf_name(model)
+    assert set(ref_grads) <= ours.keys()
+    for name, g in ref_grads.items():
+        err = float((ours[name].double() - g).abs().max())
+        assert err <= 1e-5 * float(g.abs().max()) + 1e-7, (name, err, float(g.abs().max()))
+    exported = {n: t for b in export_hf(model) for n, t in b}
+    assert exported.keys() == original.keys() and all(torch.equal(exported[n].cpu(), original[n]) for n in original)
+    save_hf(model, str(tmp_path / "saved"))
+    saved = load_file(tmp_path / "saved" / "model.safetensors")
+    assert saved.keys() == original.keys() and all(torch.equal(saved[n], original[n]) for n in original)
+    assert json.load(open(tmp_path / "saved" / "config.json"))["model_type"] == "mimo"
+    with pytest.raises(ValueError, match="MiMo MTP training under pipeline parallel is not supported"):
+        from slime_plugins.models.mimo.model import build_model
+
+        build_model(model.arch, pp=2, mtp=True)
+
+
+def test_engine_logprobs_match_the_trainer(ckpt):
+    from test_minimax_m2_family import trainer_logprobs
+
+    from slime.backends.embedded import EmbeddedEngine, EngineConfig
+    from slime.backends.megatron.weight_sync import without_mtp_layers
+
+    model = load_hf_model(ckpt)
+    engine = EmbeddedEngine(EngineConfig(model_path=ckpt))
+    assert type(engine.model).__name__ == "Qwen2ForCausalLM"
+    prompts = [random_batch(1, n, VOCAB, 30 + n)[0][0].tolist() for n in (3, 6)]
+    try:
+        for step in range(2):
+            outs = [engine.generate(p, {"max_new_tokens": 6, "temperature": 1.0, "sampling_seed": i + 10 * step,
+                                        "ignore_eos": True}, return_logprob=True) for i, p in enumerate(prompts)]
+            for o, lp in zip(outs, trainer_logprobs(model, prompts, [o.output_ids for o in outs])):
+                torch.testing.assert_close(torch.tensor(o.logprobs, dtype=torch.float32), lp, rtol=0, atol=5e-5)
+            if step == 0:
+                with torch.no_grad():
+                    g = torch.Generator().manual_seed(1)
+                    for p in model.parameters():
+                        p.add_(0.05 * torch.randn(p.shape, generator=g, dtype=p.dtype) * p.std().clamp(min=1e-3))
+                named = [(n, t.contiguous()) for b in without_mtp_layers(export_hf(model), model.arch) for n, t in b]
+                assert sorted(n for n, _ in named) == sorted(engine.name_map.checkpoint_names())
+                assert engine.update_from_named_tensors(named, weight_version="1") == len(named)
+    finally:
+        engine.shutdown()
+
+
+def _ranks(rank: int, port: int, ckpt: str, ref_path: str, root: str) -> None:
+    import model_families_parallel_worker as worker
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
+    torch.set_num_threads(1)
+    ref = torch.load(ref_path)
+    model = load_hf_model(ckpt, tp=2, load_mtp=True)  # MTP at tp=2 (sequence parallel): depth-1 logits
+    _, (mtp1,) = model(ref["ids"], ref["pos"], mtp_logits=True)
+    assert _rel_max(mtp1[:, :-1], ref["mtp_logits"][:, :-1]) <= 1e-5, "tp=2: MTP logits"
+    worker.tied_needs_one_stage = lambda cases: None  # that worker's own test's qwen3 check
+    worker.run(rank, port, [("mimo", ckpt, ref_path, [(1, 1), (2, 1), "cp2"])], root)
+
+
+@pytest.mark.timeout(300)
+def test_tp2_and_cp2_match_the_references(ckpt, tmp_path):
+    from rank_spawn import spawn
+
+    from slime.utils.net import free_port
+
+    ids, pos = random_batch(2, 12, VOCAB, 8)  # 12 % tp == 0 for sequence parallel
+    weight = torch.randn(2, 12, VOCAB, generator=torch.Generator().manual_seed(8))
+    ref = qwen2_of(ckpt)
+    logits = ref(ids, position_ids=pos).logits
+    (logits * weight).sum().backward()
+    mtp_logits, _ = mtp_reference(ckpt, ids, pos, weight)
+    torch.save({"ids": ids, "pos": pos, "weight": weight, "logits": logits.detach(), "mtp_logits": mtp_logits,
+                "grads": hf_grads_by_checkpoint_name(ref)}, tmp_path / "ref.pt")
+    spawn(_ranks, args=(free_port(), ckpt, str(tmp_path / "ref.pt"), str(tmp_path / "torch_dist")), nprocs=2, join=True)
