@@ -7,6 +7,7 @@ single-process engine's and log-probs within 1e-5 (float32), also after a weight
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import urllib.request
@@ -78,6 +79,30 @@ def test_sglang_launch_args_of_an_engine_over_two_nodes(node_rank):
                                     dist_init_addr="h:1"), CpuAccelerator(), base={})
 
 
+def test_engine_actor_commands_of_each_part(tmp_path):
+    """The engine actor of node rank r builds that part's command: SGLang with --nnodes / --node-rank and part 0's
+    --dist-init-addr (parsed with SGLang's own options), the embedded engine with --tp-size / --tp-rank (parsed
+    with its own parser); part 0 refuses to start without its other parts, a later part refuses to start alone."""
+    from slime.backends.embedded.__main__ import parse_args as embedded_args
+    from slime.ray.engine_actor import EngineSpec, RolloutEngineActor
+
+    common = dict(index=3, model_path="/m", token="t", log_dir=str(tmp_path), tp_size=16, nnodes=2, node_rank=1)
+    part = RolloutEngineActor(EngineSpec(kind="sglang", device_ids=list(range(8)), **common))
+    part.dist_init_addr = "10.0.0.4:5000"
+    ns = _sglang_parser().parse_args(part._build(31000).cmd[3:])
+    assert (ns.nnodes, ns.node_rank, ns.dist_init_addr, ns.tp_size, ns.port) == (2, 1, "10.0.0.4:5000", 16, 31000)
+    assert part._build(31000).log_path.endswith("engine-3-node1.log")
+    with pytest.raises(ValueError, match="node rank 1 is started by its part 0"):
+        part.start()
+    follower = RolloutEngineActor(EngineSpec(kind="embedded", **{**common, "tp_size": 2}))
+    follower.dist_init_addr = "10.0.0.4:5001"
+    cmd = follower._build(31001).cmd
+    got = embedded_args(cmd[cmd.index("-m") + 2:])
+    assert (got.tp_size, got.tp_rank, got.dist_init_addr) == (2, 1, "10.0.0.4:5001")
+    with pytest.raises(ValueError, match="over 2 processes got 0 other parts"):
+        RolloutEngineActor(EngineSpec(kind="embedded", **{**common, "node_rank": 0}))
+
+
 def _post(url: str, path: str, body: dict, token: str) -> dict:
     req = urllib.request.Request(url + path, json.dumps(body).encode(),
                                  {"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
@@ -88,6 +113,7 @@ PROMPTS = [[5, 9, 33, 7, 101], [12, 40, 41], [300, 2, 2, 17, 60, 61, 9]]
 GREEDY = {"temperature": 0, "max_new_tokens": 8}
 
 
+@functools.lru_cache(maxsize=None)
 def _single_process(ckpt: str) -> list[tuple[list[int], list[float]]]:
     from slime.backends.embedded import EmbeddedEngine, EngineConfig
 
@@ -142,6 +168,12 @@ def test_one_embedded_engine_over_two_ray_nodes(tmp_path):
                           token), _single_process(other))
         follower = open(os.path.join(manager.log_dir, "engine-0-node1.log")).read()
         assert "embedded engine TP rank 1/2 following" in follower
+        # a restart takes both parts down and up again (a fresh rendezvous): the engine serves the checkpoint
+        ray.get(manager.actors[0].restart.remote(), timeout=240)
+        again = _post(manager.urls[0], "/generate", {"input_ids": PROMPTS[:1], "sampling_params": GREEDY,
+                                                     "return_logprob": True}, token)
+        _check_same(again, _single_process(ckpt)[:1])
+        assert open(os.path.join(manager.log_dir, "engine-0-node1.log")).read().count("following") == 2
     finally:
         if manager is not None:
             manager.shutdown()

@@ -44,7 +44,9 @@ class RolloutEngineActor:
         if len(self.parts) != (spec.nnodes - 1 if spec.node_rank == 0 else 0):
             raise ValueError(f"engine {spec.index} over {spec.nnodes} processes got {len(self.parts)} other parts")
         self.port = free_port()
-        self.dist_init_addr: str | None = None  # part 0's rendezvous host:port, picked at each start
+        # part 0's rendezvous host:port, picked at each start (every start builds the command again with it; the
+        # placeholder only lets a not yet started multi-part server be described)
+        self.dist_init_addr = "127.0.0.1:0"
         self.server = self._build(self.port)
 
     def _build(self, port: int):
@@ -71,7 +73,7 @@ class RolloutEngineActor:
                                    host=host, deterministic=s.deterministic)
             if s.nnodes > 1:  # one process per device: this one is TP rank node_rank
                 cmd += ["--tp-size", str(s.nnodes), "--tp-rank", str(s.node_rank),
-                        "--dist-init-addr", self.dist_init_addr or ""]
+                        "--dist-init-addr", self.dist_init_addr]
             env = embedded_env(s.token, device_ids=s.device_ids)
         else:
             raise ValueError(f"unknown rollout engine kind {s.kind!r}; use embedded or sglang")
