@@ -162,12 +162,14 @@ def _trainer_logprobs(model, prompts, responses) -> list[torch.Tensor]:
             for start, p, r in zip(cu.tolist(), prompts, responses)]
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_next", "qwen3_5_moe_text"])
+@pytest.mark.parametrize("model_type", ["qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe"])
 def test_engine_logprobs_match_the_trainer_before_and_after_a_weight_sync(ckpts, model_type):
-    """The embedded engine (transformers with its recurrent-state cache) samples; the trainer scores the same
-    tokens in one packed forward. Then the trainer's weights move, export_hf's tensors update the engine, and
-    the log-probs agree again."""
+    """The embedded engine (transformers with its recurrent-state cache; for the vision-language checkpoint its text
+    model, whose weights take the checkpoint's model.language_model. names) samples; the trainer scores the same
+    tokens in one packed forward. Then the trainer's weights move, the weight sync's tensors (export_hf without
+    the kept vision tower) update the engine, and the log-probs agree again."""
     from slime.backends.embedded import EmbeddedEngine, EngineConfig
+    from slime.backends.megatron.weight_sync import without_mtp_layers
 
     model = load_hf_model(ckpts[model_type])
     engine = EmbeddedEngine(EngineConfig(model_path=ckpts[model_type]))
@@ -185,7 +187,8 @@ def test_engine_logprobs_match_the_trainer_before_and_after_a_weight_sync(ckpts,
                 with torch.no_grad():
                     for p in model.parameters():
                         p.add_(0.05 * torch.randn(p.shape, generator=g, dtype=p.dtype) * p.std().clamp(min=1e-3))
-                named = [(n, t.contiguous()) for bucket in export_hf(model) for n, t in bucket]
+                named = [(n, t.contiguous()) for bucket in without_mtp_layers(export_hf(model), model.arch)
+                         for n, t in bucket]
                 assert engine.update_from_named_tensors(named, weight_version="1") == len(named)
                 assert all(torch.equal(engine.name_map.resolve(n), t) for n, t in named)
     finally:

@@ -70,6 +70,7 @@ class WeightNameMap:
         self._renamed: set[str] = set()  # names that a checkpoint stores under another module path
         self._add_conversions()
         self._add_renamings()
+        self._add_prefix_changes()
         # Tied weights (lm_head <- embed_tokens) are one tensor; a checkpoint stores only one name.
         tied = getattr(model, "_tied_weights_keys", None) or {}
         tie = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
@@ -149,6 +150,33 @@ class WeightNameMap:
                     if name in self._fused:  # a fused runtime tensor is listed by its parts only
                         self._fused.add(alias)
 
+    def _add_prefix_changes(self) -> None:
+        """A text model that transformers loaded from a vision-language checkpoint (Qwen3.5 through
+        AutoModelForCausalLM: `model.language_model.X` read as `model.X`, transformers' PrefixChange): each runtime
+        name under the prefix gets the checkpoint's name, which replaces it among the checkpoint names. Only for
+        a model read from such a checkpoint (its config.json holds a text_config); a text-only checkpoint of the
+        same class keeps the runtime names."""
+        if not _from_wrapper_checkpoint(self.model):
+            return
+        try:
+            from transformers.conversion_mapping import get_model_conversion_mapping
+            from transformers.core_model_loading import PrefixChange
+
+            changes = [c for c in get_model_conversion_mapping(self.model)
+                       if isinstance(c, PrefixChange) and c.prefix_to_remove]
+        except Exception:
+            return
+        for change in changes:
+            head = f"{change.model_prefix}." if change.model_prefix else ""
+            inserted = f"{head}{change.prefix_to_remove}."
+            for name, slot in list(self._slots.items()):
+                if name.startswith(head) and not name.startswith(inserted):
+                    alias = inserted + name[len(head):]
+                    self._slots.setdefault(alias, slot)
+                    self._renamed.add(name)
+                    if name in self._fused:  # a fused runtime tensor is listed by its parts only
+                        self._fused.add(alias)
+
     def _tensor(self, runtime_name: str) -> torch.Tensor:
         try:
             return self.model.get_parameter(runtime_name)
@@ -177,6 +205,21 @@ class WeightNameMap:
         """{checkpoint name: dtype} for weights whose dtype differs from the model's main dtype."""
         return {n: dtype_name(self.resolve(n).dtype) for n in self.checkpoint_names()
                 if self.resolve(n).dtype != default}
+
+
+def _from_wrapper_checkpoint(model: torch.nn.Module) -> bool:
+    """Whether `model` was read from a checkpoint directory whose config.json wraps a text_config."""
+    import json
+    import os
+
+    path = os.path.join(str(getattr(model, "name_or_path", "") or ""), "config.json")
+    if not os.path.isfile(path):
+        return False
+    try:
+        with open(path, encoding="utf-8") as f:
+            return isinstance(json.load(f).get("text_config"), dict)
+    except (OSError, ValueError):
+        return False
 
 
 @dataclass
