@@ -105,6 +105,8 @@ def upstream_name(arch, key: str) -> str | None:
     prefix, index, mtp, rest = m.groups()
     layer = int(index) if index is not None else (arch.num_hidden_layers + int(mtp) if mtp is not None else 0)
     renames = dict(_MLA_RENAMES if is_mla(arch) else _GQA_RENAMES)
+    if getattr(arch, "full_width_qk_norm", False):  # upstream's own q_norm / k_norm modules (MiniMax-M2's spec)
+        renames = {k: v for k, v in renames.items() if not k.startswith(("self_attention.q_norm", "self_attention.k_norm"))}
     if layer < arch.num_hidden_layers and getattr(arch, "layer_types", None) and arch.is_linear(layer):
         # upstream's Gated DeltaNet layers (slime_plugins/models/qwen3_next.py there) hold their input norm
         renames["input_layernorm.weight"] = "self_attention.input_layernorm.weight"

@@ -27,6 +27,9 @@ class GqaConfig(ArchConfig):
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: bool = False
+    # q and k RMS-normed over all heads at once (MiniMax-M2) by the attention's own q_norm / k_norm, as upstream's
+    # spec names them too (torch_dist keys stay `self_attention.q_norm`, not Megatron's per-head q_layernorm)
+    full_width_qk_norm: bool = False
     rope_interleaved: bool = False  # GPT-J pairs (2i, 2i+1) instead of NeoX halves (GLM-4)
     # MoE (sparse layers)
     n_routed_experts: int = 0

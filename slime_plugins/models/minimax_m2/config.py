@@ -37,7 +37,7 @@ def from_hf(hf: dict[str, Any]) -> GqaConfig:
     experts = int(hf.get("num_local_experts", hf.get("num_experts", 0)))
     return build(hf, mlp_layer_types=("sparse",) * int(hf["num_hidden_layers"]), n_routed_experts=experts,
                  moe_intermediate_size=int(hf["intermediate_size"]), num_experts_per_tok=int(hf["num_experts_per_tok"]),
-                 router="sigmoid", router_dtype_float32=False, norm_topk_prob=True)
+                 router="sigmoid", router_dtype_float32=False, norm_topk_prob=True, full_width_qk_norm=True)
 
 
 def tiny_config(model_type: str = "minimax_m2", **overrides: Any):
