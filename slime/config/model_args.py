@@ -50,6 +50,11 @@ def _rope_scaling(cfg: dict, key: str, default: Any = None) -> Any:
     return scaling.get(key, default)
 
 
+def _rope_type(cfg: dict) -> str:
+    scaling = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    return scaling.get("rope_type", scaling.get("type", "default"))
+
+
 def _yarn(cfg: dict, key: str, default: float) -> float | None:
     """A YaRN setting; None (the flag changes nothing) without YaRN rope scaling."""
     scaling = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
@@ -181,6 +186,8 @@ SWITCHES: dict[str, tuple[Getter, str]] = {
     "--post-mlp-layernorm": (lambda c: c.get("model_type") in POST_NORMED, "post_mlp_layernorm (glm4)"),
     # GQA rotary pairs; MLA checkpoints' rope layout is converted by the loader, so the flag is not compared there
     "--rotary-interleaved": (lambda c: None if _mla(c) else c.get("model_type") == "glm4", "interleaved rotary (glm4)"),
+    # Megatron's Llama-3.x rope scaling (low/high-frequency bands, original context); the factor is --rotary-scaling-factor
+    "--use-rope-scaling": (lambda c: None if _mla(c) else _rope_type(c) == "llama3", "rope_scaling rope_type llama3"),
     "--moe-router-enable-expert-bias": (lambda c: None if not _num_experts(c) else
                                         c.get("model_type") not in SOFTMAX_ROUTED, "e_score_correction_bias"),
     # Megatron's names (attention_output_gate, layernorm_zero_centered_gamma, moe_shared_expert_gate) and the
