@@ -320,3 +320,12 @@ def test_opd_sglang_hooks_against_a_stand_in_teacher_server():
                                    atol=1e-6, rtol=1e-6)
     with pytest.raises(ValueError, match="input_token_logprobs for a response of 5 tokens"):
         opd.response_log_probs({"meta_info": {"input_token_logprobs": [[None, 1], [-1.0, 2]]}}, 5)
+
+
+def test_the_critic_beside_the_actor_is_one_warning_line(ckpts):
+    from slime.config.upstream_differences import upstream_difference_warnings
+
+    argv = ["--hf-checkpoint", ckpts["student"], "--num-rollout", "1", "--global-batch-size", "2"]
+    assert upstream_difference_warnings(parse_args(argv)) == []
+    (line,) = upstream_difference_warnings(parse_args(argv + ["--advantage-estimator", "ppo"]))
+    assert line.startswith("warning: --advantage-estimator ppo: the critic") and "\n" not in line

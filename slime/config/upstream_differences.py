@@ -15,4 +15,8 @@ def upstream_difference_warnings(args: argparse.Namespace) -> list[str]:
     if args.advantage_estimator.startswith("reinforce_plus_plus") and not args.normalize_advantages:
         out.append(f"warning: --advantage-estimator {args.advantage_estimator} whitens advantages (as with "
                    "--normalize-advantages, which upstream requires for it)")
+    if args.use_critic:
+        out.append("warning: --advantage-estimator ppo: the critic lives on the trainer's own ranks beside the actor "
+                   "(upstream: a second actor group that takes turns with it, --offload-train forced), so each device "
+                   "holds both models' weights, grads and optimizer state; the memory plan counts the actor only")
     return out
