@@ -46,7 +46,7 @@ def _placement(args: argparse.Namespace) -> list[str]:
              f"rollout: {engines} engine(s) x {args.rollout_num_gpus_per_engine} devices = {args.rollout_num_gpus} "
              f"devices, {'colocated with the trainer' if args.colocate else 'on their own devices'}"]
     per_engine, per_node = args.rollout_num_gpus_per_engine, args.actor_num_gpus_per_node
-    if args.colocate and engines and per_engine > per_node:  # whole nodes each (placement_group.engine_parts)
+    if engines and per_engine > per_node:  # whole nodes each (placement_group.engine_parts)
         lines[-1] += f"; each engine over {per_engine // per_node} nodes (SGLang --nnodes {per_engine // per_node})"
     for m in args.sglang_deployments or ():
         groups = ", ".join(f"{g.worker_type} {g.num_gpus // g.num_gpus_per_engine}x{g.num_gpus_per_engine}"

@@ -37,6 +37,36 @@ def test_engine_parts_fill_whole_nodes():
         uneven.engine_parts(0, 4)  # 3 + 1 devices: not whole nodes
 
 
+def test_engine_larger_than_a_node_without_colocate(tmp_path, capsys):
+    """Upstream's run-qwen3-235B-A22B.sh: 32-device engines on 8-device nodes, not colocated. No bundle holds 32
+    devices, so the engines get a bundle per device and parts over whole nodes; a size that is neither a divisor
+    nor a multiple of a node is one line before Ray starts."""
+    from types import SimpleNamespace
+
+    from slime.ray.placement_group import bundle_devices
+
+    args = SimpleNamespace(actor_num_nodes=1, actor_num_gpus_per_node=8, rollout_num_gpus=64,
+                           rollout_num_gpus_per_engine=32, colocate=False)
+    assert bundle_devices(args) == ([1] * 8 + [1] * 64, 8)
+    rollout = _slots([f"n{1 + i // 8}" for i in range(64)], list(range(8)) * 8, share=1.0)
+    parts = rollout.engine_parts(1, 32)
+    assert [p.node_ip for p in parts] == ["n5", "n6", "n7", "n8"] and all(p.device_ids == list(range(8)) for p in parts)
+    args.rollout_num_gpus_per_engine = 4
+    assert bundle_devices(args) == ([1] * 8 + [4] * 16, 8)  # within a node: a bundle per engine, as before
+
+    from test_upstream_scripts import _argv
+
+    from slime.config.arguments import parse_args
+
+    argv = _argv("run-qwen3-235B-A22B.sh", tmp_path)
+    for flag, value in (("--rollout-num-gpus", "36"), ("--rollout-num-gpus-per-engine", "12")):
+        argv[argv.index(flag) + 1] = value
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    err = capsys.readouterr().err
+    assert "--rollout-num-gpus-per-engine 12: an engine's devices must be on one node or fill whole nodes" in err
+
+
 def test_nodes_of_one_host_are_told_apart_by_node_id():
     slots = _slots(["127.0.0.1"] * 2, [0, 0])  # two Ray nodes on one machine: same ip, different node ids
     parts = slots.engine_parts(0, 2, per_device=True)

@@ -198,7 +198,8 @@ def _validate_colocated_engine_span(args: argparse.Namespace) -> None:
     here, before Ray starts."""
     g, per_node = args.rollout_num_gpus_per_engine, args.actor_num_gpus_per_node
     _require(per_node % g == 0 or g % per_node == 0,
-             f"--rollout-num-gpus-per-engine {g} with --colocate: an engine's devices must be on one node or fill "
+             f"--rollout-num-gpus-per-engine {g}{' with --colocate' if args.colocate else ''}: an engine's devices "
+             "must be on one node or fill "
              f"whole nodes, and {g} neither divides nor is a multiple of --actor-num-gpus-per-node {per_node}; use a "
              f"divisor or a multiple of {per_node} (docs/rollout.md)")
 
@@ -585,7 +586,8 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     if args.colocate:
         _require(args.rollout_num_gpus <= world,
                  f"--colocate: --rollout-num-gpus {args.rollout_num_gpus} exceeds the trainer's {world} devices; lower it")
-        _validate_colocated_engine_span(args)
+    if args.colocate or args.rollout_num_gpus_per_engine > args.actor_num_gpus_per_node:
+        _validate_colocated_engine_span(args)  # an engine over several nodes fills whole ones, split or not
 
     _resolve_offload(args)
     rollout_batch, n_samples = args.rollout_batch_size, args.n_samples_per_prompt

@@ -138,12 +138,16 @@ class DeviceSlots:
 def bundle_devices(args) -> tuple[list[int], int]:
     """(devices of each bundle in creation order, number of trainer bundles). Trainer: one bundle per
     device. Colocated engines share those; split: one bundle per engine holding all its devices, so an
-    engine's devices are on one node and reserved by its actor."""
+    engine's devices are on one node and reserved by its actor; an engine larger than a node (upstream's
+    run-qwen3-235B-A22B: 32-device engines on 8-device nodes, not colocated) gets a bundle per device, and
+    engine_parts places it over whole nodes as a colocated one."""
     # --debug-rollout-only: no trainer rank starts, so none is given a device
     world = 0 if getattr(args, "debug_rollout_only", False) else args.actor_num_nodes * args.actor_num_gpus_per_node
     if args.colocate:
         return [1] * world, world
     per_engine = int(args.rollout_num_gpus_per_engine)
+    if per_engine > args.actor_num_gpus_per_node:  # no bundle can hold it: one per device
+        return [1] * world + [1] * args.rollout_num_gpus, world
     return [1] * world + [per_engine] * (args.rollout_num_gpus // per_engine), world
 
 
