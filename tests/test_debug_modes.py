@@ -33,7 +33,7 @@ TRAIN_KEYS = ("train/loss", "train/pg_loss", "train/entropy", "train/grad_norm",
 def inputs(tmp_path_factory):
     from glm5_helpers import write_run_inputs
 
-    return write_run_inputs(tmp_path_factory.mktemp("debug_modes"), 32, (5, 5))
+    return write_run_inputs(tmp_path_factory.mktemp("debug_modes"), 32, (5, 5), eval_prompts=4)
 
 
 @pytest.fixture(scope="module")
@@ -122,8 +122,12 @@ def test_mode_flags(inputs, capsys):
     from slime.config.arguments import parse_args
 
     base = ["--hf-checkpoint", inputs["model"], "--rollout-batch-size", "2", "--num-rollout", "1"]
-    args = parse_args(base + ["--load-debug-rollout-data", "/x/{rollout_id}.pt"])
+    args = parse_args(base + ["--load-debug-rollout-data", "/x/{rollout_id}.pt", "--eval-interval", "1",
+                              "--eval-prompt-data", "copy", inputs["eval_data"]])
     assert args.debug_train_only and args.rollout_num_gpus == 0  # upstream: loading implies train-only
+    from slime.rollout.evaluation import eval_steps
+
+    assert eval_steps(args, 0) == set()  # no engine to evaluate with (upstream: eval returns at once)
     args = parse_args(base + ["--debug-rollout-only", "--colocate", "--actor-num-gpus-per-node", "2"])
     assert not args.colocate and args.rollout_num_gpus == 2 and not args.offload_train and not args.offload_rollout
     from slime.ray.placement_group import bundle_devices
@@ -226,8 +230,13 @@ def test_debug_rollout_only_saves_rollouts_without_a_trainer(inputs, full_and_re
     d = inputs["dir"]
     template = str(d / "rollouts_only" / "{rollout_id}.pt")
     records = train(parse_args(_argv(inputs, d / "run_rollout_only", "--colocate", "--debug-rollout-only",
-                                     "--save-debug-rollout-data", template)))
-    assert [r["rollout_id"] for r in records] == [0, 1]
+                                     "--save-debug-rollout-data", template, "--num-rollout", "1", "--eval-interval", "1",
+                                     "--eval-prompt-data", "copy", inputs["eval_data"], "--eval-temperature", "0",
+                                     "--n-samples-per-eval-prompt", "1")))
+    assert [r["rollout_id"] for r in records] == [0]
+    # evaluations before and after the rollout: upstream's eval_<N> files of their samples
+    assert sorted(os.listdir(d / "rollouts_only")) == ["0.pt", "eval_0.pt", "eval_1.pt"]
+    assert len(debug_data.load_rollout(template, "eval_1")) == 4
     assert all("train/loss" not in r and r["rollout/samples"] == 16 for r in records)
     assert not (d / "run_rollout_only" / "ckpt").exists()
     # rollout 0 of the full run came from the same initial weights, seeds and prompts: the same samples
@@ -246,9 +255,9 @@ def test_keep_old_actor_takes_old_log_probs_from_the_generating_weights(inputs, 
     from slime.train_async import train
 
     records = train(parse_args(_argv(inputs, inputs["dir"] / "run_keep_old", "--rollout-num-gpus", "1",
-                                     "--keep-old-actor", "--num-rollout", "3")))
-    assert [r["train/reused_log_probs"] for r in records] == [0.0, 0.0, 0.0]
-    assert [r["train/off_policy_versions"] for r in records] == [0.0, 1.0, 1.0]
+                                     "--keep-old-actor")))
+    assert [r["train/reused_log_probs"] for r in records] == [0.0, 0.0]
+    assert [r["train/off_policy_versions"] for r in records] == [0.0, 1.0]
     assert abs(records[0]["train/ppo_kl"]) < 1e-6  # rollout 0: old = current = initial weights
     for r in records[1:]:
         assert r["train_rollout_logprob_abs_diff"] < 1e-4, r["train_rollout_logprob_abs_diff"]
