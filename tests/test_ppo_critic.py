@@ -140,6 +140,24 @@ def test_critic_checkpoint_resumes(actor_and_args):
     assert any(not torch.equal(v, saved[k]) for k, v in host_copy(fresh.model).items())
 
 
+def test_offload_train_releases_and_restores_the_critic(actor_and_args, monkeypatch):
+    """--offload-train: the critic's weights and optimizer state are released with the actor's and come back
+    bit for bit (the CPU device keeps memory on the host, so its check is bypassed here)."""
+    from slime.accelerator import get_accelerator
+    from slime.backends.megatron.model_setup import host_copy
+
+    actor, _ = actor_and_args
+    monkeypatch.setattr(type(get_accelerator()), "memory_is_host", lambda self: False)
+    saved = host_copy(actor.critic.model)
+    params = list(actor.critic.model.module.parameters())
+    try:
+        assert actor.offload() > 0
+        assert all(p.untyped_storage().nbytes() == 0 for p in params)
+    finally:
+        actor.onload()
+    assert all(torch.equal(v, saved[k]) for k, v in host_copy(actor.critic.model).items())
+
+
 def _teacher_reference(path, batch):
     from transformers import AutoModelForCausalLM
 
@@ -298,7 +316,8 @@ def test_opd_sglang_hooks_against_a_stand_in_teacher_server():
                                kl_loss_type="k1", kl_coef=0.0, n_samples_per_prompt=2, gamma=1.0,
                                disable_grpo_std_normalization=False, normalize_advantages=False,
                                rewards_normalization=True, custom_reward_post_process_path=None,
-                               custom_convert_samples_to_train_data_path=None, lambd=1.0)
+                               custom_convert_samples_to_train_data_path=None, lambd=1.0,
+                               custom_advantage_function_path=None)
         samples = [Sample(index=i, tokens=t, response_length=r) for i, (t, r) in
                    enumerate([([5, 9, 13, 2], 2), ([5, 9, 40], 1), ([8, 3, 3, 3, 7], 3), ([8, 3, 1], 2)])]
         rewards = [asyncio.run(opd.reward_func(args, s)) for s in samples]

@@ -610,6 +610,10 @@ class MegatronTrainRayActor:
         if getattr(self, "_offloader", None) is None:
             self._offloader = Offloader(self.model, self.optimizer)
         released = self._offloader.offload()
+        if self.critic is not None:  # --advantage-estimator ppo: the critic's model and optimizer too
+            if getattr(self, "_critic_offloader", None) is None:
+                self._critic_offloader = Offloader(self.critic.model, self.critic.optimizer)
+            released += self._critic_offloader.offload()
         acc.synchronize()
         acc.empty_cache()
         return released
@@ -617,6 +621,8 @@ class MegatronTrainRayActor:
     def onload(self) -> None:
         if getattr(self, "_offloader", None) is not None:
             self._offloader.onload()
+            if getattr(self, "_critic_offloader", None) is not None:
+                self._critic_offloader.onload()
             get_accelerator().synchronize()
 
     def shutdown(self) -> None:
