@@ -19,6 +19,7 @@ TP_ROWS = "tp_rows"  # split on dim 0 over TP (column-parallel weights, vocab-pa
 TP_COLS = "tp_cols"  # split on dim 1 over TP (row-parallel weights)
 TP_GATE_UP = "tp_gate_up"  # [gate; up] rows, each split over TP, the rank's halves concatenated
 TP_GATE_UP_FUSED = "tp_gate_up_fused"  # as TP_GATE_UP from one HF tensor [gate; up] (GLM-4's mlp.gate_up_proj)
+REPLICATED_HALVES_SWAPPED = "replicated_halves_swapped"  # whole; HF's [a | b] columns held as [b | a] (MiMo's MTP input_proj)
 EXPERT_W1 = "expert_w1"  # [E_local, H, 2I] from per-expert gate/up [I, H]
 EXPERT_W2 = "expert_w2"  # [E_local, I, H] from per-expert down [H, I]
 
@@ -44,6 +45,8 @@ class WeightMap:
     def to_local(self, full: list[torch.Tensor], tp_rank: int, tp: int) -> torch.Tensor:
         if self.kind == REPLICATED:
             return full[0]
+        if self.kind == REPLICATED_HALVES_SWAPPED:
+            return _swap_column_halves(full[0])
         if self.kind == TP_ROWS:
             return full[0].chunk(tp, dim=0)[tp_rank]
         if self.kind == TP_COLS:
@@ -67,6 +70,8 @@ class WeightMap:
 
         if self.kind == REPLICATED:
             return [shards[0]]
+        if self.kind == REPLICATED_HALVES_SWAPPED:
+            return [_swap_column_halves(shards[0])]
         if self.kind == TP_ROWS:
             return [cat(shards, 0)]
         if self.kind == TP_COLS:
@@ -87,6 +92,11 @@ class WeightMap:
         if self.kind == EXPERT_W2:
             return [w.t() for w in experts]
         raise ValueError(self.kind)
+
+
+def _swap_column_halves(t: torch.Tensor) -> torch.Tensor:
+    first, second = t.chunk(2, dim=1)
+    return torch.cat([second, first], dim=1)
 
 
 def mlp_maps(arch, layer: int, prefix: str, hf_prefix: str, ep_rank: int, ep: int) -> list[WeightMap]:

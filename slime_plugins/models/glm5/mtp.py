@@ -4,8 +4,8 @@ decoder layers `model.layers.{N + k}` (N = num_hidden_layers) with enorm, hnorm,
 Depth k (1-based) predicts token t + k + 1 at position t:
     h_k = Layer_k(eh_proj(cat(enorm(embed(token[t + k])), hnorm(h_{k-1}[t]))))
     logits_k = output_layer(shared_head.norm(h_k))
-Another family reuses the block with its own decoder layer and concatenation order by subclassing MtpBlock
-(`layer_spec_of`, `hidden_first`: MiMo, slime_plugins/models/mimo/).
+Another family reuses the block with its own decoder layer by subclassing MtpBlock (`layer_spec_of`: MiMo,
+slime_plugins/models/mimo/).
 with h_0 the main decoder's output (after its final norm). The embedding and output layer are the main
 model's (the checkpoint's per-layer `embed_tokens` / `shared_head.head` copies must equal them; export
 writes the main ones back under those names). Under pipeline parallel the block is on the last stage, which
@@ -37,10 +37,9 @@ def shift_within_sequences(input_ids: torch.Tensor, k: int, cu_seqlens: torch.Te
 
 
 class MtpLayer(MegatronModule):
-    def __init__(self, config, glm: GlmConfig, depth: int, layer_spec_of=layer_spec, hidden_first: bool = False) -> None:
+    def __init__(self, config, glm: GlmConfig, depth: int, layer_spec_of=layer_spec) -> None:
         super().__init__(config=config)
         self.depth = depth
-        self.hidden_first = hidden_first  # eh_proj's input: cat(hnorm(h), enorm(e)) instead of cat(enorm(e), hnorm(h))
         h = glm.hidden_size
         self.enorm = RMSNorm(config, h, eps=glm.rms_norm_eps)
         self.hnorm = RMSNorm(config, h, eps=glm.rms_norm_eps)
@@ -52,8 +51,7 @@ class MtpLayer(MegatronModule):
         self.final_layernorm = RMSNorm(config, h, eps=glm.rms_norm_eps)
 
     def forward(self, hidden: torch.Tensor, embedded: torch.Tensor, ctx) -> torch.Tensor:
-        parts = [self.enorm(embedded), self.hnorm(hidden)]
-        x = self.eh_proj(torch.cat(parts[::-1] if self.hidden_first else parts, dim=-1))
+        x = self.eh_proj(torch.cat([self.enorm(embedded), self.hnorm(hidden)], dim=-1))
 
         def run(h):
             return self.transformer_layer(hidden_states=h, attention_mask=None, packed_seq_params=ctx)[0]
@@ -65,11 +63,10 @@ class MtpLayer(MegatronModule):
 
 class MtpBlock(MegatronModule):
     layer_spec_of = staticmethod(layer_spec)  # (arch, global layer index) -> the MTP layer's decoder-layer spec
-    hidden_first = False
 
     def __init__(self, config, glm: GlmConfig) -> None:
         super().__init__(config=config)
-        self.layers = torch.nn.ModuleList(MtpLayer(config, glm, d + 1, self.layer_spec_of, self.hidden_first)
+        self.layers = torch.nn.ModuleList(MtpLayer(config, glm, d + 1, self.layer_spec_of)
                                           for d in range(glm.mtp_num_layers))
 
     def forward(self, model, input_ids, hidden, ctx, shifted_ids=None) -> list[torch.Tensor]:

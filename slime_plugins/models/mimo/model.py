@@ -2,9 +2,11 @@
 wiring. Published modeling_mimo.py (MiMoMTPLayers), depth k at position t:
     x = input_proj(cat(hidden_layernorm(h_{k-1}[t]), token_layernorm(embed(token[t + k]))))
     h_k = final_layernorm(Qwen2DecoderLayer(x));  logits_k = lm_head(h_k)
-i.e. DeepSeek-V3's MTP with the two halves of the projection's input swapped and the final norm inside the layer.
-HF names: model.mtp_layers.{k}.{token_layernorm, hidden_layernorm, input_proj, final_layernorm} and the decoder
-layer's own (input_layernorm, self_attn.*, post_attention_layernorm, mlp.*)."""
+i.e. DeepSeek-V3's MTP (Megatron's: eh_proj over cat(enorm(e), hnorm(h))) with the projection's input halves in
+the other order and the final norm inside the layer. The model holds eh_proj in Megatron's column order, as
+upstream's Megatron checkpoints do; the weight map swaps the halves to and from HF's input_proj. HF names:
+model.mtp_layers.{k}.{token_layernorm, hidden_layernorm, input_proj, final_layernorm} and the decoder layer's own
+(input_layernorm, self_attn.*, post_attention_layernorm, mlp.*)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from slime_plugins.models.common import model as common
 from slime_plugins.models.common import spec
 from slime_plugins.models.common.gqa_attention import GQASelfAttention
 from slime_plugins.models.common.gqa_model import layer_maps
-from slime_plugins.models.common.weights import REPLICATED, WeightMap, model_maps, stage_of
+from slime_plugins.models.common.weights import REPLICATED, REPLICATED_HALVES_SWAPPED, WeightMap, model_maps, stage_of
 from slime_plugins.models.glm5.mtp import MtpBlock
 
 
@@ -24,7 +26,6 @@ def _mtp_layer_spec(arch, layer_index: int):
 
 class MimoMtpBlock(MtpBlock):
     layer_spec_of = staticmethod(_mtp_layer_spec)
-    hidden_first = True
 
 
 def build_model(arch, tp: int = 1, ep: int = 1, pp: int = 1, dtype: torch.dtype = torch.float32,
@@ -48,7 +49,7 @@ def mtp_maps(arch) -> list[WeightMap]:
         p, hp = f"mtp.layers.{d}", f"model.mtp_layers.{d}"
         maps += [WeightMap(f"{p}.enorm.weight", (f"{hp}.token_layernorm.weight",), REPLICATED),
                  WeightMap(f"{p}.hnorm.weight", (f"{hp}.hidden_layernorm.weight",), REPLICATED),
-                 WeightMap(f"{p}.eh_proj.weight", (f"{hp}.input_proj.weight",), REPLICATED),
+                 WeightMap(f"{p}.eh_proj.weight", (f"{hp}.input_proj.weight",), REPLICATED_HALVES_SWAPPED),
                  WeightMap(f"{p}.final_layernorm.weight", (f"{hp}.final_layernorm.weight",), REPLICATED)]
         maps += layer_maps(arch, arch.num_hidden_layers + d, f"{p}.transformer_layer", hp, 0, 1)
     return maps
