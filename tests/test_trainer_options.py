@@ -1,7 +1,8 @@
 """Trainer flags of upstream's that change what the optimizer does, on the real trainer actor (one rank, the
 tiny GLM-5, two train steps on a fixed rollout batch): --freeze-params-name-list and
 --only-train-params-name-list (this model's names and upstream's Megatron names), --reset-optimizer-states; and
-the profiler flags (--use-pytorch-profiler per --profile-target, --record-memory-history on the host)."""
+the profiler flags (--use-pytorch-profiler per --profile-target, --record-memory-history on the host) and
+--log-probs-max-tokens-per-gpu."""
 
 from __future__ import annotations
 
@@ -100,3 +101,12 @@ def test_profiler_flag_errors():
     args = build_parser().parse_args(["--record-memory-history", "--memory-recorder", "memray"])
     with pytest.raises(ArgumentError, match="memray needs --memory-snapshot-num-steps"):
         validate_profiler_args(args)
+
+
+def test_log_probs_budget_packs_differently_with_equal_results(results):
+    """--log-probs-max-tokens-per-gpu 16 (one sample per micro-batch here) gives the log-probs of the default
+    budget (64 tokens: several samples packed per micro-batch)."""
+    plain, small = results["plain"]["log_probs"], results["profile"]["log_probs"]
+    assert sorted(plain) == sorted(small) == list(range(8))
+    for i in plain:
+        torch.testing.assert_close(small[i], plain[i], rtol=0, atol=1e-5)

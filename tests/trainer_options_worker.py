@@ -21,7 +21,7 @@ CONFIGS: dict[str, list[str]] = {
     "profile": ["--use-pytorch-profiler", "--profile-step-start", "0", "--profile-step-end", "1",
                 "--profile-target", "train_actor", "train_log_probs", "--tensorboard-dir",
                 "{out}/traces", "--record-memory-history", "--memory-snapshot-dir", "{out}/memory",
-                "--memory-snapshot-num-steps", "1"],
+                "--memory-snapshot-num-steps", "1", "--log-probs-max-tokens-per-gpu", "16"],
     "profile_overall": ["--use-pytorch-profiler", "--profile-step-start", "1", "--profile-step-end", "2",
                         "--profile-target", "train_overall", "--tensorboard-dir", "{out}/traces"],
 }
@@ -43,8 +43,10 @@ def run(rank: int, world: int, port: int, ckpt: str, batch_path: str, out_dir: s
         actor.init(args)
         params = dict(actor.model.module.named_parameters())
         before = {n: p.detach().clone() for n, p in params.items()}
-        if name.startswith("profile"):
-            actor.compute_log_probs(RolloutBatch(**{**fields, "reuse_train_log_probs": False}))
+        log_probs = None
+        if name.startswith("profile") or name == "plain":
+            log_probs = actor.compute_log_probs(RolloutBatch(**{**fields, "reuse_train_log_probs": False}))
+            log_probs = log_probs["log_probs"]["old_log_probs"]
         actor.train(0, RolloutBatch(**fields))
         actor.train(1, RolloutBatch(**fields))
         actor.shutdown()
@@ -52,7 +54,7 @@ def run(rank: int, world: int, port: int, ckpt: str, batch_path: str, out_dir: s
         states = [(int(s["step"]), s["exp_avg"].clone(), s["exp_avg_sq"].clone()) for s in adam.state.values()]
         torch.save({"trainable": {n: p.requires_grad for n, p in params.items()},
                     "moved": {n: not torch.equal(before[n], p.detach()) for n, p in params.items()},
-                    "betas": adam.param_groups[0]["betas"], "states": states},
+                    "betas": adam.param_groups[0]["betas"], "states": states, "log_probs": log_probs},
                    os.path.join(out_dir, f"{name}.pt"))
         dist.barrier()
     dist.destroy_process_group()

@@ -39,6 +39,18 @@ def add_argument_once(group, parser: argparse.ArgumentParser, flag: str, **kwarg
 _add = add_argument_once
 
 
+def _json_object(text: str) -> dict:
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e.msg}); pass an object like '{{\"NAME\": \"value\"}}'") from None
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object of names to values")
+    return {k: str(v) for k, v in value.items()}
+
+
 def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("cluster", "Ray placement of trainer and rollout engines")
     _add(g, parser, "--actor-num-nodes", type=int, default=1, help="nodes for the trainer")
@@ -54,6 +66,9 @@ def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--offload-rollout", action=argparse.BooleanOptionalAction, default=None,
          help="release engine memory while training (default: on with --colocate)")
     _add(g, parser, "--offload", action="store_true", help="both --offload-train and --offload-rollout")
+    _add(g, parser, "--train-env-vars", type=_json_object, default={},
+         help='environment variables of the trainer ranks, a JSON object (e.g. \'{"PYTORCH_CUDA_ALLOC_CONF": '
+              '"expandable_segments:True"}\')')
     _add(g, parser, "--num-cpus", type=int, default=None,
          help="CPUs Ray may use when this process starts it (default: all)")
 
@@ -63,6 +78,8 @@ def _add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--hf-checkpoint", type=str, default=None, help="HF model dir: initial weights, tokenizer, config")
     _add(g, parser, "--ref-load", type=str, default=None,
          help="reference model for KL: an HF dir or a torch_dist checkpoint dir (default: --hf-checkpoint)")
+    _add(g, parser, "--ref-ckpt-step", type=int, default=None,
+         help="--ref-load's iteration (rollout id) to load from a --save root, instead of its latest")
     _add(g, parser, "--load", type=str, default=None,
          help="resume from this torch_dist checkpoint dir (--save's); an HF dir gives initial weights; "
               "a new or empty dir starts from --hf-checkpoint")
@@ -123,6 +140,9 @@ def _add_training_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--use-dynamic-batch-size", action="store_true",
          help="pack micro-batches up to --max-tokens-per-gpu instead of a fixed sample count")
     _add(g, parser, "--max-tokens-per-gpu", type=int, default=None, help="token budget of one packed micro-batch")
+    _add(g, parser, "--log-probs-max-tokens-per-gpu", type=int, default=None,
+         help="token budget of a packed micro-batch in the log-prob passes (no grad, so it may exceed "
+              "--max-tokens-per-gpu; default: --max-tokens-per-gpu)")
     _add(g, parser, "--log-probs-chunk-size", type=int, default=None,
          help="tokens per chunk when computing log-probs over the vocabulary (bounds memory)")
     _add(g, parser, "--bf16", action="store_true", help="train in bfloat16 (default: the checkpoint's float32)")
@@ -356,6 +376,15 @@ def _add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
          help="use the engine's log-probs as the old policy instead of recomputing them")
     _add(g, parser, "--disable-rewards-normalization", dest="rewards_normalization", action="store_false",
          help="grpo/gspo/reinforce_plus_plus_baseline: no per-group reward normalization (raw rewards)")
+    _add(g, parser, "--use-opsm", action="store_true",
+         help="off-policy sequence masking: drop the policy loss of a sample with negative advantage whose "
+              "mean log-ratio old - current exceeds --opsm-delta")
+    _add(g, parser, "--opsm-delta", type=float, default=1e-4, help="--use-opsm's bound on the sample's mean KL")
+    _add(g, parser, "--custom-advantage-function-path", type=str, default=None,
+         help="fn(args, rollout_data) replacing the advantage estimator on each train rank: rollout_data holds "
+              "this rank's per-sample log_probs, ref_log_probs, rollout_log_probs, values, kl, loss_masks (tensors), "
+              "rewards, response_lengths, total_lengths; the function sets rollout_data['advantages'] (and "
+              "'returns') to per-sample tensors")
 
 
 def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
@@ -484,6 +513,24 @@ def _read_hf_config(args: argparse.Namespace) -> dict | None:
         raise ArgumentError(f"{path} is not valid JSON ({e}); restore the checkpoint's config.json") from e
     _require(isinstance(cfg, dict), f"{path} must hold a JSON object")
     return cfg
+
+
+def _pick_checkpoint_step(args: argparse.Namespace, load: str, step: str) -> None:
+    """--ref-ckpt-step / --opd-teacher-ckpt-step: the named iteration directory of a --save root replaces the
+    root, so everything downstream (key checks, loading) reads that iteration."""
+    value, root = getattr(args, step), getattr(args, load)
+    if value is None:
+        return
+    flag, load_flag = "--" + step.replace("_", "-"), "--" + load.replace("_", "-")
+    _require(root is not None, f"{flag} needs {load_flag} (a --save root holding iter_XXXXXXX directories)")
+    from slime.backends.megatron.checkpoint_layout import iter_dir
+
+    path = iter_dir(root, value)
+    if not os.path.isdir(path):
+        have = sorted(d for d in os.listdir(root) if d.startswith("iter_")) if os.path.isdir(root) else []
+        _limit(args, False, f"{flag} {value}: {path} does not exist (iterations there: {', '.join(have) or 'none'})")
+        return
+    setattr(args, load, path)
 
 
 def _validate_model(args: argparse.Namespace) -> None:
@@ -655,6 +702,8 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         args.kl_coef > 0 and (args.advantage_estimator.startswith("reinforce_plus_plus") or args.use_critic))
     if args.ref_load is None:
         args.ref_load = args.hf_checkpoint
+    _pick_checkpoint_step(args, "ref_load", "ref_ckpt_step")
+    _pick_checkpoint_step(args, "opd_teacher_load", "opd_teacher_ckpt_step")
     # under --dry-run a path that does not exist yet is a warning (slime.dry_run); an existing one must be readable
     _validate_checkpoint_dirs(args, only_existing=args.dry_run)
     try:

@@ -42,6 +42,8 @@ def add_ppo_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--opd-kl-coef", type=float, default=1.0, help="weight of the OPD reverse-KL term")
     _add(g, parser, "--opd-teacher-load", type=str, default=None,
          help="--opd-type megatron: the teacher, an HF dir or a torch_dist checkpoint with the policy's architecture")
+    _add(g, parser, "--opd-teacher-ckpt-step", type=int, default=None,
+         help="--opd-teacher-load's iteration to load from a --save root, instead of its latest")
 
 
 def _require(cond: bool, msg: str) -> None:

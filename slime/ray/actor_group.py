@@ -30,7 +30,9 @@ class RayTrainGroup:
         self.actors: list[Any] = []
         master = None
         for rank in range(world):
-            actor = remote_cls.options(**slots.actor_options(rank)).remote(world, rank, master)
+            # --train-env-vars: the user's environment on top of the accelerator's (upstream's order)
+            actor = remote_cls.options(**slots.actor_options(rank, extra_env=args.train_env_vars)).remote(
+                world, rank, master)
             if rank == 0:
                 master = ray.get(actor.get_master_addr_port.remote())
             self.actors.append(actor)

@@ -250,3 +250,20 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
     clipped = old + (v - old).clamp(-value_clip, value_clip)
     loss = torch.maximum((clipped - returns.float()).square(), (v - returns.float()).square())
     return loss, ((v - old).abs() > value_clip).float()
+
+
+def opsm_keep(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
+              loss_mask: torch.Tensor, lengths: Sequence[int], delta: float) -> tuple[torch.Tensor, float]:
+    """Off-policy sequence masking (--use-opsm): per token 0 where the token's advantage is negative and its
+    sample's masked mean of old - current log-prob exceeds `delta`, else 1 (flat, no grad); and the masked
+    tokens' share of each sample, summed over samples (upstream's opsm_clipfrac)."""
+    with torch.no_grad():
+        mask = loss_mask.float()
+        diff = (old_log_probs.float() - log_probs.float()) * mask
+        counts = torch.stack([m.sum() for m in mask.split(list(lengths))]) if lengths else torch.zeros(0)
+        seq_kl = torch.stack([d.sum() for d in diff.split(list(lengths))]) / counts.clamp_min(1) if lengths \
+            else torch.zeros(0)
+        off = (advantages < 0) & (torch.repeat_interleave(seq_kl, torch.as_tensor(list(lengths))) > delta)
+        dropped = off.float()
+        frac = sum(float(d.sum()) / max(float(c), 1.0) for d, c in zip(dropped.split(list(lengths)), counts))
+        return 1.0 - dropped, frac

@@ -275,14 +275,17 @@ class MegatronTrainRayActor:
             mine.extend(self._dp_shard(batch, step))
         return mine
 
-    def _micro_batches(self, batch: D.RolloutBatch, indices: list[int]) -> list[list[int]]:
-        """Micro-batches (lists of sample indices into `batch`); the count is equal on every rank."""
+    def _micro_batches(self, batch: D.RolloutBatch, indices: list[int],
+                       max_tokens: int | None = None) -> list[list[int]]:
+        """Micro-batches (lists of sample indices into `batch`); the count is equal on every rank.
+        `max_tokens`: the token budget per device (default --max-tokens-per-gpu)."""
         import torch.distributed as dist
 
         if not self.args.use_dynamic_batch_size:
             return [[indices[i] for i in mb] for mb in D.fixed_micro_batches(len(indices), self.args.micro_batch_size)]
         lengths = [len(batch.tokens[i]) for i in indices]
-        budget = self.args.max_tokens_per_gpu * self.cp_size  # per device: a CP rank holds 1/CP of each pack
+        # per device: a CP rank holds 1/CP of each pack
+        budget = (max_tokens or self.args.max_tokens_per_gpu) * self.cp_size
         count = torch.tensor([len(D.first_fit_decreasing(lengths, budget))])
         dist.all_reduce(count, op=dist.ReduceOp.MAX)  # MoE all-to-all and grad sync need lock-step ranks
         bins = D.dynamic_micro_batches(lengths, budget, int(count.item()))
@@ -307,8 +310,8 @@ class MegatronTrainRayActor:
             picked = set(indices)
             groups = [mb for step in D.step_indices(len(batch), self.args.global_batch_size)
                       for mb in self._micro_batches(batch, [i for i in self._dp_shard(batch, step) if i in picked])]
-        else:
-            groups = self._micro_batches(batch, indices)
+        else:  # no grad: --log-probs-max-tokens-per-gpu may pack more per micro-batch
+            groups = self._micro_batches(batch, indices, self.args.log_probs_max_tokens_per_gpu)
         mbs = [self._pack(batch, mb_indices) for mb_indices in groups]
         with self.profiler.log_probs_pass():
             self._run_schedule(mbs, on_logits, forward_only=True)
@@ -421,7 +424,7 @@ class MegatronTrainRayActor:
             reset_optimizer_states(self.optimizer)
         args, ops = self.args, acc.ops
         mtp = bool(args.enable_mtp_training)
-        keys = METRIC_KEYS + (("mtp_loss",) if mtp else ())
+        keys = METRIC_KEYS + (("mtp_loss",) if mtp else ()) + (("opsm_clipfrac",) if args.use_opsm else ())
         totals = {k: 0.0 for k in keys}
         counts = torch.zeros(3, dtype=torch.float64)  # samples, loss tokens, real tokens (this DP rank)
         grad_norms, losses = [], []

@@ -31,6 +31,8 @@ class LossConfig:
     tis_clip: float = 2.0
     tis_clip_low: float = 0.0
     per_token_loss: bool = False
+    use_opsm: bool = False
+    opsm_delta: float = 1e-4
 
     @classmethod
     def from_args(cls, args) -> "LossConfig":
@@ -41,6 +43,7 @@ class LossConfig:
             kl_loss_type=args.kl_loss_type, use_unbiased_kl=args.use_unbiased_kl, entropy_coef=args.entropy_coef,
             use_tis=args.use_tis,
             tis_clip=args.tis_clip, tis_clip_low=args.tis_clip_low, per_token_loss=args.calculate_per_token_loss,
+            use_opsm=args.use_opsm, opsm_delta=args.opsm_delta,
         )
 
 
@@ -105,6 +108,10 @@ def rl_loss(cfg: LossConfig, log_probs: torch.Tensor, entropy: torch.Tensor, old
     else:
         log_ratio = log_probs - old_log_probs
     pg_loss, clip_frac = ppo_utils.policy_loss(log_ratio, advantages, cfg.eps_clip, cfg.eps_clip_high, cfg.eps_clip_c)
+    opsm_frac = None
+    if cfg.use_opsm:  # before TIS, as upstream's
+        keep_opsm, opsm_frac = ppo_utils.opsm_keep(log_probs, old_log_probs, advantages, mask, lengths, cfg.opsm_delta)
+        pg_loss = pg_loss * keep_opsm
 
     if hooks is not None and hooks.any and total_lengths is None:
         raise ValueError("loss hooks need total_lengths (prompt + response tokens per sample)")
@@ -162,6 +169,8 @@ def rl_loss(cfg: LossConfig, log_probs: torch.Tensor, entropy: torch.Tensor, old
             # over the tokens before any rejection, as upstream's mismatch metrics
             "tis": float(reduce(tis.detach().float(), over=mask)) if tis is not None else 0.0,
         }
+        if opsm_frac is not None:  # a sum over samples (of each one's masked share), like the others
+            metrics["opsm_clipfrac"] = opsm_frac
     return loss / normalizer, metrics
 
 

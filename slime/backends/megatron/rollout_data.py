@@ -137,15 +137,14 @@ def share_advantages(args, batch: RolloutBatch, indices: Sequence[int],
         values = torch.cat([torch.as_tensor(batch.values[i], dtype=torch.float32) for i in indices]) if indices \
             else torch.zeros(0)
     opd = _opd_inputs(args, batch, indices)
-    adv = ppo_utils.compute_advantages(
-        args.advantage_estimator, torch.tensor(batch.rewards), lengths, mask, args.n_samples_per_prompt or 1,
-        kl=kl, kl_coef=args.kl_coef, gamma=args.gamma, std_normalization=not args.disable_grpo_std_normalization,
-        sample_index=indices, all_reduce=all_reduce, normalize=args.normalize_advantages,
-        values=values, lambd=args.lambd, opd=opd,
-        # --custom-reward-post-process-path / --custom-convert-samples-to-train-data-path already normalized
-        # the rewards (upstream's contract)
-        group_normalize=args.rewards_normalization and not (args.custom_reward_post_process_path
-                                                            or args.custom_convert_samples_to_train_data_path))
+    if args.custom_advantage_function_path:
+        adv = _custom_advantages(args, batch, indices, lengths, kl, values)
+    else:
+        adv = ppo_utils.compute_advantages(
+            args.advantage_estimator, torch.tensor(batch.rewards), lengths, mask, args.n_samples_per_prompt or 1,
+            kl=kl, kl_coef=args.kl_coef, gamma=args.gamma, std_normalization=not args.disable_grpo_std_normalization,
+            sample_index=indices, all_reduce=all_reduce, normalize=args.normalize_advantages,
+            values=values, lambd=args.lambd, opd=opd, group_normalize=_group_normalize(args))
     advantages: list = [None] * len(batch)
     # numpy, one array per sample: cheap to slice and to pickle (a torch view would carry its whole storage)
     for i, a in zip(indices, torch.split(adv.float().contiguous(), lengths)):
@@ -171,6 +170,49 @@ def share_advantages(args, batch: RolloutBatch, indices: Sequence[int],
     elif batch.rollout_log_probs is None:
         metrics["train_rollout_logprob_abs_diff"] = float("nan")
     return metrics
+
+
+def _group_normalize(args) -> bool:
+    # --custom-reward-post-process-path / --custom-convert-samples-to-train-data-path already normalized the
+    # rewards (upstream's contract)
+    return args.rewards_normalization and not (args.custom_reward_post_process_path
+                                               or args.custom_convert_samples_to_train_data_path)
+
+
+def _custom_advantages(args, batch: RolloutBatch, indices: list[int], lengths: list[int], kl, values) -> torch.Tensor:
+    """--custom-advantage-function-path: upstream's `fn(args, rollout_data)` over this rank's samples, which
+    sets rollout_data["advantages"] (per-sample tensors; "returns" too, which the critic here computes itself).
+    Its rewards are those upstream's estimators see: group-normalized for grpo / gspo (mean only for the
+    reinforce_plus_plus baseline) unless --disable-rewards-normalization."""
+    from slime.utils.misc import load_function
+
+    rewards = torch.tensor(batch.rewards, dtype=torch.float32)
+    if _group_normalize(args) and args.advantage_estimator in ("grpo", "gspo", "reinforce_plus_plus_baseline"):
+        rewards = ppo_utils.grpo_advantages(rewards, args.n_samples_per_prompt or 1,
+                                            std_normalization=args.advantage_estimator != "reinforce_plus_plus_baseline"
+                                            and not args.disable_grpo_std_normalization)
+
+    def per_sample(values_of):
+        return None if values_of is None else [torch.as_tensor(values_of[i], dtype=torch.float32) for i in indices]
+
+    data = {"log_probs": per_sample(batch.rollout_log_probs if args.use_rollout_logprobs else batch.old_log_probs),
+            "ref_log_probs": per_sample(batch.ref_log_probs), "rollout_log_probs": per_sample(batch.rollout_log_probs),
+            "values": None if values is None else list(values.split(lengths)),
+            "kl": list((kl if kl is not None else torch.zeros(sum(lengths))).split(lengths)),
+            "rewards": [float(rewards[i]) for i in indices], "response_lengths": list(lengths),
+            "loss_masks": per_sample(batch.loss_masks), "total_lengths": [len(batch.tokens[i]) for i in indices]}
+    path = args.custom_advantage_function_path
+    load_function(path)(args, data)
+    out = data.get("advantages")
+    if not isinstance(out, (list, tuple)) or len(out) != len(indices):
+        raise ValueError(f"--custom-advantage-function-path {path} must set rollout_data['advantages'] to one tensor per "
+                         f"sample ({len(indices)}), got {type(out).__name__}")
+    flat = [torch.as_tensor(a, dtype=torch.float32).reshape(-1) for a in out]
+    bad = [i for i, (a, n) in enumerate(zip(flat, lengths)) if a.numel() != n]
+    if bad:
+        raise ValueError(f"--custom-advantage-function-path {path}: sample {bad[0]}'s advantages have "
+                         f"{flat[bad[0]].numel()} values for {lengths[bad[0]]} response tokens")
+    return torch.cat(flat) if flat else torch.zeros(0)
 
 
 def _opd_inputs(args, batch: RolloutBatch, indices: list[int]) -> "ppo_utils.OnPolicyDistillation | None":
