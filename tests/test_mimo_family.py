@@ -166,6 +166,17 @@ def test_engine_logprobs_match_the_trainer(ckpt):
         engine.shutdown()
 
 
+def test_weight_sync_sends_mtp_layers_only_to_a_speculative_sglang_draft():
+    """upstream's MiMo script asks SGLang for an EAGLE draft (the MTP layers); the embedded engine has no draft, so
+    weight sync leaves the MTP tensors out for it, as without the option."""
+    from types import SimpleNamespace
+
+    from slime.backends.megatron.weight_sync import engines_load_mtp
+
+    assert not engines_load_mtp(SimpleNamespace(sglang_speculative_algorithm=None, rollout_engine="sglang"))
+    assert not engines_load_mtp(SimpleNamespace(sglang_speculative_algorithm="EAGLE", rollout_engine="embedded"))
+
+
 def _ranks(rank: int, port: int, ckpt: str, ref_path: str, root: str) -> None:
     import model_families_parallel_worker as worker
 

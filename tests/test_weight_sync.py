@@ -458,7 +458,7 @@ def test_distributed_sync_with_a_refusing_engine_aborts_resumes_every_engine_and
                     p.kill()
 
 
-def test_mtp_layers_reach_only_engines_that_load_them():
+def test_mtp_layers_reach_only_engines_that_load_them(monkeypatch):
     """A checkpoint's MTP layers (model.layers.{N + k}.*) are not sent to engines without speculative decoding
     (the embedded engine rejects them as unknown; SGLang loads them only as its draft model)."""
     from types import SimpleNamespace
@@ -475,8 +475,10 @@ def test_mtp_layers_reach_only_engines_that_load_them():
     kept = list(without_mtp_layers(iter(buckets), arch))
     assert [[n for n, _ in b] for b in kept] == [["model.embed_tokens.weight", "model.layers.2.mlp.gate.weight"],
                                                  ["lm_head.weight"]]
-    assert not engines_load_mtp(SimpleNamespace(sglang_speculative_algorithm=None))
-    assert engines_load_mtp(SimpleNamespace(sglang_speculative_algorithm="EAGLE"))
+    assert not engines_load_mtp(SimpleNamespace(sglang_speculative_algorithm=None, rollout_engine="sglang"))
+    assert not engines_load_mtp(SimpleNamespace(sglang_speculative_algorithm="EAGLE", rollout_engine="embedded"))
+    monkeypatch.setattr("slime.backends.sglang.launcher.sglang_available", lambda: True)
+    assert engines_load_mtp(SimpleNamespace(sglang_speculative_algorithm="EAGLE", rollout_engine="sglang"))
 
 
 @pytest.mark.parametrize("ffn,hidden,capacity", [(24, 40, 1 << 20), (5, 7, 1 << 20), (24, 40, 5800)])

@@ -689,9 +689,13 @@ class _EngineCalls:
 
 def engines_load_mtp(args) -> bool:
     """Whether the engines hold the checkpoint's MTP layers: SGLang loads them only as the draft model of
-    speculative decoding (--sglang-speculative-algorithm, e.g. EAGLE in upstream's GLM-5 script); the
-    embedded engine (transformers' model) has none."""
-    return bool(args.sglang_speculative_algorithm)
+    speculative decoding (--sglang-speculative-algorithm, e.g. EAGLE in upstream's GLM-5 and MiMo scripts); the
+    embedded engine (transformers' model) has none and ignores the speculative options."""
+    if not args.sglang_speculative_algorithm:
+        return False
+    from slime.ray.rollout_manager import resolve_engine_kind
+
+    return resolve_engine_kind(args) == "sglang"
 
 
 def without_mtp_layers(buckets, arch):
