@@ -486,22 +486,31 @@ def test_behind_a_router_batches_carry_one_sampling_params_and_consecutive_seeds
         assert b.rollout_log_probs == pytest.approx(a.rollout_log_probs, abs=1e-5)
 
 
-def test_dynamic_sampling_keeps_only_groups_that_pass_the_filter(engines, tmp_path, tokenizer):
-    """--over-sampling-batch-size rounds until --rollout-batch-size groups pass; the upstream-named filter
-    drops groups whose rewards are all equal."""
+def test_dynamic_sampling_keeps_the_first_groups_that_pass_the_filter(engines, tmp_path, tokenizer):
+    """A built-in run with --dynamic-sampling-filter-path / --over-sampling-batch-size runs upstream's loop
+    (the rollout manager's choice): on the embedded engine, groups submitted --over-sampling-batch-size at a time
+    until --rollout-batch-size groups that the filter keeps have finished; the upstream-named filter drops
+    groups whose rewards are all equal."""
     from slime.rollout.filter_hub.dynamic_sampling_filters import check_reward_nonzero_std
+    from slime.rollout.plugin_rollout import make_data_source, plugin_args, run_plugin_rollout, uses_plugin_rollout
+    from slime.rollout.sglang_rollout import GenerateState
 
-    _, clients = engines
+    path, clients = engines
     args, ds = _rollout_setup(tmp_path, tokenizer)
+    args.hf_checkpoint = path
     args.dynamic_sampling_filter_path = "tests.test_rollout:_odd_groups_only"
     args.rollout_batch_size, args.over_sampling_batch_size = 3, 2
-    samples, metrics = generate_rollout(args, _Fleet(clients), ds, tokenizer, get_reward_fn(args))
-    # groups 0..5 generated in rounds of 2; odd ones kept: 1, 3, 5
-    assert [s.group_index for s in samples] == [1, 1, 1, 3, 3, 3, 5, 5, 5]
-    assert metrics["rollout/dynamic_filter/rounds"] == 3 and metrics["rollout/dynamic_filter/kept_ratio"] == 0.5
-    args.dynamic_sampling_filter_path, args.max_sampling_rounds = "tests.test_rollout:_no_group", 2
-    with pytest.raises(RolloutError, match="kept 0 of 3 groups after 2 rounds"):
-        generate_rollout(args, _Fleet(clients), ds, tokenizer, get_reward_fn(args))
+    assert uses_plugin_rollout(args)
+    args = plugin_args(args, clients[0].url, 1, clients[:1])
+    GenerateState.clear_instances()
+    try:
+        samples, _ = run_plugin_rollout(args, 0, make_data_source(args, ds, tokenizer))
+    finally:
+        GenerateState.clear_instances()
+    groups = sorted({s.group_index for s in samples})
+    assert len(samples) == 9 and len(groups) == 3 and all(g % 2 == 1 for g in groups)
+    assert [s.index for s in samples] == sorted(s.index for s in samples)
+    assert all(s.reward == pytest.approx(score(s.response, s.label)) for s in samples)
     tie = [Sample(group_index=0, index=i, prompt="p", reward=0.5) for i in range(3)]
     assert not check_reward_nonzero_std(args, tie)
     tie[1].reward = 0.0
@@ -510,10 +519,6 @@ def test_dynamic_sampling_keeps_only_groups_that_pass_the_filter(engines, tmp_pa
 
 def _odd_groups_only(args, samples):
     return samples[0].group_index % 2 == 1
-
-
-def _no_group(args, samples):
-    return type("Out", (), {"keep": False})()
 
 
 def test_custom_generate_function_replaces_the_generate_call(engines, tmp_path, tokenizer):

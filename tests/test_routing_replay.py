@@ -254,3 +254,47 @@ def test_replay_at_tp2_cp2_ep2_routes_as_the_engine(tiny_ckpt, rollout, tmp_path
         got = torch.load(tmp_path / f"{name}.pt")
         assert _max_diff(got[True], batch.rollout_log_probs) < 1e-4, name
         assert _max_diff(got[False], batch.rollout_log_probs) > 1e-2, name
+
+
+def steer_experts_before_training(args, rollout_id, step_id, model, optimizer, scheduler):
+    """A train-step hook that changes the routers' choice between the old-policy pass and the training forward."""
+    for m in _moe_layers_of(model):
+        m.expert_bias.copy_(torch.tensor([0, 5.0, 0, 0, 0, 5.0, 0, 0]))
+
+
+def _moe_layers_of(model):
+    from slime_plugins.models.common.moe import MoELayer
+
+    return [m for m in model.modules() if isinstance(m, MoELayer)]
+
+
+def test_use_routing_replay_trains_on_the_old_passs_routes(actor, rollout):
+    """--use-routing-replay alone through train_rollout: the routers change between the old-policy pass and the
+    training forward (a before-train-step hook moves the expert bias); replayed, the training forward's
+    log-probs are the old pass's (ppo_kl 0 to rounding); routing by itself the policy seems to have moved."""
+    from slime.backends.megatron.rollout_data import pack_samples
+    from slime.utils.routing_replay import REPLAY
+
+    samples, _ = rollout
+    args = actor.args
+    layers = _moe_layers(actor)
+    saved = [m.expert_bias.clone() for m in layers]
+    weights = {k: v.detach().clone() for k, v in actor.model.state_dict().items() if torch.is_tensor(v)}
+    kl = {}
+    try:
+        args.use_rollout_routing_replay = False
+        args.custom_megatron_before_train_step_hook_path = "tests.test_routing_replay:steer_experts_before_training"
+        for flag in (True, False):
+            args.use_routing_replay = flag
+            m = actor.train_rollout(0, pack_samples(samples), reuse_train_log_probs=False)
+            kl[flag] = abs(m["train/ppo_kl"])
+            assert not REPLAY.recorded  # cleared after the rollout
+            actor.model.load_state_dict(weights, strict=False)
+            for layer, b in zip(layers, saved):
+                layer.expert_bias.copy_(b)
+    finally:
+        args.custom_megatron_before_train_step_hook_path = None
+        args.use_rollout_routing_replay = args.use_routing_replay = True
+        for layer, b in zip(layers, saved):
+            layer.expert_bias.copy_(b)
+    assert kl[True] < 1e-6 and kl[False] > 1e-3, kl

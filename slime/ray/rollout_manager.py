@@ -300,7 +300,7 @@ class RolloutManager(EngineFleet):
             self._refresh_versions()
             self._rollout_id = rollout_id
             url = self.sglang_router.url if self.sglang_router is not None else self.urls[0]
-            args = plugin_rollout.plugin_args(self.args, url, self.n)
+            args = plugin_rollout.plugin_args(self.args, url, self.n, self.clients)
             if getattr(self, "_plugin_data_source", None) is None:
                 self._plugin_data_source = plugin_rollout.make_data_source(args, self.data_source, self.tokenizer)
             return plugin_rollout.run_plugin_eval(args, rollout_id, self._plugin_data_source)
@@ -321,7 +321,7 @@ class RolloutManager(EngineFleet):
         from slime.rollout import plugin_rollout
 
         url = self.sglang_router.url if self.sglang_router is not None else (self.urls[0] if self.urls else None)
-        args = plugin_rollout.plugin_args(self.args, url, self.n)
+        args = plugin_rollout.plugin_args(self.args, url, self.n, self.clients)
         if getattr(self, "_plugin_data_source", None) is None:
             self._plugin_data_source = plugin_rollout.make_data_source(args, self.data_source, self.tokenizer)
         return plugin_rollout.run_plugin_rollout(args, rollout_id, self._plugin_data_source)

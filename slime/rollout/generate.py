@@ -421,55 +421,33 @@ def check_exactly_once(samples: list[Sample], expected: range) -> None:
         raise RolloutError(f"rollout returned sample indices {got[:8]}... but expected {expected}; this is a bug")
 
 
-def _keep_group(filter_fn: Any, args: Any, group: list[Sample]) -> bool:
-    """A filter returns a bool or an object with `.keep` (upstream's DynamicFilterOutput)."""
-    out = filter_fn(args, group)
-    return bool(getattr(out, "keep", out))
-
-
 def generate_rollout(args: Any, fleet: EngineFleet, data_source: Any, tokenizer: Any, reward_fn: RewardFn | None,
                      progress: _Counters | None = None) -> tuple[list[Sample], dict[str, float]]:
-    """--rollout-batch-size prompt groups. With --dynamic-sampling-filter-path, rounds of
-    --over-sampling-batch-size prompts are generated until that many groups pass the filter (surplus
-    kept groups of the last round are dropped), at most --max-sampling-rounds rounds."""
+    """--rollout-batch-size prompt groups, every sample generated and rewarded. Dynamic sampling,
+    over-sampling and partial rollout are upstream's rollout loop, which the rollout manager runs for them
+    (slime.rollout.sglang_rollout; plugin_rollout.STREAMING_FLAGS): not this one."""
+    from slime.rollout.plugin_rollout import STREAMING_FLAGS
+
+    given = [f"--{name.replace('_', '-')}" for name in STREAMING_FLAGS if getattr(args, name, None)]
+    if given:
+        raise RolloutError(f"{', '.join(given)}: run by slime.rollout.sglang_rollout.generate_rollout (the rollout "
+                           "manager picks it for these flags), not by the built-in generate_rollout")
     if not args.rollout_batch_size:
         raise RolloutError("--rollout-batch-size is required (prompts per rollout)")
     n, target = args.n_samples_per_prompt, args.rollout_batch_size
-    filter_fn = None
-    if args.dynamic_sampling_filter_path:
-        from slime.rollout.rewards import load_custom
-
-        filter_fn = load_custom(args.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path")
     t0 = time.perf_counter()
     engine_times = EngineTimes(fleet)
-    kept: list[list[Sample]] = []
-    generated, rounds, all_samples = 0, 0, []
     counters = progress or _Counters()
-    while len(kept) < target:
-        if rounds == args.max_sampling_rounds:
-            raise RolloutError(f"dynamic sampling kept {len(kept)} of {target} groups after {rounds} rounds of "
-                               f"{args.over_sampling_batch_size or target} prompts; raise --max-sampling-rounds or "
-                               "--over-sampling-batch-size, or loosen --dynamic-sampling-filter-path")
-        rounds += 1
-        batch = target if filter_fn is None else (args.over_sampling_batch_size or target)
-        items = data_source.next_batch(batch)
-        indices = data_source.take_sample_indices(len(items) * n)
-        samples = make_samples(items, n, indices)
-        run_samples(args, fleet, samples, tokenizer, reward_fn, counters, engine_times)
-        check_exactly_once(samples, indices)
-        all_samples += samples
-        generated += len(items)
-        groups = [samples[i:i + n] for i in range(0, len(samples), n)]
-        if reward_fn is not None and args.group_rm:
-            for g in groups:  # --group-rm: the reward sees a prompt's samples together
-                for s, r in zip(g, compute_group_rewards(reward_fn, args, g)):
-                    s.reward = r
-        kept += groups if filter_fn is None else [g for g in groups if _keep_group(filter_fn, args, g)]
-    samples = [s for g in kept[:target] for s in g]
+    items = data_source.next_batch(target)
+    indices = data_source.take_sample_indices(len(items) * n)
+    samples = make_samples(items, n, indices)
+    run_samples(args, fleet, samples, tokenizer, reward_fn, counters, engine_times)
+    check_exactly_once(samples, indices)
+    if reward_fn is not None and args.group_rm:
+        for i in range(0, len(samples), n):  # --group-rm: the reward sees a prompt's samples together
+            group = samples[i:i + n]
+            for s, r in zip(group, compute_group_rewards(reward_fn, args, group)):
+                s.reward = r
     metrics = rollout_metrics(samples, counters, time.perf_counter() - t0)
     metrics.update(engine_times.metrics())
-    if filter_fn is not None:
-        metrics["rollout/dynamic_filter/kept_ratio"] = len(kept) / max(generated, 1)
-        metrics["rollout/dynamic_filter/rounds"] = float(rounds)
-        metrics["rollout/dynamic_filter/generated_prompts"] = float(generated)
     return samples, metrics

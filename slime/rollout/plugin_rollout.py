@@ -1,5 +1,7 @@
 """Rollouts through upstream slime's plugin contracts, run by the rollout manager when a run names one:
-`--rollout-function-path`, `--data-source-path` or `--custom-generate-function-path`.
+`--rollout-function-path`, `--data-source-path` or `--custom-generate-function-path`, and for the flags whose
+meaning is upstream's rollout loop: `--dynamic-sampling-filter-path`, `--over-sampling-batch-size`,
+`--partial-rollout` (one implementation of them, slime.rollout.sglang_rollout).
 
 The plugins see the args upstream's see: `sglang_router_ip`/`sglang_router_port` name the sglang-router
 in front of the engines (or the first engine when requests are routed in-process), and the data source
@@ -28,13 +30,20 @@ from slime.utils.types import Sample
 DEFAULT_ROLLOUT_FUNCTION = "slime.rollout.sglang_rollout.generate_rollout"
 
 
+# Flags whose meaning is upstream's rollout loop (streaming groups, first finished kept, the rest aborted and,
+# with --partial-rollout, resumed later): a built-in run that sets one runs that loop (sglang_rollout) too.
+STREAMING_FLAGS = ("dynamic_sampling_filter_path", "over_sampling_batch_size", "partial_rollout")
+
+
 def uses_plugin_rollout(args: Any) -> bool:
     return any(getattr(args, name, None) for name in
-               ("rollout_function_path", "data_source_path", "custom_generate_function_path"))
+               ("rollout_function_path", "data_source_path", "custom_generate_function_path", *STREAMING_FLAGS))
 
 
-def plugin_args(args: Any, router_url: str, num_engines: int) -> Any:
+def plugin_args(args: Any, router_url: str, num_engines: int, engines: list | None = None) -> Any:
+    """engines: an EngineClient per engine (with the run's token), for the rollout's abort of running requests."""
     out = copy.copy(args)
+    out.rollout_engine_clients = list(engines or [])
     parts = urlsplit(router_url or "")  # None: no engine runs (--debug-train-only)
     out.sglang_router_ip, out.sglang_router_port = parts.hostname, parts.port
     out.rollout_num_engines = num_engines

@@ -12,8 +12,11 @@ in front of the engines; the rollout manager sets these) with `return_logprob`; 
 fill the sample through `Sample.append_response_tokens`. A group's samples are generated concurrently,
 at most --sglang-server-concurrency x engines in flight; the rollout keeps the first
 --rollout-batch-size groups to finish that pass --dynamic-sampling-filter-path, submitting
---over-sampling-batch-size more whenever too few are pending, and aborts the rest (given back to
-the data source with --partial-rollout).
+--over-sampling-batch-size more whenever too few are pending, and aborts the rest: the engines end
+their running requests (`/abort_request`), which come back with the tokens generated so far; with
+--partial-rollout those groups go back to the data source and continue from there in a later rollout.
+The rollout manager runs this loop for a built-in run that uses dynamic sampling, over-sampling or
+partial rollout too (slime.rollout.plugin_rollout).
 """
 
 from __future__ import annotations
@@ -163,14 +166,33 @@ async def generate_and_rm_group(args: Namespace, group: list[Sample], sampling_p
     return group
 
 
+ABORT_RETRY_S = 0.5  # abort again while groups are pending: a request sent just before the abort may still run
+
+
+async def abort_engines(args: Namespace) -> None:
+    """`POST /abort_request {"abort_all": true}` to every engine (args.rollout_engine_clients, set by the rollout
+    manager): their running and queued requests end now with finish_reason abort and the tokens so far."""
+
+    async def one(client: Any) -> None:
+        try:
+            await asyncio.to_thread(client.abort_all)
+        except Exception as e:  # noqa: BLE001 - an engine that is down has nothing to abort
+            logger.warning("abort_request to %s failed: %s", getattr(client, "url", client), e)
+
+    await asyncio.gather(*(one(c) for c in getattr(args, "rollout_engine_clients", None) or []))
+
+
 async def abort(args: Namespace, rollout_id: int) -> list[list[Sample]]:
-    """Stop the groups still generating: cancelled here (their requests' answers are dropped) and, with
-    --partial-rollout, returned to be given back to the data source."""
+    """Stop the groups still generating: samples not sent yet are not sent, the engines abort the running
+    ones (partial responses come back, status ABORTED); with --partial-rollout every such group is returned
+    to be given back to the data source (its partial samples marked with metadata["start_rollout_id"])."""
     state = GenerateState(args)
     state.aborted = True
     leftover: list[list[Sample]] = []
     while state.pendings:
-        done, state.pendings = await asyncio.wait(state.pendings, return_when=asyncio.FIRST_COMPLETED)
+        await abort_engines(args)
+        done, state.pendings = await asyncio.wait(state.pendings, timeout=ABORT_RETRY_S,
+                                                  return_when=asyncio.FIRST_COMPLETED)
         if getattr(args, "partial_rollout", False):
             for task in done:
                 group = task.result()
