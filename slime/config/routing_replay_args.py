@@ -33,6 +33,9 @@ def validate_routing_replay_args(args: argparse.Namespace, hf_config: dict | Non
     if not args.use_routing_replay or hf_config is None:
         return
     flag = "--use-rollout-routing-replay" if args.use_rollout_routing_replay else "--use-routing-replay"
+    from slime.config.model_args import text_model_config
+
+    hf_config = text_model_config(hf_config)  # a vision-language config.json (Qwen3.5-MoE): its text model
     experts = hf_config.get("n_routed_experts", hf_config.get("num_experts"))
     if not experts or not hf_config.get("num_experts_per_tok"):
         raise ArgumentError(f"{flag} replays MoE routes, but {args.hf_checkpoint}'s config.json describes a dense "
