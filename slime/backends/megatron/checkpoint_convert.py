@@ -34,7 +34,7 @@ def _world() -> tuple[int, int]:
 def hf_to_torch_dist_args(argv: list[str] | None = None) -> argparse.Namespace:
     from slime.backends.megatron.hf_io import HFCheckpoint, HFCheckpointError
     from slime.config.arguments import build_parser
-    from slime.config.model_args import model_arg_mismatches
+    from slime.config.model_args import model_arg_mismatches, text_model_config
 
     parser = build_parser()
     parser.prog = "convert_hf_to_torch_dist.py"
@@ -55,8 +55,8 @@ def hf_to_torch_dist_args(argv: list[str] | None = None) -> argparse.Namespace:
         _fail(f"MODEL_ARGS disagree with {args.hf_checkpoint}/config.json: {'; '.join(bad)}")
     world, _ = _world()
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
-    num_layers = int(cfg.get("num_hidden_layers", 0))
-    if pp == 1 and tp == 1 and world > 1 and num_layers % world == 0 and not cfg.get("tie_word_embeddings"):
+    num_layers = int(text_model_config(cfg).get("num_hidden_layers", 0))  # Qwen3.5: under text_config
+    if num_layers and pp == 1 and tp == 1 and world > 1 and num_layers % world == 0 and not cfg.get("tie_word_embeddings"):
         args.pipeline_model_parallel_size = world  # as upstream's tool: the ranks split the layers (else: replicas)
     return args
 
