@@ -16,6 +16,7 @@ import torch
 
 from slime.accelerator import get_accelerator
 from slime.backends.megatron import checkpoint as ckpt
+from slime.backends.megatron import ci_checks
 from slime.backends.megatron import data as D
 from slime.backends.megatron import hooks
 from slime.backends.megatron.loss import METRIC_KEYS, LossConfig, LossHooks, rl_loss, sft_loss
@@ -390,6 +391,8 @@ class MegatronTrainRayActor:
                 batch.teacher_log_probs = full(self._log_probs_of(batch, mine))
         metrics["time/log_probs"] = time.perf_counter() - t0
         metrics["time/log_probs_ref"] = metrics["time/log_probs"] - metrics["time/log_probs_old"]
+        if not reuse_train_log_probs and not sft:
+            ci_checks.check_log_probs(args, rollout_id, batch.old_log_probs, batch.ref_log_probs, batch.loss_masks)
         t = time.perf_counter()
         if args.compute_advantages_and_returns and not sft:
             metrics.update(share_advantages(args, batch, mine, GroupReduce(self.dp_group)))
@@ -408,6 +411,7 @@ class MegatronTrainRayActor:
                 metrics.update(self.train(rollout_id, batch))
         finally:
             REPLAY.recorded = {}  # this rollout's routes
+        ci_checks.check_mismatch(args, metrics)  # --ci-test
         return metrics
 
     # --- training -------------------------------------------------------------------------
@@ -511,6 +515,11 @@ class MegatronTrainRayActor:
                                                 args.check_for_nan_in_loss_and_grad)
             timer.lap("optimizer", t)
             grad_norms.append(grad_norm)
+            ci_checks.record_grad_norm(args, rollout_id, step_id, grad_norm, self.rank)  # --ci-save/load-grad-norm
+            if step_id == 0 and args.ci_test and self.last_stage:
+                local = counts[1] if args.calculate_per_token_loss else counts[0]
+                ci_checks.check_first_step(args, rollout_id, step_id, totals["ppo_kl"] / max(float(local), 1.0),
+                                           totals["kl"] / max(float(local), 1.0) if batch.ref_log_probs else None)
             loss_t = torch.tensor([step_loss], dtype=torch.float64)
             dist.all_reduce(loss_t, group=self.dp_group)
             losses.append(float(loss_t.item()) / self.dp_size)
