@@ -164,6 +164,16 @@ def _freeze_engine_after_first_record(out, frozen: list) -> threading.Thread:
     return thread
 
 
+def test_train_only_without_saved_rollouts_says_what_to_pass(inputs, tmp_path):
+    from slime.config.arguments import parse_args
+    from slime.ray.rollout_manager import RolloutError, RolloutManager
+
+    manager = RolloutManager(parse_args(_argv(inputs, tmp_path, "--debug-train-only")))  # no engine: no Ray needed
+    assert manager.engines() == []
+    with pytest.raises(RolloutError, match="starts no rollout engine: replay saved rollouts with --load-debug-"):
+        manager.generate_rollout(0)
+
+
 @pytest.fixture(scope="module")
 def full_and_replay(inputs, ray_session):
     from slime.config.arguments import parse_args

@@ -338,6 +338,10 @@ class RolloutManager(EngineFleet):
         plugin = uses_plugin_rollout(self.args)
         if self.data_source is None and not (plugin and self.args.data_source_path):
             raise RolloutError("no prompts: pass --prompt-data")
+        if not self.n and not plugin:
+            raise RolloutError("--debug-train-only starts no rollout engine: replay saved rollouts with "
+                               "--load-debug-rollout-data PATH, or name a --rollout-function-path that needs none "
+                               "(e.g. slime.rollout.sft_rollout.generate_rollout)")
         self._refresh_versions()
         self._note_current_versions()
         self._rollout_id = rollout_id
