@@ -278,6 +278,9 @@ class RolloutManager(EngineFleet):
             payload = pack_samples(samples, self.args.reward_key)
             metrics.update(post_process_rewards(self.args, samples, payload))  # --custom-reward-post-process-path
         metrics.update(payload_summary(payload))
+        from slime.rollout.rollout_metrics import rollout_metrics
+
+        metrics.update(rollout_metrics(self.args, samples))  # --log-passrate, --log-multi-turn, ...
         metrics = log_rollout(self.args, rollout_id, samples, metrics, time.time() - started)
         # engines: the list after this rollout (restarts happen during one), for the weight sync that follows
         out = {"data": self._ray().put(payload), "num_samples": int(payload["response_lengths"].size),
