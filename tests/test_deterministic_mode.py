@@ -27,12 +27,15 @@ def _is_timing(key: str) -> bool:
 
 
 def test_set_deterministic_turns_on_deterministic_algorithms(monkeypatch):
-    from slime.accelerator import get_accelerator
+    from slime.accelerator import AscendAccelerator, CudaAccelerator, get_accelerator
 
     monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda mode, warn_only=False: seen.append((mode, warn_only)))
     seen: list = []
     get_accelerator().set_deterministic()
     assert seen == [(True, False)]
+    # the collectives' switches each device documents (set before the process group exists)
+    assert CudaAccelerator.deterministic_env(None)["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert AscendAccelerator.deterministic_env(None) == {"HCCL_DETERMINISTIC": "true"}
 
 
 def test_deterministic_engine_is_batch_invariant(tmp_path):

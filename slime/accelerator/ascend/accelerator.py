@@ -110,6 +110,11 @@ class AscendAccelerator(DeviceModuleAccelerator):
             "PYTORCH_NPU_ALLOC_CONF": os.environ.get("PYTORCH_NPU_ALLOC_CONF", "expandable_segments:True"),
         }
 
+    def deterministic_env(self) -> dict[str, str]:
+        # CANN's switch for deterministic reduction collectives (AllReduce, ReduceScatter, Reduce): the same
+        # output for the same input on the same hardware; slower. Documented for Atlas A2 / A3.
+        return {"HCCL_DETERMINISTIC": "true"}
+
     def sglang_server_args(self) -> list[str]:
         # SGLang's NPU build selects the device explicitly and serves attention through its Ascend backend.
         return ["--device", "npu", "--attention-backend", "ascend"]
