@@ -242,7 +242,7 @@ def test_converters_refuse_bad_input_in_one_line(tiny, tmp_path, capsys):
 
 
 def test_converted_checkpoint_loads_at_another_layout_and_saves_back_bit_exact(tiny, tmp_path):
-    """Every model type of the GQA, GLM, DeepSeek and MiniMax families: the converter under 2 ranks (pipeline stages for the untied 2-layer
+    """Every model type of the GQA, GLM, DeepSeek, MiniMax and Qwen3-Next families: the converter under 2 ranks (pipeline stages for the untied 2-layer
     models, as upstream's tool splits them; else replicas); the trainer's --load at TP2 or EP2: logits within
     1e-5 of max |logit| of transformers'; saved there and converted back: the original tensors."""
     import shutil
@@ -255,7 +255,7 @@ def test_converted_checkpoint_loads_at_another_layout_and_saves_back_bit_exact(t
 
     layouts = {"qwen3": (2, 1, 1), "llama": (2, 1, 1), "qwen2": (2, 1, 1), "glm4_moe": (2, 1, 1), "glm4": (2, 1, 1),
                "deepseek_v3": (2, 1, 1), "qwen3_moe": (1, 2, 1), "glm4_moe_lite": (1, 2, 1), "glm_moe_dsa": (1, 2, 1),
-               "kimi_k2": (1, 2, 1), "minimax_m2": (2, 1, 1)}  # (tp, ep, pp)
+               "kimi_k2": (1, 2, 1), "minimax_m2": (2, 1, 1), "qwen3_next": (1, 2, 1)}  # (tp, ep, pp)
     assert set(layouts) <= set(supported_model_types())
     # Kimi-K2 is DeepSeek-V3 under its own model_type (transformers has none): the reference runs the deepseek_v3 copy.
     kimi = str(tmp_path / "kimi_k2")

@@ -24,7 +24,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 # GLM-5: upstream's converter hard-codes the indexer's head size (128) and rope size (64).
 FAMILIES = {"qwen3": {}, "qwen3_moe": {}, "qwen2": {}, "llama": {}, "glm4_moe": {}, "glm4_moe_lite": {},
-            "glm_moe_dsa": {"index_head_dim": 128, "qk_rope_head_dim": 64}, "glm4": {}, "deepseek_v3": {}, "minimax_m2": {}}
+            "glm_moe_dsa": {"index_head_dim": 128, "qk_rope_head_dim": 64}, "glm4": {}, "deepseek_v3": {}, "minimax_m2": {},
+            "qwen3_next": {}}
 
 
 def tensor_digest(path: str) -> dict[str, list]:
