@@ -298,3 +298,54 @@ def test_use_routing_replay_trains_on_the_old_passs_routes(actor, rollout):
         for layer, b in zip(layers, saved):
             layer.expert_bias.copy_(b)
     assert kl[True] < 1e-6 and kl[False] > 1e-3, kl
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "deepseek_v3"])
+def test_other_moe_families_replay_the_engines_routes(model_type, tmp_path):
+    """Qwen3-MoE (softmax router) and DeepSeek-V3 (sigmoid, expert groups): the engine's routed experts, replayed
+    by the trainer (a spawned rank), give the engine's log-probs; with the router weights scrambled every fed
+    token still goes to the engine's experts, and by themselves the routers choose others."""
+    from glm5_helpers import spawn_ranks
+    from routing_replay_parallel_worker import run_families
+
+    from slime.backends.embedded.engine import EmbeddedEngine, EngineConfig
+    from slime.backends.megatron.rollout_data import pack_samples
+    from slime.config.rollout_args import rollout_defaults
+    from slime.utils.types import Sample
+    from slime_plugins.models.common.tiny import write_tiny_checkpoint
+
+    ckpt = write_tiny_checkpoint(str(tmp_path / model_type), model_type)
+    engine = EmbeddedEngine(EngineConfig(model_path=ckpt, batch_wait_s=0.05))
+    try:
+        reqs = [engine.submit(engine.make_request(p, {"max_new_tokens": 5, "temperature": 1.0, "sampling_seed": i,
+                                                      "ignore_eos": True}, True, return_routed_experts=True))
+                for i, p in enumerate(PROMPTS)]
+        outs = [(r.done.wait(), engine.response(r))[1] for r in reqs]
+        layers, topk = engine._routes.num_layers, engine._routes.top_k
+    finally:
+        engine.shutdown()
+    args = rollout_defaults(num_layers=layers, moe_router_topk=topk)
+    samples = []
+    for i, (p, out) in enumerate(zip(PROMPTS, outs)):
+        s = Sample(index=i, tokens=list(p), reward=0.0)
+        pairs = out["meta_info"]["output_token_logprobs"]
+        s.append_response_tokens(args, tokens=[x[1] for x in pairs], log_probs=[x[0] for x in pairs],
+                                 meta_info=out["meta_info"])
+        samples.append(s)
+    torch.save(pack_samples(samples), tmp_path / "payload.pt")
+    spawn_ranks(run_families, 1, [(model_type, ckpt, str(tmp_path / "payload.pt"))], str(tmp_path))
+    got = torch.load(tmp_path / f"{model_type}.pt")
+    assert _max_diff(got["replayed"], [s.rollout_log_probs for s in samples]) < 1e-4
+    moe = sorted(k for k in got["ids"][True] if k is not None)
+    assert moe, "no MoE layer replayed"
+    differs = 0
+    for layer in moe:
+        at, want = 0, []
+        for s in samples:
+            n = len(s.tokens)
+            mine = got["ids"][True][layer][at:at + n - 1].sort(-1).values
+            assert torch.equal(mine, s.rollout_routed_experts[:, layer].sort(-1).values.long()), (layer, s.index)
+            differs += int(not torch.equal(got["ids"][False][layer][at:at + n - 1].sort(-1).values, mine))
+            at += n
+    assert differs > 0  # the scrambled routers alone pick other experts

@@ -33,16 +33,17 @@ def validate_routing_replay_args(args: argparse.Namespace, hf_config: dict | Non
     if not args.use_routing_replay or hf_config is None:
         return
     flag = "--use-rollout-routing-replay" if args.use_rollout_routing_replay else "--use-routing-replay"
-    from slime.config.model_args import text_model_config
+    from slime.config.model_args import VALUE_FLAGS, text_model_config
 
-    hf_config = text_model_config(hf_config)  # a vision-language config.json (Qwen3.5-MoE): its text model
-    experts = hf_config.get("n_routed_experts", hf_config.get("num_experts"))
-    if not experts or not hf_config.get("num_experts_per_tok"):
+    cfg = text_model_config(hf_config)  # a vision-language config.json (Qwen3.5-MoE): its text model
+    # config.json's values as the MODEL_ARGS checks read them (the expert count's key differs by family)
+    layers, experts, topk = (VALUE_FLAGS[f][1](cfg) for f in ("--num-layers", "--num-experts", "--moe-router-topk"))
+    if not experts or not topk:
         raise ArgumentError(f"{flag} replays MoE routes, but {args.hf_checkpoint}'s config.json describes a dense "
-                            f"model (no n_routed_experts/num_experts_per_tok); drop {flag}")
+                            f"model (no routed experts / num_experts_per_tok); drop {flag}")
     if args.num_layers is None:
-        args.num_layers = int(hf_config["num_hidden_layers"])
+        args.num_layers = int(layers)
     if args.moe_router_topk is None:
-        args.moe_router_topk = int(hf_config["num_experts_per_tok"])
+        args.moe_router_topk = int(topk)
     if args.num_experts is None:
         args.num_experts = int(experts)
