@@ -257,3 +257,25 @@ def test_torch_dist_holds_upstream_layout_and_converts_back(ckpts, tmp_path):
                       "--origin-hf-dir", src])
     back = load_file(tmp_path / "back" / "model.safetensors")
     assert back.keys() == hf.keys() and all(torch.equal(back[n], hf[n]) for n in hf)
+
+
+def test_model_args_gate_and_norm_switches_are_checked_both_ways():
+    """Upstream's MODEL_ARGS of run-qwen3.5-35B-A3B-sft agree with the published config (text_config read); without
+    --apply-layernorm-1p / --moe-shared-expert-gate they disagree, one line each; --attention-output-gate on a
+    Qwen3-MoE checkpoint disagrees."""
+    from slime.config.arguments import build_parser
+    from slime.config.model_args import model_arg_mismatches
+
+    argv = json.load(open(os.path.join(os.path.dirname(__file__), "data", "upstream_train_commands.json"))
+                     )["scripts"]["run-qwen3.5-35B-A3B-sft.sh"]["argv"]
+    model_args = argv[argv.index("--disable-bias-linear"):argv.index("--hf-checkpoint")]
+    cfg = json.load(open(os.path.join(CONFIGS, "qwen3.5-35B-A3B.json")))
+    parser = build_parser()
+    assert model_arg_mismatches(parser.parse_args(model_args), cfg) == []
+    dropped = [a for a in model_args if a not in ("--apply-layernorm-1p", "--moe-shared-expert-gate")]
+    assert model_arg_mismatches(parser.parse_args(dropped), cfg) == [
+        "--apply-layernorm-1p absent: config.json says zero-centred RMSNorm weights (1 + w)",
+        "--moe-shared-expert-gate absent: config.json says shared_expert_gate"]
+    qwen3_moe = json.load(open(os.path.join(CONFIGS, "qwen3-30B-A3B.json")))
+    bad = model_arg_mismatches(parser.parse_args(["--num-layers", "48", "--attention-output-gate"]), qwen3_moe)
+    assert "--attention-output-gate given: config.json says not gated attention (qwen3_next, qwen3_5)" in bad
