@@ -1,6 +1,6 @@
 """Upstream's debug split and replay, and --keep-old-actor, on the tiny GLM-5 quick-start model (CPU):
 
-- a colocated run saves its rollouts (--save-debug-rollout-data); a run with --load-debug-rollout-data (which
+- a run (split placement) saves its rollouts (--save-debug-rollout-data); a run with --load-debug-rollout-data (which
   implies --debug-train-only: no engine, no prompt file) trains on them and reproduces every step's loss, grad
   norm and updated weights bit for bit (torch.equal on every checkpoint tensor);
 - --debug-rollout-only starts engines and no trainer rank, and saves rollouts that equal the full run's first one;
@@ -8,8 +8,8 @@
   code never runs;
 - the full run also has --use-fault-tolerance, and its engine is frozen (SIGSTOP) after rollout 0: the health
   checks find it, kill, restart and re-sync it, and the run (and its replay) finishes;
-- --keep-old-actor in train_async.py: the old log-probs are those of the weights that generated each rollout
-  (the engine's log-probs within float32 noise) while the trainer has moved on (the PPO ratio is not 1).
+- --keep-old-actor on one trainer rank (no Ray): the old log-probs are exactly those of upstream's old_actor copy
+  (the weights one sync back with --update-weights-interval 1, the last synced ones otherwise), not the current.
 """
 
 from __future__ import annotations
@@ -256,19 +256,24 @@ def test_debug_rollout_only_saves_rollouts_without_a_trainer(inputs, full_and_re
     assert flat[0] == pytest.approx(flat[1], abs=1e-5)
 
 
-def test_keep_old_actor_takes_old_log_probs_from_the_generating_weights(inputs, ray_session):
-    """train_async.py, --update-weights-interval 1: rollout k >= 1 was generated with the weights before step k-1's
-    update; with --keep-old-actor the old log-probs are those weights' (|old - engine| at float32 noise) while the
-    trainer holds newer ones (ppo_kl > 0 on the first step). Without it (a no-op) both would fail: old = current
-    weights (ppo_kl 0) and |old - engine| the size of one update."""
-    from slime.config.arguments import parse_args
-    from slime.train_async import train
+def test_keep_old_actor_old_log_probs_come_from_upstreams_copy(inputs, tmp_path):
+    """One trainer rank trains three rollouts (tests/keep_old_actor_worker.py) whose "engine" log-probs are an
+    earlier weight copy's: with --keep-old-actor the old log-probs equal that copy's exactly (abs diff 0.0) while
+    the trainer holds newer weights (ppo_kl > 0). As a no-op (old = current weights) steps 1 and 2 would show the
+    one-step drift instead of 0 and a ppo_kl of 0."""
+    from keep_old_actor_worker import run
+    from rank_spawn import spawn
 
-    records = train(parse_args(_argv(inputs, inputs["dir"] / "run_keep_old", "--rollout-num-gpus", "1",
-                                     "--keep-old-actor")))
-    assert [r["train/reused_log_probs"] for r in records] == [0.0, 0.0]
-    assert [r["train/off_policy_versions"] for r in records] == [0.0, 1.0]
-    assert abs(records[0]["train/ppo_kl"]) < 1e-6  # rollout 0: old = current = initial weights
-    for r in records[1:]:
-        assert r["train_rollout_logprob_abs_diff"] < 1e-4, r["train_rollout_logprob_abs_diff"]
-        assert abs(r["train/ppo_kl"]) > 1e-5, r["train/ppo_kl"]
+    from slime.utils.net import free_port
+
+    out = tmp_path / "keep_old.pt"
+    spawn(run, args=(free_port(), inputs["model"], str(out)), nprocs=1)
+    result = torch.load(out, weights_only=True)
+    for interval in (1, 2):
+        runs, moved = result[interval]["runs"], result[interval]["moved"]
+        assert all(m > 1e-4 for m in moved), moved  # every step moved the weights
+        assert [r["train_rollout_logprob_abs_diff"] for r in runs] == [0.0, 0.0, 0.0], (interval, runs)
+        # the copy is older than the trained weights at step 1 (both), step 2 (interval 1: W1 while training W2);
+        # it is the current weights at step 0 and, right after the sync, at step 2 of interval 2
+        older = [False, True, True] if interval == 1 else [False, True, False]
+        assert [abs(r["train/ppo_kl"]) > 1e-6 for r in runs] == older, (interval, runs)
