@@ -168,3 +168,25 @@ def test_ckpt_steps_pick_an_iteration(tmp_path):
     args.opd_teacher_ckpt_step = 3
     with pytest.raises(ArgumentError, match="--opd-teacher-ckpt-step needs --opd-teacher-load"):
         _pick_checkpoint_step(args, "opd_teacher_load", "opd_teacher_ckpt_step")
+
+
+def test_mismatch_metrics_are_reported_not_applied():
+    lengths, old, new, adv, mask = _loss_inputs()
+    rollout = old + torch.linspace(-1.0, 1.0, old.numel(), dtype=torch.float64)
+    base, m0 = rl_loss(LossConfig(), new.detach(), torch.zeros_like(new), old, adv, mask, lengths, 4.0,
+                       rollout_log_probs=rollout)
+    cfg = LossConfig(get_mismatch_metrics=True, tis_clip=2.0, tis_clip_low=0.5)
+    loss, m = rl_loss(cfg, new.detach(), torch.zeros_like(new), old, adv, mask, lengths, 4.0, rollout_log_probs=rollout)
+    torch.testing.assert_close(loss, base)  # the loss is not weighted
+
+    def per_sample_sum(v):  # float64: per-sample masked mean, summed over samples
+        return sum(float((x * k).sum() / k.sum().clamp_min(1)) for x, k in zip(v.split(lengths), mask.split(lengths)))
+
+    ratio = torch.exp(old - rollout)
+    assert m["tis"] == pytest.approx(per_sample_sum(ratio), rel=1e-5)
+    assert m["tis_clipfrac"] == pytest.approx(per_sample_sum(((ratio < 0.5) | (ratio > 2.0)).double()), rel=1e-6)
+    assert m["tis_abs"] == pytest.approx(per_sample_sum((ratio - 1).abs()), rel=1e-5)
+    assert m["ois"] == pytest.approx(per_sample_sum(torch.exp(new.detach() - old)), rel=1e-5)
+    assert 0 < m["tis_clipfrac"] < len(lengths) and m0["tis"] == 0.0
+    with pytest.raises(ValueError, match="--get-mismatch-metrics needs rollout log-probs"):
+        rl_loss(cfg, new.detach(), torch.zeros_like(new), old, adv, mask, lengths, 4.0)

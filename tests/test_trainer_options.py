@@ -2,7 +2,7 @@
 tiny GLM-5, two train steps on a fixed rollout batch): --freeze-params-name-list and
 --only-train-params-name-list (this model's names and upstream's Megatron names), --reset-optimizer-states; and
 the profiler flags (--use-pytorch-profiler per --profile-target, --record-memory-history on the host) and
---log-probs-max-tokens-per-gpu."""
+--log-probs-max-tokens-per-gpu, --use-stateless-adam, --ref-update-interval."""
 
 from __future__ import annotations
 
@@ -52,8 +52,9 @@ def test_only_train_list_matches_upstream_megatron_names(results):
 
 
 def test_reset_optimizer_states_restarts_adam_each_rollout(results):
+    """(--use-stateless-adam: the same at every optimizer step, here two per rollout.)"""
     b1, b2 = results["reset"]["betas"]
-    for name, step_count in (("plain", 2), ("reset", 1)):
+    for name, step_count in (("plain", 2), ("reset", 1), ("stateless_adam", 1)):
         for step, m, v in results[name]["states"]:
             assert step == step_count, name
     # Moments from one gradient g: m = (1-b1) g, v = (1-b2) g^2, so v (1-b1)^2 = (1-b2) m^2 exactly up to
@@ -61,7 +62,7 @@ def test_reset_optimizer_states_restarts_adam_each_rollout(results):
     def worst(name):
         return max(float(((v * (1 - b1) ** 2 - (1 - b2) * m * m).abs().max() / (v.abs().max() + 1e-30)))
                    for _, m, v in results[name]["states"])
-    assert worst("reset") < 1e-5
+    assert worst("reset") < 1e-5 and worst("stateless_adam") < 1e-5
     assert worst("plain") > 1e-3  # (the same batch twice: the two gradients are close)
 
 
@@ -110,3 +111,8 @@ def test_log_probs_budget_packs_differently_with_equal_results(results):
     assert sorted(plain) == sorted(small) == list(range(8))
     for i in plain:
         torch.testing.assert_close(small[i], plain[i], rtol=0, atol=1e-5)
+
+
+def test_ref_update_interval_copies_the_actor_every_n_rollouts(results):
+    assert results["ref_update"]["refs"] == [(False, False), (True, True)]
+    assert results["plain"]["refs"] == []  # no reference without a KL term

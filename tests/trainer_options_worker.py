@@ -16,6 +16,8 @@ CONFIGS: dict[str, list[str]] = {
     "only_upstream_names": ["--only-train-params-name-list", r"mlp\.experts\.experts\.linear_fc1",
                             r"layers\.1\.self_attention\.linear_q_down_proj"],
     "reset": ["--reset-optimizer-states"],
+    "stateless_adam": ["--use-stateless-adam", "--global-batch-size", "4"],  # two optimizer steps per rollout
+    "ref_update": ["--ref-update-interval", "2", "--use-kl-loss", "--kl-loss-coef", "0.1"],
     # the profiler's per-step targets for their first step, then train_overall alone; the host keeps no
     # allocator history (a warning, no file)
     "profile": ["--use-pytorch-profiler", "--profile-step-start", "0", "--profile-step-end", "1",
@@ -40,21 +42,32 @@ def run(rank: int, world: int, port: int, ckpt: str, batch_path: str, out_dir: s
                            "--use-dynamic-batch-size", "--max-tokens-per-gpu", "64", "--lr", "1e-2",
                            "--no-use-distributed-optimizer"] + [f.replace("{out}", out_dir) for f in CONFIGS[name]])
         actor = MegatronTrainRayActor(world, rank)
-        actor.init(args)
+        actor.init(args, with_ref=args.use_kl_loss)
         params = dict(actor.model.module.named_parameters())
         before = {n: p.detach().clone() for n, p in params.items()}
         log_probs = None
         if name.startswith("profile") or name == "plain":
             log_probs = actor.compute_log_probs(RolloutBatch(**{**fields, "reuse_train_log_probs": False}))
             log_probs = log_probs["log_probs"]["old_log_probs"]
-        actor.train(0, RolloutBatch(**fields))
-        actor.train(1, RolloutBatch(**fields))
+        train_fields = fields
+        if name == "stateless_adam":  # two steps: the second needs old log-probs from before the first
+            old = actor.compute_log_probs(RolloutBatch(**{**fields, "reuse_train_log_probs": False}))
+            old = old["log_probs"]["old_log_probs"]
+            train_fields = {**fields, "reuse_train_log_probs": False, "old_log_probs": [old[i] for i in range(len(old))]}
+        refs = []
+        for rollout_id in (0, 1):
+            actor.train(rollout_id, RolloutBatch(**train_fields))
+            if actor.ref_weights is not None:  # --ref-update-interval 2: unchanged after rollout 0, the actor's after 1
+                updated = actor._maybe_update_reference(rollout_id)
+                refs.append((updated, all(torch.equal(actor.ref_weights[n], p.detach().cpu())
+                                          for n, p in actor.model.module.named_parameters() if n in actor.ref_weights)))
         actor.shutdown()
         adam = actor.optimizer.chained_optimizers[0].optimizer
         states = [(int(s["step"]), s["exp_avg"].clone(), s["exp_avg_sq"].clone()) for s in adam.state.values()]
         torch.save({"trainable": {n: p.requires_grad for n, p in params.items()},
                     "moved": {n: not torch.equal(before[n], p.detach()) for n, p in params.items()},
-                    "betas": adam.param_groups[0]["betas"], "states": states, "log_probs": log_probs},
+                    "betas": adam.param_groups[0]["betas"], "states": states, "log_probs": log_probs,
+                    "refs": refs},
                    os.path.join(out_dir, f"{name}.pt"))
         dist.barrier()
     dist.destroy_process_group()

@@ -380,6 +380,14 @@ def _add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
          help="off-policy sequence masking: drop the policy loss of a sample with negative advantage whose "
               "mean log-ratio old - current exceeds --opsm-delta")
     _add(g, parser, "--opsm-delta", type=float, default=1e-4, help="--use-opsm's bound on the sample's mean KL")
+    _add(g, parser, "--get-mismatch-metrics", action="store_true",
+         help="report the trainer / engine log-prob mismatch per step: train/tis (old / rollout ratio), "
+              "train/tis_clipfrac (outside [--tis-clip-low, --tis-clip]), train/tis_abs, train/ois (current / old)")
+    _add(g, parser, "--ref-update-interval", type=int, default=None,
+         help="every N rollouts the reference policy becomes a copy of the actor (default: it stays fixed)")
+    _add(g, parser, "--use-stateless-adam", action="store_true",
+         help="Adam without moments carried across steps (each step starts from zero moments: upstream's "
+              "StatelessAdam update, sign-like steps); needs --optimizer adam")
     _add(g, parser, "--custom-advantage-function-path", type=str, default=None,
          help="fn(args, rollout_data) replacing the advantage estimator on each train rank: rollout_data holds "
               "this rank's per-sample log_probs, ref_log_probs, rollout_log_probs, values, kl, loss_masks (tensors), "
@@ -680,6 +688,10 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         _require(args.tis_clip > 0 and args.tis_clip_low < args.tis_clip,
                  f"--tis-clip-low {args.tis_clip_low} must be below --tis-clip {args.tis_clip} (> 0)")
     _validate_optimizer(args)
+    _require(not args.use_stateless_adam or args.optimizer == "adam",
+             f"--use-stateless-adam needs --optimizer adam, got --optimizer {args.optimizer}")
+    _require(args.ref_update_interval is None or args.ref_update_interval >= 1,
+             f"--ref-update-interval must be >= 1, got {args.ref_update_interval}")
     _validate_memory_args(args)
     from slime.config.observability_args import validate_profiler_args
 

@@ -15,6 +15,12 @@ def upstream_difference_warnings(args: argparse.Namespace) -> list[str]:
     if args.advantage_estimator.startswith("reinforce_plus_plus") and not args.normalize_advantages:
         out.append(f"warning: --advantage-estimator {args.advantage_estimator} whitens advantages (as with "
                    "--normalize-advantages, which upstream requires for it)")
+    if args.get_mismatch_metrics and not args.use_tis:
+        out.append("warning: --get-mismatch-metrics reports the mismatch metrics only (upstream's also weights the "
+                   "policy loss by the clipped TIS ratio, as --use-tis does here); add --use-tis for that")
+    if args.use_stateless_adam:
+        out.append("warning: --use-stateless-adam: Adam's moments are zeroed before every step (upstream's update); "
+                   "their buffers stay allocated (upstream's optimizer allocates none)")
     if args.use_critic:
         out.append("warning: --advantage-estimator ppo: the critic lives on the trainer's own ranks beside the actor "
                    "(upstream: a second actor group that takes turns with it, --offload-train forced), so each device "

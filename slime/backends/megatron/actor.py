@@ -19,7 +19,7 @@ from slime.backends.megatron import checkpoint as ckpt
 from slime.backends.megatron import ci_checks
 from slime.backends.megatron import data as D
 from slime.backends.megatron import hooks
-from slime.backends.megatron.loss import METRIC_KEYS, LossConfig, LossHooks, rl_loss, sft_loss
+from slime.backends.megatron.loss import METRIC_KEYS, MISMATCH_KEYS, LossConfig, LossHooks, rl_loss, sft_loss
 from slime.backends.megatron.timing import PhaseTimer
 from slime.utils.net import free_port
 
@@ -411,8 +411,20 @@ class MegatronTrainRayActor:
                 metrics.update(self.train(rollout_id, batch))
         finally:
             REPLAY.recorded = {}  # this rollout's routes
+        self._maybe_update_reference(rollout_id)
         ci_checks.check_mismatch(args, metrics)  # --ci-test
         return metrics
+
+    def _maybe_update_reference(self, rollout_id: int) -> bool:
+        """--ref-update-interval N (upstream's): after every N-th rollout the reference policy becomes a copy of
+        the actor's weights (host memory, as the reference is held)."""
+        from slime.backends.megatron import model_setup
+
+        interval = self.args.ref_update_interval
+        if not interval or self.ref_weights is None or (rollout_id + 1) % interval:
+            return False
+        self.ref_weights = model_setup.host_copy(self.model)
+        return True
 
     # --- training -------------------------------------------------------------------------
     def train(self, rollout_id: int, batch: D.RolloutBatch) -> dict[str, float]:
@@ -428,7 +440,8 @@ class MegatronTrainRayActor:
             reset_optimizer_states(self.optimizer)
         args, ops = self.args, acc.ops
         mtp = bool(args.enable_mtp_training)
-        keys = METRIC_KEYS + (("mtp_loss",) if mtp else ()) + (("opsm_clipfrac",) if args.use_opsm else ())
+        keys = METRIC_KEYS + (("mtp_loss",) if mtp else ()) + (("opsm_clipfrac",) if args.use_opsm else ()) + (
+            MISMATCH_KEYS if args.get_mismatch_metrics else ())
         totals = {k: 0.0 for k in keys}
         counts = torch.zeros(3, dtype=torch.float64)  # samples, loss tokens, real tokens (this DP rank)
         grad_norms, losses = [], []
@@ -511,6 +524,10 @@ class MegatronTrainRayActor:
 
             t = timer.mark()
             lr = float(self.optimizer.param_groups[0]["lr"])  # this step's learning rate (--lr-decay-style)
+            if args.use_stateless_adam:  # Adam from zero moments every step: upstream's StatelessAdam update
+                from slime.backends.megatron.optimizer import reset_optimizer_states
+
+                reset_optimizer_states(self.optimizer)
             grad_norm = model_setup.finish_step(self.model, self.optimizer, self.lr_scheduler,
                                                 args.check_for_nan_in_loss_and_grad)
             timer.lap("optimizer", t)

@@ -33,6 +33,7 @@ class LossConfig:
     per_token_loss: bool = False
     use_opsm: bool = False
     opsm_delta: float = 1e-4
+    get_mismatch_metrics: bool = False
 
     @classmethod
     def from_args(cls, args) -> "LossConfig":
@@ -43,7 +44,7 @@ class LossConfig:
             kl_loss_type=args.kl_loss_type, use_unbiased_kl=args.use_unbiased_kl, entropy_coef=args.entropy_coef,
             use_tis=args.use_tis,
             tis_clip=args.tis_clip, tis_clip_low=args.tis_clip_low, per_token_loss=args.calculate_per_token_loss,
-            use_opsm=args.use_opsm, opsm_delta=args.opsm_delta,
+            use_opsm=args.use_opsm, opsm_delta=args.opsm_delta, get_mismatch_metrics=args.get_mismatch_metrics,
         )
 
 
@@ -89,6 +90,24 @@ def _custom_tis(hooks: LossHooks, pg_loss, old_log_probs, rollout_log_probs, mas
 
 # Metrics returned as sums (of per-sample means, or of tokens in per-token mode); divide by the count.
 METRIC_KEYS = ("pg_loss", "entropy", "kl", "clip_frac", "ppo_kl", "tis")
+# --get-mismatch-metrics (upstream's names): the old / rollout ratio (tis) clipped at --tis-clip-low /
+# --tis-clip (tis_clipfrac), |ratio - 1| (tis_abs), and the current / old ratio (ois)
+MISMATCH_KEYS = ("tis_clipfrac", "tis_abs", "ois")
+
+
+def _mismatch_metrics(cfg: "LossConfig", log_probs, old_log_probs, rollout_log_probs, reduce) -> dict[str, float]:
+    """Reported, not applied: the loss is weighted only under --use-tis (upstream's flag also runs its TIS
+    weighting; train.py says so at start)."""
+    if rollout_log_probs is None:
+        raise ValueError("--get-mismatch-metrics needs rollout log-probs from the engine (return_logprob)")
+    with torch.no_grad():
+        ratio = torch.exp(old_log_probs.float() - rollout_log_probs.float())
+        clipped = ratio.clamp(min=cfg.tis_clip_low, max=cfg.tis_clip)
+        out = {"tis_clipfrac": float(reduce((clipped != ratio).float())), "tis_abs": float(reduce((ratio - 1).abs())),
+               "ois": float(reduce(torch.exp(log_probs.float().detach() - old_log_probs.float())))}
+        if not cfg.use_tis:
+            out["tis"] = float(reduce(ratio))
+    return out
 
 
 def rl_loss(cfg: LossConfig, log_probs: torch.Tensor, entropy: torch.Tensor, old_log_probs: torch.Tensor,
@@ -171,6 +190,9 @@ def rl_loss(cfg: LossConfig, log_probs: torch.Tensor, entropy: torch.Tensor, old
         }
         if opsm_frac is not None:  # a sum over samples (of each one's masked share), like the others
             metrics["opsm_clipfrac"] = opsm_frac
+        if cfg.get_mismatch_metrics:  # upstream's mismatch metrics, over the tokens before any rejection
+            metrics.update(_mismatch_metrics(cfg, log_probs, old_log_probs, rollout_log_probs,
+                                             lambda v: reduce(v, over=mask)))
     return loss / normalizer, metrics
 
 
