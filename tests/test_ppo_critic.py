@@ -341,6 +341,16 @@ def test_opd_sglang_hooks_against_a_stand_in_teacher_server():
         opd.response_log_probs({"meta_info": {"input_token_logprobs": [[None, 1], [-1.0, 2]]}}, 5)
 
 
+def test_each_role_overrides_the_command_line(ckpts, tmp_path):
+    """Upstream's --megatron-config-path: a role without an entry keeps the command line's values (the critic does
+    not inherit the actor's overrides); YAML text numbers are converted."""
+    roles = tmp_path / "roles.yaml"
+    roles.write_text("megatron:\n  - role: actor\n    overrides:\n      lr: 2e-6\n      num_nodes: 4\n")
+    args = parse_args(["--hf-checkpoint", ckpts["student"], "--num-rollout", "1", "--global-batch-size", "2",
+                       "--lr", "1e-5", "--advantage-estimator", "ppo", "--megatron-config-path", str(roles)])
+    assert args.lr == 2e-6 and args.critic_args.lr == 1e-5 and args.critic_args.kl_coef == 0.0
+
+
 def test_the_critic_beside_the_actor_is_one_warning_line(ckpts):
     from slime.config.upstream_differences import upstream_difference_warnings
 

@@ -114,6 +114,7 @@ def validate_ppo_args(args: argparse.Namespace) -> None:
     _require(args.num_critic_only_steps == 0 or args.use_critic,
              "--num-critic-only-steps needs --advantage-estimator ppo (the only estimator with a critic)")
     args.critic_args = None
+    command_line = copy.copy(args)  # each role's overrides apply to the command line's values (upstream's)
     if args.megatron_config_path:
         actor = read_role_overrides(args.megatron_config_path, "actor")
         for key, value in vars(apply_role_overrides(args, actor, "actor")).items():
@@ -123,7 +124,7 @@ def validate_ppo_args(args: argparse.Namespace) -> None:
                  "--advantage-estimator ppo with --context-parallel-size > 1: the critic's values under context "
                  "parallel are not built; use --context-parallel-size 1")
         critic = read_role_overrides(args.megatron_config_path, "critic") if args.megatron_config_path else {}
-        critic_args = apply_role_overrides(args, critic, "critic")
+        critic_args = apply_role_overrides(command_line, critic, "critic")
         critic_args.kl_coef, critic_args.use_opd = 0.0, False  # upstream's critic role: neither applies
         critic_args.critic_args = None
         args.critic_args = critic_args
