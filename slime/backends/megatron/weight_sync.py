@@ -64,12 +64,20 @@ class EngineEndpoint:
     instance: int = 0  # bumped by the rollout manager at each restart: a new process, even on the same url
     # ipc: the trainer rank colocated with each engine TP rank (whose buffers that rank maps); None: rank 0
     trainer_ranks: list[int] | None = None
+    # distributed: ranks the engine adds to the weight-update group; None: tp_size (SGLang: every TP rank joins;
+    # the embedded engine over several processes: its rank 0, which hands the tensors to its other ranks)
+    group_ranks: int | None = None
+
+    @property
+    def update_group_ranks(self) -> int:
+        return self.tp_size if self.group_ranks is None else self.group_ranks
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "EngineEndpoint":
         ranks = d.get("trainer_ranks")
         return cls(url=str(d["url"]).rstrip("/"), tp_size=int(d.get("tp_size", 1)), token=d.get("token"),
-                   instance=int(d.get("instance", 0)), trainer_ranks=None if ranks is None else [int(r) for r in ranks])
+                   instance=int(d.get("instance", 0)), trainer_ranks=None if ranks is None else [int(r) for r in ranks],
+                   group_ranks=None if d.get("group_ranks") is None else int(d["group_ranks"]))
 
     def feeder(self, tp_rank: int, world_size: int) -> int:
         """The trainer rank whose payload engine TP rank `tp_rank` gets."""
@@ -229,7 +237,7 @@ class WeightSync:
         from slime.utils.net import free_port
 
         addr, port = _node_ip(), free_port("")
-        world = 1 + sum(e.tp_size for e in self.engines)
+        world = 1 + sum(e.update_group_ranks for e in self.engines)
         backend = get_accelerator().process_group_backend()
         host = GroupHost(addr, port, world, self.role.group_name, backend, self.timeout_s)
         calls, offset = [], 1
@@ -237,7 +245,7 @@ class WeightSync:
             calls.append((engine, "/init_weights_update_group", {
                 "master_address": addr, "master_port": port, "rank_offset": offset, "world_size": world,
                 "group_name": self.role.group_name, "backend": backend}))
-            offset += engine.tp_size
+            offset += engine.update_group_ranks
         threads = _EngineCalls(self, calls)
         try:
             self.group = host.join(refused=threads.first_error)
