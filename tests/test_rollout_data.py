@@ -299,7 +299,7 @@ def test_built_in_evaluation_hands_upstream_eval_data_to_the_eval_log_hook(monke
     from slime.rollout.plugin_rollout import log_eval
     from slime.rollout.sample import SampleStatus
 
-    def fake_run(sampling, fleet, samples, tokenizer, reward_fn):
+    def fake_run(sampling, fleet, samples, tokenizer, reward_fn, evaluation=False):
         for i, s in enumerate(samples):
             s.response_length, s.reward = 2, float(i % 2)
             s.status = SampleStatus.TRUNCATED if i == 0 else SampleStatus.COMPLETED

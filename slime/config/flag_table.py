@@ -36,7 +36,7 @@ REFUSED: dict[str, str] = {
     "--update-weight-delta-encoding": _SYNC, "--update-weight-delta-checksum": _SYNC,
     "--custom-update-weight-post-write-path": _SYNC, "--update-weight-local-checkpoint-dir": _SYNC,
     "--release-train": "releasing the train actors between rollouts is not built (--offload-train offloads them)",
-    "--custom-model-provider-path": _HOOK, "--rollout-sample-hook-path": _HOOK,
+    "--custom-model-provider-path": _HOOK,
     "--custom-advantage-function-path": _HOOK, "--custom-reward-post-process-path": _HOOK,
     "--custom-megatron-init-path": _HOOK, "--custom-megatron-before-log-prob-hook-path": _HOOK,
     "--custom-megatron-before-train-step-hook-path": _HOOK,

@@ -148,6 +148,10 @@ def _add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
               "__len__ (default: slime.rollout.data_source.RolloutDataSourceWithBuffer over --prompt-data)")
     _add(g, parser, "--buffer-filter-path", type=str, default=None,
          help="fn(args, rollout_id, buffer, num_samples) -> groups taken from the data source's buffer")
+    _add(g, parser, "--rollout-sample-hook-path", action="append", default=[],
+         help="(repeatable) hook(args, sample, *, rollout_id=None, evaluation=False) -> Sample | None, sync or async: "
+              "applied in order to every generated sample (training and evaluation, both rollout paths) before its "
+              "reward; a returned Sample replaces it")
     _add(g, parser, "--rollout-sample-filter-path", type=str, default=None,
          help="fn(args, groups) -> None after the rollout; a sample it marks remove_sample=True gets no loss")
     _add(g, parser, "--rollout-all-samples-process-path", type=str, default=None,
@@ -285,12 +289,9 @@ def validate_rollout_args(args: argparse.Namespace) -> argparse.Namespace:
                  "custom_eval_rollout_log_function_path"):
         path = getattr(args, flag)
         if path:
-            from slime.rollout.rewards import RewardError, load_custom
-
-            try:
-                load_custom(path, "--" + flag.replace("_", "-"))
-            except RewardError as e:
-                raise RolloutArgumentError(str(e)) from e
+            _check_function_path(path, flag)
+    for path in args.rollout_sample_hook_path or []:
+        _check_function_path(path, "rollout_sample_hook_path")
     if args.over_sampling_batch_size is not None:
         need(args.over_sampling_batch_size >= 1, f"--over-sampling-batch-size must be >= 1, got {args.over_sampling_batch_size}")
     if not isinstance(args.apply_chat_template_kwargs, dict):
@@ -321,6 +322,15 @@ def validate_rollout_args(args: argparse.Namespace) -> argparse.Namespace:
     args.sglang_launch_args = sglang_passthrough(args)
     args.router_launch_args = router_option_tokens(args)
     return args
+
+
+def _check_function_path(path: str, dest: str) -> None:
+    from slime.rollout.rewards import RewardError, load_custom
+
+    try:
+        load_custom(path, "--" + dest.replace("_", "-"))
+    except RewardError as e:
+        raise RolloutArgumentError(str(e)) from e
 
 
 def _validate_eval_args(args: argparse.Namespace, need) -> None:

@@ -299,7 +299,9 @@ class RolloutManager(EngineFleet):
         """Evaluation rollouts on --eval-prompt-data with the eval sampling flags (slime.rollout.evaluation)."""
         from slime.rollout import plugin_rollout
         from slime.rollout.evaluation import evaluate, load_eval_sets
+        from slime.rollout.sample_hooks import set_current_rollout_id
 
+        set_current_rollout_id(rollout_id)  # what --rollout-sample-hook-path hooks get as rollout_id
         self._health_resume()
         if plugin_rollout.uses_plugin_eval(self.args):  # upstream's eval function contract
             self._refresh_versions()
@@ -350,6 +352,9 @@ class RolloutManager(EngineFleet):
         self._refresh_versions()
         self._note_current_versions()
         self._rollout_id = rollout_id
+        from slime.rollout.sample_hooks import set_current_rollout_id
+
+        set_current_rollout_id(rollout_id)
         self._progress = _Counters()
         before = self._restart_counters()
         self._health_resume()  # until the engines are offloaded or the weight sync begins (upstream's window)

@@ -70,7 +70,7 @@ def evaluate(args: argparse.Namespace, fleet: Any, sets: list[EvalSet], tokenize
         items = s.source.next_batch(len(s.source))  # no shuffle: every prompt once, in file order
         samples = make_samples(items, n, range(base, base + len(items) * n))
         base += len(items) * n
-        run_samples(sampling, fleet, samples, tokenizer, reward_fn)
+        run_samples(sampling, fleet, samples, tokenizer, reward_fn, evaluation=True)
         rewards = [reward_value(x.reward, sampling.reward_key) for x in samples]
         lengths = [x.response_length for x in samples]
         prefix = f"eval/{s.name}"
@@ -87,9 +87,8 @@ def evaluate(args: argparse.Namespace, fleet: Any, sets: list[EvalSet], tokenize
 
 
 def eval_steps(args: argparse.Namespace, start_rollout_id: int) -> set[int]:
-    """Rollouts trained (0 = before the first) after which train.py evaluates (none under --debug-train-only, which
-    starts no engine: upstream's meaning)."""
-    if args.eval_interval is None or getattr(args, "debug_train_only", False):
+    """Rollouts trained (0 = before the first) after which train.py evaluates."""
+    if args.eval_interval is None:
         return set()
     steps = {k for k in range(start_rollout_id + 1, args.num_rollout + 1) if k % args.eval_interval == 0}
     if start_rollout_id == 0 and not args.skip_eval_before_train:

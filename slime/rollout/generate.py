@@ -21,6 +21,7 @@ from typing import Any
 from slime.rollout.data_source import make_samples
 from slime.rollout.rewards import RewardFn, compute_group_rewards, compute_reward
 from slime.rollout.sample import Sample, SampleStatus
+from slime.rollout.sample_hooks import apply_in_place
 from slime.rollout.settings import request_concurrency  # --sglang-server-concurrency x engines, within --max-concurrency
 from slime.utils.http_client import EngineClient, EngineError, EngineUnreachable
 
@@ -244,8 +245,10 @@ class _Attempts:
 
 
 def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer: Any, reward_fn: RewardFn | None,
-                progress: _Counters | None = None, engine_times: EngineTimes | None = None) -> _Counters:
+                progress: _Counters | None = None, engine_times: EngineTimes | None = None,
+                evaluation: bool = False) -> _Counters:
     """Generate (and score) every sample in place. Raises RolloutError on the first unrecoverable failure.
+    Each finished sample passes through --rollout-sample-hook-path before its reward.
 
     Workers take up to `samples_per_request` pending samples each and send them as one /generate request
     (a list of prompts; a single prompt when it is one); lost or aborted samples go back to the queue.
@@ -324,6 +327,7 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
                 raise
             fleet.release(idx, served=True)
             s = batch[0]
+            apply_in_place(args, s, evaluation)
             if reward_fn is not None and not args.group_rm:
                 s.reward = compute_reward(reward_fn, args, s)
             counters.add(done=1)
@@ -366,6 +370,7 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
                 continue
             fleet.note_version(idx, out["meta_info"].get("weight_version"))
             _finish_sample(s, out, idx, tokenizer, bool(args.rollout_skip_special_tokens), args if routed else None)
+            apply_in_place(args, s, evaluation)
             if reward_fn is not None and not args.group_rm:
                 s.reward = compute_reward(reward_fn, args, s)
             counters.add(done=1)

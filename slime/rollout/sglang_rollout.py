@@ -30,6 +30,7 @@ from typing import Any
 from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
 from slime.rollout.filter_hub.base_types import MetricGatherer, call_dynamic_filter, should_drop_dynamic_filter_output
 from slime.rollout.rm_hub import async_rm, batched_async_rm
+from slime.rollout.sample_hooks import apply_rollout_sample_hooks
 from slime.utils.async_utils import run
 from slime.utils.http_utils import post, request_limit
 from slime.utils.misc import SingletonMeta, load_function
@@ -122,7 +123,8 @@ async def _custom_generate(fn: Any, args: Namespace, sample: Sample, params: dic
 async def generate_and_rm(args: Namespace, sample: Sample, sampling_params: dict[str, Any],
                           evaluation: bool = False) -> Sample | list[Sample]:
     """Generate (the sample's own generate_function_path, else --custom-generate-function-path, else
-    `generate`), then reward it unless --group-rm or the generate function already did."""
+    `generate`), apply --rollout-sample-hook-path, then reward it unless --group-rm or the generate function
+    already did."""
     if getattr(args, "partial_rollout", False) and getattr(args, "mask_offpolicy_in_partial_rollout", False) \
             and sample.response_length > 0:
         sample.loss_mask = [0] * sample.response_length  # the earlier part came from older weights
@@ -138,6 +140,8 @@ async def generate_and_rm(args: Namespace, sample: Sample, sampling_params: dict
             sample = await _custom_generate(load_function(path), args, sample, sampling_params, evaluation)
         else:
             sample = await generate(args, sample, sampling_params)
+    sample = await apply_rollout_sample_hooks(  # --rollout-sample-hook-path, before the reward (upstream's order)
+        args, sample, paths=getattr(args, "rollout_sample_hook_path", None) or [], evaluation=evaluation)
     if getattr(args, "group_rm", False):
         return sample
     if isinstance(sample, list):
