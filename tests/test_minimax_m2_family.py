@@ -7,7 +7,8 @@ megatron-core against transformers' MiniMaxM2ForCausalLM, float32, on a tiny ran
   lands on every one of its tensors under the checkpoint's names;
 - 2 gloo ranks at tp=2 (the full-width norms gather q / k over TP), ep=2 and cp=2: the same bounds after
   megatron DDP's reduction, export on every rank, equal grad norms, torch_dist written at one layout loaded at
-  the others (tests/model_families_parallel_worker.py);
+  the others; pp=2 through megatron's pipeline schedule (one layer per stage; logits 1e-5, each stage's grads,
+  export and save_hf of both stages: tests/model_families_parallel_worker.py, tests/glm5_parallel_worker.py);
 - the published config (scripts/models/configs/minimax-m2.json: rotary_dim 64 of 128) reads as transformers does."""
 
 from __future__ import annotations
@@ -180,5 +181,5 @@ def test_tp2_ep2_cp2_match_transformers(ckpt, tmp_path):
     (logits * weight).sum().backward()
     torch.save({"ids": ids, "pos": pos, "weight": weight, "logits": logits.detach(), "grads": checkpoint_grads(ref)},
                tmp_path / "ref.pt")
-    cases = [("minimax_m2", ckpt, str(tmp_path / "ref.pt"), [(1, 1), (2, 1), (1, 2), "cp2"])]
+    cases = [("minimax_m2", ckpt, str(tmp_path / "ref.pt"), [(1, 1), (2, 1), (1, 2), "cp2", "pp2"])]
     spawn(_ranks, args=(free_port(), cases, str(tmp_path / "torch_dist")), nprocs=2, join=True)
