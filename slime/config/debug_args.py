@@ -49,6 +49,8 @@ def apply_debug_modes(args: argparse.Namespace, world: int) -> None:
                 raise ArgumentError(str(e).replace("debug rollout path", f"--{flag.replace('_', '-')}")) from None
     if args.load_debug_rollout_data is not None:
         args.debug_train_only = True
+    if args.debug_train_only:
+        args.eval_interval = None  # no engine to evaluate with (upstream's eval returns at once)
     if args.debug_rollout_only and args.debug_train_only:
         raise ArgumentError("--debug-rollout-only and --debug-train-only (or --load-debug-rollout-data, which implies "
                             "it) exclude each other: pass one")

@@ -142,7 +142,7 @@ def bundle_devices(args) -> tuple[list[int], int]:
     run-qwen3-235B-A22B: 32-device engines on 8-device nodes, not colocated) gets a bundle per device, and
     engine_parts places it over whole nodes as a colocated one."""
     # --debug-rollout-only: no trainer rank starts, so none is given a device
-    world = 0 if getattr(args, "debug_rollout_only", False) else args.actor_num_nodes * args.actor_num_gpus_per_node
+    world = 0 if args.debug_rollout_only else args.actor_num_nodes * args.actor_num_gpus_per_node
     if args.colocate:
         return [1] * world, world
     per_engine = int(args.rollout_num_gpus_per_engine)
