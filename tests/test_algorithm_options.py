@@ -190,3 +190,35 @@ def test_mismatch_metrics_are_reported_not_applied():
     assert 0 < m["tis_clipfrac"] < len(lengths) and m0["tis"] == 0.0
     with pytest.raises(ValueError, match="--get-mismatch-metrics needs rollout log-probs"):
         rl_loss(cfg, new.detach(), torch.zeros_like(new), old, adv, mask, lengths, 4.0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_flops_balance_partitions_near_the_optimum(seed):
+    import itertools
+    import random
+
+    from slime.backends.megatron import flops_balance as F
+
+    rng = random.Random(seed)
+    lengths = [rng.randint(1, 300) for _ in range(rng.randint(4, 8))]
+    k = rng.randint(2, 3)
+    costs = F.workloads(lengths, coeff=50.0)
+    bins = F.karmarkar_karp(costs, k)
+    assert sorted(i for b in bins for i in b) == list(range(len(lengths))) and len(bins) == k and all(bins)
+    best = min(max(sum(costs[i] for i, a in enumerate(assign) if a == j) for j in range(k))
+               for assign in itertools.product(range(k), repeat=len(lengths)) if len(set(assign)) == k)
+    got = max(sum(costs[i] for i in b) for b in bins)
+    assert got <= 4 / 3 * best + 1e-9, (got, best)
+
+
+def test_flops_balance_counts_and_coefficient():
+    from slime.backends.megatron import flops_balance as F
+
+    assert F.micro_batch_count([10, 20, 30], 25) == 3 and F.micro_batch_count([10, 20, 30], 1000) == 1
+    assert F.flops_balanced_micro_batches([5, 6], 4, 1.0) == [[0], [1]]
+    dense = SimpleNamespace(hidden_size=64, intermediate_size=256, num_experts_per_tok=0, moe_intermediate_size=0)
+    moe = SimpleNamespace(hidden_size=64, intermediate_size=256, num_experts_per_tok=2, moe_intermediate_size=32,
+                          n_shared_experts=1)
+    assert F.flops_coefficient(dense) == 4 * 64 + 3 * 256 and F.flops_coefficient(moe) == 4 * 64 + 3 * 96
+    with pytest.raises(ValueError, match="cannot split 2 samples into 3"):
+        F.karmarkar_karp([1.0, 2.0], 3)

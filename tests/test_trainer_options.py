@@ -116,3 +116,10 @@ def test_log_probs_budget_packs_differently_with_equal_results(results):
 def test_ref_update_interval_copies_the_actor_every_n_rollouts(results):
     assert results["ref_update"]["refs"] == [(False, False), (True, True)]
     assert results["plain"]["refs"] == []  # no reference without a KL term
+
+
+def test_balance_by_flops_trains_the_same_step(results):
+    """Other micro-batches, the same step: equal losses and the same weights moved."""
+    plain, flops = results["plain"], results["balance_flops"]
+    assert flops["losses"] == pytest.approx(plain["losses"], rel=1e-5)
+    assert flops["moved"] == plain["moved"]

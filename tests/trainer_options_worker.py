@@ -17,6 +17,7 @@ CONFIGS: dict[str, list[str]] = {
                             r"layers\.1\.self_attention\.linear_q_down_proj"],
     "reset": ["--reset-optimizer-states"],
     "stateless_adam": ["--use-stateless-adam", "--global-batch-size", "4"],  # two optimizer steps per rollout
+    "balance_flops": ["--balance-by-flops"],
     "ref_update": ["--ref-update-interval", "2", "--use-kl-loss", "--kl-loss-coef", "0.1"],
     # the profiler's per-step targets for their first step, then train_overall alone; the host keeps no
     # allocator history (a warning, no file)
@@ -54,9 +55,9 @@ def run(rank: int, world: int, port: int, ckpt: str, batch_path: str, out_dir: s
             old = actor.compute_log_probs(RolloutBatch(**{**fields, "reuse_train_log_probs": False}))
             old = old["log_probs"]["old_log_probs"]
             train_fields = {**fields, "reuse_train_log_probs": False, "old_log_probs": [old[i] for i in range(len(old))]}
-        refs = []
+        refs, losses = [], []
         for rollout_id in (0, 1):
-            actor.train(rollout_id, RolloutBatch(**train_fields))
+            losses.append(actor.train(rollout_id, RolloutBatch(**train_fields))["train/loss"])
             if actor.ref_weights is not None:  # --ref-update-interval 2: unchanged after rollout 0, the actor's after 1
                 updated = actor._maybe_update_reference(rollout_id)
                 refs.append((updated, all(torch.equal(actor.ref_weights[n], p.detach().cpu())
@@ -67,7 +68,7 @@ def run(rank: int, world: int, port: int, ckpt: str, batch_path: str, out_dir: s
         torch.save({"trainable": {n: p.requires_grad for n, p in params.items()},
                     "moved": {n: not torch.equal(before[n], p.detach()) for n, p in params.items()},
                     "betas": adam.param_groups[0]["betas"], "states": states, "log_probs": log_probs,
-                    "refs": refs},
+                    "refs": refs, "losses": losses},
                    os.path.join(out_dir, f"{name}.pt"))
         dist.barrier()
     dist.destroy_process_group()

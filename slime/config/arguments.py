@@ -148,6 +148,10 @@ def _add_training_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--bf16", action="store_true", help="train in bfloat16 (default: the checkpoint's float32)")
     _add(g, parser, "--calculate-per-token-loss", action="store_true",
          help="average the loss over all tokens of the step (default: mean per sample, then over samples)")
+    _add(g, parser, "--balance-by-flops", action="store_true",
+         help="with --use-dynamic-batch-size: as many micro-batches as the token budget needs, balanced by "
+              "forward FLOPs (coeff * L + L^2 per sequence, Karmarkar-Karp) rather than packed to the budget; "
+              "implies --balance-data")
     _add(g, parser, "--balance-data", action="store_true",
          help="spread each step's samples over data-parallel ranks by token count (largest first) instead of in order")
     _add(g, parser, "--train-backend", choices=("megatron",), default="megatron",
@@ -688,6 +692,9 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         _require(args.tis_clip > 0 and args.tis_clip_low < args.tis_clip,
                  f"--tis-clip-low {args.tis_clip_low} must be below --tis-clip {args.tis_clip} (> 0)")
     _validate_optimizer(args)
+    if args.balance_by_flops:  # upstream's: the FLOPs balance needs dynamic batches and balances the DP shards too
+        _require(args.use_dynamic_batch_size, "--balance-by-flops needs --use-dynamic-batch-size (and --max-tokens-per-gpu)")
+        args.balance_data = True
     _require(not args.use_stateless_adam or args.optimizer == "adam",
              f"--use-stateless-adam needs --optimizer adam, got --optimizer {args.optimizer}")
     _require(args.ref_update_interval is None or args.ref_update_interval >= 1,

@@ -287,9 +287,24 @@ class MegatronTrainRayActor:
         lengths = [len(batch.tokens[i]) for i in indices]
         # per device: a CP rank holds 1/CP of each pack
         budget = (max_tokens or self.args.max_tokens_per_gpu) * self.cp_size
+        if self.args.balance_by_flops:
+            return self._flops_balanced(indices, lengths, budget)
         count = torch.tensor([len(D.first_fit_decreasing(lengths, budget))])
         dist.all_reduce(count, op=dist.ReduceOp.MAX)  # MoE all-to-all and grad sync need lock-step ranks
         bins = D.dynamic_micro_batches(lengths, budget, int(count.item()))
+        return [[indices[i] for i in b] for b in bins]
+
+    def _flops_balanced(self, indices: list[int], lengths: list[int], budget: int) -> list[list[int]]:
+        """--balance-by-flops: the token budget's micro-batch count (the largest over data-parallel ranks),
+        the samples split by forward FLOPs (slime.backends.megatron.flops_balance)."""
+        import torch.distributed as dist
+
+        from slime.backends.megatron import flops_balance as F
+
+        count = torch.tensor([F.micro_batch_count(lengths, budget)])
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        coeff = F.flops_coefficient(self.model.module.arch if hasattr(self.model, "module") else self.model.arch)
+        bins = F.flops_balanced_micro_batches(lengths, budget, coeff, int(count.item()))
         return [[indices[i] for i in b] for b in bins]
 
     @torch.no_grad()
