@@ -50,9 +50,12 @@ class HybridConfig(GqaConfig):
 
     def check_parallel(self, tp: int, ep: int) -> None:
         super().check_parallel(tp, ep)
-        if self.has_moe and self.shared_expert_intermediate_size % tp:
-            raise ValueError(f"model does not split over the requested parallel sizes: shared_expert_intermediate_size="
-                             f"{self.shared_expert_intermediate_size} % tp={tp} (must be 0)")
+        problems = [f"{name}={size} % tp={tp}" for name, size in (
+            ("shared_expert_intermediate_size", self.shared_expert_intermediate_size if self.has_moe else 0),
+            ("linear_num_key_heads", self.linear_num_key_heads if LINEAR in self.layer_types else 0)) if size % tp]
+        if problems:
+            raise ValueError("model does not split over the requested parallel sizes: " + "; ".join(problems)
+                             + " (must be 0)")
 
     def validate(self) -> None:
         super().validate()

@@ -6,12 +6,13 @@ output = o_proj(attention * sigmoid(g)) (Megatron's --attention-output-gate). Mo
 expert scaled by sigmoid(x . gate_weight) (Megatron's --moe-shared-expert-gate). All RMSNorms but the
 DeltaNet's are zero-centred (config.layernorm_zero_centered_gamma).
 
-Parallelism of the DeltaNet: its weights are replicated on every TP rank. Under sequence parallel the layer
-gathers the TP ranks' tokens, under context parallel the CP ranks' too, runs the recurrence over whole
-sequences and keeps its own rows; every rank's weight grads then come from its own rows only (summed over TP:
-marked `sequence_parallel`; over CP by the data-parallel reduction, as every other weight), and the
-gathers' backward sums the input grads. The recurrence is thus computed TP x CP times (memory and time of
-the linear-attention layers do not shrink with TP or CP).
+Parallelism of the DeltaNet: its weights are whole on every TP rank (as upstream's, and as checkpoints store
+them), its heads split over TP: under sequence parallel the layer gathers the TP ranks' tokens, under context
+parallel the CP ranks' chunks too, runs its key heads (and their value heads) over whole sequences, keeps the CP
+rank's rows and reduce-scatters the heads' partial outputs over TP. A rank's weight grads cover its heads' rows
+only and are summed over TP (marked `sequence_parallel`), over CP by the data-parallel reduction as every other
+weight's; the gathers' backward sums the input grads. Weight memory does not shrink with TP, and every CP rank
+runs whole sequences (the recurrence is computed CP times).
 """
 
 from __future__ import annotations
@@ -35,15 +36,32 @@ from slime_plugins.models.common.weights import (REPLICATED, TP_COLS, TP_GATE_UP
 from slime_plugins.models.qwen3_next import delta_rule
 
 
-class DeltaNetMixer(torch.nn.Module):
-    """The Gated DeltaNet on whole packed sequences: x [T, H], sequence lengths -> [T, H]. Parameter names are
-    transformers' (`linear_attn.*`)."""
+def _span(start: int, length: int) -> torch.Tensor:
+    return torch.arange(start, start + length)
 
-    def __init__(self, arch, dtype: torch.dtype) -> None:
+
+class DeltaNetMixer(torch.nn.Module):
+    """The Gated DeltaNet on whole packed sequences: x [T, H], sequence lengths -> this TP rank's part of the
+    output [T, H] (summed over the TP ranks it is the layer's output). The weights are whole on every rank
+    (transformers' names, `linear_attn.*`); rank r of tp computes key heads r * nk / tp .. and their value heads,
+    reading its rows of the projections, convolution, dt_bias / A_log and its columns of out_proj."""
+
+    def __init__(self, arch, dtype: torch.dtype, tp: int = 1, rank: int = 0) -> None:
         super().__init__()
         self.arch = arch
         h, nv = arch.hidden_size, arch.linear_num_value_heads
         conv_dim = 2 * arch.key_dim + arch.value_dim
+        self.tp, self.nk, self.nv = tp, arch.linear_num_key_heads // tp, nv // tp  # this rank's heads
+        dk, dv = arch.linear_key_head_dim, arch.linear_value_head_dim
+        keys, values = _span(rank * self.nk * dk, self.nk * dk), _span(rank * self.nv * dv, self.nv * dv)
+        # this rank's channels of the [q | k | v] convolution input (and of Qwen3.5's in_proj_qkv rows)
+        self.register_buffer("conv_channels", torch.cat([keys, keys + arch.key_dim, values + 2 * arch.key_dim]),
+                             persistent=False)
+        self.register_buffer("value_rows", values, persistent=False)  # in_proj_z rows, out_proj columns
+        self.register_buffer("value_heads", _span(rank * self.nv, self.nv), persistent=False)
+        per_key_head = 2 * dk + 2 * (nv // arch.linear_num_key_heads) * dv
+        self.register_buffer("qkvz_rows", _span(rank * self.nk * per_key_head, self.nk * per_key_head), persistent=False)
+        self.register_buffer("ba_rows", _span(rank * 2 * self.nv, 2 * self.nv), persistent=False)
         if arch.projections == "qkvz":  # qwen3_next: rows grouped per key head
             self.in_proj_qkvz = ReplicatedLinear(h, conv_dim + arch.value_dim, dtype=dtype)
             self.in_proj_ba = ReplicatedLinear(h, 2 * nv, dtype=dtype)
@@ -60,29 +78,38 @@ class DeltaNetMixer(torch.nn.Module):
         self.norm.weight = torch.nn.Parameter(torch.ones(arch.linear_value_head_dim, dtype=dtype))
         self.out_proj = ReplicatedLinear(arch.value_dim, h, dtype=dtype)
 
+    def _rows(self, layer: ReplicatedLinear, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, layer.weight if self.tp == 1 else layer.weight.index_select(0, rows))
+
     def _projections(self, x: torch.Tensor):
-        """(q|k|v rows for the convolution [T, conv_dim], z [T, nv, dv], b [T, nv], a [T, nv])."""
-        arch, t = self.arch, x.shape[0]
-        nk, nv, dk, dv = (arch.linear_num_key_heads, arch.linear_num_value_heads, arch.linear_key_head_dim,
-                          arch.linear_value_head_dim)
+        """This rank's (q|k|v convolution input [T, channels], z [T, nv, dv], b [T, nv], a [T, nv])."""
+        arch, t, nk, nv = self.arch, x.shape[0], self.nk, self.nv
+        dk, dv = arch.linear_key_head_dim, arch.linear_value_head_dim
         if arch.projections != "qkvz":
-            return (self.in_proj_qkv(x), self.in_proj_z(x).view(t, nv, dv), self.in_proj_b(x), self.in_proj_a(x))
+            return (self._rows(self.in_proj_qkv, x, self.conv_channels),
+                    self._rows(self.in_proj_z, x, self.value_rows).view(t, nv, dv),
+                    self._rows(self.in_proj_b, x, self.value_heads), self._rows(self.in_proj_a, x, self.value_heads))
         per = nv // nk
-        q, k, v, z = self.in_proj_qkvz(x).view(t, nk, -1).split([dk, dk, per * dv, per * dv], dim=-1)
-        b, a = self.in_proj_ba(x).view(t, nk, -1).split([per, per], dim=-1)
+        qkvz = self._rows(self.in_proj_qkvz, x, self.qkvz_rows).view(t, nk, -1)
+        q, k, v, z = qkvz.split([dk, dk, per * dv, per * dv], dim=-1)
+        b, a = self._rows(self.in_proj_ba, x, self.ba_rows).view(t, nk, -1).split([per, per], dim=-1)
         mixed = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)
         return mixed, z.reshape(t, nv, dv), b.reshape(t, nv), a.reshape(t, nv)
 
+    def _local(self, param: torch.Tensor, index: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        return param if self.tp == 1 else param.index_select(dim, index)
+
     def forward(self, x: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-        arch, t = self.arch, x.shape[0]
-        nk, nv, dk, dv = (arch.linear_num_key_heads, arch.linear_num_value_heads, arch.linear_key_head_dim,
-                          arch.linear_value_head_dim)
+        arch, t, nk, nv = self.arch, x.shape[0], self.nk, self.nv
+        dk, dv = arch.linear_key_head_dim, arch.linear_value_head_dim
         mixed, z, b, a = self._projections(x)
         beta = b.sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # log-decay, float32
-        mixed = delta_rule.causal_conv(delta_rule.to_padded(mixed, lengths), self.conv1d.weight)
+        g = -self._local(self.A_log, self.value_heads).float().exp() * F.softplus(
+            a.float() + self._local(self.dt_bias, self.value_heads))  # log-decay, float32
+        conv_weight = self._local(self.conv1d.weight, self.conv_channels)
+        mixed = delta_rule.causal_conv(delta_rule.to_padded(mixed, lengths), conv_weight)
         n, length = mixed.shape[:2]
-        q, k, v = mixed.split([arch.key_dim, arch.key_dim, arch.value_dim], dim=-1)
+        q, k, v = mixed.split([nk * dk, nk * dk, nv * dv], dim=-1)
         q, k = (y.reshape(n, length, nk, dk).repeat_interleave(nv // nk, dim=2) for y in (q, k))
         v = v.reshape(n, length, nv, dv)
         beta, g = delta_rule.to_padded(beta, lengths), delta_rule.to_padded(g, lengths)
@@ -90,7 +117,7 @@ class DeltaNetMixer(torch.nn.Module):
         # gated RMSNorm: normalised in float32, weighted in the model dtype, times silu(z) in float32
         o = get_accelerator().ops.rms_norm(o, self.norm.weight, arch.rms_norm_eps)
         o = (o * F.silu(z.float())).to(x.dtype)
-        return self.out_proj(o.reshape(t, -1))
+        return F.linear(o.reshape(t, -1), self._local(self.out_proj.weight, self.value_rows, dim=1))
 
 
 class GatedDeltaNet(MegatronModule):
@@ -99,8 +126,10 @@ class GatedDeltaNet(MegatronModule):
 
     def __init__(self, config, layer_number: int, arch, **_: object) -> None:
         super().__init__(config=config)
-        self.linear_attn = DeltaNetMixer(arch, config.params_dtype)
-        for p in self.linear_attn.parameters():  # grads from this TP rank's rows only: summed over TP
+        tp = config.tensor_model_parallel_size
+        rank = ps.get_tensor_model_parallel_rank() if tp > 1 else 0
+        self.linear_attn = DeltaNetMixer(arch, config.params_dtype, tp, rank)
+        for p in self.linear_attn.parameters():  # grads of this TP rank's heads only: summed over TP
             p.sequence_parallel = config.sequence_parallel
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, packed_seq_params: ForwardContext | None = None,
@@ -121,10 +150,8 @@ class GatedDeltaNet(MegatronModule):
         if ctx.cp is not None:
             y = y.index_select(0, ctx.cp.local_index.to(y.device))
         y = from_thd(y, ctx.seq_len, ctx.batch)
-        if self.config.sequence_parallel:
-            tp, rank = self.config.tensor_model_parallel_size, ps.get_tensor_model_parallel_rank()
-            rows = y.shape[0] // tp
-            y = y[rank * rows:(rank + 1) * rows]
+        if self.config.tensor_model_parallel_size > 1:  # sum of the TP ranks' heads, this rank's sequence slice
+            y = tensor_parallel.reduce_scatter_to_sequence_parallel_region(y.contiguous())
         return y.contiguous(), None
 
 
