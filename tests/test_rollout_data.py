@@ -297,9 +297,10 @@ def test_built_in_evaluation_hands_upstream_eval_data_to_the_eval_log_hook(monke
     samples}} for --custom-eval-rollout-log-function-path, as the rollout manager's eval() passes it on."""
     from slime.rollout import evaluation
     from slime.rollout.plugin_rollout import log_eval
+    from slime.rollout.eval_datasets import EvalDataset
     from slime.rollout.sample import SampleStatus
 
-    def fake_run(sampling, fleet, samples, tokenizer, reward_fn, evaluation=False):
+    def fake_run(sampling, fleet, samples, tokenizer, reward_fn, **kwargs):
         for i, s in enumerate(samples):
             s.response_length, s.reward = 2, float(i % 2)
             s.status = SampleStatus.TRUNCATED if i == 0 else SampleStatus.COMPLETED
@@ -312,9 +313,10 @@ def test_built_in_evaluation_hands_upstream_eval_data_to_the_eval_log_hook(monke
         def next_batch(self, n):
             return [SimpleNamespace(group_index=0, prompt="p", prompt_ids=[5, 6], label="l", metadata={})]
 
-    sets = [evaluation.EvalSet("copy", OnePrompt())]
+    sets = [evaluation.EvalSet("copy", OnePrompt(), EvalDataset("copy", "copy.jsonl", n_samples_per_eval_prompt=3))]
     args = SimpleNamespace(n_samples_per_eval_prompt=3, eval_temperature=None, eval_top_p=None, eval_top_k=None,
                            eval_max_response_len=None, eval_reward_key=None, reward_key=None,
+                           custom_rm_path=None, custom_generate_function_path=None,
                            custom_eval_rollout_log_function_path="tests.test_rollout_data._eval_log",
                            logged=[], take_over=True)
     data: dict = {}

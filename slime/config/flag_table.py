@@ -48,8 +48,6 @@ REFUSED: dict[str, str] = {
     "--multimodal-keys": "multimodal (vision) prompts are not supported",
     "--balance-by-flops": "--balance-data balances by token count; by FLOPs is not built",
     "--log-probs-max-tokens-per-gpu": "log-prob passes use --max-tokens-per-gpu; a separate budget is not built",
-    "--eval-config": "evaluation sets come from --eval-prompt-data; upstream's YAML eval config is not read",
-    "--eval-min-new-tokens": "a minimum response length for evaluation is not built",
     "--ref-ckpt-step": "--ref-load loads its checkpoint's latest iteration; picking a step is not built",
     "--ref-update-interval": "the reference model stays fixed; refreshing it is not built",
     "--use-rollout-entropy": "entropy is computed by the trainer; the engine's is not used",

@@ -74,11 +74,13 @@ def check_eval_prompts(args: Any) -> None:
     from slime.config.rollout_args import eval_datasets
     from slime.rollout.prompt_files import PromptFileError, read_records
 
-    input_key = getattr(args, "eval_input_key", None) or args.input_key
-    label_key = getattr(args, "eval_label_key", None) or getattr(args, "label_key", None)
+    flag_keys = (getattr(args, "eval_input_key", None) or args.input_key,
+                 getattr(args, "eval_label_key", None) or getattr(args, "label_key", None))
     rule_reward = _rule_reward(args)
+    keys = {d.name: (d.input_key, d.label_key) for d in getattr(args, "eval_datasets", None) or []}  # --eval-config
     for name, path in eval_datasets(args):
         flag = f"--eval-prompt-data {name}"
+        input_key, label_key = keys.get(name, flag_keys)
         count = 0
         try:
             for where, rec in read_records(path, flag):

@@ -198,6 +198,13 @@ def _add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--eval-max-context-len", type=int, default=None,
          help="eval context size, --eval-max-prompt-len then at most it - 1 (default: --rollout-max-context-len)")
     _add(g, parser, "--eval-tool-key", type=str, default=None, help="default: --tool-key")
+    _add(g, parser, "--eval-min-new-tokens", type=int, default=None,
+         help="eval sampling's min_new_tokens: no stop (EOS, stop token or string) before this many tokens")
+    _add(g, parser, "--eval-config", type=str, default=None,
+         help="YAML/JSON of eval sets with their own settings (upstream's: eval: {defaults: {...}, datasets: "
+              "[{name, path, n_samples_per_eval_prompt, temperature, max_response_len, rm_type, ...}]}); "
+              "replaces --eval-prompt-data (docs/rollout.md)")
+    parser.set_defaults(eval_datasets=None)  # filled from --eval-config by validation
 
 
 def rollout_defaults(**overrides: Any) -> argparse.Namespace:
@@ -334,6 +341,16 @@ def _check_function_path(path: str, dest: str) -> None:
 
 
 def _validate_eval_args(args: argparse.Namespace, need) -> None:
+    if args.eval_min_new_tokens is not None:
+        need(args.eval_min_new_tokens >= 0, f"--eval-min-new-tokens must be >= 0, got {args.eval_min_new_tokens}")
+    if args.eval_config:  # upstream's: it replaces --eval-prompt-data, which becomes its NAME PATH pairs
+        from slime.config.eval_config import EvalConfigError, resolve_eval_config
+
+        try:
+            args.eval_datasets = resolve_eval_config(args)
+        except EvalConfigError as e:
+            raise RolloutArgumentError(str(e)) from e
+        args.eval_prompt_data = [x for d in args.eval_datasets for x in (d.name, d.path)]
     values = args.eval_prompt_data or []
     need(len(values) <= 1 or len(values) % 2 == 0,
          f"--eval-prompt-data takes NAME PATH pairs, got {len(values)} values: {' '.join(values)}")

@@ -1,6 +1,8 @@
-"""Evaluation rollouts: every prompt of each `--eval-prompt-data NAME PATH` set, `--n-samples-per-eval-prompt`
-responses each, sampled with the eval settings (`--eval-temperature`, `--eval-top-p`, `--eval-top-k`,
-`--eval-max-response-len`; each defaults to its rollout flag) and scored by the run's reward.
+"""Evaluation rollouts: every prompt of each eval set (`--eval-prompt-data NAME PATH`, or the sets of
+`--eval-config`), `n_samples_per_eval_prompt` responses each, sampled with the set's settings and scored by
+its reward (slime.rollout.eval_datasets: a config entry's own value, its defaults, then the eval flags
+`--n-samples-per-eval-prompt`, `--eval-temperature`, `--eval-top-p`, `--eval-top-k`, `--eval-max-response-len`,
+`--eval-min-new-tokens`, each eval flag defaulting to its rollout flag).
 
 train.py evaluates before the first rollout (unless --skip-eval-before-train) and after every
 --eval-interval rollouts, on the weights the engines then hold; the metrics go to metrics.jsonl as
@@ -18,11 +20,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from slime.rollout import rm_hub
 from slime.rollout.data_source import JsonlDataSource
+from slime.rollout.eval_datasets import EvalDataset, eval_dataset_list, resolve_eval_dataset
 from slime.rollout.generate import RolloutError, make_samples, run_samples
 from slime.rollout.rewards import reward_value
 from slime.rollout.sample import SampleStatus
-from slime.rollout.settings import eval_datasets
 
 EVAL_INDEX_BASE = 1 << 48  # eval sample indices (seeds) never meet the training ones
 
@@ -31,6 +34,7 @@ EVAL_INDEX_BASE = 1 << 48  # eval sample indices (seeds) never meet the training
 class EvalSet:
     name: str
     source: JsonlDataSource
+    config: EvalDataset | None = None  # the set's own settings (None: the eval flags')
 
 
 def eval_sampling_args(args: argparse.Namespace) -> argparse.Namespace:
@@ -47,30 +51,36 @@ def eval_sampling_args(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def load_eval_sets(args: argparse.Namespace, tokenizer: Any) -> list[EvalSet]:
-    return [EvalSet(name, JsonlDataSource(
-        path, tokenizer, args.eval_input_key or args.input_key, args.eval_label_key or args.label_key,
-        args.metadata_key, args.apply_chat_template, shuffle=False, seed=args.rollout_seed,
-        max_prompt_len=args.eval_max_prompt_len or args.rollout_max_prompt_len,
-        chat_template_kwargs=args.apply_chat_template_kwargs, tool_key=args.eval_tool_key or args.tool_key))
-        for name, path in eval_datasets(args)]
+    """Every eval set's prompts, read with the set's keys and chat-template settings."""
+    return [EvalSet(d.name, JsonlDataSource(
+        d.path, tokenizer, d.input_key, d.label_key, d.metadata_key, bool(d.apply_chat_template), shuffle=False,
+        seed=args.rollout_seed, max_prompt_len=args.eval_max_prompt_len or args.rollout_max_prompt_len,
+        chat_template_kwargs=d.apply_chat_template_kwargs, tool_key=d.tool_key), d)
+        for d in eval_dataset_list(args)]
 
 
 def evaluate(args: argparse.Namespace, fleet: Any, sets: list[EvalSet], tokenizer: Any, reward_fn: Any,
              data: dict | None = None) -> dict[str, float]:
-    """Generate and score every eval set; returns eval/<name>/... metrics. data: filled with upstream's
-    {set: {"rewards", "truncated", "samples"}} (for --custom-eval-rollout-log-function-path)."""
-    if reward_fn is None:
-        raise RolloutError("evaluation needs a reward: pass --rm-type or --custom-rm-path")
-    sampling = eval_sampling_args(args)
-    n = args.n_samples_per_eval_prompt
+    """Generate and score every eval set with its settings; returns eval/<name>/... metrics. data: filled with
+    upstream's {set: {"rewards", "truncated", "samples"}} (for --custom-eval-rollout-log-function-path)."""
     metrics: dict[str, float] = {}
     base = EVAL_INDEX_BASE
     for s in sets:
+        config = s.config or resolve_eval_dataset(args, {"name": s.name, "path": s.source.path})
+        # the set's rm_type / custom_rm_path reach the reward through the sample (rm_hub.async_rm reads them)
+        set_reward = rm_hub.async_rm if config.overrides_reward(args) else reward_fn
+        if set_reward is None:
+            raise RolloutError("evaluation needs a reward: pass --rm-type or --custom-rm-path")
+        sampling = config.rollout_args(args)
+        n = config.n_samples_per_eval_prompt
         t0 = time.perf_counter()
         items = s.source.next_batch(len(s.source))  # no shuffle: every prompt once, in file order
         samples = make_samples(items, n, range(base, base + len(items) * n))
+        for x in samples:
+            config.prepare(x)
         base += len(items) * n
-        run_samples(sampling, fleet, samples, tokenizer, reward_fn, evaluation=True)
+        run_samples(sampling, fleet, samples, tokenizer, set_reward, evaluation=True,
+                    extra_params=config.extra_sampling_params())
         rewards = [reward_value(x.reward, sampling.reward_key) for x in samples]
         lengths = [x.response_length for x in samples]
         prefix = f"eval/{s.name}"

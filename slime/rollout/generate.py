@@ -246,9 +246,10 @@ class _Attempts:
 
 def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer: Any, reward_fn: RewardFn | None,
                 progress: _Counters | None = None, engine_times: EngineTimes | None = None,
-                evaluation: bool = False) -> _Counters:
+                evaluation: bool = False, extra_params: dict[str, Any] | None = None) -> _Counters:
     """Generate (and score) every sample in place. Raises RolloutError on the first unrecoverable failure.
-    Each finished sample passes through --rollout-sample-hook-path before its reward.
+    Each finished sample passes through --rollout-sample-hook-path before its reward. extra_params: sampling
+    params no rollout flag sets (an eval set's min_new_tokens, repetition_penalty), added to every request's.
 
     Workers take up to `samples_per_request` pending samples each and send them as one /generate request
     (a list of prompts; a single prompt when it is one); lost or aborted samples go back to the queue.
@@ -315,7 +316,7 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
         gen = fleet.generation(idx)
         for s in batch:
             s.attempts += 1
-        params = [sampling_params(args, sample_seed(args, s.index)) for s in batch]
+        params = [dict(sampling_params(args, sample_seed(args, s.index)), **(extra_params or {})) for s in batch]
         if custom is not None:
             try:
                 _custom_generate(custom, args, fleet.client(idx), batch[0], params[0])

@@ -249,20 +249,22 @@ async def generate_rollout_async(args: Namespace, rollout_id: int, data_source: 
 
 
 async def eval_rollout(args: Namespace, rollout_id: int) -> tuple[RolloutFnEvalOutput, list]:
-    """Every prompt of each --eval-prompt-data set, --n-samples-per-eval-prompt samples each, eval sampling."""
+    """Every prompt of each eval set (--eval-prompt-data or --eval-config), its n_samples_per_eval_prompt samples
+    each, with the set's sampling params, reward and generate function (slime.rollout.eval_datasets)."""
     from slime.rollout.data_source import make_samples
-    from slime.rollout.evaluation import eval_sampling_args, load_eval_sets
+    from slime.rollout.evaluation import load_eval_sets
 
     state = GenerateState(args)
-    eval_args = eval_sampling_args(args)
-    params = dict(state.sampling_params, temperature=eval_args.rollout_temperature, top_p=eval_args.rollout_top_p,
-                  top_k=eval_args.rollout_top_k, max_new_tokens=eval_args.rollout_max_response_len)
-    key = eval_args.reward_key
+    key = args.eval_reward_key or args.reward_key
     data: dict[str, dict[str, Any]] = {}
-    n = int(args.n_samples_per_eval_prompt)
     for eval_set in load_eval_sets(args, state.tokenizer):
+        config = eval_set.config
+        params = dict(spaces_between_special_tokens=False, **config.sampling_params(args))
         items = eval_set.source.next_batch(len(eval_set.source))
+        n = int(config.n_samples_per_eval_prompt)
         samples = make_samples(items, n, range(len(items) * n))
+        for s in samples:
+            config.prepare(s)
         samples = list(await asyncio.gather(*(generate_and_rm(args, s, params.copy(), evaluation=True)
                                               for s in samples)))
         data[eval_set.name] = {"rewards": [s.reward if not key else s.reward[key] for s in samples],
