@@ -571,6 +571,9 @@ def _set_num_rollout_from_epochs(args: argparse.Namespace) -> None:
     if args.num_epoch is None:
         return
     _require(args.num_epoch >= 1, f"--num-epoch must be >= 1, got {args.num_epoch}")
+    _require(args.rollout_global_dataset or args.num_rollout is not None,  # upstream asserts the same
+             "--num-epoch counts passes over --prompt-data, which --disable-rollout-global-dataset does not read; "
+             "pass --num-rollout")
     from slime.rollout.prompt_files import PromptFileError, read_records, split_row_slice
 
     if not args.prompt_data or not os.path.isfile(split_row_slice(args.prompt_data)[0]):

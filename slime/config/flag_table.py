@@ -44,7 +44,6 @@ REFUSED: dict[str, str] = {
     "--only-train-params-name-list": "training a subset of parameters (freezing) is not built",
     "--freeze-params-name-list": "training a subset of parameters (freezing) is not built",
     "--rollout-external-engine-addrs": "engines started outside slime are not supported; slime starts them",
-    "--disable-rollout-global-dataset": "the rollout always reads --prompt-data through the data source",
     "--multimodal-keys": "multimodal (vision) prompts are not supported",
     "--balance-by-flops": "--balance-data balances by token count; by FLOPs is not built",
     "--log-probs-max-tokens-per-gpu": "log-prob passes use --max-tokens-per-gpu; a separate budget is not built",

@@ -53,6 +53,9 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     _add(g, parser, "--rollout-max-context-len", type=int, default=None,
          help="context size of a rollout (prompt + response tokens); --rollout-max-prompt-len defaults to it - 1 "
               "(at most the model's max_position_embeddings)")
+    _add(g, parser, "--disable-rollout-global-dataset", action="store_false", dest="rollout_global_dataset",
+         help="read no --prompt-data: the --rollout-function-path manages its data (the data source gives it "
+              "groups of empty Samples; nothing of it is saved with checkpoints)")
     _add(g, parser, "--start-rollout-id", type=int, default=None,
          help="first rollout id (default: the one after the checkpoint --load resumes, else 0)")
 
@@ -266,6 +269,12 @@ def validate_rollout_args(args: argparse.Namespace) -> argparse.Namespace:
 
     if getattr(args, "custom_config_path", None):
         apply_custom_config(args)
+    if not args.rollout_global_dataset:
+        need(bool(args.rollout_function_path) and args.rollout_function_path != "slime.rollout.sglang_rollout."
+             "generate_rollout", "--disable-rollout-global-dataset leaves the rollout without prompts; name the "
+             "--rollout-function-path that manages its data (upstream's generate_rollout reads --prompt-data)")
+        need(args.rollout_batch_size is not None and args.rollout_batch_size >= 1,
+             "--rollout-batch-size is required (groups per rollout, >= 1)")
     if args.prompt_data:
         need(args.rollout_batch_size is not None and args.rollout_batch_size >= 1,
              "--rollout-batch-size is required (prompts per rollout, >= 1)")

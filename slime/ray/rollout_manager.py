@@ -115,6 +115,8 @@ class RolloutManager(EngineFleet):
     def _make_data_source(self):
         from slime.rollout.data_source import prompt_source
 
+        if not self.args.rollout_global_dataset:  # --disable-rollout-global-dataset: the rollout function's data
+            return None
         return prompt_source(self.args, self.tokenizer) if self.args.prompt_data else None
 
     def _create_actor(self, i: int, slots: Any):
@@ -343,7 +345,8 @@ class RolloutManager(EngineFleet):
             return debug_data.load_rollout(self.args.load_debug_rollout_data, rollout_id,
                                            self.args.load_debug_rollout_data_subsample), {}
         plugin = uses_plugin_rollout(self.args)
-        if self.data_source is None and not (plugin and self.args.data_source_path):
+        own_data = self.args.data_source_path or not self.args.rollout_global_dataset  # the plugin's own prompts
+        if self.data_source is None and not (plugin and own_data):
             raise RolloutError("no prompts: pass --prompt-data")
         if not self.n and not plugin:
             raise RolloutError("--debug-train-only starts no rollout engine: replay saved rollouts with "

@@ -205,11 +205,15 @@ class DataSource(abc.ABC):
 
 class RolloutDataSource(DataSource):
     """--prompt-data as upstream's data source: prompts become groups of fresh samples (indices unique over
-    the run); its position is this project's JsonlDataSource state (saved in checkpoints by the manager)."""
+    the run); its position is this project's JsonlDataSource state (saved in checkpoints by the manager).
+    Under --disable-rollout-global-dataset (args.rollout_global_dataset False) it reads no prompts, as upstream's:
+    get_samples gives groups of empty Samples (numbered) for the rollout function to fill, and save/load keep
+    nothing."""
 
     def __init__(self, args: Any, tokenizer: Any = None, source: JsonlDataSource | None = None) -> None:
         self.args = args
-        if source is None:
+        self._next_group, self._next_index = 0, 0  # numbering of the empty samples without a global dataset
+        if source is None and getattr(args, "rollout_global_dataset", True):
             if tokenizer is None:
                 from transformers import AutoTokenizer
 
@@ -217,8 +221,18 @@ class RolloutDataSource(DataSource):
             source = prompt_source(args, tokenizer)
         self.source = source
 
+    def _empty_groups(self, num_samples: int, n: int) -> list[list[Sample]]:
+        groups = []
+        for _ in range(num_samples):
+            groups.append([Sample(group_index=self._next_group, index=self._next_index + j) for j in range(n)])
+            self._next_group += 1
+            self._next_index += n
+        return groups
+
     def get_samples(self, num_samples: int) -> list[list[Sample]]:
         n = int(self.args.n_samples_per_prompt)
+        if self.source is None:
+            return self._empty_groups(num_samples, n)
         items = self.source.next_batch(num_samples)
         samples = make_samples(items, n, self.source.take_sample_indices(len(items) * n))
         return [samples[i:i + n] for i in range(0, len(samples), n)]
@@ -231,7 +245,7 @@ class RolloutDataSource(DataSource):
 
     def save(self, rollout_id: int) -> None:
         path = self._state_path(rollout_id, getattr(self.args, "save", None))
-        if path is None:
+        if path is None or self.source is None:
             return
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path + ".tmp", "w") as f:
@@ -240,12 +254,12 @@ class RolloutDataSource(DataSource):
 
     def load(self, rollout_id: int | None = None) -> None:
         path = self._state_path(rollout_id, getattr(self.args, "load", None)) if rollout_id is not None else None
-        if path and os.path.exists(path):
+        if path and self.source is not None and os.path.exists(path):
             with open(path) as f:
                 self.source.load_state_dict(json.load(f))
 
     def __len__(self) -> int:
-        return len(self.source)
+        return 0 if self.source is None else len(self.source)
 
 
 class RolloutDataSourceWithBuffer(RolloutDataSource):

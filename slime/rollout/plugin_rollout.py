@@ -47,7 +47,6 @@ def plugin_args(args: Any, router_url: str, num_engines: int, engines: list | No
     parts = urlsplit(router_url or "")  # None: no engine runs (--debug-train-only)
     out.sglang_router_ip, out.sglang_router_port = parts.hostname, parts.port
     out.rollout_num_engines = num_engines
-    out.rollout_global_dataset = True
     return out
 
 

@@ -276,6 +276,9 @@ async def eval_rollout(args: Namespace, rollout_id: int) -> tuple[RolloutFnEvalO
 def generate_rollout(args: Namespace, rollout_id: int, data_source: Any, evaluation: bool = False
                      ) -> RolloutFnTrainOutput | RolloutFnEvalOutput:
     """Upstream's default rollout function (`--rollout-function-path slime.rollout.sglang_rollout.generate_rollout`)."""
+    if not getattr(args, "rollout_global_dataset", True):  # upstream asserts it too
+        raise ValueError("slime.rollout.sglang_rollout.generate_rollout reads the prompts of --prompt-data; under "
+                         "--disable-rollout-global-dataset name a --rollout-function-path that manages its data")
     if evaluation:
         return run(eval_rollout(args, rollout_id))[0]
     output, leftover = run(generate_rollout_async(args, rollout_id, data_source.get_samples))
