@@ -7,7 +7,8 @@ hide a missing `1 +`):
   each tensor's max |grad| (measured up to 7e-5: every grad below a DeltaNet layer comes back through float32
   chunk products summed in another order than transformers' loop; the other families meet 1e-5);
 - packed sequences equal separate ones (the convolution and the recurrence restart at every boundary);
-- export_hf / save_hf give the checkpoint back bit for bit (the vision tower of a Qwen3.5 checkpoint too);
+- export_hf / save_hf give the checkpoint back bit for bit (the vision tower of a Qwen3.5 checkpoint too; config.json
+  as it was), transformers' logits on the saved checkpoint identical;
 - the embedded engine's sampled log-probs equal the trainer's teacher-forced ones (5e-5), before and after a sync;
 - the published configs of upstream's run scripts read as transformers reads them.
 TP2 / EP2 / CP2 are in tests/test_qwen3_next_parallel.py."""
@@ -128,7 +129,12 @@ def test_export_round_trip_is_bit_exact(ckpts, model_type, tmp_path):
     save_hf(model, str(tmp_path / "saved"))
     saved = load_file(tmp_path / "saved" / "model.safetensors")
     assert saved.keys() == original.keys() and all(torch.equal(saved[n], original[n]) for n in original)
-    assert json.load(open(tmp_path / "saved" / "config.json"))["model_type"] == model_type
+    config, source = (json.load(open(os.path.join(d, "config.json"))) for d in (tmp_path / "saved", src))
+    assert {k: v for k, v in config.items() if k != "dtype"} == {k: v for k, v in source.items() if k != "dtype"}
+    ids, pos = random_batch(1, 7, VOCAB, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(hf_model(tmp_path / "saved")(ids, position_ids=pos).logits,
+                                   hf_model(src)(ids, position_ids=pos).logits, rtol=0, atol=0)
 
 
 def test_vision_language_checkpoint_trains_its_text_model(ckpts):

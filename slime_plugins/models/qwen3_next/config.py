@@ -115,7 +115,8 @@ def from_hf(hf: dict[str, Any]) -> HybridConfig:
                       norm_topk_prob=bool(text.get("norm_topk_prob", True)),
                       shared_expert_intermediate_size=int(text.get("shared_expert_intermediate_size") or 0)) if moe else {}
     check_supported(text, model_type)
-    cfg = HybridConfig(**base_fields(text), mlp_layer_types=types, qkv_bias=bias, o_bias=bias, qk_norm=True, layer_types=layer_types_of(text),
+    # hf_config: config.json as given (save_hf writes it back; the text view above is only read here)
+    cfg = HybridConfig(**(base_fields(text) | {"hf_config": dict(hf)}), mlp_layer_types=types, qkv_bias=bias, o_bias=bias, qk_norm=True, layer_types=layer_types_of(text),
                  linear_num_key_heads=int(text.get("linear_num_key_heads", 16)),
                  linear_num_value_heads=int(text.get("linear_num_value_heads", 32)),
                  linear_key_head_dim=int(text.get("linear_key_head_dim", 128)),
