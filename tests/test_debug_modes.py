@@ -248,6 +248,9 @@ def test_debug_rollout_only_saves_rollouts_without_a_trainer(inputs, full_and_re
     assert sorted(os.listdir(d / "rollouts_only")) == ["0.pt", "eval_0.pt", "eval_1.pt"]
     assert len(debug_data.load_rollout(template, "eval_1")) == 4
     assert all("train/loss" not in r and r["rollout/samples"] == 16 for r in records)
+    from slime.utils.metrics import console_line
+
+    assert "reward" in console_line(records[0], 1) and "loss" not in console_line(records[0], 1)  # no nan fields
     assert not (d / "run_rollout_only" / "ckpt").exists()
     # rollout 0 of the full run came from the same initial weights, seeds and prompts: the same samples
     ours, theirs = (debug_data.load_rollout(t, 0) for t in (template, full_and_replay["template"]))

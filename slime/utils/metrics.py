@@ -43,6 +43,8 @@ def console_line(m: dict[str, Any], num_rollout: int) -> str:
     # (text, drop order: higher goes first); the groups are joined with " | "
     train = [(f"loss {g('train/loss', math.nan):+.3f}", 2), (f"kl {g('train/kl', math.nan):.0e}", 7),
              (f"ent {g('train/entropy', math.nan):.2f}", 5), (f"dlp {g('train_rollout_logprob_abs_diff', math.nan):.0e}", 8)]
+    if "train/loss" not in m:  # --debug-rollout-only: nothing trained
+        train = []
     times = [(f"{g('time/iteration', 0):.1f}s:", 1), (f"roll {g('time/rollout', 0):.1f}", 3),
              (f"train {g('time/train', 0):.1f}", 3)]
     if g("time/save", 0) >= 0.05:
