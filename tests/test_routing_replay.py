@@ -349,3 +349,45 @@ def test_other_moe_families_replay_the_engines_routes(model_type, tmp_path):
             differs += int(not torch.equal(got["ids"][False][layer][at:at + n - 1].sort(-1).values, mine))
             at += n
     assert differs > 0  # the scrambled routers alone pick other experts
+
+
+def test_sample_reads_routed_experts_as_upstream():
+    """meta_info["routed_experts"]: base64 int32 rows of the fed tokens from routed_experts_start_len on (earlier
+    rows kept); an aborted turn's are dropped (its continuation returns every row); a wrong count is one error."""
+    import base64
+
+    import numpy as np
+
+    from slime.config.rollout_args import rollout_defaults
+    from slime.utils.types import Sample
+
+    args = rollout_defaults(num_layers=2, moe_router_topk=2)
+
+    def meta(rows, start=0, finish="stop"):
+        data = base64.b64encode(np.asarray(rows, dtype=np.int32).tobytes()).decode()
+        return {"routed_experts": data, "routed_experts_start_len": start, "finish_reason": {"type": finish}}
+
+    s = Sample(index=0, tokens=[1, 2, 3])
+    first = np.arange(4 * 4).reshape(4, 2, 2) % 5  # prompt 3 + 2 new tokens -> 4 fed rows
+    s.append_response_tokens(args, tokens=[4, 5], log_probs=[-0.1, -0.2], meta_info=meta(first))
+    assert s.rollout_routed_experts.tolist() == first.tolist()
+    later = np.full((1, 2, 2), 7)  # a second turn of 1 token: 5 rows fed in all, the engine reports rows 4 on
+    s.append_response_tokens(args, tokens=[6], log_probs=[-0.3], meta_info=meta(later, start=4))
+    assert s.rollout_routed_experts.tolist() == first.tolist() + later.tolist()
+    cut = Sample(index=1, tokens=[1, 2, 3])
+    cut.append_response_tokens(args, tokens=[], log_probs=[], meta_info=meta(np.zeros((0, 2, 2)), finish="abort"))
+    assert cut.rollout_routed_experts is None and cut.status == Sample.Status.ABORTED
+    with pytest.raises(ValueError, match="routed_experts has 8 values, expected 4 tokens x 2 layers x top-2"):
+        Sample(index=2, tokens=[1, 2, 3]).append_response_tokens(args, tokens=[4, 5], log_probs=[-0.1, -0.2],
+                                                                 meta_info=meta(first[:2]))
+
+
+def test_rollout_routing_replay_sends_generation_to_the_engines(tiny_ckpt, capsys):
+    """sglang-router 0.3 drops return_routed_experts from /generate bodies: the flag routes in-process (auto), and
+    an explicit --rollout-router sglang-router is refused in one line; --use-routing-replay alone keeps the router."""
+    base = ["--hf-checkpoint", tiny_ckpt, "--num-rollout", "1", "--global-batch-size", "4"]
+    assert parse_args([*base, "--use-rollout-routing-replay"]).rollout_router == "in-process"
+    assert parse_args([*base, "--use-routing-replay"]).rollout_router == "auto"
+    with pytest.raises(SystemExit):
+        parse_args([*base, "--use-rollout-routing-replay", "--rollout-router", "sglang-router"])
+    assert "sglang-router 0.3 drops return_routed_experts" in capsys.readouterr().err

@@ -25,11 +25,26 @@ def add_routing_replay_arguments(parser: argparse.ArgumentParser) -> None:
               "--use-routing-replay; the engines return them per token)")
 
 
+def _route_generation_in_process(args: argparse.Namespace) -> None:
+    """sglang-router 0.3 re-serializes /generate bodies through its own request type, which has no
+    return_routed_experts: behind it the engines never get the flag (measured: the answers carry no
+    routed_experts). With --use-rollout-routing-replay generation requests therefore go to the engines
+    directly (--rollout-router in-process); a router of one's own (--sglang-router-ip) is used as given."""
+    if getattr(args, "sglang_router_ip", None):
+        return
+    if getattr(args, "rollout_router", "auto") == "sglang-router":
+        raise ArgumentError("--use-rollout-routing-replay with --rollout-router sglang-router: sglang-router 0.3 drops "
+                            "return_routed_experts from /generate requests, so no routes would reach the rollout; use "
+                            "--rollout-router in-process (auto picks it with this flag)")
+    args.rollout_router = "in-process"
+
+
 def validate_routing_replay_args(args: argparse.Namespace, hf_config: dict | None) -> None:
     """--use-rollout-routing-replay implies --use-routing-replay (upstream's rule); either needs an MoE model.
     The rollout side reshapes the engines' routes by --num-layers x --moe-router-topk, filled from config.json."""
     if args.use_rollout_routing_replay:
         args.use_routing_replay = True
+        _route_generation_in_process(args)
     if not args.use_routing_replay or hf_config is None:
         return
     flag = "--use-rollout-routing-replay" if args.use_rollout_routing_replay else "--use-routing-replay"

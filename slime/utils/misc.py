@@ -45,7 +45,7 @@ def decode_int32_meta_array(meta_info: dict, keys: str | tuple[str, ...]) -> Any
     if isinstance(value, (bytes, bytearray, memoryview)):
         if len(value) % 4:
             raise ValueError(f"meta_info[{key!r}] holds {len(value)} bytes, not a whole number of int32 values")
-        return torch.frombuffer(bytearray(value), dtype=torch.int32)
+        return torch.frombuffer(bytearray(value), dtype=torch.int32) if value else torch.zeros(0, dtype=torch.int32)
     return torch.as_tensor(value).to(device="cpu", dtype=torch.int32).reshape(-1)
 
 

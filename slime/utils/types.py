@@ -248,6 +248,10 @@ class Sample:
         flat = decode_int32_meta_array(meta_info, "routed_experts")
         if flat is None:
             return
+        if (meta_info.get("finish_reason") or {}).get("type") == "abort":
+            # an aborted turn (maybe never fed): its continuation feeds the whole sequence and returns every row
+            self.rollout_routed_experts = None
+            return
         layers, topk = getattr(args, "num_layers", None), getattr(args, "moe_router_topk", None)
         if not layers or not topk:
             raise ValueError("routed experts need args.num_layers and args.moe_router_topk to be reshaped "

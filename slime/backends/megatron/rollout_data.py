@@ -109,7 +109,8 @@ def _routes_per_sample(routes: np.ndarray | None, offsets: np.ndarray) -> list[t
         return None
     starts = offsets[:-1] - np.arange(len(offsets) - 1)
     ends = offsets[1:] - np.arange(1, len(offsets))
-    return [torch.from_numpy(np.ascontiguousarray(routes[a:b])) for a, b in zip(starts, ends)]
+    # copies: the payload's arrays are read-only views of Ray's object store
+    return [torch.from_numpy(np.array(routes[a:b])) for a, b in zip(starts, ends)]
 
 
 def _sum_all(values: Sequence[float], all_reduce: AllReduce | None) -> list[float]:
