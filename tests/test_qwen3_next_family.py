@@ -285,3 +285,33 @@ def test_model_args_gate_and_norm_switches_are_checked_both_ways():
     qwen3_moe = json.load(open(os.path.join(CONFIGS, "qwen3-30B-A3B.json")))
     bad = model_arg_mismatches(parser.parse_args(["--num-layers", "48", "--attention-output-gate"]), qwen3_moe)
     assert "--attention-output-gate given: config.json says not gated attention (qwen3_next, qwen3_5)" in bad
+
+
+def test_published_fused_expert_layout_loads_and_saves_back_in_it(ckpts, tmp_path):
+    """Qwen3.5-MoE is published with each layer's experts fused (transformers 5's mlp.experts.gate_up_proj
+    [E, 2I, H] and down_proj [E, H, I]): the checkpoint in that layout gives transformers' logits, and save_hf
+    writes it back in that layout, bit for bit."""
+    import re
+    import shutil
+
+    src = str(tmp_path / "fused")
+    shutil.copytree(ckpts["qwen3_5_moe"], src)
+    state, experts = {}, {}
+    for name, t in load_file(os.path.join(src, "model.safetensors")).items():
+        m = re.match(r"(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$", name)
+        if m:
+            experts.setdefault(m[1], {})[(int(m[2]), m[3])] = t
+        else:
+            state[name] = t
+    for prefix, parts in experts.items():
+        count = 1 + max(e for e, _ in parts)
+        state[f"{prefix}.gate_up_proj"] = torch.stack([torch.cat([parts[(e, "gate")], parts[(e, "up")]]) for e in range(count)])
+        state[f"{prefix}.down_proj"] = torch.stack([parts[(e, "down")] for e in range(count)])
+    save_file(state, os.path.join(src, "model.safetensors"), metadata={"format": "pt"})
+    model = load_hf_model(src)
+    ids, pos = random_batch(2, 9, VOCAB, 6)
+    with torch.no_grad():
+        assert _rel_max(model(ids, pos), hf_model(ckpts["qwen3_5_moe"])(ids, position_ids=pos).logits) <= 1e-5
+    save_hf(model, str(tmp_path / "saved"))
+    saved = load_file(tmp_path / "saved" / "model.safetensors")
+    assert saved.keys() == state.keys() and all(torch.equal(saved[n], state[n]) for n in state)

@@ -141,6 +141,7 @@ def save_hf(model, out_dir: str, dtype: torch.dtype | None = None, max_shard_byt
         shard, shard_bytes = {}, 0
 
     stored = getattr(model, "hf_dtypes", {}) if dtype is None else {}
+    fused = _FusedExperts(getattr(model, "hf_fused", {}))
     for bucket in export_hf(model, dtype=dtype):
         for name, t in bucket:
             # A tensor kept in float32 here (the indexer gate) that the source checkpoint stored in bf16 goes
@@ -149,8 +150,10 @@ def save_hf(model, out_dir: str, dtype: torch.dtype | None = None, max_shard_byt
                 t = t.to(stored[name])
             if writer:
                 # An owned copy: exported tensors may be views sharing a parameter (safetensors refuses those).
-                shard[name] = torch.empty(t.shape, dtype=t.dtype, device="cpu").copy_(t.detach())
-                shard_bytes += t.numel() * t.element_size()
+                t = torch.empty(t.shape, dtype=t.dtype, device="cpu").copy_(t.detach())
+                for out_name, out in fused.add(name, t):
+                    shard[out_name] = out
+                    shard_bytes += out.numel() * out.element_size()
             if shard_bytes >= max_shard_bytes:
                 flush()
     flush()
@@ -163,6 +166,33 @@ def save_hf(model, out_dir: str, dtype: torch.dtype | None = None, max_shard_byt
     if dist.is_initialized():
         dist.barrier()
     return out_dir
+
+
+class _FusedExperts:
+    """Per-expert tensors of an expert block the source checkpoint stored fused (transformers 5's
+    `mlp.experts.gate_up_proj` [E, 2I, H] / `down_proj` [E, H, I], as Qwen3.5-MoE is published) are held until
+    the block is complete, then written as the one fused tensor."""
+
+    def __init__(self, parts: dict[str, tuple[str, int, str]]) -> None:
+        self.parts = parts
+        self.count: dict[str, int] = {}
+        for fused, _, _ in parts.values():
+            self.count[fused] = self.count.get(fused, 0) + 1
+        self.pending: dict[str, dict[tuple[int, str], torch.Tensor]] = {}
+
+    def add(self, name: str, t: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        if name not in self.parts:
+            return [(name, t)]
+        fused, expert, part = self.parts[name]
+        held = self.pending.setdefault(fused, {})
+        held[(expert, part)] = t
+        if len(held) < self.count[fused]:
+            return []
+        del self.pending[fused]
+        experts = sorted({e for e, _ in held})
+        rows = [held[(e, "all")] if (e, "all") in held else torch.cat([held[(e, "gate")], held[(e, "up")]])
+                for e in experts]
+        return [(fused, torch.stack(rows))]
 
 
 def _finish(model, tmp: str, out_dir: str, files: list[tuple[str, list[str]]], dtype) -> None:

@@ -96,6 +96,10 @@ class HFCheckpoint:
             else:
                 self._virtual[f"{prefix}.{e}.down_proj.weight"] = (name, e, "all")
 
+    def fused_parts(self) -> dict[str, tuple[str, int, str]]:
+        """{per-expert name: (fused tensor name, expert, "gate" | "up" | "all")} of the fused expert tensors."""
+        return dict(self._virtual)
+
     def names(self) -> set[str]:
         """Tensor names as the loader sees them (fused experts replaced by per-expert names)."""
         fused = {v[0] for v in self._virtual.values()}
