@@ -103,13 +103,33 @@ def uninterrupted(assets, ray_session):
                             "--save", save, "--save-interval", "1", "--eval-interval", "2",
                             "--eval-prompt-data", "copy", assets["eval_data"], "--n-samples-per-eval-prompt", "2",
                             "--eval-temperature", "0", "--ci-save-grad-norm", _grad_norms(assets),
-                            "--log-passrate", "--log-correct-samples"))
+                            "--log-passrate", "--log-correct-samples", "--dump-details", str(assets["dir"] / "dump")))
     records = train(args)
     return {"records": records, "out": out, "save": save, "assets": assets}
 
 
 def _grad_norms(assets) -> str:  # --ci-save-grad-norm's template: the resumed run must reproduce them
     return str(assets["dir"] / "grad_norms" / "{role}_{rollout_id}_{step_id}.pt")
+
+
+def _check_dump(d) -> None:
+    """--dump-details: each rollout's samples and what the trainer trained on, the same samples."""
+    import torch
+
+    assert sorted(os.listdir(d / "train_data")) == ["0.pt", "1.pt"]
+    assert sorted(os.listdir(d / "rollout_data")) == ["0.pt", "1.pt", "eval_0.pt", "eval_2.pt"]
+    for rollout_id in (0, 1):
+        train = torch.load(d / "train_data" / f"{rollout_id}.pt", weights_only=True)
+        rollout = torch.load(d / "rollout_data" / f"{rollout_id}.pt", weights_only=True)
+        assert train["format_version"] == 2 and train["rollout_id"] == rollout_id
+        samples = train["samples"]
+        assert [s["sample_index"] for s in samples] == list(range(64)) == sorted(train["dp_shards"][0]["samples"])
+        assert [s["reward"] for s in samples] == pytest.approx([float(r["reward"]) for r in rollout["samples"]])
+        for s, r in zip(samples, rollout["samples"]):
+            assert s["tokens"] == list(r["tokens"]) and s["response_length"] == r["response_length"]
+            n = s["response_length"]
+            assert s["log_probs"].shape == s["advantages"].shape == s["rollout_log_probs"].shape == (n,)
+            assert float((s["log_probs"] - s["rollout_log_probs"]).abs().max()) < LOGPROB_DIFF_BOUND
 
 
 def test_e2e_colocated_ipc(uninterrupted):
@@ -129,6 +149,7 @@ def test_e2e_colocated_ipc(uninterrupted):
         assert sum(r[f"rollout/correct_length/p{p}"] for p in (25, 50, 75, 100)) == pytest.approx(
             1.0 if r["rollout/correct_samples"] else 0.0)
     assert sorted(os.listdir(os.path.dirname(_grad_norms(uninterrupted["assets"])))) == ["actor_0_0.pt", "actor_1_0.pt"]
+    _check_dump(uninterrupted["assets"]["dir"] / "dump")
     from slime.report import write_report
 
     png, md = write_report(uninterrupted["out"])

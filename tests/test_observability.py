@@ -151,3 +151,25 @@ def test_ci_grad_norm_recorded_then_required(tmp_path):
         ci_checks.record_grad_norm(load, 3, 1, 2.6, rank=0)
     with pytest.raises(ci_checks.CICheckError, match="does not exist; record it first with --ci-save-grad-norm"):
         ci_checks.record_grad_norm(load, 4, 0, 2.5, rank=0)
+
+
+def test_dump_details_sets_both_dumps_and_the_train_file_is_atomic(tmp_path):
+    from slime.backends.megatron import train_dump
+    from slime.config.arguments import ArgumentError
+    from slime.config.observability_args import apply_dump_details
+
+    args = parse_args(["--dump-details", str(tmp_path / "d")])
+    apply_dump_details(args)
+    assert args.save_debug_rollout_data == f"{tmp_path}/d/rollout_data/{{rollout_id}}.pt"
+    assert args.save_debug_train_data == f"{tmp_path}/d/train_data/{{rollout_id}}.pt"
+    same = parse_args(["--save-debug-train-data", "x/{rollout_id}.pt", "--save-debug-rollout-data", "x/{rollout_id}.pt"])
+    with pytest.raises(ArgumentError, match="must differ from --save-debug-rollout-data"):
+        apply_dump_details(same)
+    with pytest.raises(ArgumentError, match=r"only \{rollout_id\} and \{rank\}"):
+        apply_dump_details(parse_args(["--save-debug-train-data", "x/{step}.pt"]))
+    shards = [[{"sample_index": 2, "x": 1}, {"sample_index": 0, "x": 2}], [{"sample_index": 1, "x": 3}]]
+    path = train_dump.save_train_data(str(tmp_path / "t" / "{rollout_id}-{rank}.pt"), 4, 0, shards)
+    data = torch.load(path, weights_only=True)
+    assert path.endswith("4-0.pt") and not any(p.name.endswith(".tmp") for p in (tmp_path / "t").iterdir())
+    assert [s["sample_index"] for s in data["samples"]] == [0, 1, 2]
+    assert data["dp_shards"] == [{"data_parallel_rank": 0, "samples": [2, 0]}, {"data_parallel_rank": 1, "samples": [1]}]

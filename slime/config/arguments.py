@@ -490,6 +490,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_observability_arguments(parser)  # upstream's optional rollout metrics and CI checks
     add_profiler_arguments(parser)  # Megatron's profiler flags, upstream's targets for them
+    from slime.config.observability_args import add_dump_arguments
+
+    add_dump_arguments(parser)  # --save-debug-train-data, --dump-details
     _add_dry_run_arguments(parser)
     megatron_flags.add_owned_elsewhere_arguments(parser)  # last: the owners' definitions win
     return parser
@@ -635,6 +638,9 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     args.data_parallel_size = dp
     args.world_size = world
 
+    from slime.config.observability_args import apply_dump_details
+
+    apply_dump_details(args)  # --dump-details DIR: both debug dumps under DIR (before the debug modes read them)
     from slime.config.debug_args import apply_debug_modes
 
     apply_debug_modes(args, world)  # --load-debug-rollout-data implies --debug-train-only; --debug-rollout-only

@@ -88,3 +88,32 @@ def validate_profiler_args(args: argparse.Namespace) -> None:
 
         if importlib.util.find_spec("memray") is None:
             raise ArgumentError("--memory-recorder memray: the memray package is not installed (pip install memray)")
+
+
+def add_dump_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("debug dumps")
+    _add(g, parser, "--save-debug-train-data", type=str, default=None,
+         help="after each rollout's training, one file of what every data-parallel shard trained on (per sample: "
+              "tokens, masks, reward, log-probs, advantages, ...); PATH may hold {rollout_id} and {rank} "
+              "(slime.backends.megatron.train_dump)")
+    _add(g, parser, "--dump-details", type=str, default=None,
+         help="DIR: --save-debug-rollout-data DIR/rollout_data/{rollout_id}.pt and --save-debug-train-data "
+              "DIR/train_data/{rollout_id}.pt")
+
+
+def apply_dump_details(args: argparse.Namespace) -> None:
+    """--dump-details sets both dumps (upstream's: over any given), which must then differ."""
+    from slime.config.arguments import ArgumentError
+
+    if args.dump_details is not None:
+        args.save_debug_rollout_data = f"{args.dump_details}/rollout_data/{{rollout_id}}.pt"
+        args.save_debug_train_data = f"{args.dump_details}/train_data/{{rollout_id}}.pt"
+    if args.save_debug_train_data is not None:
+        if args.save_debug_train_data == args.save_debug_rollout_data:
+            raise ArgumentError("--save-debug-train-data must differ from --save-debug-rollout-data (both would write "
+                                "the same files)")
+        try:
+            args.save_debug_train_data.format(rollout_id=0, rank=0)
+        except (KeyError, IndexError, ValueError) as e:
+            raise ArgumentError(f"--save-debug-train-data {args.save_debug_train_data!r}: only {{rollout_id}} and "
+                                f"{{rank}} may be substituted ({e!r})") from None

@@ -428,6 +428,10 @@ class MegatronTrainRayActor:
             REPLAY.recorded = {}  # this rollout's routes
         self._maybe_update_reference(rollout_id)
         ci_checks.check_mismatch(args, metrics)  # --ci-test
+        from slime.backends.megatron import train_dump
+
+        train_dump.dump(args, batch, mine, rollout_id, rank=self.rank, dp_rank=self.dp_rank, dp_size=self.dp_size,
+                        dp_group=self.dp_group, writes=self.last_stage and self.tp_rank == 0 and self.cp_rank == 0)
         return metrics
 
     def _maybe_update_reference(self, rollout_id: int) -> bool:
@@ -458,6 +462,7 @@ class MegatronTrainRayActor:
         keys = METRIC_KEYS + (("mtp_loss",) if mtp else ()) + (("opsm_clipfrac",) if args.use_opsm else ()) + (
             MISMATCH_KEYS if args.get_mismatch_metrics else ())
         totals = {k: 0.0 for k in keys}
+        captured_old: dict[int, torch.Tensor] = {}  # --save-debug-train-data with the training forward's old log-probs
         counts = torch.zeros(3, dtype=torch.float64)  # samples, loss tokens, real tokens (this DP rank)
         grad_norms, losses = [], []
         steps = D.step_indices(len(batch), args.global_batch_size)
@@ -504,6 +509,9 @@ class MegatronTrainRayActor:
                 rollout_lp = cat(batch.rollout_log_probs)
                 # Same weights, same packing, same forward as compute_log_probs: its values, detached.
                 old = log_probs.detach().float() if reuse else cat(batch.old_log_probs)
+                if reuse and args.save_debug_train_data:  # the dump's old log-probs: this forward's
+                    for i, part in zip(mb.sample_indices, D.split_per_sample(old.cpu(), mb.response_lengths)):
+                        captured_old[i] = part
                 if reuse and rollout_lp is not None:
                     diff = (old - rollout_lp).abs() * loss_mask
                     mismatch += torch.tensor([float(diff.sum()), float(loss_mask.sum())], dtype=torch.float64)
@@ -555,6 +563,8 @@ class MegatronTrainRayActor:
             loss_t = torch.tensor([step_loss], dtype=torch.float64)
             dist.all_reduce(loss_t, group=self.dp_group)
             losses.append(float(loss_t.item()) / self.dp_size)
+        if captured_old and batch.old_log_probs is None:
+            batch.old_log_probs = [captured_old.get(i) for i in range(len(batch))]
         seconds = timer.seconds()
         seconds["backward"] -= seconds["forward"]
         model_setup.sync_params(self.model)  # --overlap-param-gather: weight sync and save read the new weights
