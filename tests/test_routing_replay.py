@@ -391,3 +391,12 @@ def test_rollout_routing_replay_sends_generation_to_the_engines(tiny_ckpt, capsy
     with pytest.raises(SystemExit):
         parse_args([*base, "--use-rollout-routing-replay", "--rollout-router", "sglang-router"])
     assert "sglang-router 0.3 drops return_routed_experts" in capsys.readouterr().err
+
+
+def test_sglang_engines_are_started_to_return_routed_experts():
+    """As upstream's engine start: SGLang records the routers' choices only with --enable-return-routed-experts
+    (a reserved option: the run sets it, users do not)."""
+    from slime.config.rollout_args import rollout_defaults, sglang_passthrough
+
+    assert "--enable-return-routed-experts" in sglang_passthrough(rollout_defaults(use_rollout_routing_replay=True))
+    assert "--enable-return-routed-experts" not in sglang_passthrough(rollout_defaults())

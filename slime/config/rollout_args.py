@@ -236,6 +236,8 @@ def sglang_passthrough(args: argparse.Namespace) -> list[str]:
 
     out += server_option_tokens(args, skip=SGLANG_FLAGS + tuple(SGLANG_PASSTHROUGH))
     out += shlex.split(args.sglang_server_args or "")
+    if getattr(args, "use_rollout_routing_replay", False):  # SGLang records the routers' choices only when told
+        out.append("--enable-return-routed-experts")
     return out
 
 
