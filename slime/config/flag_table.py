@@ -61,8 +61,6 @@ REFUSED: dict[str, str] = {
     "--load-forge-rollout-data": _DEBUG, "--save-debug-train-data": _DEBUG, "--dump-details": _DEBUG,
     "--memory-snapshot-dir": _PROFILE, "--memory-snapshot-num-steps": _PROFILE, "--profile-target": _PROFILE,
     "--memory-recorder": _PROFILE,
-    "--http-proxy": "HTTP requests of rewards and rollouts go direct; a proxy is not built",
-    "--use-distributed-post": "reward HTTP requests are posted from the rollout manager; distributing them is not built",
     "--rollout-buffer-url": _BUFFER, "--fetch-trajectory-retry-times": _BUFFER,
     "--min-batch-collection-ratio": _BUFFER, "--rollout-task-type": _BUFFER,
     "--megatron-deepgemm-forward-layers": _DEEPGEMM, "--megatron-deepgemm-forward-modules": _DEEPGEMM,

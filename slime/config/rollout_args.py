@@ -98,6 +98,14 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     _add(g, parser, "--rm-url", type=str, default=None,
          help="reward service for --rm-type remote_rm: POST {prompt, response, label} -> reward (JSON)")
 
+    g = parser.add_argument_group("network", "upstream's HTTP client options (slime.utils.http_utils)")
+    _add(g, parser, "--http-proxy", type=str, default=None,
+         help="http://HOST:PORT: an HTTP proxy for requests to servers other than the run's router and engines "
+              "(--rm-url rewards, plugins' posts)")
+    _add(g, parser, "--use-distributed-post", action="store_true",
+         help="http_utils.post requests are sent by Ray actors, --actor-num-gpus-per-node on every alive node, in "
+              "turn (one that fails is sent from the rollout manager)")
+
     g = parser.add_argument_group("rollout engines")
     _add(g, parser, "--rollout-engine", choices=ROLLOUT_ENGINES, default="auto",
          help="auto: SGLang where it is installed and the device is not a CPU, else the embedded engine")
@@ -310,6 +318,13 @@ def validate_rollout_args(args: argparse.Namespace) -> argparse.Namespace:
             _check_function_path(path, flag)
     for path in args.rollout_sample_hook_path or []:
         _check_function_path(path, "rollout_sample_hook_path")
+    if args.http_proxy:
+        from slime.utils.http_utils import _proxy_address
+
+        try:
+            _proxy_address(args.http_proxy)
+        except ValueError as e:
+            raise RolloutArgumentError(str(e)) from e
     if args.over_sampling_batch_size is not None:
         need(args.over_sampling_batch_size >= 1, f"--over-sampling-batch-size must be >= 1, got {args.over_sampling_batch_size}")
     if not isinstance(args.apply_chat_template_kwargs, dict):

@@ -63,6 +63,10 @@ class RolloutManager(EngineFleet):
         self._token = secrets.token_hex(16)
         self.tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
         self.reward_fn = get_reward_fn(args) if (args.rm_type or args.custom_rm_path) else None
+        if args.http_proxy or args.use_distributed_post:  # the built-in loop's reward posts go through http_utils too
+            from slime.utils.http_utils import init_http_client
+
+            init_http_client(args)
         self.data_source = self._make_data_source()
         self.kind = resolve_engine_kind(args)
         self.tp = int(args.rollout_num_gpus_per_engine)

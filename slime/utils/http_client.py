@@ -20,10 +20,11 @@ import socket
 import threading
 import time
 import weakref
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 from urllib.parse import urlsplit
 
-import torch
+if TYPE_CHECKING:  # annotations only: processes that only post (http_utils' poster actors) never import torch
+    import torch
 
 
 class EngineError(RuntimeError):

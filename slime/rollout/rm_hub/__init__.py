@@ -8,7 +8,8 @@ the response's last `\\boxed{}`):
   deepscaler  1/0, DeepScaleR's rule (deepscaler.py)       math     1/0, grade_answer_verl (math_utils.py)
   dapo        {"score": 1.0/-1.0, "acc", "pred"}; read it with --reward-key score (math_dapo_utils.py)
   f1          token F1 (f1.py)                             gpqa     1.0/0.0 multiple choice (gpqa.py)
-  remote_rm   POST {prompt, response, label} to --rm-url; its JSON answer is the reward
+  remote_rm   POST {prompt, response, label} to --rm-url (through --http-proxy when given); its JSON answer
+              is the reward
   random      0 or 1 (seeded by --rollout-seed and the sample index)
   synthetic   this project's shaped copy/reverse reward (slime.rollout.synthetic)
 A custom reward is `async def fn(args, sample, **kwargs)` (a plain function is accepted too) returning a
@@ -48,7 +49,8 @@ async def remote_rm(args: Any, sample: Any, max_retries: int = REMOTE_RM_RETRIES
     from slime.utils import http_utils
 
     payload = {"prompt": sample.prompt, "response": sample.response, "label": sample.label}
-    return await http_utils.post(args.rm_url, payload, max_retries=max_retries)
+    return await http_utils.post(args.rm_url, payload, max_retries=max_retries,
+                                 proxy=getattr(args, "http_proxy", None))  # --http-proxy
 
 
 def _rule_based(args: Any, rm_type: str, response: str, sample: Any, metadata: dict) -> Any:
