@@ -5,7 +5,7 @@ keys its EvalDatasetConfig accepts.
 Run against upstream's own code, outside this repository (the project never imports it):
     git -C UPSTREAM show COMMIT:slime/utils/eval_config.py > /tmp/up/upstream_eval_config.py
     python tests/data/record_upstream_eval_config.py /tmp/up COMMIT
-tests/test_eval_config.py checks that slime.rollout.eval_datasets resolves the same settings.
+tests/test_upstream_rollout_flags.py checks that slime.rollout.eval_datasets resolves the same settings.
 """
 
 from __future__ import annotations
