@@ -19,6 +19,7 @@ rollout/engine_restart_seconds (from the failure to the engine serving again), r
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -106,6 +107,7 @@ class RolloutManager(EngineFleet):
         self._resyncs = 0
         self._eval_sets = None  # loaded on the first eval
         self._health_restarts = 0
+        self._serving = 0  # rollouts / evaluations running: a restarted engine is re-synced at once only then
         self.health_monitor = self._start_health_monitor()
         logger.info("%d %s rollout engine(s) up: %s (logs in %s)", self.n, self.kind, self.urls, self.log_dir)
 
@@ -227,15 +229,22 @@ class RolloutManager(EngineFleet):
         """The health monitor's failure: stop engine idx (it may be hung, not dead), restart it within
         --rollout-engine-max-restarts and re-sync the trainer's weights, unless a request's report restarted it
         since the check began (`token`, its restart generation then)."""
-        import contextlib
-
         fleet = self._fleet_lock if self.sglang_router is not None else contextlib.nullcontext()
         with fleet, self._engine_locks[idx]:
             if idx in self._down or self._generation[idx] != token:
                 return
             self._ray().get(self.actors[idx].kill.remote())  # SIGKILL: a hung engine may ignore SIGTERM
             self._health_restarts += 1
-            self._restart(idx, RuntimeError(f"health check failed: {reason}"), resync=resync)
+            # between rollouts the trainer may be training: the sync that follows gives the weights
+            self._restart(idx, RuntimeError(f"health check failed: {reason}"), resync=resync and self._serving > 0)
+
+    @contextlib.contextmanager
+    def _generating(self):
+        self._serving += 1
+        try:
+            yield
+        finally:
+            self._serving -= 1
 
     def _health_resume(self) -> None:
         if self.health_monitor is not None:
@@ -272,7 +281,8 @@ class RolloutManager(EngineFleet):
         from slime.backends.megatron.rollout_data import pack_samples, payload_summary
 
         started = time.time()
-        samples, metrics = self._generate(rollout_id)
+        with self._generating():
+            samples, metrics = self._generate(rollout_id)
         from slime.rollout import debug_data
 
         debug_data.save_rollout(self.args.save_debug_rollout_data, samples, rollout_id)  # before packing (upstream)
@@ -303,6 +313,10 @@ class RolloutManager(EngineFleet):
 
     def eval(self, rollout_id: int) -> dict[str, float]:
         """Evaluation rollouts on --eval-prompt-data with the eval sampling flags (slime.rollout.evaluation)."""
+        with self._generating():
+            return self._eval(rollout_id)
+
+    def _eval(self, rollout_id: int) -> dict[str, float]:
         from slime.rollout import plugin_rollout
         from slime.rollout.evaluation import evaluate, load_eval_sets
         from slime.rollout.sample_hooks import set_current_rollout_id
