@@ -55,7 +55,6 @@ REFUSED: dict[str, str] = {
     "--reset-optimizer-states": "resetting the optimizer state each rollout is not built",
     "--use-stateless-adam": "stateless Adam is not built",
     "--use-opsm": "OPSM masking is not built", "--opsm-delta": "OPSM masking is not built",
-    "--opd-teacher-ckpt-step": "--opd-teacher-load loads its checkpoint's latest iteration; picking a step is not built",
     "--wandb-always-use-train-step": _LOG, "--log-multi-turn": _LOG,
     "--log-passrate": _LOG, "--log-reward-category": _LOG, "--log-correct-samples": _LOG,
     "--load-forge-rollout-data": _DEBUG, "--save-debug-train-data": _DEBUG, "--dump-details": _DEBUG,
