@@ -14,7 +14,6 @@ so successive evals differ by the weights only.
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 import time
 from dataclasses import dataclass
@@ -35,19 +34,6 @@ class EvalSet:
     name: str
     source: JsonlDataSource
     config: EvalDataset | None = None  # the set's own settings (None: the eval flags')
-
-
-def eval_sampling_args(args: argparse.Namespace) -> argparse.Namespace:
-    """A copy of args whose rollout sampling flags carry the eval values."""
-    out = copy.copy(args)
-    for eval_flag, rollout_flag in (("eval_temperature", "rollout_temperature"), ("eval_top_p", "rollout_top_p"),
-                                    ("eval_top_k", "rollout_top_k"),
-                                    ("eval_max_response_len", "rollout_max_response_len")):
-        value = getattr(args, eval_flag)
-        if value is not None:
-            setattr(out, rollout_flag, value)
-    out.reward_key = args.eval_reward_key or args.reward_key
-    return out
 
 
 def load_eval_sets(args: argparse.Namespace, tokenizer: Any) -> list[EvalSet]:
