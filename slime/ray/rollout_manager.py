@@ -109,9 +109,6 @@ class RolloutManager(EngineFleet):
         self._health_restarts = 0
         self._serving = 0  # rollouts / evaluations running: a restarted engine is re-synced at once only then
         self.health_monitor = self._start_health_monitor()
-        self._health_restarts = 0
-        self._serving = 0  # rollouts / evaluations running: a restarted engine is re-synced at once only then
-        self.health_monitor = self._start_health_monitor()
         logger.info("%d %s rollout engine(s) up: %s (logs in %s)", self.n, self.kind, self.urls, self.log_dir)
 
     # ------------------------------------------------------------------ set-up
@@ -248,51 +245,6 @@ class RolloutManager(EngineFleet):
             yield
         finally:
             self._serving -= 1
-
-    def _health_resume(self) -> None:
-        if self.health_monitor is not None:
-            self.health_monitor.resume()
-
-    def _health_pause(self) -> None:
-        if self.health_monitor is not None:
-            self.health_monitor.pause()
-
-    def _start_health_monitor(self):
-        """--use-fault-tolerance: the health-check loop (slime.ray.health_monitor), paused until a rollout starts."""
-        if not self.args.use_fault_tolerance or not self.n:
-            return None
-        from slime.ray.health_monitor import EngineHealthMonitor
-
-        a = self.args
-        monitor = EngineHealthMonitor(self.n, self._health_check, self._restart_unhealthy,
-                                      a.rollout_health_check_interval, a.rollout_health_check_timeout,
-                                      a.rollout_health_check_first_wait)
-        monitor.start()
-        return monitor
-
-    def _health_check(self, idx: int, timeout: float) -> None:
-        from slime.ray.health_monitor import SKIP, HealthCheckFailed
-
-        if idx in self._down:
-            raise SKIP()
-        token = self._generation[idx]
-        try:
-            self.clients[idx].get("/health_generate", timeout=timeout)
-        except EngineError as e:
-            raise HealthCheckFailed(getattr(e, "message", str(e)), token) from None
-
-    def _restart_unhealthy(self, idx: int, token: int, reason: str, resync: bool = True) -> None:
-        """The health monitor's failure: stop engine idx (it may be hung, not dead), restart it within
-        --rollout-engine-max-restarts and re-sync the trainer's weights, unless a request's report restarted it
-        since the check began (`token`, its restart generation then)."""
-        fleet = self._fleet_lock if self.sglang_router is not None else contextlib.nullcontext()
-        with fleet, self._engine_locks[idx]:
-            if idx in self._down or self._generation[idx] != token:
-                return
-            self._ray().get(self.actors[idx].kill.remote())  # SIGKILL: a hung engine may ignore SIGTERM
-            self._health_restarts += 1
-            # between rollouts the trainer may be training: the sync that follows gives the weights
-            self._restart(idx, RuntimeError(f"health check failed: {reason}"), resync=resync and self._serving > 0)
 
     def _health_resume(self) -> None:
         if self.health_monitor is not None:
