@@ -29,7 +29,7 @@ def reuses_train_log_probs(args, num_samples: int) -> bool:
 
     kl_in_reward = (args.advantage_estimator.startswith("reinforce_plus_plus") or args.advantage_estimator == "ppo") \
         and args.kl_coef > 0
-    if args.use_opd:  # the OPD term reads the student's old log-probs before training
+    if args.use_opd or args.use_rollout_entropy:  # the OPD term / the hooks read them (and the entropy) before training
         return False
     one_step = len(step_indices(num_samples, args.global_batch_size)) == 1
     # with --hidden-dropout the training forward is stochastic; old log-probs need the deterministic one

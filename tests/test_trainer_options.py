@@ -23,7 +23,7 @@ def results(tmp_path_factory):
     batch = str(d / "batch.pt")
     torch.save(rl_batch(8, 0, lengths=(10, 16), responses=(3, 7)), batch)
     spawn_ranks(run, 1, ckpt, batch, str(d), list(CONFIGS))
-    out = {name: torch.load(os.path.join(d, f"{name}.pt")) for name in CONFIGS}
+    out = {name: torch.load(os.path.join(d, f"{name}.pt"), weights_only=False) for name in CONFIGS}
     out["dir"] = d
     return out
 
@@ -123,3 +123,15 @@ def test_balance_by_flops_trains_the_same_step(results):
     plain, flops = results["plain"], results["balance_flops"]
     assert flops["losses"] == pytest.approx(plain["losses"], rel=1e-5)
     assert flops["moved"] == plain["moved"]
+
+
+def test_rollout_entropy_reaches_the_hooks(results):
+    """--use-rollout-entropy: the old-policy pass's per-token entropy, in the hooks' rollout_data; its masked
+    token mean is rollout/entropy and equals the training forward's (same weights, per-token loss)."""
+    got = results["entropy"]
+    ent, masks = got["entropy"], got["loss_masks"]
+    assert len(ent) == 8 and all(e.shape == m.shape for e, m in zip(ent, masks))
+    assert all(float(e.min()) >= 0 and float(e.max()) <= float(torch.log(torch.tensor(512.0))) + 1e-4 for e in ent)
+    mean = sum(float((e.double() * m).sum()) for e, m in zip(ent, masks)) / sum(float(m.sum()) for m in masks)
+    assert got["metrics"]["rollout/entropy"] == pytest.approx(mean, rel=1e-6)
+    assert got["metrics"]["train/entropy"] == pytest.approx(mean, rel=1e-5)

@@ -18,6 +18,9 @@ CONFIGS: dict[str, list[str]] = {
     "reset": ["--reset-optimizer-states"],
     "stateless_adam": ["--use-stateless-adam", "--global-batch-size", "4"],  # two optimizer steps per rollout
     "balance_flops": ["--balance-by-flops"],
+    # per-token loss: train/entropy is then the token mean over the same tokens and weights as rollout/entropy
+    "entropy": ["--use-rollout-entropy", "--calculate-per-token-loss", "--rollout-data-postprocess-path",
+                "trainer_options_worker.record_entropy"],
     "ref_update": ["--ref-update-interval", "2", "--use-kl-loss", "--kl-loss-coef", "0.1"],
     # the profiler's per-step targets for their first step, then train_overall alone; the host keeps no
     # allocator history (a warning, no file)
@@ -28,6 +31,25 @@ CONFIGS: dict[str, list[str]] = {
     "profile_overall": ["--use-pytorch-profiler", "--profile-step-start", "1", "--profile-step-end", "2",
                         "--profile-target", "train_overall", "--tensorboard-dir", "{out}/traces"],
 }
+
+
+RECORDED: dict = {}
+
+
+def record_entropy(args, rollout_id, rollout_data):
+    """--rollout-data-postprocess-path: what --use-rollout-entropy hands the hooks."""
+    RECORDED["entropy"] = [e.clone() for e in rollout_data["entropy"]]
+    RECORDED["loss_masks"] = [m.clone() for m in rollout_data["loss_masks"]]
+
+
+def _payload(fields: dict):
+    from types import SimpleNamespace
+
+    from slime.backends.megatron.rollout_data import pack_samples
+
+    return pack_samples([SimpleNamespace(tokens=t, response_length=r, reward=w, loss_mask=m, rollout_log_probs=None)
+                         for t, r, w, m in zip(fields["tokens"], fields["response_lengths"], fields["rewards"],
+                                               fields["loss_masks"])])
 
 
 def run(rank: int, world: int, port: int, ckpt: str, batch_path: str, out_dir: str, names: list[str]) -> None:
@@ -56,6 +78,12 @@ def run(rank: int, world: int, port: int, ckpt: str, batch_path: str, out_dir: s
             old = old["log_probs"]["old_log_probs"]
             train_fields = {**fields, "reuse_train_log_probs": False, "old_log_probs": [old[i] for i in range(len(old))]}
         refs, losses = [], []
+        if name == "entropy":  # through train_rollout: the old-policy pass, the hooks, the step
+            metrics = actor.train_rollout(0, _payload(fields), False)
+            torch.save({"metrics": metrics, **RECORDED}, os.path.join(out_dir, f"{name}.pt"))
+            actor.shutdown()
+            dist.barrier()
+            continue
         for rollout_id in (0, 1):
             losses.append(actor.train(rollout_id, RolloutBatch(**train_fields))["train/loss"])
             if actor.ref_weights is not None:  # --ref-update-interval 2: unchanged after rollout 0, the actor's after 1

@@ -384,6 +384,9 @@ def _add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
          help="off-policy sequence masking: drop the policy loss of a sample with negative advantage whose "
               "mean log-ratio old - current exceeds --opsm-delta")
     _add(g, parser, "--opsm-delta", type=float, default=1e-4, help="--use-opsm's bound on the sample's mean KL")
+    _add(g, parser, "--use-rollout-entropy", action="store_true",
+         help="compute the old policy's per-token entropy in its log-prob pass: rollout_data['entropy'] for the "
+              "hooks (e.g. entropy-based loss masks), rollout/entropy in the metrics")
     _add(g, parser, "--get-mismatch-metrics", action="store_true",
          help="report the trainer / engine log-prob mismatch per step: train/tis (old / rollout ratio), "
               "train/tis_clipfrac (outside [--tis-clip-low, --tis-clip]), train/tis_abs, train/ois (current / old)")

@@ -308,16 +308,21 @@ class MegatronTrainRayActor:
         return [[indices[i] for i in b] for b in bins]
 
     @torch.no_grad()
-    def _log_probs_of(self, batch: D.RolloutBatch, indices: list[int]) -> dict[int, torch.Tensor]:
-        """Per-sample response log-probs of `indices`, on every pipeline stage (the last computes them)."""
+    def _log_probs_of(self, batch: D.RolloutBatch, indices: list[int],
+                      entropy: dict[int, torch.Tensor] | None = None) -> dict[int, torch.Tensor]:
+        """Per-sample response log-probs of `indices`, on every pipeline stage (the last computes them);
+        `entropy` (when given) gets each sample's per-token entropy on the last stage."""
         out: dict[int, torch.Tensor] = {}
         ops = get_accelerator().ops
         zero = torch.zeros((), device=self.device)
 
         def on_logits(mb: D.PackedMicroBatch, logits: torch.Tensor) -> torch.Tensor:
-            lp, _ = D.response_log_probs(self._sampling_logits(logits), mb, ops, self.args.log_probs_chunk_size)
+            lp, ent = D.response_log_probs(self._sampling_logits(logits), mb, ops, self.args.log_probs_chunk_size)
             for i, part in zip(mb.sample_indices, D.split_per_sample(lp.float().cpu(), mb.response_lengths)):
                 out[i] = part
+            if entropy is not None:
+                for i, part in zip(mb.sample_indices, D.split_per_sample(ent.float().cpu(), mb.response_lengths)):
+                    entropy[i] = part
             return zero.clone()
 
         from slime.utils.routing_replay import REPLAY
@@ -387,6 +392,7 @@ class MegatronTrainRayActor:
         from contextlib import ExitStack
 
         old_pass_routes = ExitStack()  # routing replay of the old-policy pass only (not the reference's)
+        entropy = None
         if not reuse_train_log_probs and not sft:
             hooks.before_log_prob(args, self.model, "")  # --custom-megatron-before-log-prob-hook-path
             old_pass_routes.enter_context(self._old_pass_replay(batch))
@@ -394,8 +400,12 @@ class MegatronTrainRayActor:
 
             with (model_setup.swapped_weights(self.model, self.old_actor.weights) if self.old_actor is not None
                   else contextlib.nullcontext()):  # --keep-old-actor
-                batch.old_log_probs = full(self._log_probs_of(batch, mine))
+                entropy = {} if args.use_rollout_entropy else None  # upstream's: for hooks that mask by entropy
+                batch.old_log_probs = full(self._log_probs_of(batch, mine, entropy))
         old_pass_routes.close()
+        if entropy is not None:
+            batch.entropy = full(entropy)
+            metrics["rollout/entropy"] = self._token_mean(batch.entropy, batch, mine)
         metrics["time/log_probs_old"] = time.perf_counter() - t0
         if self.ref_weights is not None:
             hooks.before_log_prob(args, self.model, "ref_")
@@ -433,6 +443,20 @@ class MegatronTrainRayActor:
         train_dump.dump(args, batch, mine, rollout_id, rank=self.rank, dp_rank=self.dp_rank, dp_size=self.dp_size,
                         dp_group=self.dp_group, writes=self.last_stage and self.tp_rank == 0 and self.cp_rank == 0)
         return metrics
+
+    def _token_mean(self, values: list, batch: D.RolloutBatch, mine: list[int]) -> float:
+        """Loss-masked token mean of per-sample `values` (the last stage's) over the data-parallel group,
+        known on every stage."""
+        import torch.distributed as dist
+
+        acc = torch.zeros(2, dtype=torch.float64)
+        for i in mine:
+            if values[i] is not None:
+                mask = torch.as_tensor(batch.loss_masks[i], dtype=torch.float64)
+                acc += torch.stack([(values[i].double() * mask).sum(), mask.sum()])
+        dist.all_reduce(acc, group=self.dp_group)
+        (acc,) = self._from_last_stage(acc)
+        return float(acc[0] / acc[1].clamp_min(1))
 
     def _maybe_update_reference(self, rollout_id: int) -> bool:
         """--ref-update-interval N (upstream's): after every N-th rollout the reference policy becomes a copy of

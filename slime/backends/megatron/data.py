@@ -36,6 +36,8 @@ class RolloutBatch:
     values: list[torch.Tensor] | None = None
     # --use-opd: the teacher's log-probs of the response tokens (from the rollout, or the trainer's teacher)
     teacher_log_probs: list | None = None
+    # --use-rollout-entropy: the old policy's entropy of each response token, from its log-prob pass
+    entropy: list[torch.Tensor] | None = None
     # Set by the driver when the first training forward's detached log-probs serve as the old log-probs
     # (one optimizer step per rollout, nothing needs them before training): no separate old forward.
     reuse_train_log_probs: bool = False

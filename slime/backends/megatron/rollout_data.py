@@ -200,7 +200,8 @@ def _custom_advantages(args, batch: RolloutBatch, indices: list[int], lengths: l
             "ref_log_probs": per_sample(batch.ref_log_probs), "rollout_log_probs": per_sample(batch.rollout_log_probs),
             "values": None if values is None else list(values.split(lengths)),
             "kl": list((kl if kl is not None else torch.zeros(sum(lengths))).split(lengths)),
-            "rewards": [float(rewards[i]) for i in indices], "response_lengths": list(lengths),
+            "entropy": per_sample(batch.entropy), "rewards": [float(rewards[i]) for i in indices],
+            "response_lengths": list(lengths),
             "loss_masks": per_sample(batch.loss_masks), "total_lengths": [len(batch.tokens[i]) for i in indices]}
     path = args.custom_advantage_function_path
     load_function(path)(args, data)

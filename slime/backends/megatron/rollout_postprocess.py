@@ -19,8 +19,8 @@ from slime.backends.megatron.data import RolloutBatch
 # upstream's key -> RolloutBatch field
 FIELDS = {"tokens": "tokens", "response_lengths": "response_lengths", "rewards": "rewards",
           "loss_masks": "loss_masks", "advantages": "advantages", "log_probs": "old_log_probs",
-          "ref_log_probs": "ref_log_probs", "rollout_log_probs": "rollout_log_probs"}
-PER_TOKEN = ("loss_masks", "advantages", "log_probs", "ref_log_probs", "rollout_log_probs")
+          "ref_log_probs": "ref_log_probs", "rollout_log_probs": "rollout_log_probs", "entropy": "entropy"}
+PER_TOKEN = ("loss_masks", "advantages", "log_probs", "ref_log_probs", "rollout_log_probs", "entropy")
 READ_BACK = PER_TOKEN + ("rewards",)
 
 
