@@ -78,6 +78,11 @@ def test_proxy_flag_is_checked():
     assert rollout_defaults().http_proxy is None and rollout_defaults().use_distributed_post is False
     with pytest.raises(RolloutArgumentError, match="--http-proxy must look like http://host:port"):
         validate_rollout_args(rollout_defaults(http_proxy="socks5://127.0.0.1:1080"))
+    from slime.config.upstream_differences import upstream_difference_warnings
+
+    args = rollout_defaults(http_proxy="http://127.0.0.1:3128", use_critic=False)  # (use_critic: set by validation)
+    warned = [w for w in upstream_difference_warnings(args) if "--http-proxy" in w]
+    assert len(warned) == 1 and "reads it nowhere" in warned[0]  # the deliberate difference, one line at start
 
 
 def test_distributed_post_spreads_posts_over_ray_actors_on_the_nodes(servers):

@@ -25,4 +25,8 @@ def upstream_difference_warnings(args: argparse.Namespace) -> list[str]:
         out.append("warning: --advantage-estimator ppo: the critic lives on the trainer's own ranks beside the actor "
                    "(upstream: a second actor group that takes turns with it, --offload-train forced), so each device "
                    "holds both models' weights, grads and optimizer state; the memory plan counts the actor only")
+    if args.http_proxy:
+        out.append(f"warning: --http-proxy {args.http_proxy}: requests to servers other than the run's router and "
+                   "engines (--rm-url rewards, plugins' posts) go through it (upstream parses the flag and, at "
+                   "624b824a8, reads it nowhere)")
     return out
