@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from slime.backends.embedded import tensor_parallel
+from slime.backends.embedded.tensor_parallel import RELEASE, RESUME
 from slime.backends.embedded.errors import BadRequest
 from slime.backends.embedded.weights import (
     PlannedCopy,
@@ -43,7 +43,7 @@ class WeightControl:
                 self._released_weights[name] = (p.shape, p.dtype)
                 p.data = torch.empty(0, dtype=p.dtype, device=p.device)
             if self.tp is not None:  # the other TP ranks release theirs
-                self.tp.memory(tensor_parallel.RELEASE, tags)
+                self.tp.memory(RELEASE, tags)
         self.acc.empty_cache()
 
     def resume_memory(self, tags: list[str] | None = None) -> None:
@@ -57,7 +57,7 @@ class WeightControl:
                 fill = float("nan") if dtype.is_floating_point else 0
                 p.data = torch.full(shape, fill, dtype=dtype, device=self.device)
             if self.tp is not None:
-                self.tp.memory(tensor_parallel.RESUME, tags)
+                self.tp.memory(RESUME, tags)
         with self._cond:
             self._released_weights = None
             self._cond.notify_all()
