@@ -341,7 +341,7 @@ def test_other_moe_families_replay_the_engines_routes(model_type, tmp_path):
     assert moe, "no MoE layer replayed"
     differs = 0
     for layer in moe:
-        at, want = 0, []
+        at = 0
         for s in samples:
             n = len(s.tokens)
             mine = got["ids"][True][layer][at:at + n - 1].sort(-1).values
