@@ -259,3 +259,14 @@ def test_plugin_eval_rollout_uses_each_sets_settings(engines, tmp_path, tokenize
     finally:
         GenerateState.clear_instances()
     _check_sets(out.data, 5)
+
+
+def test_preflight_reads_each_sets_own_keys(tmp_path):
+    from slime.config.preflight_inputs import PreflightError, check_eval_prompts
+
+    data = tmp_path / "q.jsonl"
+    data.write_text('{"question": "1+1?", "answer": "2"}\n')
+    config = {"eval": {"datasets": [{"name": "q", "path": str(data), "input_key": "question", "label_key": "answer"}]}}
+    check_eval_prompts(_validated(tmp_path, config, rm_type="math"))  # the set's keys: no complaint
+    with pytest.raises(PreflightError, match="has no key 'prompt'"):  # the flags' keys would not find the prompt
+        check_eval_prompts(validate_rollout_args(rollout_defaults(eval_prompt_data=["q", str(data)], rm_type="math")))
