@@ -125,13 +125,13 @@ def test_without_partial_rollout_aborted_groups_are_dropped(setup):
 def test_built_in_runs_hand_these_flags_to_the_streaming_loop():
     from slime.config.rollout_args import rollout_defaults
     from slime.rollout.generate import RolloutError, generate_rollout
-    from slime.rollout.plugin_rollout import uses_plugin_rollout
+    from slime.rollout.plugin_rollout import uses_plugin_eval, uses_plugin_rollout
 
     assert not uses_plugin_rollout(rollout_defaults())
     for flag in ({"partial_rollout": True}, {"over_sampling_batch_size": 4},
                  {"dynamic_sampling_filter_path": "slime.rollout.filter_hub.dynamic_sampling_filters."
                                                   "check_reward_nonzero_std"}):
         args = rollout_defaults(rollout_batch_size=2, **flag)
-        assert uses_plugin_rollout(args), flag
+        assert uses_plugin_rollout(args) and not uses_plugin_eval(args), flag  # evaluation stays built-in
         with pytest.raises(RolloutError, match="run by slime.rollout.sglang_rollout.generate_rollout"):
             generate_rollout(args, None, None, None, None)

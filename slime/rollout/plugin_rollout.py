@@ -35,9 +35,11 @@ DEFAULT_ROLLOUT_FUNCTION = "slime.rollout.sglang_rollout.generate_rollout"
 STREAMING_FLAGS = ("dynamic_sampling_filter_path", "over_sampling_batch_size", "partial_rollout")
 
 
+PLUGIN_FLAGS = ("rollout_function_path", "data_source_path", "custom_generate_function_path")
+
+
 def uses_plugin_rollout(args: Any) -> bool:
-    return any(getattr(args, name, None) for name in
-               ("rollout_function_path", "data_source_path", "custom_generate_function_path", *STREAMING_FLAGS))
+    return any(getattr(args, name, None) for name in (*PLUGIN_FLAGS, *STREAMING_FLAGS))
 
 
 def plugin_args(args: Any, router_url: str, num_engines: int, engines: list | None = None) -> Any:
@@ -102,7 +104,8 @@ def run_plugin_rollout(args: Any, rollout_id: int, data_source: Any) -> tuple[li
 
 
 def uses_plugin_eval(args: Any) -> bool:
-    return bool(getattr(args, "eval_function_path", None)) or uses_plugin_rollout(args)
+    # (the streaming flags concern training rollouts: evaluation stays the built-in one for them)
+    return any(getattr(args, name, None) for name in ("eval_function_path", *PLUGIN_FLAGS))
 
 
 def run_plugin_eval(args: Any, rollout_id: int, data_source: Any) -> dict[str, float]:
