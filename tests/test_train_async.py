@@ -25,18 +25,22 @@ def _run(*argv: str, timeout: int = 400) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
-# (lr, --update-weights-interval, engine version of each rollout's generation, weight syncs after rollout k)
-CASES = [("5e-3", 1, [0, 0, 1, 2], {0: 1, 1: 2, 2: 3, 3: 4}), ("0", 2, [0, 0, 0, 2], {1: 2, 3: 4})]
+# (lr, --update-weights-interval, engine version of each rollout's generation, weight syncs after rollout k,
+#  --keep-old-actor)
+CASES = [("5e-3", 1, [0, 0, 1, 2], {0: 1, 1: 2, 2: 3, 3: 4}, False), ("0", 2, [0, 0, 0, 2], {1: 2, 3: 4}, False),
+         ("5e-3", 1, [0, 0, 1, 2], {0: 1, 1: 2, 2: 3, 3: 4}, True)]
 
 
-@pytest.mark.parametrize("lr, interval, generated_with, synced", CASES)
-def test_one_step_off_policy(assets, tmp_path, lr, interval, generated_with, synced):  # noqa: F811
+@pytest.mark.parametrize("lr, interval, generated_with, synced, keep_old_actor", CASES)
+def test_one_step_off_policy(assets, tmp_path, lr, interval, generated_with, synced, keep_old_actor):  # noqa: F811
     """lr 0: every version holds the same weights, so each rollout's engine log-probs must agree with the
-    trainer's (the payloads pair up with their versions); lr 5e-3: rollout k >= 1 drifts by one step."""
+    trainer's (the payloads pair up with their versions); lr 5e-3: rollout k >= 1 drifts by one step, unless
+    --keep-old-actor: the old log-probs then come from the weights that generated the rollout, and agree."""
     out = str(tmp_path / "run")
     proc = _run(*_argv(assets, out, "--rollout-num-gpus", "1", "--update-weight-mode", "distributed",
                        "--num-rollout", "4"), "--lr", lr, "--update-weights-interval", str(interval),
-                "--save", str(tmp_path / "ckpt"), "--save-interval", "2")
+                "--save", str(tmp_path / "ckpt"), "--save-interval", "2",
+                *(["--keep-old-actor"] if keep_old_actor else []))
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = read_metrics(out)
     assert [r["rollout_id"] for r in records] == [0, 1, 2, 3]
@@ -51,7 +55,7 @@ def test_one_step_off_policy(assets, tmp_path, lr, interval, generated_with, syn
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["iter_0000001", "iter_0000003", "latest_checkpointed_iteration.txt"]
     dlp = [r["train_rollout_logprob_abs_diff"] for r in records]
     assert dlp[0] < ON_VERSION_BOUND, dlp  # generated and trained on version 0
-    if float(lr) == 0:
+    if float(lr) == 0 or keep_old_actor:  # agreement per weight version
         assert max(dlp) < ON_VERSION_BOUND, dlp
         return
     assert min(dlp[1:]) > 10 * ON_VERSION_BOUND, dlp  # trained from version k, generated with k - 1
