@@ -499,7 +499,7 @@ def test_dynamic_sampling_keeps_the_first_groups_that_pass_the_filter(engines, t
     args, ds = _rollout_setup(tmp_path, tokenizer)
     args.hf_checkpoint = path
     args.dynamic_sampling_filter_path = "tests.test_rollout:_odd_groups_only"
-    args.rollout_batch_size, args.over_sampling_batch_size = 3, 2
+    args.rollout_batch_size, args.over_sampling_batch_size = 2, 3
     assert uses_plugin_rollout(args)
     args = plugin_args(args, clients[0].url, 1, clients[:1])
     GenerateState.clear_instances()
@@ -508,7 +508,7 @@ def test_dynamic_sampling_keeps_the_first_groups_that_pass_the_filter(engines, t
     finally:
         GenerateState.clear_instances()
     groups = sorted({s.group_index for s in samples})
-    assert len(samples) == 9 and len(groups) == 3 and all(g % 2 == 1 for g in groups)
+    assert len(samples) == 6 and len(groups) == 2 and all(g % 2 == 1 for g in groups)
     assert [s.index for s in samples] == sorted(s.index for s in samples)
     assert all(s.reward == pytest.approx(score(s.response, s.label)) for s in samples)
     tie = [Sample(group_index=0, index=i, prompt="p", reward=0.5) for i in range(3)]

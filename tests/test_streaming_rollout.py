@@ -135,3 +135,18 @@ def test_built_in_runs_hand_these_flags_to_the_streaming_loop():
         assert uses_plugin_rollout(args) and not uses_plugin_eval(args), flag  # evaluation stays built-in
         with pytest.raises(RolloutError, match="run by slime.rollout.sglang_rollout.generate_rollout"):
             generate_rollout(args, None, None, None, None)
+
+
+def test_over_sampling_batch_size_below_the_rollout_batch_is_refused(tmp_path, capsys):
+    from pathlib import Path
+
+    from slime.config.arguments import parse_args
+
+    cfg = Path(__file__).resolve().parents[1] / "scripts/models/configs/qwen3-4B.json"
+    (tmp_path / "config.json").write_text(cfg.read_text())
+    base = ["--hf-checkpoint", str(tmp_path), "--num-rollout", "1", "--rollout-batch-size", "4",
+            "--n-samples-per-prompt", "2"]
+    assert parse_args([*base, "--over-sampling-batch-size", "4"]).over_sampling_batch_size == 4
+    with pytest.raises(SystemExit):
+        parse_args([*base, "--over-sampling-batch-size", "3"])
+    assert "--over-sampling-batch-size 3 must be >= --rollout-batch-size 4" in capsys.readouterr().err

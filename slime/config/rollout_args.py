@@ -327,6 +327,9 @@ def validate_rollout_args(args: argparse.Namespace) -> argparse.Namespace:
             raise RolloutArgumentError(str(e)) from e
     if args.over_sampling_batch_size is not None:
         need(args.over_sampling_batch_size >= 1, f"--over-sampling-batch-size must be >= 1, got {args.over_sampling_batch_size}")
+        need(not args.rollout_batch_size or args.over_sampling_batch_size >= args.rollout_batch_size,  # upstream's rule
+             f"--over-sampling-batch-size {args.over_sampling_batch_size} must be >= --rollout-batch-size "
+             f"{args.rollout_batch_size} (groups submitted at a time, of which the batch keeps the first to finish)")
     if not isinstance(args.apply_chat_template_kwargs, dict):
         raise RolloutArgumentError("--apply-chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'")
     if args.rollout_max_context_len is not None:
