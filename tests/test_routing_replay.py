@@ -39,18 +39,22 @@ def actor(tiny_ckpt):
 
 @pytest.fixture(scope="module")
 def rollout(tiny_ckpt, actor):
-    """Four samples from the embedded engine with their routed experts, through Sample and the trainer payload."""
-    from slime.backends.embedded.engine import EmbeddedEngine, EngineConfig
+    """Four samples from the embedded engine (one batched /generate over HTTP, as the rollout sends it) with their
+    routed experts, through Sample and the trainer payload."""
+    from slime.backends.embedded import EmbeddedEngine, EngineConfig, EngineHTTPServer
     from slime.backends.megatron.rollout_data import batch_from_payload, pack_samples
+    from slime.utils.http_client import EngineClient
     from slime.utils.types import Sample
 
     engine = EmbeddedEngine(EngineConfig(model_path=tiny_ckpt, batch_wait_s=0.05))
+    server = EngineHTTPServer(engine, "t", 0)
+    server.start_in_thread()
     try:
-        reqs = [engine.submit(engine.make_request(p, {"max_new_tokens": 6, "temperature": 1.0, "sampling_seed": i,
-                                                      "ignore_eos": True}, True, return_routed_experts=True))
-                for i, p in enumerate(PROMPTS)]
-        outs = [(r.done.wait(), engine.response(r))[1] for r in reqs]
+        params = [{"max_new_tokens": 6, "temperature": 1.0, "sampling_seed": i, "ignore_eos": True}
+                  for i in range(len(PROMPTS))]
+        outs = EngineClient(server.url, "t").generate(PROMPTS, params, return_logprob=True, return_routed_experts=True)
     finally:
+        server.stop()
         engine.shutdown()
     samples = []
     for i, (p, out) in enumerate(zip(PROMPTS, outs)):
