@@ -55,8 +55,7 @@ def test_reset_optimizer_states_restarts_adam_each_rollout(results):
     """(--use-stateless-adam: the same at every optimizer step, here two per rollout.)"""
     b1, b2 = results["reset"]["betas"]
     for name, step_count in (("plain", 2), ("reset", 1), ("stateless_adam", 1)):
-        for step, m, v in results[name]["states"]:
-            assert step == step_count, name
+        assert all(step == step_count for step, _, _ in results[name]["states"]), name
     # Moments from one gradient g: m = (1-b1) g, v = (1-b2) g^2, so v (1-b1)^2 = (1-b2) m^2 exactly up to
     # rounding; after two steps without the reset the relation breaks.
     def worst(name):
