@@ -252,39 +252,58 @@ class Components:
 
 
 # ---------------------------------------------------------------- measurements
-def copy_seconds(nbytes: int, device: torch.device, sync: Callable[[], None], min_total_s: float = 0.5) -> float:
-    """Best time of `dst.copy_(src)` over at least 5 copies and `min_total_s` seconds."""
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU time (user + system, all threads) this process and the processes `pids` have used so far."""
+    total = time.process_time()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):  # no procfs: CPU figures stay the sender's alone
+            pass
+    return total
+
+
+def copy_seconds(nbytes: int, device: torch.device, sync: Callable[[], None], min_total_s: float = 0.5,
+                 cpu: dict[str, float] | None = None) -> float:
+    """Best time of `dst.copy_(src)` over at least 5 copies and `min_total_s` seconds; `cpu["copy"]` gets
+    the fewest CPU seconds one copy took."""
     src = torch.empty(nbytes, dtype=torch.uint8, device=device).fill_(1)
     dst = torch.empty_like(src).fill_(0)  # touched: measure copying, not first-touch page faults
-    best, spent, n = math.inf, 0.0, 0
+    best, spent, n, best_cpu = math.inf, 0.0, 0, math.inf
     while n < 5 or spent < min_total_s:
         sync()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         dst.copy_(src)
         sync()
         dt = time.perf_counter() - t0
-        best, spent, n = min(best, dt), spent + dt, n + 1
+        best, spent, n, best_cpu = min(best, dt), spent + dt, n + 1, min(best_cpu, time.process_time() - c0)
+    if cpu is not None:
+        cpu["copy"] = best_cpu
     return best
 
 
 def time_sync(ws, named: list[tuple[str, torch.Tensor]], bucket_bytes: int, copy: bool, repeats: int,
-              version: list[int], components: Components | None = None) -> float:
-    """Best wall time of `repeats` syncs of `named`; `components` (if given) collects the last sync's split."""
-    best = math.inf
+              version: list[int], components: Components | None = None, cpu: dict[str, float] | None = None,
+              pids: tuple[int, ...] = ()) -> float:
+    """Best wall time of `repeats` syncs of `named`; `components` (if given) collects the last sync's split;
+    `cpu["sync"]` gets the fewest CPU seconds (this process and the engine's, `pids`) a sync took."""
+    best, best_cpu = math.inf, math.inf
     for i in range(repeats):
         last = components is not None and i == repeats - 1
         ws.export = exporter(named, bucket_bytes, copy, components if last else None)
         if last:
             components.install(ws)
         version[0] += 1
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), cpu_seconds(list(pids))
         try:
             ws.sync(version[0])
         finally:
             if last:
                 components.uninstall()
         dt = time.perf_counter() - t0
-        best = min(best, dt)
+        best, best_cpu = min(best, dt), min(best_cpu, cpu_seconds(list(pids)) - c0)
         if last:
             components.add("total", dt)
         if last:
@@ -292,6 +311,8 @@ def time_sync(ws, named: list[tuple[str, torch.Tensor]], bucket_bytes: int, copy
             components.add("wait for the engines (WeightSync's split)", ws.last_split["time/weight_sync_wait"])
         if not ws.check:
             ws.verify(all_checksums(named))
+    if cpu is not None:
+        cpu["sync"] = best_cpu
     return best
 
 
@@ -333,11 +354,14 @@ def main(argv: list[str] | None = None) -> None:
             largest = mib == a.sizes[-1]
             named = prefix_of(weights, mib)
             nbytes = sum(t.numel() * t.element_size() for _, t in named)
+            cpu: dict[str, float] = {}
             row = {"MiB": nbytes / 2**20, "tensors": len(named),
-                   "copy": nbytes / copy_seconds(nbytes, device, acc.synchronize)}
+                   "copy": nbytes / copy_seconds(nbytes, device, acc.synchronize, cpu=cpu)}
+            row["copy cpu"] = cpu["copy"]
             for m, ws in syncs.items():
                 row[m] = nbytes / time_sync(ws, named, a.update_weight_buffer_size, a.export == "copy", a.repeats,
-                                            version, split[m] if largest else None)
+                                            version, split[m] if largest else None, cpu, (engine.proc.pid,))
+                row[m + " cpu"] = cpu["sync"]
             rows.append(row)
             print(_row_text(row, a.modes), flush=True)
         for ws in syncs.values():
@@ -346,6 +370,11 @@ def main(argv: list[str] | None = None) -> None:
         engine.close()
     print()
     print(_table(rows, a.modes))
+    print()
+    print("CPU seconds of the copy and of one sync (sender + engine process, all threads), and their ratio: "
+          "what the bandwidth ratio would be with the CPU to itself (under load the wall-clock ratios compare "
+          "a best-of short copy with a long sync that gets only its share of the cores)")
+    print(_cpu_table(rows, a.modes))
     print()
     print(f"where the time of one sync of the largest set goes ({rows[-1]['MiB']:.1f} MiB), seconds (share):")
     print(_split_table(split, a.modes))
@@ -366,6 +395,17 @@ def _table(rows: list[dict[str, float]], modes: list[str]) -> str:
     for r in rows:
         cells = [f"{r['MiB']:.1f}", str(r["tensors"]), f"{r['copy'] / 1e9:.2f}"]
         cells += [f"{r[m] / 1e9:.3f} ({r[m] / r['copy']:.3f}x)" for m in modes]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _cpu_table(rows: list[dict[str, float]], modes: list[str]) -> str:
+    lines = ["| MiB | copy CPU s | " + " | ".join(f"{m} CPU s (copy / sync)" for m in modes) + " |",
+             "|" + "---|" * (2 + len(modes))]
+    for r in rows:
+        cells = [f"{r['MiB']:.1f}", f"{r['copy cpu']:.3f}"]
+        cells += [f"{r[m + ' cpu']:.3f} ({r['copy cpu'] / r[m + ' cpu']:.3f}x)" if r[m + " cpu"] > 0 else "-"
+                  for m in modes]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
