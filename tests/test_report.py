@@ -76,8 +76,7 @@ def test_eval_records_share_the_file_and_get_a_report_panel(tmp_path):
 
     assert matplotlib.image.imread(png).shape[:2] == (400, 1650)  # three panels: reward, time, eval reward
     assert "| 4 | 0.4 |" in open(md).read()
-    args = type("A", (), {"eval_interval": 2, "num_rollout": 4, "skip_eval_before_train": False,
-                          "debug_train_only": False})
+    args = type("A", (), {"eval_interval": 2, "num_rollout": 4, "skip_eval_before_train": False})
     assert eval_steps(args, 0) == {0, 2, 4} and eval_steps(args, 3) == {4}
     args.skip_eval_before_train = True
     assert eval_steps(args, 0) == {2, 4}

@@ -83,9 +83,8 @@ def evaluate(args: argparse.Namespace, fleet: Any, sets: list[EvalSet], tokenize
 
 
 def eval_steps(args: argparse.Namespace, start_rollout_id: int) -> set[int]:
-    """Rollouts trained (0 = before the first) after which train.py evaluates (none under --debug-train-only, which
-    starts no engine: upstream's meaning)."""
-    if args.eval_interval is None or args.debug_train_only:
+    """Rollouts trained (0 = before the first) after which train.py evaluates."""
+    if args.eval_interval is None:
         return set()
     steps = {k for k in range(start_rollout_id + 1, args.num_rollout + 1) if k % args.eval_interval == 0}
     if start_rollout_id == 0 and not args.skip_eval_before_train:
