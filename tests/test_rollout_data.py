@@ -169,11 +169,15 @@ def _manager(args, samples):
     manager._generate = lambda rollout_id: (samples, {"rollout/generate_time": 1.0})
     manager._ray = lambda: SimpleNamespace(put=lambda x: x)
     manager.engines = lambda: []
+    manager._serving, manager.health_monitor = 0, None
     return manager
 
 
 def _manager_args(**hooks):
-    args = _args("grpo")
+    from slime.config.arguments import build_parser
+
+    args = build_parser().parse_args([])  # every flag at its default (the manager reads many), then these
+    args.__dict__.update(vars(_args("grpo")))
     args.reward_key = None
     args.custom_rollout_log_function_path = None
     args.__dict__.update(hooks)

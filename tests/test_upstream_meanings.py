@@ -123,7 +123,8 @@ def test_moe_router_dtype_sets_the_logits_precision(router_dtype):
     w = torch.randn(8, 16, generator=g).bfloat16()
     x = torch.randn(5, 16, generator=g).bfloat16()
     layer = SimpleNamespace(arch=SimpleNamespace(router="softmax", num_experts_per_tok=2, norm_topk_prob=True),
-                            config=SimpleNamespace(moe_router_dtype=router_dtype), router_weight=w)
+                            config=SimpleNamespace(moe_router_dtype=router_dtype), router_weight=w,
+                            replay_layer=None)  # (no routing replay)
     weights, idx = MoELayer.route(layer, x)
     dtype = {None: torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}[router_dtype]
     probs = torch.softmax(x.to(dtype) @ w.to(dtype).t(), dim=-1, dtype=torch.float32)

@@ -52,7 +52,7 @@ def not_a_sample(args, sample, **kwargs):
     return {"response": "x"}
 
 
-def _setup(tmp_path, tokenizer):
+def _setup(tmp_path, tokenizer):  # noqa: F811 (fixtures)
     args, ds = _rollout_setup(tmp_path, tokenizer)
     args.rm_type, args.custom_rm_path = None, "tests.test_upstream_rollout_flags:exact"
     args.rollout_batch_size, args.n_samples_per_prompt = 2, 2
@@ -67,7 +67,7 @@ def _check(samples, rollout_id, evaluation):
         assert s.metadata["calls"] == [(rollout_id, evaluation, True)]
 
 
-def test_builtin_rollout_applies_hooks_before_the_reward(engines, tmp_path, tokenizer):
+def test_builtin_rollout_applies_hooks_before_the_reward(engines, tmp_path, tokenizer):  # noqa: F811 (fixtures)
     _, clients = engines
     args, ds = _setup(tmp_path, tokenizer)
     args.rollout_sample_hook_path = list(HOOKS)
@@ -81,7 +81,7 @@ def test_builtin_rollout_applies_hooks_before_the_reward(engines, tmp_path, toke
     assert all(s.metadata["seen_response"] != s.label for s in samples)  # the model's own answers score 0
 
 
-def test_builtin_evaluation_applies_hooks_with_evaluation_true(engines, tmp_path, tokenizer):
+def test_builtin_evaluation_applies_hooks_with_evaluation_true(engines, tmp_path, tokenizer):  # noqa: F811 (fixtures)
     from slime.rollout.evaluation import evaluate, load_eval_sets
 
     _, clients = engines
@@ -100,7 +100,7 @@ def test_builtin_evaluation_applies_hooks_with_evaluation_true(engines, tmp_path
     assert metrics["eval/syn/reward_mean"] == 1.0
 
 
-def test_plugin_rollout_applies_hooks_before_the_reward(engines, tmp_path, tokenizer):
+def test_plugin_rollout_applies_hooks_before_the_reward(engines, tmp_path, tokenizer):  # noqa: F811 (fixtures)
     from slime.rollout.plugin_rollout import make_data_source, plugin_args, run_plugin_rollout
     from slime.rollout.sglang_rollout import GenerateState
 
@@ -202,7 +202,7 @@ def length_plus_bonus(args, sample, **kwargs):
 STOP_ALMOST_ALL = list(range(2, 512))  # every token but 0 and 1 stops: responses end after ~1 token
 
 
-def _eval_setup(tmp_path, tokenizer, engines, **config_flags):
+def _eval_setup(tmp_path, tokenizer, engines, **config_flags):  # noqa: F811 (fixtures)
     args, _ = _rollout_setup(tmp_path, tokenizer)
     small = tmp_path / "eval.jsonl"
     small.write_text("".join(open(args.prompt_data).readlines()[:3]))
@@ -236,7 +236,7 @@ def _check_sets(data, min_flag=None):
 
 
 @pytest.mark.parametrize("min_flag", [None, 5])
-def test_builtin_evaluate_uses_each_sets_settings(engines, tmp_path, tokenizer, min_flag):
+def test_builtin_evaluate_uses_each_sets_settings(engines, tmp_path, tokenizer, min_flag):  # noqa: F811 (fixtures)
     from slime.rollout.evaluation import evaluate, load_eval_sets
 
     args = _eval_setup(tmp_path, tokenizer, engines, eval_min_new_tokens=min_flag)
@@ -246,7 +246,7 @@ def test_builtin_evaluate_uses_each_sets_settings(engines, tmp_path, tokenizer, 
     assert metrics["eval/bonus/samples"] == 6.0
 
 
-def test_plugin_eval_rollout_uses_each_sets_settings(engines, tmp_path, tokenizer):
+def test_plugin_eval_rollout_uses_each_sets_settings(engines, tmp_path, tokenizer):  # noqa: F811 (fixtures)
     from slime.rollout.plugin_rollout import plugin_args
     from slime.rollout.sglang_rollout import GenerateState, eval_rollout
     from slime.utils.async_utils import run

@@ -261,7 +261,7 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
     chunk = 1 if custom is not None else samples_per_request(args, fleet, len(samples))
     behind_router = bool(fleet.behind_router())
     # --use-rollout-routing-replay: the engines return each sample's routed experts
-    routed = {"return_routed_experts": True} if getattr(args, "use_rollout_routing_replay", False) else {}
+    routed = {"return_routed_experts": True} if args.use_rollout_routing_replay else {}
     attempts = {s.index: _Attempts() for s in samples}
     pending: deque[Sample] = deque(samples)
     unfinished = [len(samples)]
