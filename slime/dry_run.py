@@ -45,7 +45,7 @@ def _placement(args: argparse.Namespace) -> list[str]:
     lines = [f"trainer: {args.actor_num_nodes} node(s) x {args.actor_num_gpus_per_node} devices = {args.world_size} ranks",
              f"rollout: {engines} engine(s) x {args.rollout_num_gpus_per_engine} devices = {args.rollout_num_gpus} "
              f"devices, {'colocated with the trainer' if args.colocate else 'on their own devices'}"]
-    per_engine, per_node = args.rollout_num_gpus_per_engine, args.actor_num_gpus_per_node
+    per_engine, per_node = args.rollout_num_gpus_per_engine, args.num_gpus_per_node
     if engines and per_engine > per_node:  # whole nodes each (placement_group.engine_parts)
         lines[-1] += f"; each engine over {per_engine // per_node} nodes (SGLang --nnodes {per_engine // per_node})"
     for m in args.sglang_deployments or ():

@@ -47,8 +47,12 @@ def test_engine_larger_than_a_node_without_colocate(tmp_path, capsys):
     from slime.ray.placement_group import bundle_devices
 
     args = SimpleNamespace(actor_num_nodes=1, actor_num_gpus_per_node=8, rollout_num_gpus=64,
-                           rollout_num_gpus_per_engine=32, colocate=False, debug_rollout_only=False)
+                           rollout_num_gpus_per_engine=32, colocate=False, debug_rollout_only=False, num_gpus_per_node=8)
     assert bundle_devices(args) == ([1] * 8 + [1] * 64, 8)
+    # --num-gpus-per-node: the rollout's nodes may differ from the trainer's (upstream's flag)
+    assert bundle_devices(SimpleNamespace(**{**vars(args), "rollout_num_gpus_per_engine": 8})) == ([1] * 8 + [8] * 8, 8)
+    assert bundle_devices(SimpleNamespace(**{**vars(args), "rollout_num_gpus_per_engine": 8, "num_gpus_per_node": 4})) \
+        == ([1] * 8 + [1] * 64, 8)
     rollout = _slots([f"n{1 + i // 8}" for i in range(64)], list(range(8)) * 8, share=1.0)
     parts = rollout.engine_parts(1, 32)
     assert [p.node_ip for p in parts] == ["n5", "n6", "n7", "n8"] and all(p.device_ids == list(range(8)) for p in parts)

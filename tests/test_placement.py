@@ -44,7 +44,8 @@ def gpu_standin():
 
 def _args(nodes=1, per_node=4, rollout=4, per_engine=2, colocate=False):
     return SimpleNamespace(actor_num_nodes=nodes, actor_num_gpus_per_node=per_node, rollout_num_gpus=rollout,
-                           rollout_num_gpus_per_engine=per_engine, colocate=colocate, debug_rollout_only=False)
+                           rollout_num_gpus_per_engine=per_engine, colocate=colocate, debug_rollout_only=False,
+                           num_gpus_per_node=per_node)
 
 
 def _slots(n_bundles, per_bundle, share, nodes, device_ids):

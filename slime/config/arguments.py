@@ -59,6 +59,9 @@ def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--rollout-num-gpus", type=int, default=None,
          help="devices for rollout engines (default: the trainer's devices when --colocate, else 1)")
     _add(g, parser, "--rollout-num-gpus-per-engine", type=int, default=1, help="devices per engine (engine TP size)")
+    _add(g, parser, "--num-gpus-per-node", type=int, default=None,
+         help="devices per node where the rollout engines run: an engine larger than that spans whole nodes "
+              "(SGLang --nnodes); with --colocate it is the trainer's (default: --actor-num-gpus-per-node)")
     _add(g, parser, "--colocate", action="store_true", help="trainer and engines share the same devices")
     # upstream's meaning: on by default with --colocate (the trainer and engines take turns on the devices)
     _add(g, parser, "--offload-train", action=argparse.BooleanOptionalAction, default=None,
@@ -220,11 +223,11 @@ def _validate_colocated_engine_span(args: argparse.Namespace) -> None:
     """A colocated engine takes consecutive trainer devices: part of one node, or whole nodes (SGLang's --nnodes,
     as upstream's GLM-5 scripts run 64-device engines on 8-device nodes; placement_group.engine_parts). Checked
     here, before Ray starts."""
-    g, per_node = args.rollout_num_gpus_per_engine, args.actor_num_gpus_per_node
+    g, per_node = args.rollout_num_gpus_per_engine, args.num_gpus_per_node
     _require(per_node % g == 0 or g % per_node == 0,
              f"--rollout-num-gpus-per-engine {g}{' with --colocate' if args.colocate else ''}: an engine's devices "
              "must be on one node or fill "
-             f"whole nodes, and {g} neither divides nor is a multiple of --actor-num-gpus-per-node {per_node}; use a "
+             f"whole nodes, and {g} neither divides nor is a multiple of --num-gpus-per-node {per_node}; use a "
              f"divisor or a multiple of {per_node} (docs/rollout.md)")
 
 
@@ -657,7 +660,13 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     if args.colocate:
         _require(args.rollout_num_gpus <= world,
                  f"--colocate: --rollout-num-gpus {args.rollout_num_gpus} exceeds the trainer's {world} devices; lower it")
-    if args.colocate or args.rollout_num_gpus_per_engine > args.actor_num_gpus_per_node:
+    if args.num_gpus_per_node is None:  # upstream's --num-gpus-per-node: the rollout's node size
+        args.num_gpus_per_node = args.actor_num_gpus_per_node
+    _require(args.num_gpus_per_node >= 1, f"--num-gpus-per-node must be >= 1, got {args.num_gpus_per_node}")
+    _require(not args.colocate or args.num_gpus_per_node == args.actor_num_gpus_per_node,
+             f"--colocate: the engines share the trainer's nodes, so --num-gpus-per-node {args.num_gpus_per_node} must "
+             f"equal --actor-num-gpus-per-node {args.actor_num_gpus_per_node}")
+    if args.colocate or args.rollout_num_gpus_per_engine > args.num_gpus_per_node:
         _validate_colocated_engine_span(args)  # an engine over several nodes fills whole ones, split or not
 
     _resolve_offload(args)

@@ -19,53 +19,26 @@ DOC = os.path.join(ROOT, "docs", "flags.md")
 BEGIN, END = "<!-- upstream-flags:begin (python -m slime.config.flag_table) -->", "<!-- upstream-flags:end -->"
 
 _HOOK = "upstream's customization hook; not built here yet"
-_SFT = "train_async.py / SFT are not built yet"
 _SYNC = "weight updates go trainer -> engines by IPC or a broadcast group (--update-weight-mode); upstream's " \
         "disk / delta transport is not built"
-_DEBUG = "upstream's train-data dump and forge replay are not built (rollouts: --save/--load-debug-rollout-data)"
-_PROFILE = "upstream's memory/profiler recording is not built"
-_CI = "upstream's CI checks; not part of this project's runs"
+_DEBUG = "upstream's forge rollout replay is not built (--load-debug-rollout-data replays saved rollouts)"
 _BUFFER = "upstream's external rollout buffer service is not built"
 _DEEPGEMM = "DeepGEMM kernels are not integrated"
-_LOG = "this metric/logging option of upstream's is not built"
 REFUSED: dict[str, str] = {
-    "--num-gpus-per-node": "placement follows --actor-num-gpus-per-node and the devices Ray reports",
-    "--qwen-gdn-backend": "the Qwen3-Next / Qwen3.5 families (Gated DeltaNet) are not built yet",
-    "--train-env-vars": "environment variables of the train actors: not built (set them in the job's environment)",
+    "--qwen-gdn-backend": "Gated DeltaNet runs this project's chunked torch rule on every device; upstream's fla / "
+                          "flashqla kernels are not integrated",
     "--update-weight-transport": _SYNC, "--update-weight-disk-dir": _SYNC, "--update-weight-disk-keep-files": _SYNC,
     "--update-weight-delta-encoding": _SYNC, "--update-weight-delta-checksum": _SYNC,
     "--custom-update-weight-post-write-path": _SYNC, "--update-weight-local-checkpoint-dir": _SYNC,
     "--release-train": "releasing the train actors between rollouts is not built (--offload-train offloads them)",
     "--custom-model-provider-path": _HOOK,
-    "--custom-advantage-function-path": _HOOK, "--custom-reward-post-process-path": _HOOK,
-    "--custom-megatron-init-path": _HOOK, "--custom-megatron-before-log-prob-hook-path": _HOOK,
-    "--custom-megatron-before-train-step-hook-path": _HOOK,
     "--recompute-loss-function": "the loss is computed once per micro-batch; recomputing it in backward is not built",
-    "--only-train-params-name-list": "training a subset of parameters (freezing) is not built",
-    "--freeze-params-name-list": "training a subset of parameters (freezing) is not built",
     "--rollout-external-engine-addrs": "engines started outside slime are not supported; slime starts them",
-    "--multimodal-keys": "multimodal (vision) prompts are not supported",
-    "--balance-by-flops": "--balance-data balances by token count; by FLOPs is not built",
-    "--log-probs-max-tokens-per-gpu": "log-prob passes use --max-tokens-per-gpu; a separate budget is not built",
-    "--ref-ckpt-step": "--ref-load loads its checkpoint's latest iteration; picking a step is not built",
-    "--ref-update-interval": "the reference model stays fixed; refreshing it is not built",
-    "--use-rollout-entropy": "entropy is computed by the trainer; the engine's is not used",
-    "--get-mismatch-metrics": "train/rollout log-prob mismatch is always reported (train_rollout_logprob_abs_diff); "
-                              "upstream's custom-TIS metrics are not built",
-    "--reset-optimizer-states": "resetting the optimizer state each rollout is not built",
-    "--use-stateless-adam": "stateless Adam is not built",
-    "--use-opsm": "OPSM masking is not built", "--opsm-delta": "OPSM masking is not built",
-    "--wandb-always-use-train-step": _LOG, "--log-multi-turn": _LOG,
-    "--log-passrate": _LOG, "--log-reward-category": _LOG, "--log-correct-samples": _LOG,
-    "--load-forge-rollout-data": _DEBUG, "--save-debug-train-data": _DEBUG, "--dump-details": _DEBUG,
-    "--memory-snapshot-dir": _PROFILE, "--memory-snapshot-num-steps": _PROFILE, "--profile-target": _PROFILE,
-    "--memory-recorder": _PROFILE,
+    "--multimodal-keys": "multimodal (vision) prompts are not supported", "--load-forge-rollout-data": _DEBUG,
     "--rollout-buffer-url": _BUFFER, "--fetch-trajectory-retry-times": _BUFFER,
     "--min-batch-collection-ratio": _BUFFER, "--rollout-task-type": _BUFFER,
     "--megatron-deepgemm-forward-layers": _DEEPGEMM, "--megatron-deepgemm-forward-modules": _DEEPGEMM,
     "--megatron-deepgemm-moe-forward-layers": _DEEPGEMM, "--megatron-deepgemm-moe-forward-modules": _DEEPGEMM,
-    "--ci-test": _CI, "--ci-disable-kl-checker": _CI, "--ci-train-rollout-logprob-abs-diff-threshold": _CI,
-    "--ci-save-grad-norm": _CI, "--ci-load-grad-norm": _CI,
 }
 
 

@@ -146,7 +146,7 @@ def bundle_devices(args) -> tuple[list[int], int]:
     if args.colocate:
         return [1] * world, world
     per_engine = int(args.rollout_num_gpus_per_engine)
-    if per_engine > args.actor_num_gpus_per_node:  # no bundle can hold it: one per device
+    if per_engine > args.num_gpus_per_node:  # no bundle can hold it (--num-gpus-per-node): one per device
         return [1] * world + [1] * args.rollout_num_gpus, world
     return [1] * world + [per_engine] * (args.rollout_num_gpus // per_engine), world
 
