@@ -174,3 +174,13 @@ def rollout_log(rollout_id, args, samples, rollout_extra_metrics, rollout_time):
 def eval_rollout_log(rollout_id, args, data, extra_metrics):
     _log("eval_log", rollout_id=rollout_id, sets=sorted(data), rewards=len(next(iter(data.values()))["rewards"]))
     return False
+
+
+# --custom-rm-path for the real-model tests: async, one sample; the addition task's 0/1 (slime/rollout/addition.py)
+# plus a tie-break, so a group of equally wrong answers still has an advantage to train on
+async def async_addition_reward(args, sample: Sample, **kwargs) -> float:
+    from slime.rollout.addition import score as addition_score
+
+    await asyncio.sleep(0)
+    _log("reward", index=sample.index)
+    return addition_score(sample.response, sample.label) + 0.01 * (sample.index % 2)
