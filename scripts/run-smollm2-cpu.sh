@@ -35,7 +35,7 @@ MODEL="$("$PY" -m slime_plugins.models.llama.smollm2)"
   --rollout-max-response-len 8 --rollout-temperature 1.0 \
   --global-batch-size 32 --use-dynamic-batch-size --max-tokens-per-gpu 2048 \
   --advantage-estimator grpo --eps-clip 0.2 --eps-clip-high 0.28 \
-  --lr 2e-5 --weight-decay 0.0 --clip-grad 1.0 --adam-beta1 0.9 --adam-beta2 0.98 --seed 1234 \
+  --lr 5e-5 --weight-decay 0.0 --clip-grad 1.0 --adam-beta1 0.9 --adam-beta2 0.98 --seed 1234 \
   --update-weight-mode auto --update-weight-buffer-size $((256 * 1024 * 1024)) \
   --output-dir "$RUN_DIR/run" --num-cpus "$(nproc)" \
   "$@"
