@@ -3,10 +3,10 @@
 # PyPI wheel's GGUF, de-quantized once into ~/.cache/slime) learning to answer one-digit sums directly
 # (slime/rollout/addition.py: reward 1 when the response's first number is the sum). Colocated Megatron trainer
 # and rollout engine under Ray, as scripts/run-glm5-tiny-cpu.sh; the same script runs on a GPU or NPU machine.
-# Needs PyPI access the first time (the ~93 MB wheel). Prints the mean reward (accuracy) of the first and
-# last 3 rollouts at the end; docs/training.md has a measured run.
+# Needs PyPI access the first time (the ~93 MB wheel). Ends with the mean reward (accuracy) of the first and
+# last 3 rollouts; docs/training.md ("A real model") has a measured run: 0.30 -> 0.98 in 12 rollouts, ~14 min.
 #
-# Environment knobs: RUN_DIR (default outputs/smollm2), NUM_ROLLOUT (default 20), SLIME_SMOLLM2_DIR (the
+# Environment knobs: RUN_DIR (default outputs/smollm2), NUM_ROLLOUT (default 12), SLIME_SMOLLM2_DIR (the
 # converted checkpoint). Extra arguments are passed to train.py.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -17,7 +17,7 @@ cd "$ROOT"
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
 
 RUN_DIR="${RUN_DIR:-$ROOT/outputs/smollm2}"
-NUM_ROLLOUT="${NUM_ROLLOUT:-20}"
+NUM_ROLLOUT="${NUM_ROLLOUT:-12}"
 echo "accelerator: $("$PY" -m slime.accelerator --name)   run dir: $RUN_DIR"
 mkdir -p "$RUN_DIR"
 
@@ -40,15 +40,5 @@ MODEL="$("$PY" -m slime_plugins.models.llama.smollm2)"
   --output-dir "$RUN_DIR/run" --num-cpus "$(nproc)" \
   "$@"
 
-# 3. Plot and summary; the accuracy of the first and last 3 rollouts.
+# 3. Plot and summary (slime.report prints the mean reward, here the accuracy, of the first and last 3 rollouts).
 "$PY" -m slime.report "$RUN_DIR/run"
-"$PY" - "$RUN_DIR/run" <<'PY'
-import sys
-
-from slime.utils.metrics import read_metrics
-
-rewards = [r["rollout/reward_mean"] for r in read_metrics(sys.argv[1]) if "rollout/reward_mean" in r]
-if len(rewards) >= 6:
-    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
-    print(f"accuracy: first 3 rollouts {first:.3f}, last 3 {last:.3f}, change {last - first:+.3f}")
-PY
