@@ -19,9 +19,10 @@ def run(rank: int, world: int, port: int, cases: list, out_json: str) -> None:
 
     init_rank(rank, world, port)
     results = {}
-    for hf, ref_hf, converted, saved, (tp, ep, pp) in cases:
-        hf_to_torch_dist(["--hf-checkpoint", hf, "--save", converted])
-        model = load_hf_model(hf, tp, ep, pp).eval()
+    for hf, ref_hf, converted, saved, (tp, ep, pp), model_args in cases:
+        hf_to_torch_dist([*model_args, "--hf-checkpoint", hf, "--save", converted])
+        # MODEL_ARGS with --mtp-num-layers: the MTP layers are in the checkpoint; load them (--enable-mtp-training)
+        model = load_hf_model(hf, tp, ep, pp, load_mtp="--mtp-num-layers" in model_args).eval()
         with torch.no_grad():
             for p in model.parameters():
                 p.fill_(float("nan"))  # every weight must come from the torch_dist checkpoint

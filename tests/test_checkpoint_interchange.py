@@ -30,12 +30,17 @@ def tiny(tmp_path_factory):
     """model_type -> its tiny HF checkpoint (the recorded one: seed 0, the recorded config overrides)."""
     from slime_plugins.models.common.tiny import write_tiny_checkpoint
 
+    from slime_plugins.models.mimo.tiny import write_tiny_mimo_checkpoint
+
     root, made = tmp_path_factory.mktemp("interchange"), {}
 
     def get(model_type: str) -> str:
         if model_type not in made:
-            made[model_type] = write_tiny_checkpoint(str(root / model_type), model_type, seed=0,
-                                                     **RECORDED["families"][model_type]["overrides"])
+            overrides = RECORDED["families"][model_type]["overrides"]
+            if model_type == "mimo":  # transformers has no mimo type: qwen2 plus MTP tensors (its own writer)
+                made[model_type] = write_tiny_mimo_checkpoint(str(root / model_type), seed=0, **overrides)
+            else:
+                made[model_type] = write_tiny_checkpoint(str(root / model_type), model_type, seed=0, **overrides)
         return made[model_type]
 
     return get
@@ -58,16 +63,32 @@ def _weight_keys(iter_dir: str) -> set[str]:
     return saved_weight_keys(iter_dir)
 
 
+# Upstream's qwen3_5 converter writes the vision-language checkpoint's names (model.language_model.*) for a
+# text-only Qwen3.5 too; this project's export keeps the names of the checkpoint it came from (transformers'
+# Qwen3_5ForCausalLM reads those). Every tensor is otherwise upstream's, bit for bit.
+UPSTREAM_RENAMES = {"qwen3_5_text": ("model.language_model.", "model."),
+                    "qwen3_5_moe_text": ("model.language_model.", "model.")}
+
+
+def _upstream_tensors(model_type: str) -> dict[str, list]:
+    old, new = UPSTREAM_RENAMES.get(model_type, ("", ""))
+    tensors = RECORDED["families"][model_type]["tensors"]
+    return {(new + k[len(old):] if old and k.startswith(old) else k): v for k, v in tensors.items()}
+
+
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_converters_round_trip_bit_exact_and_equal_upstreams_converter(model_type, tiny, tmp_path):
     """HF -> tools/convert_hf_to_torch_dist.py -> tools/convert_torch_dist_to_hf.py: every tensor of the
     original, bit for bit (names, dtypes, shapes), and what upstream's own converter wrote from this
-    project's torch_dist checkpoint (recorded at upstream commit 624b824)."""
+    project's torch_dist checkpoint (recorded at upstream commit 624b824, with the same extra flags: MiMo's
+    MODEL_ARGS with --mtp-num-layers 1, -a for Qwen3.5's vision tower)."""
     from slime.backends.megatron import checkpoint_keys as K
     from slime.backends.megatron.checkpoint_convert import hf_to_torch_dist, torch_dist_to_hf
 
-    hf = tiny(model_type)
-    release = hf_to_torch_dist(["--hf-checkpoint", hf, "--save", str(tmp_path / "td")])
+    hf, entry = tiny(model_type), RECORDED["families"][model_type]
+    to_hf = entry.get("to_hf_flags", [])
+    release = hf_to_torch_dist([*entry.get("to_torch_dist_flags", []), "--hf-checkpoint", hf,
+                                "--save", str(tmp_path / "td")])
     assert release == str(tmp_path / "td" / "release")
     assert open(tmp_path / "td" / "latest_checkpointed_iteration.txt").read() == "release"
     keys = _weight_keys(release)
@@ -75,12 +96,16 @@ def test_converters_round_trip_bit_exact_and_equal_upstreams_converter(model_typ
     ours = ("q_proj", "o_proj", "router_weight", "experts.weight1", "kv_a_proj_with_mqa", "indexer.")
     assert "embedding.word_embeddings.weight" in keys and not [k for k in keys if any(o in k for o in ours)]
     common = torch.load(os.path.join(release, "common.pt"), weights_only=False)
-    assert common["args"].num_layers == json.load(open(os.path.join(hf, "config.json")))["num_hidden_layers"]
+    cfg = json.load(open(os.path.join(hf, "config.json")))
+    assert common["args"].num_layers == cfg.get("text_config", cfg)["num_hidden_layers"]  # Qwen3.5: its text model
+    if "--mtp-num-layers" in entry.get("to_torch_dist_flags", []):
+        mtp = "mtp.layers.0."
+        assert {mtp + "eh_proj.weight", mtp + "transformer_layer.self_attention.linear_qkv.weight"} <= keys
     torch_dist_to_hf(["--input-dir", str(tmp_path / "td"), "--output-dir", str(tmp_path / "hf"),
-                      "--origin-hf-dir", hf])
+                      "--origin-hf-dir", hf, *to_hf])
     got = _digest(str(tmp_path / "hf"))
     assert got == _digest(hf)
-    assert got == RECORDED["families"][model_type]["tensors"]
+    assert got == _upstream_tensors(model_type)
 
 
 GLM5_KEYS = json.load(open(os.path.join(HERE, "data", "upstream_glm5_torch_dist_keys.json")))
@@ -242,7 +267,8 @@ def test_converters_refuse_bad_input_in_one_line(tiny, tmp_path, capsys):
 
 
 def test_converted_checkpoint_loads_at_another_layout_and_saves_back_bit_exact(tiny, tmp_path):
-    """Every model type of the GQA, GLM, DeepSeek, MiniMax and Qwen3-Next families: the converter under 2 ranks (pipeline stages for the untied 2-layer
+    """Every model type of the GQA, GLM, DeepSeek, MiniMax and Qwen3-Next families, Qwen3.5's text types and MiMo
+    (with its MTP layer): the converter under 2 ranks (pipeline stages for the untied 2-layer
     models, as upstream's tool splits them; else replicas); the trainer's --load at TP2 or EP2: logits within
     1e-5 of max |logit| of transformers'; saved there and converted back: the original tensors."""
     import shutil
@@ -255,24 +281,32 @@ def test_converted_checkpoint_loads_at_another_layout_and_saves_back_bit_exact(t
 
     layouts = {"qwen3": (2, 1, 1), "llama": (2, 1, 1), "qwen2": (2, 1, 1), "glm4_moe": (2, 1, 1), "glm4": (2, 1, 1),
                "deepseek_v3": (2, 1, 1), "qwen3_moe": (1, 2, 1), "glm4_moe_lite": (1, 2, 1), "glm_moe_dsa": (1, 2, 1),
-               "kimi_k2": (1, 2, 1), "minimax_m2": (2, 1, 1), "qwen3_next": (1, 2, 1)}  # (tp, ep, pp)
+               "kimi_k2": (1, 2, 1), "minimax_m2": (2, 1, 1), "qwen3_next": (1, 2, 1), "qwen3_5_text": (2, 1, 1),
+               "qwen3_5_moe_text": (1, 2, 1), "mimo": (2, 1, 1)}  # (tp, ep, pp)
     assert set(layouts) <= set(supported_model_types())
     # Kimi-K2 is DeepSeek-V3 under its own model_type (transformers has none): the reference runs the deepseek_v3 copy.
     kimi = str(tmp_path / "kimi_k2")
     shutil.copytree(tiny("deepseek_v3"), kimi)
     cfg = json.load(open(os.path.join(kimi, "config.json")))
     json.dump(cfg | {"model_type": "kimi_k2"}, open(os.path.join(kimi, "config.json"), "w"))
+    # MiMo: transformers runs its main model as Qwen2ForCausalLM (the MTP tensors unused); converted with its
+    # MODEL_ARGS (--mtp-num-layers 1), the MTP layer loaded at TP2 too and saved back.
+    mimo_ref = str(tmp_path / "mimo_as_qwen2")
+    shutil.copytree(tiny("mimo"), mimo_ref)
+    cfg = json.load(open(os.path.join(mimo_ref, "config.json")))
+    json.dump(cfg | {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]},
+              open(os.path.join(mimo_ref, "config.json"), "w"))
     hf_of = {m: kimi if m == "kimi_k2" else tiny(m) for m in layouts}
-    ref_of = {m: tiny("deepseek_v3") if m == "kimi_k2" else hf_of[m] for m in layouts}
-    cases = [(hf_of[m], ref_of[m], str(tmp_path / f"{m}_td"), str(tmp_path / f"{m}_saved"), layout)
-             for m, layout in layouts.items()]
+    ref_of = {m: {"kimi_k2": tiny("deepseek_v3"), "mimo": mimo_ref}.get(m, hf_of[m]) for m in layouts}
+    cases = [(hf_of[m], ref_of[m], str(tmp_path / f"{m}_td"), str(tmp_path / f"{m}_saved"), layout,
+              RECORDED["families"]["mimo"]["to_torch_dist_flags"] if m == "mimo" else []) for m, layout in layouts.items()]
     spawn_ranks(run, 2, cases, str(tmp_path / "logits.json"))
     rel = json.load(open(tmp_path / "logits.json"))
     assert set(rel) == {c[0] for c in cases} and max(rel.values()) < 1e-5, rel
     for m in ("llama", "glm4", "deepseek_v3", "minimax_m2"):  # two ranks converted these as two stages
         common = torch.load(str(tmp_path / f"{m}_td" / "release" / "common.pt"), weights_only=False)
         assert common["args"].pipeline_model_parallel_size == 2, m
-    for hf, _, _, saved, _ in cases:
+    for hf, _, _, saved, _, _ in cases:
         out = str(tmp_path / (os.path.basename(hf) + "_hf"))
         torch_dist_to_hf(["--input-dir", os.path.join(saved, "iter_0000005"), "--output-dir", out, "--origin-hf-dir", hf])
         assert _digest(out) == _digest(hf)

@@ -56,8 +56,11 @@ def hf_to_torch_dist_args(argv: list[str] | None = None) -> argparse.Namespace:
     world, _ = _world()
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     num_layers = int(text_model_config(cfg).get("num_hidden_layers", 0))  # Qwen3.5: under text_config
-    if num_layers and pp == 1 and tp == 1 and world > 1 and num_layers % world == 0 and not cfg.get("tie_word_embeddings"):
-        args.pipeline_model_parallel_size = world  # as upstream's tool: the ranks split the layers (else: replicas)
+    # as upstream's tool: the ranks split the layers (else: replicas; with MTP layers too, which this project's
+    # MTP block keeps on a single stage)
+    if (num_layers and pp == 1 and tp == 1 and world > 1 and num_layers % world == 0
+            and not cfg.get("tie_word_embeddings") and not args.mtp_num_layers):
+        args.pipeline_model_parallel_size = world
     return args
 
 
@@ -80,8 +83,11 @@ def hf_to_torch_dist(argv: list[str] | None = None) -> str:
                       ("decoder_last_pipeline_num_layers", "num_layers_in_last_pipeline_stage")):
         if getattr(args, flag, None):
             overrides[key] = getattr(args, flag)
+    # MODEL_ARGS with --mtp-num-layers (upstream's MiMo, GLM-5 scripts): the MTP layers go in, as upstream's tool
+    # writes them
     model = load_hf_model(args.hf_checkpoint, args.tensor_model_parallel_size, args.expert_model_parallel_size,
-                          args.pipeline_model_parallel_size, dtype=dtype, **overrides)
+                          args.pipeline_model_parallel_size, dtype=dtype, load_mtp=bool(args.mtp_num_layers),
+                          **overrides)
     if args.padded_vocab_size is not None:
         from slime.backends.megatron.checkpoint_keys import padded_vocab_size
 
@@ -152,7 +158,7 @@ def torch_dist_to_hf(argv: list[str] | None = None) -> str:
 
     saved = dist_checkpointing.load_tensors_metadata(found.path)
     dtype = _stored_dtype(saved)
-    model = load_hf_model(args.origin_hf_dir, dtype=dtype)
+    model = load_hf_model(args.origin_hf_dir, dtype=dtype, load_mtp=any(k.startswith("mtp.") for k in saved))
     origin = dict(model.passthrough_hf)
     model.passthrough_hf = {}
     with torch.no_grad():

@@ -69,6 +69,14 @@ class MtpBlock(MegatronModule):
         self.layers = torch.nn.ModuleList(MtpLayer(config, glm, d + 1, self.layer_spec_of)
                                           for d in range(glm.mtp_num_layers))
 
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
+        """Each layer's own view: megatron's default treats the plain ModuleList as replicated tensors of the
+        local shape, which under TP would store one rank's slice of the TP-split weights as the whole."""
+        out = {}
+        for i, layer in enumerate(self.layers):
+            out.update(layer.sharded_state_dict(f"{prefix}layers.{i}.", sharded_offsets, metadata))
+        return out
+
     def forward(self, model, input_ids, hidden, ctx, shifted_ids=None) -> list[torch.Tensor]:
         """Logits [S(/tp), B, V/tp] of each depth (before the TP gather), from the main hidden states.
         `shifted_ids[k - 1]`: depth k's input ids when the caller has them (context parallel: a local chunk's
