@@ -267,8 +267,8 @@ def test_converters_refuse_bad_input_in_one_line(tiny, tmp_path, capsys):
 
 
 def test_converted_checkpoint_loads_at_another_layout_and_saves_back_bit_exact(tiny, tmp_path):
-    """Every model type of the GQA, GLM, DeepSeek, MiniMax and Qwen3-Next families, Qwen3.5's text types and MiMo
-    (with its MTP layer): the converter under 2 ranks (pipeline stages for the untied 2-layer
+    """Every model type of the GQA, GLM, DeepSeek, MiniMax and Qwen3-Next families, Qwen3.5's text types, MiMo
+    (with its MTP layer) and a llama with Llama-3 rope scaling: the converter under 2 ranks (pipeline stages for the untied 2-layer
     models, as upstream's tool splits them; else replicas); the trainer's --load at TP2 or EP2: logits within
     1e-5 of max |logit| of transformers'; saved there and converted back: the original tensors."""
     import shutil
@@ -277,6 +277,7 @@ def test_converted_checkpoint_loads_at_another_layout_and_saves_back_bit_exact(t
 
     from checkpoint_interchange_worker import run
     from slime.backends.megatron.checkpoint_convert import torch_dist_to_hf
+    from slime_plugins.models.common.tiny import write_tiny_checkpoint
     from slime_plugins.models.registry import supported_model_types
 
     layouts = {"qwen3": (2, 1, 1), "llama": (2, 1, 1), "qwen2": (2, 1, 1), "glm4_moe": (2, 1, 1), "glm4": (2, 1, 1),
@@ -300,6 +301,12 @@ def test_converted_checkpoint_loads_at_another_layout_and_saves_back_bit_exact(t
     ref_of = {m: {"kimi_k2": tiny("deepseek_v3"), "mimo": mimo_ref}.get(m, hf_of[m]) for m in layouts}
     cases = [(hf_of[m], ref_of[m], str(tmp_path / f"{m}_td"), str(tmp_path / f"{m}_saved"), layout,
               RECORDED["families"]["mimo"]["to_torch_dist_flags"] if m == "mimo" else []) for m, layout in layouts.items()]
+    # Llama-3.x rope scaling (rope_type llama3; its original context 64 puts the 8 tokens' frequencies in all three
+    # bands) at TP2: the scaled rotary comes from config.json, the tensors are llama's
+    llama3 = write_tiny_checkpoint(str(tmp_path / "llama3_rope"), "llama", seed=0, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64})
+    cases.append((llama3, llama3, str(tmp_path / "llama3_td"), str(tmp_path / "llama3_saved"), (2, 1, 1), []))
     spawn_ranks(run, 2, cases, str(tmp_path / "logits.json"))
     rel = json.load(open(tmp_path / "logits.json"))
     assert set(rel) == {c[0] for c in cases} and max(rel.values()) < 1e-5, rel
