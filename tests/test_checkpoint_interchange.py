@@ -101,6 +101,12 @@ def test_converters_round_trip_bit_exact_and_equal_upstreams_converter(model_typ
     if "--mtp-num-layers" in entry.get("to_torch_dist_flags", []):
         mtp = "mtp.layers.0."
         assert {mtp + "eh_proj.weight", mtp + "transformer_layer.self_attention.linear_qkv.weight"} <= keys
+        # a run without --enable-mtp-training reads the main model from it; the preflight names what it skips
+        from slime.backends.megatron.checkpoint_check import check_checkpoint
+
+        line = check_checkpoint(str(tmp_path / "td"), "--ref-load", cfg)
+        n_mtp = len([k for k in keys if k.startswith("mtp.")])
+        assert f"all {len(keys) - n_mtp} model weights present; {n_mtp} more not read: mtp.layers.0." in line, line
     torch_dist_to_hf(["--input-dir", str(tmp_path / "td"), "--output-dir", str(tmp_path / "hf"),
                       "--origin-hf-dir", hf, *to_hf])
     got = _digest(str(tmp_path / "hf"))
