@@ -150,7 +150,7 @@ def _loop_calls(tmp_path, monkeypatch, n_samples: int, num_rollout: int) -> dict
                        "--output-dir", str(tmp_path / f"out{n_samples}-{num_rollout}")])
 
     class Slots(list):
-        def actor_options(self, i):
+        def actor_options(self, i, extra_env=None):
             return {"num_cpus": 0}
 
     handles = {"actor": RayTrainGroup(args, Slots([0, 1]), actor_cls=ray.remote(_Trainer))}
@@ -274,7 +274,7 @@ def test_engine_dying_during_the_weight_sync_is_restarted_and_synced_again(ray_s
                        "--output-dir", str(tmp_path / f"out-{restart}")])
 
     class Slots(list):
-        def actor_options(self, i):
+        def actor_options(self, i, extra_env=None):
             return {"num_cpus": 0}
 
     handles = {"actor": RayTrainGroup(args, Slots([0]), actor_cls=ray.remote(_EngineDiesInSync))}

@@ -104,6 +104,7 @@ def test_glm_layout_turns_expert_weights_into_transposed_views_only():
     torch.manual_seed(0)
     named = [("model.layers.1.mlp.experts.3.gate_proj.weight", torch.randn(6, 4)),
              ("model.layers.1.mlp.gate.weight", torch.randn(8, 4)),
+             ("model.layers.1.mlp.experts.3.up_proj.weight", torch.randn(6, 4)),
              ("model.layers.1.mlp.experts.3.down_proj.weight", torch.randn(4, 6))]
     out = ws.glm_layout(named)
     assert [n for n, _ in out] == [n for n, _ in named]

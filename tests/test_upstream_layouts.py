@@ -67,7 +67,7 @@ def test_upstream_glm5_744b_dry_run_prints_its_stages(tmp_path, capsys):
      "--expert-model-parallel-size 128 x --pipeline-model-parallel-size 4 = 512 to divide the 256 trainer devices"),
     (["--rollout-num-gpus", "240", "--rollout-num-gpus-per-engine", "12"], None,
      "--rollout-num-gpus-per-engine 12 with --colocate: an engine's devices must be on one node or fill whole nodes, "
-     "and 12 neither divides nor is a multiple of --actor-num-gpus-per-node 8; use a divisor or a multiple of 8"),
+     "and 12 neither divides nor is a multiple of --num-gpus-per-node 8; use a divisor or a multiple of 8"),
     (["--enable-mtp-training", "--context-parallel-size", "1"], {"num_nextn_predict_layers": 0},
      "--enable-mtp-training: {hf}/config.json has no num_nextn_predict_layers (no MTP layers to train); drop the flag"),
     ([], {"tie_word_embeddings": True},
