@@ -57,7 +57,7 @@ def flops_balanced_micro_batches(lengths: Sequence[int], max_tokens: int, coeff:
                                  min_count: int = 1) -> list[list[int]]:
     """Bins (positions into `lengths`) for one rank's share of a step: max(ceil(tokens / max_tokens),
     min_count) of them, balanced by workload."""
-    count = max(min_count, math.ceil(sum(lengths) / max_tokens), 1)
+    count = max(min_count, micro_batch_count(lengths, max_tokens))
     if count >= len(lengths):
         return [[i] for i in range(len(lengths))]
     return karmarkar_karp(workloads(lengths, coeff), count)

@@ -71,6 +71,7 @@ class TrainProfiler:
         self.args, self.rank = args, rank
         self.on = bool(args.use_pytorch_profiler) and rank in args.profile_ranks
         self._overall: _Target | None = None
+        self._log_probs: _Target | None = None  # train_log_probs: this rollout's, between its passes
         self._memory = _MemoryRecorder.create(args, rank) if args.record_memory_history else None
         if self._memory is not None:
             self._memory.start()
@@ -109,7 +110,7 @@ class TrainProfiler:
         if not self._wants("train_log_probs"):
             yield
             return
-        if getattr(self, "_log_probs", None) is None:
+        if self._log_probs is None:
             self._log_probs = _Target(self.args, "train_log_probs", self.rank)
         yield
         self._log_probs.step()
@@ -117,12 +118,12 @@ class TrainProfiler:
     def end_log_probs(self) -> None:
         """A rollout's log-prob passes are over (its training starts): the train_log_probs profiler writes
         what it has, before another profiler may start (torch.profiler runs one session at a time)."""
-        if getattr(self, "_log_probs", None) is not None:
+        if self._log_probs is not None:
             self._log_probs.stop()
             self._log_probs = None
 
     def close(self) -> None:
-        for prof in (self._overall, getattr(self, "_log_probs", None)):
+        for prof in (self._overall, self._log_probs):
             if prof is not None:
                 prof.stop()
         self._overall = self._log_probs = None
