@@ -11,11 +11,16 @@ an export in buckets of --update-weight-buffer-size bytes that yields, like the 
 the stored tensors themselves, expert weights as transposed views of megatron's layout (--export copy: a
 fresh contiguous copy of every tensor, as the GLM export did before; --export view: all stored contiguous).
 Modes:
-  ipc          WeightSync's colocated path to the embedded engine: the export's tensors copied once into
-               reused, double-buffered shared uint8 buffers (shared_buckets.py), posted as SGLang's
-               load_format "flattened_bucket" (one handle per buffer)
-  ipc-handles  the same sender as an SGLang engine gets it: the same format, new buffers for every post
-               (not reused)
+  ipc          WeightSync's colocated path to the embedded engine: its weights live in two shared weight
+               sets (slime.backends.embedded.weight_sets); the export's tensors are copied once, straight
+               into the set the engine does not read, in the engine's layout (expert weights stored as the
+               trainer stores them, "in_out"; "hf" with --export view/copy), then committed (one copy per byte)
+  ipc-buckets  the embedded engine through the shared-bucket path (the fallback for engines without weight
+               sets): the export's tensors copied into reused, double-buffered shared uint8 buffers
+               (shared_buckets.py), posted as SGLang's load_format "flattened_bucket", copied out by the
+               engine (two copies per byte); not run unless asked for in --modes
+  ipc-handles  the shared-bucket sender as an SGLang engine gets it (HF layout, the same format), buffers
+               reused on a synchronized device (CPU)
   distributed  /init_weights_update_group once, then per bucket /update_weights_from_distributed + broadcast
                over get_accelerator().process_group_backend()
 Reference: `dst.copy_(src)` of the same number of bytes on the same device (best of 5), measured in this run.
@@ -46,7 +51,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-MODES = ("ipc", "ipc-handles", "distributed")
+MODES = ("ipc", "ipc-handles", "distributed", "ipc-buckets")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -241,6 +246,8 @@ class Components:
             return lambda *a, **k: key + ("" if threading.current_thread() is threading.main_thread() else OVERLAPS)
 
         self.wrap(shared_buckets.SharedBucketSender, "add", "copy into the shared buffers")
+        self.wrap(shared_buckets.WeightSetWriter, "add", "copy into the weight sets")
+        self.wrap(shared_buckets.WeightSetWriter, "flush", "copy into the weight sets")
         self.wrap(ws, "post", lambda engine, path, *a, **k: where("HTTP " + path)())
         self.wrap(ipc, "serialize_named_tensors", where("handles (pickle)"))
         self.wrap(distributed, "broadcast", "broadcast (sender side)")
@@ -335,8 +342,13 @@ def main(argv: list[str] | None = None) -> None:
         if a.export == "glm":
             weights = glm_layout(weights)
         endpoint = EngineEndpoint(url=engine.url, token=engine.token)
+        layout = "in_out" if a.export == "glm" else "hf"  # the export's expert layout, for the weight sets
         syncs = {m: WeightSync("distributed" if m == "distributed" else "ipc", lambda: iter(()), [endpoint], rank=0,
-                               check=bool(a.check), buffer_bytes=a.update_weight_buffer_size) for m in a.modes}
+                               check=bool(a.check), buffer_bytes=a.update_weight_buffer_size, expert_layout=layout)
+                 for m in a.modes}
+        for m in ("ipc-handles", "ipc-buckets"):
+            if m in syncs:  # the shared-bucket path
+                syncs[m].takes_weight_sets = lambda engine: False
         if "ipc-handles" in syncs:  # as an engine without the read-before-reply promise (SGLang) is served
             syncs["ipc-handles"].takes_flat_buffers = lambda engine: False
         if "distributed" in syncs:

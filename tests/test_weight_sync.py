@@ -340,10 +340,12 @@ def _clean_megatron_state():
     yield from megatron_state_cleanup()
 
 
-def test_glm_export_is_synced_without_copies_of_its_own(tmp_path, _clean_megatron_state):
+@pytest.mark.parametrize("weight_sets", [False, True], ids=["shared-buckets", "weight-sets"])
+def test_glm_export_is_synced_without_copies_of_its_own(tmp_path, _clean_megatron_state, weight_sets):
     """The GLM export (tp = ep = 1) hands out views of the parameters, transposed expert weights included;
     the shared-buffer sender copies them into a real embedded engine (flattened buckets, checksums
-    returned with the updates), which ends up holding exactly the trainer's weights."""
+    returned with the updates), which ends up holding exactly the trainer's weights. With weight sets
+    (the engine's offer) the export is copied straight into the engine's target set and committed."""
     from glm5_helpers import write_checkpoint
     from safetensors.torch import load_file
 
@@ -368,12 +370,18 @@ def test_glm_export_is_synced_without_copies_of_its_own(tmp_path, _clean_megatro
     try:
         ws = WeightSync("ipc", lambda: export_hf(model, 1 << 12), [EngineEndpoint(server.url, token="tok")], rank=0,
                         buffer_bytes=1 << 14)
+        if not weight_sets:
+            ws.takes_weight_sets = lambda engine: False
         paths = []
         post = ws.post
         ws.post = lambda e, path, *a, **k: (paths.append(path), post(e, path, *a, **k))[1]
         metrics = ws.sync(version=1)
         assert metrics["weight_sync/checked_tensors"] == len(original)
-        assert "/get_weights_checksum" not in paths and paths.count("/update_weights_from_tensor") > 1
+        assert "/get_weights_checksum" not in paths
+        if weight_sets:
+            assert paths.count("/commit_weight_sets") == 1 and "/update_weights_from_tensor" not in paths
+        else:
+            assert paths.count("/update_weights_from_tensor") > 1 and "/commit_weight_sets" not in paths
         for name, t in exported.items():
             assert torch.equal(engine.name_map.resolve(name), t), name
         assert not torch.equal(engine.name_map.resolve("model.norm.weight"), original["model.norm.weight"])

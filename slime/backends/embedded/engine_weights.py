@@ -10,6 +10,7 @@ import torch
 
 from slime.backends.embedded.tensor_parallel import RELEASE, RESUME
 from slime.backends.embedded.errors import BadRequest
+from slime.backends.embedded.weight_sets import LAYOUTS
 from slime.backends.embedded.weights import (
     PlannedCopy,
     apply_plan,
@@ -37,6 +38,10 @@ class WeightControl:
         from slime.backends.embedded.flattened_bucket import drop_open
 
         drop_open()  # the trainer's shared buffers, kept open between updates
+        sets = self.__dict__.get("_weight_sets")
+        if sets is not None:  # released weights live in no set; the trainer attaches the sets again
+            with self._model_lock:
+                sets.detach()
         self.__dict__.pop("_packed_buffers", None)  # the flattened_bucket receive buffers of distributed updates
         with self._model_lock:
             for name, p in self.model.named_parameters():
@@ -88,6 +93,69 @@ class WeightControl:
         plan = plan_disk_update(self.name_map, model_path)
         self._commit(plan, weight_version)
         return len(plan)
+
+    # ------------------------------------------------------------------ weight sets (weight_sets.py)
+    def _sets(self, layout_id: Any):
+        sets = self.__dict__.get("_weight_sets")
+        if sets is None or layout_id != sets.layout_id:
+            raise BadRequest(f"no weight sets of layout {layout_id!r}; ask /weight_sets_layout and attach them")
+        return sets
+
+    def weight_sets_layout(self, expert_layout: Any = "hf") -> dict[str, Any]:
+        """The layout of this engine's weight sets (kept while its expert layout is asked for again)."""
+        from slime.backends.embedded.weight_sets import WeightSets
+
+        self._require_weights()
+        if not self.weight_sets_supported():
+            raise BadRequest("weight sets need a single-process engine on host memory; use load_format "
+                             "flattened_bucket")
+        sets = self.__dict__.get("_weight_sets")
+        if sets is None or sets.expert_layout != expert_layout:
+            sets = self.__dict__["_weight_sets"] = WeightSets(self.name_map, expert_layout)
+        return sets.layout()
+
+    def attach_weight_sets(self, layout_id: Any, buffers: list[torch.Tensor]) -> dict[str, Any]:
+        self._require_weights()
+        with self._model_lock:
+            sets = self._sets(layout_id)
+            sets.attach([b for b in buffers])
+            return sets.state()
+
+    def weight_sets_state(self, layout_id: Any) -> dict[str, Any]:
+        sets = self.__dict__.get("_weight_sets")
+        if self._released_weights is not None or sets is None or layout_id != sets.layout_id:
+            return {"attached": False}
+        with self._model_lock:
+            return sets.state()
+
+    def commit_weight_sets(self, layout_id: Any, epoch: Any, names: Any, weight_version: Any = None,
+                           checksums: Any = None, return_checksums: bool = False) -> dict[str, Any]:
+        """Switch the named weights to what the trainer wrote into their target set: checked in full first
+        (and against `checksums` of the trainer's, when given), else nothing changes."""
+        from slime.utils.weight_checksum import mismatches, named_checksums
+
+        self._require_weights()
+        with self._model_lock:
+            sets = self._sets(layout_id)
+            names, touched = sets.prepare(names, epoch)
+            sums = named_checksums(sets.target_views(names)) if checksums is not None or return_checksums else None
+            if checksums is not None:
+                if not isinstance(checksums, dict):
+                    raise BadRequest("checksums must be an object {name: checksum}")
+                bad = mismatches({n: checksums[n] for n in names if n in checksums}, sums)
+                if bad:
+                    raise BadRequest(f"weight update rejected, nothing changed: {len(bad)} weights differ from "
+                                     f"the trainer's checksums (first: {bad[:3]})")
+            sets.switch(touched)
+            if weight_version is not None:
+                self.weight_version = str(weight_version)
+            out = {"updated": len(names), **sets.state()}
+        if return_checksums:
+            out["checksums"] = sums
+        return out
+
+    def weight_sets_supported(self) -> bool:
+        return self.tp is None and getattr(self, "tp_size", 1) == 1 and self.acc.memory_is_host()
 
     def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
                                   group_name: str, backend: str | None = None) -> None:
@@ -236,6 +304,9 @@ class WeightControl:
             # takes load_format flattened_bucket (slime's layout) and has copied out of the shared buffers when
             # it replies, so a sender may refill them (slime.backends.megatron.shared_buckets)
             "flattened_bucket": True,
+            # the weights can live in two shared sets the trainer writes directly (weight_sets.py), in these
+            # expert layouts; empty when not offered (tensor parallel over processes, device memory)
+            "weight_sets": list(LAYOUTS) if self.weight_sets_supported() else [],
             # /update_weights_from_tensor with "return_checksums": true answers with the updated weights' checksums
             "update_checksums": True,
             # /update_weights_from_distributed takes load_format flattened_bucket (one broadcast per update)

@@ -34,6 +34,7 @@ PROTECTED = {
     "/update_weights_from_tensor", "/update_weights_from_distributed", "/update_weights_from_disk",
     "/init_weights_update_group", "/destroy_weights_update_group", "/release_memory_occupation",
     "/resume_memory_occupation", "/pause_generation", "/continue_generation", "/abort_request",
+    "/weight_sets_layout", "/attach_weight_sets", "/weight_sets_state", "/commit_weight_sets",
 }
 
 
@@ -284,6 +285,27 @@ def _update_from_tensor(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
     return _ok(f"updated {n} weights", weight_version=engine.weight_version, **extra)
 
 
+def _weight_sets_layout(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
+    return _ok("layout", **engine.weight_sets_layout(body.get("expert_layout", "hf")))
+
+
+def _attach_weight_sets(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
+    """Two shared uint8 buffers (one serialize_named_tensors payload) that become the engine's weight sets."""
+    named = _decode_named_tensors({"serialized_named_tensors": body.get("serialized_named_tensors")}, 1)
+    return _ok("attached", **engine.attach_weight_sets(body.get("layout_id"), [t for _, t in named]))
+
+
+def _weight_sets_state(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
+    return _ok("state", **engine.weight_sets_state(body.get("layout_id")))
+
+
+def _commit_weight_sets(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
+    out = engine.commit_weight_sets(body.get("layout_id"), body.get("epoch"), body.get("names"),
+                                    body.get("weight_version"), body.get("checksums"),
+                                    bool(body.get("return_checksums")))
+    return _ok(f"updated {out['updated']} weights", weight_version=engine.weight_version, **out)
+
+
 def _update_from_disk(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
     n = engine.update_from_disk(body.get("model_path"), body.get("weight_version"))
     return _ok(f"loaded {n} weights from {body.get('model_path')}", weight_version=engine.weight_version)
@@ -341,6 +363,10 @@ _ROUTES: dict[str, Callable[[EmbeddedEngine, dict], tuple[int, Any]]] = {
     "/resume_memory_occupation": _resume_memory,
     "/update_weights_from_tensor": _update_from_tensor,
     "/update_weights_from_disk": _update_from_disk,
+    "/weight_sets_layout": _weight_sets_layout,
+    "/attach_weight_sets": _attach_weight_sets,
+    "/weight_sets_state": _weight_sets_state,
+    "/commit_weight_sets": _commit_weight_sets,
     "/init_weights_update_group": _init_group,
     "/update_weights_from_distributed": _update_from_distributed,
     "/destroy_weights_update_group": _destroy_group,

@@ -294,3 +294,87 @@ class PackedSend:
 
         return base64.b64encode(serialize_flattened_bucket(acc, self.set.flat[:self.set.used],
                                                            self.set.metadata())).decode()
+
+
+class WeightSetWriter:
+    """The trainer's side of an engine's weight sets (slime.backends.embedded.weight_sets): two shared uint8
+    buffers in the engine's layout that the engine's weights live in. Each exported tensor is copied once,
+    straight into its place in the set the engine does not read (its target); the engine switches to it
+    when the update is committed. With the engine's "in_out" expert layout the export's transposed expert
+    views land in storage of their own layout: rows are copied, not transposed."""
+
+    reuse = True  # kept across syncs (WeightSync keeps one per engine process)
+
+    def __init__(self, layout: dict[str, Any], device: torch.device,
+                 share: Callable[[torch.Tensor], Any] | None = None) -> None:
+        self.layout_id = str(layout["layout_id"])
+        self.set_bytes = int(layout["set_bytes"])
+        self.entries: dict[str, list] = layout["tensors"]
+        self.sets = []
+        for _ in range(2):
+            flat = torch.empty(self.set_bytes, dtype=torch.uint8, device=device)
+            if share is not None:
+                share(flat)
+            flat.zero_()  # touched once here, not at every sync's first write
+            self.sets.append(flat)
+        self._typed: list[dict[torch.dtype, torch.Tensor]] = [{}, {}]
+        self.targets: list[int] = []
+        self.epoch: Any = None
+        self.names: list[str] = []
+        self._run: list | None = None  # [first source, first target, count]: tensors to copy as one (see flush)
+
+    def begin(self, state: dict[str, Any]) -> None:
+        """Start an update from the engine's state: its epoch and, per tensor, the set to write."""
+        self.targets, self.epoch, self.names, self._run = list(state["targets"]), state["epoch"], [], None
+
+    def view(self, name: str) -> torch.Tensor:
+        """Where `name` goes in this update (a view of its target set)."""
+        entry = self.entries.get(name)
+        if entry is None:
+            raise ValueError(f"the engine's weight sets have no weight {name}")
+        region, offset, shape, stride, dtype_name = entry
+        dtype = getattr(torch, dtype_name)
+        target = self.targets[region]
+        typed = self._typed[target].get(dtype)
+        if typed is None:
+            typed = self._typed[target][dtype] = self.sets[target].view(dtype)
+        return typed.as_strided(shape, stride, offset // dtype.itemsize)
+
+    def add(self, name: str, t: torch.Tensor) -> None:
+        dst = self.view(name)
+        if t.dtype != dst.dtype or t.shape != dst.shape:
+            raise ValueError(f"{name}: {str(t.dtype).removeprefix('torch.')} {list(t.shape)} exported, the engine "
+                             f"holds {str(dst.dtype).removeprefix('torch.')} {list(dst.shape)}")
+        t = t.detach()
+        run = self._run
+        if run is not None and _continues(run[0], t, run[2]) and _continues(run[1], dst, run[2]):
+            run[2] += 1
+        else:
+            self.flush()
+            self._run = [t, dst, 1]
+        self.names.append(name)
+
+    def flush(self) -> None:
+        """Copy the pending run: consecutive tensors that are one tensor together on both sides (an expert's
+        gate and up views, one [H, 2I] block of megatron's weight and of the engine's storage) in one copy."""
+        if self._run is not None:
+            (src, dst, n), self._run = self._run, None
+            _joined(dst, n).copy_(_joined(src, n))
+
+    def written(self) -> list[tuple[str, torch.Tensor]]:
+        self.flush()
+        return [(n, self.view(n)) for n in self.names]
+
+
+def _continues(first: torch.Tensor, t: torch.Tensor, n: int) -> bool:
+    """Whether `t` is the (n+1)-th of tensors that continue `first` along its dim 0 in the same storage."""
+    return (first.dim() >= 1 and t.dtype == first.dtype and t.shape == first.shape and t.stride() == first.stride()
+            and t.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+            and t.storage_offset() == first.storage_offset() + n * first.shape[0] * first.stride(0))
+
+
+def _joined(first: torch.Tensor, n: int) -> torch.Tensor:
+    """The n tensors that continue `first` along dim 0, as one view (exactly their elements)."""
+    if n == 1:
+        return first
+    return first.as_strided((n * first.shape[0], *first.shape[1:]), first.stride(), first.storage_offset())

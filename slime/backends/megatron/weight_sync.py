@@ -1,6 +1,14 @@
 """Trainer -> rollout engine weight sync, through the accelerator, over SGLang's HTTP protocol.
 
-ipc (colocated): the tensors of `export_hf` are copied once into flat uint8 buffers shared with the
+ipc (colocated) to one engine that offers weight sets (`"weight_sets"` in /get_model_info lists the
+export's expert layout: the embedded engine in one process on host memory): the engine's weights live
+in two shared buffers this rank allocates once (slime.backends.embedded.weight_sets); each exported
+tensor is copied once, straight into its place in the set the engine does not read, in the engine's
+layout (expert weights in megatron's [in, out] order, so no transpose), and `/commit_weight_sets`
+switches the engine to it, all or nothing (checked against the written bytes' checksums with
+--check-weight-sync). One copy per byte, where the shared buckets below cost two.
+
+ipc (colocated), otherwise: the tensors of `export_hf` are copied once into flat uint8 buffers shared with the
 engines (`shared_buckets.SharedBucketSender`: two sets, one posted while the export fills the other).
 Each post is SGLang's `/update_weights_from_tensor` with `load_format: "flattened_bucket"` and one
 payload per engine TP rank (slime.utils.tensor_bucket): payload j holds the buffer of the trainer rank
@@ -34,6 +42,7 @@ other engine (SGLang) the check is skipped with one log line per engine.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import threading
@@ -205,7 +214,7 @@ class WeightSync:
                  post: Callable[..., dict[str, Any]] = default_post,
                  get: Callable[..., dict[str, Any]] = default_get, buffer_bytes: int = 64 << 20,
                  world_size: int = 1, timeout_s: float = 600.0, exchange: PayloadExchange | None = None,
-                 role: StageRole | None = None) -> None:
+                 role: StageRole | None = None, expert_layout: str = "in_out") -> None:
         self.mode, self.export, self.engines, self.rank = mode, export, engines, rank
         self.role = role or StageRole(sender=rank == 0)
         self.controller = rank == 0  # pauses, resumes and verifies the engines
@@ -226,6 +235,11 @@ class WeightSync:
         self._in_flight: tuple | None = None
         self._dist_buffers: list[torch.Tensor | None] = [None, None]
         self._dist_next = 0
+        # ipc to an engine that offers weight sets: the layout the export's expert weights come in ("in_out":
+        # megatron's [in, out], handed out as transposed views; "hf": contiguous HF tensors) and, per engine
+        # process, the sets this rank writes
+        self.expert_layout = expert_layout
+        self._set_writers: dict[tuple[str, int], Any] = {}
 
     # --- set-up ---------------------------------------------------------------------------
     def connect(self) -> None:
@@ -313,6 +327,7 @@ class WeightSync:
 
     def close(self) -> None:
         self._dist_buffers = [None, None]
+        self._set_writers = {}
         if self._sender is not None:
             self._sender.close()
             self._sender = None
@@ -490,6 +505,9 @@ class WeightSync:
         from slime.backends.megatron.shared_buckets import SharedBucketSender
 
         acc = get_accelerator()
+        engine = self._weight_set_engine()
+        if engine is not None:
+            return self._weight_set_sync(engine, version)
         reuse = acc.is_synchronized_device() or all(self.takes_flat_buffers(e) for e in self.engines)
         if self._sender is None or self._sender.reuse != reuse:
             if self._sender is not None:
@@ -501,6 +519,49 @@ class WeightSync:
         self._sender.flushes = 0  # flush numbers key the payload exchange: the same on every rank
         self._version = version
         return self._sender
+
+    def takes_weight_sets(self, engine: EngineEndpoint) -> bool:
+        """Whether the engine's weights can live in weight sets this trainer writes (`"weight_sets"` in its
+        /get_model_info lists this export's expert layout: the embedded engine in one process on host memory)."""
+        layouts = self.engine_info(engine).get("weight_sets")
+        return isinstance(layouts, list) and self.expert_layout in layouts
+
+    def _weight_set_engine(self) -> EngineEndpoint | None:
+        """The engine to sync through weight sets: one engine of one process fed by this rank alone (pipeline
+        stage 1 of 1), on host memory, that offers them; else None (shared buckets)."""
+        if (self.mode != "ipc" or not self.role.sender or self.role.stages != 1 or len(self.engines) != 1
+                or not get_accelerator().memory_is_host()):
+            return None
+        engine = self.engines[0]
+        if engine.tp_size != 1 or self._feeds(self.rank) != [(0, 0)] or not self.takes_weight_sets(engine):
+            return None
+        return engine
+
+    def _weight_set_sync(self, engine: EngineEndpoint, version: int) -> "_WeightSetSync":
+        """This sync's writer into the engine's weight sets: the sets are allocated and attached once per engine
+        process (again when the engine has dropped them, e.g. after releasing its weights)."""
+        from slime.accelerator.ipc import serialize_named_tensors
+        from slime.backends.megatron.shared_buckets import WeightSetWriter
+
+        acc = get_accelerator()
+        key = (engine.url, engine.instance)
+        writer = self._set_writers.get(key)
+        state = self.post(engine, "/weight_sets_state", {"layout_id": writer.layout_id if writer else None})
+        _check_reply(state, f"weight_sets_state ({engine.url})")
+        if not state.get("attached"):
+            layout = self.post(engine, "/weight_sets_layout", {"expert_layout": self.expert_layout})
+            _check_reply(layout, f"weight_sets_layout ({engine.url})")
+            if writer is None or writer.layout_id != layout["layout_id"]:
+                writer = None
+                self._set_writers = {}  # the buffers of an engine process that is gone
+                writer = WeightSetWriter(layout, acc.device(), share=acc.reduce_tensor)
+            handles = base64.b64encode(serialize_named_tensors(acc, [("0", writer.sets[0]), ("1", writer.sets[1])]))
+            state = self.post(engine, "/attach_weight_sets", {"layout_id": writer.layout_id,
+                                                               "serialized_named_tensors": [handles.decode()]})
+            _check_reply(state, f"attach_weight_sets ({engine.url})")
+        self._set_writers = {key: writer}
+        writer.begin(state)
+        return _WeightSetSync(self, engine, writer, version)
 
     def _post_packed(self, packed) -> None:
         """One flush (on the sender's worker thread): this rank's payloads for the engine TP ranks it feeds;
@@ -656,6 +717,46 @@ class WeightSync:
             logger.info("weight sync %d: %d tensors verified on %s", self.syncs, len(names), engine.url)
             checked = len(names)
         return checked
+
+
+class _WeightSetSync:
+    """One sync through an engine's weight sets, with the shared-bucket sender's interface (add, finish): every
+    tensor is copied into the engine's target set; `finish` commits the update (the engine checks it in full,
+    against the written bytes' checksums when the sync is checked, then switches to it). A failure keeps the
+    export going (its collectives) and writes nothing more; no commit, so the engine keeps its weights."""
+
+    reuse = True
+
+    def __init__(self, ws: WeightSync, engine: EngineEndpoint, writer, version: int) -> None:
+        self.ws, self.engine, self.writer, self.version = ws, engine, writer, version
+        self.error: BaseException | None = None
+
+    def add(self, name: str, t: torch.Tensor) -> None:
+        if self.error is not None:
+            return
+        try:
+            self.writer.add(name, t)
+        except Exception as e:  # noqa: BLE001 - raised by finish(), after the export has run to its end
+            self.error = WeightSyncError(f"weight sync to {self.engine.url}: {_line(e)}; the engine keeps its weights")
+
+    def finish(self) -> dict[str, list[int]]:
+        if self.error is not None:
+            raise self.error
+        if not self.writer.names:
+            return {}
+        check = self.ws.check and self.ws.role.sender
+        self.writer.flush()
+        get_accelerator().synchronize()  # the copies are complete before the engine switches to them
+        expected = weight_checksum.named_checksums(self.writer.written()) if check else {}
+        body: dict[str, Any] = {"layout_id": self.writer.layout_id, "epoch": self.writer.epoch,
+                                "names": self.writer.names, "weight_version": str(self.version)}
+        if check:
+            body.update(checksums=expected, return_checksums=True)
+        reply = self.ws.post(self.engine, "/commit_weight_sets", body)
+        _check_reply(reply, f"commit_weight_sets ({self.engine.url})")
+        if check and isinstance(reply.get("checksums"), dict):
+            self.ws._reported.setdefault(self.engine.url, {}).update(reply["checksums"])
+        return expected
 
 
 class _EngineCalls:
