@@ -359,7 +359,9 @@ def _main(argv: Sequence[str] | None, train_fn=None) -> int:
     try:
         import ray
 
-        started_ray = not ray.is_initialized() and not os.environ.get("RAY_ADDRESS")
+        from slime.ray.placement_group import joins_ray_cluster
+
+        started_ray = not ray.is_initialized() and not joins_ray_cluster()
         records = (train_fn or train)(args)
     except BaseException as e:  # noqa: BLE001 - every way out gets one line and a status
         stop = exits.interruption(e)

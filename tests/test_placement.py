@@ -116,3 +116,20 @@ def test_engine_actor_holds_all_its_devices_on_ray(gpu_standin):
         ray.kill(actor)
     finally:
         ray.shutdown()
+
+
+@pytest.mark.parametrize("address, joins", [("", False), ("local", False), ("auto", True), ("10.0.0.1:6379", True)])
+def test_init_ray_starts_a_sized_local_cluster_unless_joining_one(monkeypatch, address, joins):
+    """RAY_ADDRESS=local starts a new cluster like an unset RAY_ADDRESS does (--num-cpus applies; the run stops
+    it); any other address joins a running cluster, whose resources are its own."""
+    import ray
+
+    from slime.ray import placement_group
+
+    calls = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
+    monkeypatch.setenv("RAY_ADDRESS", address)
+    placement_group.init_ray(num_cpus=3)
+    assert placement_group.joins_ray_cluster() is joins
+    assert len(calls) == 1 and ("num_cpus" not in calls[0] if joins else calls[0]["num_cpus"] == 3), calls

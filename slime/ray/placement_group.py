@@ -223,6 +223,12 @@ def create_placement_groups(args, cpus_per_bundle: float | None = None, timeout_
             "rollout": slots(by_place(range(world, total)), 1.0, devices[-1] if total > world else 1)}
 
 
+def joins_ray_cluster() -> bool:
+    """RAY_ADDRESS names a running cluster to join; `RAY_ADDRESS=local` asks for a new local one, which this
+    process starts with the run's --num-cpus and device resources (and stops at the end, as with no RAY_ADDRESS)."""
+    return os.environ.get("RAY_ADDRESS", "") not in ("", "local")
+
+
 def init_ray(num_cpus: int | None = None) -> None:
     """Start (or join) Ray for a run: no dashboard, no token auth prompts, quiet usage stats."""
     import ray
@@ -231,8 +237,8 @@ def init_ray(num_cpus: int | None = None) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if ray.is_initialized():
         return
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(include_dashboard=False, log_to_driver=True)
+    if joins_ray_cluster():
+        ray.init(include_dashboard=False, log_to_driver=True)  # the cluster's own resources
         return
     acc = get_accelerator()
     resources = None
