@@ -11,6 +11,8 @@ cast back; float64 inputs stay float64 (the tests use that as the exact referenc
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -150,25 +152,49 @@ def check_attention_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
     return hq, hkv
 
 
-def _masked_softmax_attention(qb, kb, vb, allowed, scale, out_dtype):
-    """One sequence: qb [Sq, Hq, D], kb/vb [Sk, Hkv, *], allowed [Sq, Sk] bool or None. Rows with no
-    allowed key give 0 (flash-attn convention)."""
+def _masked_softmax_attention(qb, kb, vb, allowed, scale, out_dtype, empty_rows: bool = True):
+    """qb [..., Sq, Hq, D], kb/vb [..., Sk, Hkv, *] (one sequence, or several of one length stacked in front),
+    allowed bool broadcasting to the scores [..., Hq, Sq, Sk] or None. Rows with no allowed key give 0
+    (flash-attn convention); empty_rows=False: the caller knows every row has one (skips that check)."""
     ct = compute_dtype(qb.dtype)
-    rep = qb.shape[1] // kb.shape[1]
-    kb = kb.to(ct).repeat_interleave(rep, dim=1)
-    vb = vb.to(ct).repeat_interleave(rep, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", qb.to(ct), kb) * scale
+    rep = qb.shape[-2] // kb.shape[-2]
+    kb, vb = kb.to(ct), vb.to(ct)
+    if rep > 1:
+        kb, vb = kb.repeat_interleave(rep, dim=-2), vb.repeat_interleave(rep, dim=-2)
+    scores = torch.einsum("...qhd,...khd->...hqk", qb.to(ct), kb) * scale
     if allowed is not None:
         scores = scores.masked_fill(~allowed, torch.finfo(ct).min)
     probs = torch.softmax(scores, dim=-1)
-    if allowed is not None:
-        probs = probs.masked_fill(~allowed.any(-1, keepdim=True), 0.0)
-    return torch.einsum("hqk,khd->qhd", probs, vb).to(out_dtype)
+    if allowed is not None and empty_rows:
+        empty = ~allowed.any(-1, keepdim=True)
+        if bool(empty.any()):  # host check: most masks leave every row a key, and the fill costs fwd + bwd
+            probs = probs.masked_fill(empty, 0.0)
+    return torch.einsum("...hqk,...khd->...qhd", probs, vb).to(out_dtype)
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_causal_mask(sq: int, sk: int, device: torch.device) -> torch.Tensor:
+    return torch.ones(sq, sk, dtype=torch.bool, device=device).tril(sk - sq)
 
 
 def causal_mask(sq: int, sk: int, device) -> torch.Tensor:
-    """Bottom-right aligned causal mask (True = may attend): query i sees keys j <= i + sk - sq."""
-    return torch.ones(sq, sk, dtype=torch.bool, device=device).tril(sk - sq)
+    """Bottom-right aligned causal mask (True = may attend): query i sees keys j <= i + sk - sq. Cached per
+    (sq, sk, device) and shared by every layer and step: callers must not modify it in place."""
+    return _cached_causal_mask(int(sq), int(sk), torch.device(device))
+
+
+def uniform_segments(cq: list[int], ck: list[int]) -> tuple[int, int, int] | None:
+    """(n, sq, sk) when the query segments all have sq rows and the key segments sk (a [B, S] batch), so
+    the sequences can be computed as one stacked batch; None otherwise (or for a single sequence)."""
+    n = len(cq) - 1
+    if n < 2:
+        return None
+    sq, sk = cq[1] - cq[0], ck[1] - ck[0]
+    if sq == 0 or sk == 0 or cq[-1] != n * sq or ck[-1] != n * sk:
+        return None
+    if any(cq[i] != i * sq for i in range(n + 1)) or any(ck[i] != i * sk for i in range(n + 1)):
+        return None
+    return n, sq, sk
 
 
 def attention(
@@ -195,14 +221,21 @@ def attention(
     check_attention_shapes(q, k, v)
     cq, ck = packed_offsets(q, k, cu_seqlens_q, cu_seqlens_k)
     scale = default_scale(q, softmax_scale)
+    uniform = uniform_segments(cq, ck)
+    if uniform is not None:  # equal-length sequences: one stacked computation, the same math per sequence
+        n, sq, sk = uniform
+        allowed = causal_mask(sq, sk, q.device) if causal else None
+        out = _masked_softmax_attention(q.reshape(n, sq, *q.shape[1:]), k.reshape(n, sk, *k.shape[1:]),
+                                        v.reshape(n, sk, *v.shape[1:]), allowed, scale, q.dtype, empty_rows=sk < sq)
+        return out.reshape(q.shape[0], q.shape[1], v.shape[2])
     outs = []
     for b in range(len(cq) - 1):
         qb, kb, vb = q[cq[b] : cq[b + 1]], k[ck[b] : ck[b + 1]], v[ck[b] : ck[b + 1]]
         if qb.shape[0] == 0:
             continue
         sq, sk = qb.shape[0], kb.shape[0]
-        allowed = causal_mask(sq, sk, q.device) if causal else torch.ones(sq, sk, dtype=torch.bool, device=q.device)
-        outs.append(_masked_softmax_attention(qb, kb, vb, allowed, scale, q.dtype))
+        allowed = causal_mask(sq, sk, q.device) if causal else None  # without causal every row sees every key
+        outs.append(_masked_softmax_attention(qb, kb, vb, allowed, scale, q.dtype, empty_rows=sk < sq or sk == 0))
     if not outs:
         return q.new_zeros(0, q.shape[1], v.shape[2])
     return torch.cat(outs, dim=0)
@@ -232,6 +265,20 @@ def sparse_attention(
     if topk_indices.dim() != 2 or topk_indices.shape[0] != q.shape[0]:
         raise ValueError(f"topk_indices must be [Tq={q.shape[0]}, topk], got {tuple(topk_indices.shape)}")
     scale = default_scale(q, softmax_scale)
+    uniform = uniform_segments(cq, ck)
+    if uniform is not None:  # equal-length sequences: one stacked computation, the same math per sequence
+        n, sq, sk = uniform
+        idx = topk_indices.long().reshape(n, sq, -1)
+        if bool((idx < -1).any()) or (not causal and bool((idx >= sk).any())):
+            raise ValueError(f"topk_indices must be in [-1, {sk}) (positions within each sequence)")
+        selected = torch.zeros(n, sq, sk + 1, dtype=torch.bool, device=q.device)
+        selected.scatter_(2, torch.where((idx < 0) | (idx >= sk), sk, idx), True)  # -1 / future: a spare column
+        allowed = selected[..., :sk]
+        if causal:
+            allowed = allowed & causal_mask(sq, sk, q.device)
+        out = _masked_softmax_attention(q.reshape(n, sq, *q.shape[1:]), k.reshape(n, sk, *k.shape[1:]),
+                                        v.reshape(n, sk, *v.shape[1:]), allowed[:, None], scale, q.dtype)
+        return out.reshape(q.shape[0], q.shape[1], v.shape[2])
     outs = []
     for b in range(len(cq) - 1):
         qb, kb, vb = q[cq[b] : cq[b + 1]], k[ck[b] : ck[b + 1]], v[ck[b] : ck[b + 1]]
@@ -299,6 +346,20 @@ def lightning_indexer(
     scale = default_scale(q, softmax_scale)
     ct = torch.float64 if q.dtype == torch.float64 else torch.float32
     out = torch.full((q.shape[0], topk), -1, dtype=torch.int32, device=q.device)
+    uniform = uniform_segments(cq, ck)
+    if uniform is not None:  # equal-length sequences: one stacked computation, the same math per sequence
+        n, sq, sk = uniform
+        qb = q.reshape(n, sq, *q.shape[1:])  # [n, S, H, D]
+        kb = k.reshape(n, sk, k.shape[-1])  # [n, T, D]
+        scores = F.relu(torch.matmul(qb.to(ct), kb.transpose(-1, -2).to(ct).unsqueeze(1)) * scale)
+        w = weights.reshape(n, sq, -1).to(ct)
+        index_scores = torch.matmul(w.unsqueeze(-2), scores).squeeze(-2)  # [n, S, T]
+        if causal:
+            index_scores = index_scores.masked_fill(~causal_mask(sq, sk, q.device), float("-inf"))
+        kk = min(topk, sk)
+        vals, idx = stable_topk(index_scores, kk)
+        out.view(n, sq, topk)[..., :kk] = torch.where(torch.isinf(vals) & (vals < 0), -1, idx).to(torch.int32)
+        return out
     for b in range(len(cq) - 1):
         sq, sk = cq[b + 1] - cq[b], ck[b + 1] - ck[b]
         if sq == 0 or sk == 0:
@@ -417,7 +478,10 @@ def grouped_matmul(x: torch.Tensor, w: torch.Tensor, tokens_per_expert: torch.Te
     (sum == T; zero allowed) -> [T, N], rows of expert e multiplied by w[e]. Backward gives dx and dw."""
     check_grouped_matmul(x, w)
     counts = tokens_per_expert_to_host(tokens_per_expert, w.shape[0], x.shape[0])
-    outs = [xe @ w[e] for e, xe in enumerate(x.split(counts)) if counts[e]]
+    # unbind, not w[e]: its backward stacks the experts' grads into one [E, K, N] tensor (w[e]'s would
+    # allocate and zero a full-size grad per expert, then sum them).
+    experts = w.unbind(0)
+    outs = [xe @ experts[e] for e, xe in enumerate(x.split(counts)) if counts[e]]
     if not outs:
         return (x[:0] @ w[0]) if w.shape[0] else x.new_zeros(0, w.shape[2])
     return torch.cat(outs, dim=0)

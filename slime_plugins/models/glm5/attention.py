@@ -57,7 +57,8 @@ class DsaIndexer(KeepsFloat32, torch.nn.Module):
 
 
 class CoreAttention(torch.nn.Module):
-    """softmax(q k^T) v over each sequence (dense, or DSA's top-k keys): no parameters, so selective
+    """softmax(q k^T) v over each sequence (dense, or DSA's top-k keys; topk=None: every causal key, also
+    for DSA layers whose sequences are no longer than index_topk): no parameters, so selective
     recompute (`core_attn`) keeps only q, k, v and recomputes the scores in backward."""
 
     def __init__(self, glm: GlmConfig) -> None:
@@ -109,6 +110,14 @@ class MLASelfAttention(MegatronModule):
         elif kind == "shared":
             self.topk_source = max(i for i in range(self.layer_index) if glm.indexer_type(i) == "full")
 
+    def may_drop_keys(self, ctx: ForwardContext) -> bool:
+        """Whether DSA's top-k can leave out a causal key. It keeps index_topk keys per query: when no
+        sequence is longer than that (each lies within one row of ctx.seq_len tokens, packed or not), the
+        indexer would select every causal key and sparse attention over them is the dense causal attention,
+        so the layer skips both the indexer and the selection mask. Not under context parallel: the CP
+        ranks' key rows differ, and the indexer's all-gather needs every rank."""
+        return ctx.cp is not None or self.glm.index_topk < ctx.seq_len
+
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, packed_seq_params: ForwardContext | None = None,
                 **_: object):
         ctx = packed_seq_params
@@ -147,7 +156,7 @@ class MLASelfAttention(MegatronModule):
         q = torch.cat([q_nope, q_rope], dim=-1)
         k = torch.cat([k_nope, k_rope.expand(-1, self.heads, -1)], dim=-1)
         topk = None
-        if self.topk_source is not None:
+        if self.topk_source is not None and self.may_drop_keys(ctx):
             if self.indexer is not None:
                 ctx.topk[self.layer_index] = self.indexer(x, q_resid.detach(), ctx)
             topk = ctx.topk.get(self.topk_source)
