@@ -91,12 +91,20 @@ def test_weight_sets_are_bit_exact_alternate_and_give_the_same_logprobs(ckpt, en
     experts = sets_engine.model.model.layers[1].mlp.experts
     assert experts.gate_up_proj.stride()[-2] == 1  # stored as the trainer stores it ([E, H, 2I])
 
+    hf_engine, hf_ep = engines()  # weight sets in the engine's own (HF) layout: the forward is unchanged
+    hf = WeightSync("ipc", buckets(w), [hf_ep], rank=0, expert_layout="hf")
+    hf.sync(1)
+    assert_holds(hf_engine, w)
+    assert hf_engine.model.model.layers[1].mlp.experts.gate_up_proj.is_contiguous()
+
     prompt = [3, 17, 5, 9, 22, 4]
-    a = sets_engine.generate(prompt, {"max_new_tokens": 8, "temperature": 0.0}, return_logprob=True)
-    b = bucket_engine.generate(prompt, {"max_new_tokens": 8, "temperature": 0.0}, return_logprob=True)
-    assert a.output_ids == b.output_ids
+    a, b, c = (e.generate(prompt, {"max_new_tokens": 8, "temperature": 0.0}, return_logprob=True)
+               for e in (sets_engine, bucket_engine, hf_engine))
+    assert a.output_ids == b.output_ids == c.output_ids
+    assert c.logprobs == b.logprobs  # same weights, same layout: bit-identical
     # float32 matmuls over the other storage order round differently, nothing more
     assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+    hf.close()
 
     w2 = trainer_weights(ckpt, seed=2)
     ws.export = buckets(w2)

@@ -1,6 +1,7 @@
 """Weight and memory endpoints of the embedded engine (a mixin of `EmbeddedEngine`): updates by HF name
-from IPC tensors, a collective group or safetensors on disk, each validated in full before any
-weight changes; memory release/resume; checksums and model info."""
+from IPC tensors, a collective group, safetensors on disk or the trainer's writes into the engine's
+shared weight sets (weight_sets.py), each validated in full before any weight changes; memory
+release/resume; checksums and model info."""
 
 from __future__ import annotations
 
