@@ -15,9 +15,12 @@ the iteration:
   overhead  rollout requests     rollout/generate_time - engine generate: HTTP requests, engine batching
                                  waits, rewards, in the rollout manager
             rollout hand-off     time/rollout - rollout/generate_time: packing the samples into the object store,
-                                 the reply (metrics and an object reference) back to the driver
+                                 the engines' memory release (--offload-rollout), the reply (metrics and an
+                                 object reference) back to the driver
             trainer other        time/train - fwd/bwd/opt: packing micro-batches, metric reductions
             weight sync          time/weight_sync (export and copy, engine copy, control calls, verification)
+                                 (the engine check before it, with the engines' memory coming back under
+                                 --offload-rollout, is in the driver's share: time/weight_sync_call)
             save                 time/save
             driver + Ray calls   time/iteration - all of the above (Ray round trips; the samples go from the
                                  rollout manager to the trainer ranks through the object store)
@@ -51,7 +54,14 @@ DETAILS = (("engine forward (in generate)", "rollout/engine_forward_time"),
                                                                       "time/weight_sync_wait"),
            ("weight sync: control calls", "time/weight_sync_control"),
            ("weight sync: verification", "time/weight_sync_verify"),
+           ("rollout hand-off: the manager around generate_rollout (versions, packing, object store)",
+            "manager_own"),
+           ("rollout hand-off: engines' memory released (--offload-rollout, in the same call)",
+            "time/rollout_offload"),
+           ("rollout hand-off: Ray call of generate beyond the manager's time", "ray_rollout"),
+           ("weight sync call: engines' memory back (--offload-rollout, in the engine check)", "time/rollout_onload"),
            ("driver: Ray call of train beyond log-probs + advantages + time/train", "ray_train"),
+           ("driver: of which the trainer's own time outside those (time/train_rollout)", "trainer_rest"),
            ("driver: its own CPU time (time/driver_cpu; the samples never reach it)", "driver_cpu"),
            ("driver: Ray call of the weight sync beyond time/weight_sync", "ray_sync"))
 
@@ -98,6 +108,10 @@ def phases(record: dict[str, float]) -> dict[str, float]:
     out.update({key: get(key) for _, key in DETAILS})
     trainer_side = train + get("time/log_probs") + get("time/advantages")  # all inside the train_rollout call
     out["ray_train"] = max(0.0, get("time/train_call") - trainer_side) if "time/train_call" in record else 0.0
+    manager = get("time/rollout_manager")  # 0 in records of runs before it was recorded
+    out["manager_own"] = max(0.0, manager - rollout_gen) if manager else 0.0
+    out["ray_rollout"] = max(0.0, get("time/rollout") - manager - get("time/rollout_offload")) if manager else 0.0
+    out["trainer_rest"] = max(0.0, get("time/train_rollout") - trainer_side) if "time/train_rollout" in record else 0.0
     out["driver_cpu"] = get("time/driver_cpu")
     out["ray_sync"] = (max(0.0, get("time/weight_sync_call") - get("time/weight_sync"))
                        if "time/weight_sync_call" in record else 0.0)

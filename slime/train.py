@@ -186,15 +186,15 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
         t_iter = time.perf_counter()
         driver_cpu = time.thread_time()
         t0 = time.perf_counter()
-        result = _wait_with_progress(rollout.generate.remote(rollout_id), rollout,
+        # --offload-rollout: the manager releases the engines' memory at the end of the same call
+        offload = {"offload": True} if args.offload_rollout else {}
+        result = _wait_with_progress(rollout.generate.remote(rollout_id, **offload), rollout,
                                      args.rollout_batch_size * args.n_samples_per_prompt)
         elapsed = time.perf_counter() - t0
         # The samples stay in the object store (result["data"]); the driver sees their summary only.
         metrics: dict[str, Any] = {"rollout_id": rollout_id, "time/rollout": elapsed}
         metrics.update({k: v for k, v in result.get("metrics", {}).items() if isinstance(v, (int, float))})
         metrics["perf/rollout_tokens_per_s"] = metrics.get("rollout/response_tokens", 0.0) / max(elapsed, 1e-9)
-        if args.offload_rollout:
-            ray.get(rollout.offload.remote())
         if args.offload_train:
             actor.onload()
 
@@ -204,13 +204,14 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
         metrics.update(actor.train_rollout(rollout_id, result["data"], reuse))
         # log-probs + advantages + train, plus Ray and data transfer
         metrics["time/train_call"] = time.perf_counter() - t_call
-        if args.offload_rollout:
+        if args.offload_rollout and not engines:
             ray.get(rollout.onload.remote())
         # Engines that died since the rollout are restarted now (this sync gives them the weights); the
-        # list may differ from the rollout's (a restarted engine may have a new port).
+        # list may differ from the rollout's (a restarted engine may have a new port). --offload-rollout:
+        # the engines get their memory back in the same call.
         t_call = time.perf_counter()
         if engines:
-            metrics.update(_sync_weights(actor, rollout, rollout_id + 1, metrics))
+            metrics.update(_sync_weights(actor, rollout, rollout_id + 1, metrics, onload=bool(args.offload_rollout)))
         else:
             metrics["time/weight_sync"] = 0.0  # as train_async.py's records without a sync
         metrics["time/weight_sync_call"] = time.perf_counter() - t_call
@@ -228,13 +229,14 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
     return records
 
 
-def _sync_weights(actor, rollout, version: int, metrics: dict[str, Any]) -> dict[str, Any]:
+def _sync_weights(actor, rollout, version: int, metrics: dict[str, Any], onload: bool = False) -> dict[str, Any]:
     """Push the trainer's weights to the engines. An engine that died since the rollout is restarted first; one
     that dies during the sync fails it: then it is restarted and the sync runs once more (all-or-nothing per
-    engine, so a repeat is safe). Restart counts add to `metrics`."""
+    engine, so a repeat is safe). Restart counts add to `metrics`. onload: the engines' memory comes back
+    first, in the same call as the check (--offload-rollout)."""
     import ray
 
-    health = ray.get(rollout.check_engines.remote())
+    health = ray.get(rollout.check_engines.remote(onload=True) if onload else rollout.check_engines.remote())
     for attempt in (0, 1):
         engines = health.pop("engines")
         for key, value in health.items():

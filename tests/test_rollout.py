@@ -380,6 +380,11 @@ def test_engine_times_are_differences_of_engine_stats_over_the_rollout():
     assert m["rollout/engine_forward_time"] == pytest.approx(0.3)
     assert m["rollout/engine_waves"] == 3.0  # 2 + 1; engine 3 (restarted) and 2 (no stats) left out
     assert EngineTimes(Fleet()).metrics() == {}
+    # the rollout manager's /health replies of just before the rollout start the snapshot: one /health less
+    clients[0] = Client([st(1.4, 0.8, 5)])  # only the reply after the rollout is left to read
+    given = EngineTimes(Fleet(), health={0: {"status": "ok", "stats": st(1.0, 0.5, 3)}})
+    given.first_use(0)
+    assert given.metrics()["rollout/engine_generate_time"] == pytest.approx(0.4) and clients[0].seq == []
 
 
 def test_batched_requests_give_every_sample_once_despite_failures_and_aborts(engines, tmp_path, tokenizer):

@@ -7,10 +7,13 @@ from typing import Any
 from slime.ray.placement_group import DeviceSlots
 
 
-def _pid(_actor) -> int:
+def _pid_and_memory(_actor) -> tuple[int, bool]:
+    """(the rank's process id, whether its device memory is the host's), asked inside the rank."""
     import os
 
-    return os.getpid()
+    from slime.accelerator import get_accelerator
+
+    return os.getpid(), bool(get_accelerator().memory_is_host())
 
 
 class RayTrainGroup:
@@ -36,8 +39,12 @@ class RayTrainGroup:
             if rank == 0:
                 master = ray.get(actor.get_master_addr_port.remote())
             self.actors.append(actor)
-        # process ids, to release what a killed rank leaves behind (its shared-memory files)
-        self.pids: list[int] = ray.get([a.__ray_call__.remote(_pid) for a in self.actors])
+        # process ids, to release what a killed rank leaves behind (its shared-memory files); whether the ranks'
+        # memory is the host's: then offload()/onload() free nothing (MegatronTrainRayActor.offload returns at
+        # once) and the group skips their Ray round trips, two per iteration with --offload-train
+        found = ray.get([a.__ray_call__.remote(_pid_and_memory) for a in self.actors])
+        self.pids: list[int] = [pid for pid, _ in found]
+        self.memory_is_host = all(host for _, host in found)
 
     def _all(self, method: str, *args, **kwargs) -> list[Any]:
         from slime.ray.waiting import get  # ray.get that does not wake the driver while the ranks work
@@ -70,10 +77,12 @@ class RayTrainGroup:
         return self._all("loaded_extra_state")[0]
 
     def offload(self) -> None:
-        self._all("offload")
+        if not self.memory_is_host:
+            self._all("offload")
 
     def onload(self) -> None:
-        self._all("onload")
+        if not self.memory_is_host:
+            self._all("onload")
 
     def shutdown(self) -> None:
         import ray

@@ -274,13 +274,14 @@ class RolloutManager(EngineFleet):
                  "group_ranks": 1 if self.kind == "embedded" else self.tp}
                 for i, u in enumerate(self.urls) if i not in self._down]
 
-    def generate(self, rollout_id: int, with_samples: bool = False) -> dict[str, Any]:
+    def generate(self, rollout_id: int, with_samples: bool = False, offload: bool = False) -> dict[str, Any]:
         """One rollout. The training data goes into Ray's object store as flat arrays ("data", an object
         reference for the trainer ranks; the caller never needs to fetch it); "metrics" include the reward
-        and length summary. with_samples: also return the Sample objects (tests, tools)."""
+        and length summary. with_samples: also return the Sample objects (tests, tools). offload: then
+        `offload()` the engines (--offload-rollout), in the same Ray call (metric time/rollout_offload)."""
         from slime.backends.megatron.rollout_data import pack_samples, payload_summary
 
-        started = time.time()
+        started, t_start = time.time(), time.perf_counter()
         with self._generating():
             samples, metrics = self._generate(rollout_id)
         from slime.rollout import debug_data
@@ -306,6 +307,12 @@ class RolloutManager(EngineFleet):
                "rollout_id": rollout_id, "engines": self.engines()}
         if with_samples:
             out["samples"] = samples
+        # the manager's whole share of the call (rollout/generate_time is the part in generate_rollout)
+        metrics["time/rollout_manager"] = time.perf_counter() - t_start
+        if offload:
+            t0 = time.perf_counter()
+            self.offload()
+            metrics["time/rollout_offload"] = time.perf_counter() - t0
         return out
 
     def generate_rollout(self, rollout_id: int) -> list:
@@ -371,7 +378,7 @@ class RolloutManager(EngineFleet):
                                "--load-debug-rollout-data PATH, or name a --rollout-function-path that needs none "
                                "(e.g. slime.rollout.sft_rollout.generate_rollout)")
         self._refresh_versions()
-        self._note_current_versions()
+        health = self._note_current_versions()
         self._rollout_id = rollout_id
         from slime.rollout.sample_hooks import set_current_rollout_id
 
@@ -383,7 +390,7 @@ class RolloutManager(EngineFleet):
             samples, metrics = self._plugin_rollout(rollout_id)
         else:
             samples, metrics = generate_rollout(self.args, self, self.data_source, self.tokenizer, self.reward_fn,
-                                                self._progress)
+                                                self._progress, health=health)
         metrics.update(self._restart_metrics(before))
         if self.reward_fn is not None:
             rewards = [reward_value(s.reward, self.args.reward_key) for s in samples]
@@ -408,15 +415,23 @@ class RolloutManager(EngineFleet):
         self._trainer = list(trainer_actors)
         self._offload_train = bool(offload_train)
 
-    def check_engines(self) -> dict[str, Any]:
+    def check_engines(self, onload: bool = False) -> dict[str, Any]:
         """Between rollouts (before a weight sync): restart engines whose process died since; the sync that
-        follows gives them the current weights. Returns {"engines": engines(), **restart metrics}."""
+        follows gives them the current weights. Returns {"engines": engines(), **restart metrics}.
+        onload: first `onload()` the engines (--offload-rollout; one Ray call for both, and an engine that
+        answered it is running: its process status is not asked again)."""
+        answered: set[int] = set()
+        extra: dict[str, float] = {}
+        if onload:
+            t0 = time.perf_counter()
+            answered = self._each_reachable(lambda c: c.resume_memory_occupation())
+            extra["time/rollout_onload"] = time.perf_counter() - t0
         self._health_pause()  # the sync begins: an engine busy loading weights must not count as hung
         before = self._restart_counters()
         for idx in range(self.n):
             if idx in self._down:
                 continue
-            status = self._ray().get(self.actors[idx].status.remote())
+            status = {"running": True} if idx in answered else self._ray().get(self.actors[idx].status.remote())
             if not status["running"]:
                 self._recover_engine(idx, self._generation[idx], RuntimeError("engine process not running"),
                                      resync=False)
@@ -429,7 +444,7 @@ class RolloutManager(EngineFleet):
                     logger.error("health check before the weight sync: rollout engine %d did not answer (%s); "
                                  "restarting it", idx, e)
                     self._restart_unhealthy(idx, e.token, str(e), resync=False)
-        return {"engines": self.engines(), **self._restart_metrics(before)}
+        return {"engines": self.engines(), **self._restart_metrics(before), **extra}
 
     def progress(self) -> dict[str, Any]:
         p = self._progress
@@ -445,14 +460,18 @@ class RolloutManager(EngineFleet):
         self._each_reachable(lambda c: c.continue_generation())
         self._unpaused.set()
 
-    def _each_reachable(self, call) -> None:
+    def _each_reachable(self, call) -> set[int]:
+        """`call(client)` for every engine; returns the indices of those that answered."""
         from slime.utils.http_client import EngineUnreachable
 
+        answered = set()
         for i, c in enumerate(self.clients):
             try:
                 call(c)
+                answered.add(i)
             except EngineUnreachable as e:
                 logger.warning("rollout engine %d unreachable (%s); skipped", i, e.message)
+        return answered
 
     def flush_cache(self) -> None:
         for c in self.clients:
@@ -692,23 +711,29 @@ class RolloutManager(EngineFleet):
                        "checksum-verified)", idx, version, checked)
         return self._health_version(idx)
 
-    def _health_version(self, idx: int) -> str | None:
-        """The engine's weight version: in the embedded engine's /health reply, or SGLang's /get_weight_version."""
+    def _health_version(self, idx: int, health: dict[int, Any] | None = None) -> str | None:
+        """The engine's weight version: in the embedded engine's /health reply, or SGLang's /get_weight_version.
+        `health` (when given) keeps the /health reply under the engine's index."""
         for path in ("/health", "/get_weight_version"):
             try:
                 reply = self.clients[idx].get(path, timeout=10)
             except EngineError:
                 continue
+            if health is not None and path == "/health":
+                health[idx] = reply
             if isinstance(reply, dict) and reply.get("weight_version") is not None:
                 return str(reply["weight_version"])
         return None
 
-    def _note_current_versions(self) -> None:
+    def _note_current_versions(self) -> dict[int, Any]:
         """The weight version each serving engine holds now (the trainer synced it after the last rollout):
-        an engine that dies before answering anything in this rollout is still known to be behind."""
+        an engine that dies before answering anything in this rollout is still known to be behind. Returns
+        the engines' /health replies (the rollout's engine-time snapshot starts from them: no second /health)."""
+        health: dict[int, Any] = {}
         for idx in range(self.n):
             if idx not in self._down and idx not in self._stale:
-                self.note_version(idx, self._health_version(idx))
+                self.note_version(idx, self._health_version(idx, health))
+        return health
 
     def _refresh_versions(self) -> None:
         """Before a rollout: re-admit restarted engines whose weights the trainer has synced since."""

@@ -118,17 +118,22 @@ class EngineTimes:
     reports them in /health), read before its first request of the rollout and after the last. Engines
     without stats (SGLang) or restarted during the rollout (counters start again) are left out."""
 
-    def __init__(self, fleet: EngineFleet) -> None:
+    def __init__(self, fleet: EngineFleet, health: dict[int, Any] | None = None) -> None:
+        """health: /health replies the caller read from engines just before the rollout (the snapshot then
+        starts from them instead of asking again)."""
         self.fleet = fleet
         self.lock = threading.Lock()
         self.before: dict[int, dict[str, float] | None] = {}
+        self.health = dict(health or {})
 
     def first_use(self, idx: int) -> None:
         if idx in self.before:
             return
         with self.lock:  # the snapshot precedes every request of this rollout to the engine
             if idx not in self.before:
-                self.before[idx] = _engine_stats(self.fleet.client(idx))
+                given = self.health.pop(idx, None)
+                self.before[idx] = (_stats_of(given) if given is not None
+                                    else _engine_stats(self.fleet.client(idx)))
 
     def metrics(self) -> dict[str, float]:
         deltas = []
@@ -151,6 +156,10 @@ def _engine_stats(client: Any) -> dict[str, float] | None:
         health = client.get("/health", timeout=10.0)
     except Exception:  # no stats (an engine without them, a stand-in client, an engine that is down)
         return None
+    return _stats_of(health)
+
+
+def _stats_of(health: Any) -> dict[str, float] | None:
     stats = health.get("stats") if isinstance(health, dict) else None
     return stats if isinstance(stats, dict) and "wave_seconds" in stats else None
 
@@ -395,13 +404,16 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
     count = fleet.num_engines()
     concurrency = request_concurrency(args, int(count) if count is not None else 1)
     workers = max(1, min(concurrency // chunk, -(-len(samples) // chunk)))
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rollout") as pool:
-        futures = [pool.submit(worker) for _ in range(workers)]
-        finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
-        errors = [f.exception() for f in finished if f.exception() is not None]
-        if errors:
-            stop.set()  # in-flight requests finish; nothing new is sent
-            raise errors[0]
+    if workers == 1:  # e.g. one batched request per engine and one engine: on this thread (no thread to start;
+        worker()      # the caller's HTTP connection, kept open between rollouts, carries it)
+    else:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rollout") as pool:
+            futures = [pool.submit(worker) for _ in range(workers)]
+            finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            errors = [f.exception() for f in finished if f.exception() is not None]
+            if errors:
+                stop.set()  # in-flight requests finish; nothing new is sent
+                raise errors[0]
     missing = [s.index for s in samples if s.status == SampleStatus.PENDING]
     if missing:
         raise RolloutError(f"{len(missing)} samples never completed (e.g. {missing[:5]}); this is a bug")
@@ -428,10 +440,12 @@ def check_exactly_once(samples: list[Sample], expected: range) -> None:
 
 
 def generate_rollout(args: Any, fleet: EngineFleet, data_source: Any, tokenizer: Any, reward_fn: RewardFn | None,
-                     progress: _Counters | None = None) -> tuple[list[Sample], dict[str, float]]:
+                     progress: _Counters | None = None,
+                     health: dict[int, Any] | None = None) -> tuple[list[Sample], dict[str, float]]:
     """--rollout-batch-size prompt groups, every sample generated and rewarded. Dynamic sampling,
     over-sampling and partial rollout are upstream's rollout loop, which the rollout manager runs for them
-    (slime.rollout.sglang_rollout; plugin_rollout.STREAMING_FLAGS): not this one."""
+    (slime.rollout.sglang_rollout; plugin_rollout.STREAMING_FLAGS): not this one. health: the engines'
+    /health replies read just before (EngineTimes starts from them)."""
     from slime.rollout.plugin_rollout import STREAMING_FLAGS
 
     given = [f"--{name.replace('_', '-')}" for name in STREAMING_FLAGS if getattr(args, name, None)]
@@ -442,7 +456,7 @@ def generate_rollout(args: Any, fleet: EngineFleet, data_source: Any, tokenizer:
         raise RolloutError("--rollout-batch-size is required (prompts per rollout)")
     n, target = args.n_samples_per_prompt, args.rollout_batch_size
     t0 = time.perf_counter()
-    engine_times = EngineTimes(fleet)
+    engine_times = EngineTimes(fleet, health)
     counters = progress or _Counters()
     items = data_source.next_batch(target)
     indices = data_source.take_sample_indices(len(items) * n)

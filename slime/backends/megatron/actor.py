@@ -372,6 +372,7 @@ class MegatronTrainRayActor:
         from slime.backends.megatron import model_setup
         from slime.backends.megatron.rollout_data import GroupReduce, batch_from_payload, share_advantages
 
+        t_call = time.perf_counter()
         args = self.args
         batch = batch_from_payload(payload)
         batch.reuse_train_log_probs = reuse_train_log_probs
@@ -442,6 +443,8 @@ class MegatronTrainRayActor:
 
         train_dump.dump(args, batch, mine, rollout_id, rank=self.rank, dp_rank=self.dp_rank, dp_size=self.dp_size,
                         dp_group=self.dp_group, writes=self.last_stage and self.tp_rank == 0 and self.cp_rank == 0)
+        # the whole call on this rank: the driver's time/train_call less this is Ray's share (and the data's fetch)
+        metrics["time/train_rollout"] = time.perf_counter() - t_call
         return metrics
 
     def _token_mean(self, values: list, batch: D.RolloutBatch, mine: list[int]) -> float:
