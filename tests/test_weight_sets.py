@@ -169,3 +169,20 @@ def test_failed_or_refused_weight_set_update_changes_nothing(ckpt, engines):
     assert "/attach_weight_sets" in calls
     assert_holds(engine, w1)
     ws.close()
+
+
+def test_an_update_of_some_experts_keeps_the_other_experts_of_their_fused_tensor(ckpt, engines):
+    engine, ep = engines()
+    w1, w2 = trainer_weights(ckpt, seed=1), trainer_weights(ckpt, seed=2)
+    ws = WeightSync("ipc", buckets(w1), [ep], rank=0)
+    ws.sync(1)
+    some = {n: t for n, t in w2.items() if ".experts.1." in n or n.endswith("norm.weight")}
+    assert len({n.split(".experts.")[0] for n in some if ".experts." in n}) >= 1
+    ws.export = buckets(some)
+    ws.sync(2)  # the target set gets the other experts from the live one before the switch
+    assert_holds(engine, {**w1, **some})
+    assert live_sets(engine) == {0, 1}  # touched tensors moved to set 1, the rest stayed in set 0
+    ws.export = buckets(w2)
+    ws.sync(3)
+    assert_holds(engine, w2)
+    ws.close()
