@@ -304,12 +304,13 @@ def test_use_routing_replay_trains_on_the_old_passs_routes(actor, rollout):
     assert kl[True] < 1e-6 and kl[False] > 1e-3, kl
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("model_type", ["qwen3_moe", "deepseek_v3"])
-def test_other_moe_families_replay_the_engines_routes(model_type, tmp_path):
-    """Qwen3-MoE (softmax router) and DeepSeek-V3 (sigmoid, expert groups): the engine's routed experts, replayed
-    by the trainer (a spawned rank), give the engine's log-probs; with the router weights scrambled every fed
-    token still goes to the engine's experts, and by themselves the routers choose others."""
+FAMILIES = ["qwen3_moe", "deepseek_v3"]
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory):
+    """Per family: a tiny checkpoint, four samples from the embedded engine with their routed experts, and what one
+    spawned trainer rank (shared by the families, one after the other) saw replaying them and routing alone."""
     from glm5_helpers import spawn_ranks
     from routing_replay_parallel_worker import run_families
 
@@ -319,27 +320,42 @@ def test_other_moe_families_replay_the_engines_routes(model_type, tmp_path):
     from slime.utils.types import Sample
     from slime_plugins.models.common.tiny import write_tiny_checkpoint
 
-    ckpt = write_tiny_checkpoint(str(tmp_path / model_type), model_type)
-    engine = EmbeddedEngine(EngineConfig(model_path=ckpt, batch_wait_s=0.05))
-    try:
-        reqs = [engine.submit(engine.make_request(p, {"max_new_tokens": 5, "temperature": 1.0, "sampling_seed": i,
-                                                      "ignore_eos": True}, True, return_routed_experts=True))
-                for i, p in enumerate(PROMPTS)]
-        outs = [(r.done.wait(), engine.response(r))[1] for r in reqs]
-        layers, topk = engine._routes.num_layers, engine._routes.top_k
-    finally:
-        engine.shutdown()
-    args = rollout_defaults(num_layers=layers, moe_router_topk=topk)
-    samples = []
-    for i, (p, out) in enumerate(zip(PROMPTS, outs)):
-        s = Sample(index=i, tokens=list(p), reward=0.0)
-        pairs = out["meta_info"]["output_token_logprobs"]
-        s.append_response_tokens(args, tokens=[x[1] for x in pairs], log_probs=[x[0] for x in pairs],
-                                 meta_info=out["meta_info"])
-        samples.append(s)
-    torch.save(pack_samples(samples), tmp_path / "payload.pt")
-    spawn_ranks(run_families, 1, [(model_type, ckpt, str(tmp_path / "payload.pt"))], str(tmp_path))
-    got = torch.load(tmp_path / f"{model_type}.pt")
+    d = tmp_path_factory.mktemp("families")
+    items, all_samples = [], {}
+    for model_type in FAMILIES:
+        ckpt = write_tiny_checkpoint(str(d / model_type), model_type)
+        engine = EmbeddedEngine(EngineConfig(model_path=ckpt, batch_wait_s=0.05))
+        try:
+            reqs = [engine.submit(engine.make_request(p, {"max_new_tokens": 5, "temperature": 1.0, "sampling_seed": i,
+                                                          "ignore_eos": True}, True, return_routed_experts=True))
+                    for i, p in enumerate(PROMPTS)]
+            outs = [(r.done.wait(), engine.response(r))[1] for r in reqs]
+            layers, topk = engine._routes.num_layers, engine._routes.top_k
+        finally:
+            engine.shutdown()
+        args = rollout_defaults(num_layers=layers, moe_router_topk=topk)
+        samples = []
+        for i, (p, out) in enumerate(zip(PROMPTS, outs)):
+            s = Sample(index=i, tokens=list(p), reward=0.0)
+            pairs = out["meta_info"]["output_token_logprobs"]
+            s.append_response_tokens(args, tokens=[x[1] for x in pairs], log_probs=[x[0] for x in pairs],
+                                     meta_info=out["meta_info"])
+            samples.append(s)
+        payload = str(d / f"{model_type}_payload.pt")
+        torch.save(pack_samples(samples), payload)
+        items.append((model_type, ckpt, payload))
+        all_samples[model_type] = samples
+    spawn_ranks(run_families, 1, items, str(d))
+    return {m: (all_samples[m], torch.load(d / f"{m}.pt")) for m in FAMILIES}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_other_moe_families_replay_the_engines_routes(model_type, families):
+    """Qwen3-MoE (softmax router) and DeepSeek-V3 (sigmoid, expert groups): the engine's routed experts, replayed
+    by the trainer (one spawned rank for both families), give the engine's log-probs; with the router weights
+    scrambled every fed token still goes to the engine's experts, and by themselves the routers choose others."""
+    samples, got = families[model_type]
     assert _max_diff(got["replayed"], [s.rollout_log_probs for s in samples]) < 1e-4
     moe = sorted(k for k in got["ids"][True] if k is not None)
     assert moe, "no MoE layer replayed"
