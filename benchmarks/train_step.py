@@ -1,11 +1,12 @@
 """Training-step throughput: slime's megatron GLM model vs transformers on the same tiny checkpoint.
 
-    python benchmarks/train_step.py [--model-type glm_moe_dsa] [--seq 256] [--batch 2] [--steps 5]
+    python benchmarks/train_step.py [--model-type glm_moe_dsa] [--seq 256] [--batch 2] [--steps 7] [--threads N]
 
 Both run forward + backward of sum(logits * w) on the same tokens and weights (float32 by default) on
 the current accelerator; prints tokens/s of each and the ratio megatron / transformers. The two sides
 alternate step by step (after one warm-up step each) and the medians are compared, so a change of load
-on a shared machine hits both alike.
+on a shared machine hits both alike. The process CPU time of each step is printed too: on a host loaded
+past its cores wall time is mostly waiting, and with --threads 1 the CPU-time ratio is the work ratio.
 """
 
 from __future__ import annotations
@@ -19,22 +20,29 @@ from statistics import median
 import torch
 
 
-def _timed(step, sync) -> float:
+def _timed(step, sync, cpu_times: list[float] | None = None) -> float:
+    """Wall seconds of one step; its process CPU seconds are appended to cpu_times when given."""
     sync()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     step()
     sync()
-    return time.perf_counter() - start
+    wall = time.perf_counter() - start
+    if cpu_times is not None:
+        cpu_times.append(time.process_time() - cpu)
+    return wall
 
 
-def interleaved(a, b, steps: int, sync) -> tuple[list[float], list[float]]:
-    """Seconds of each step of `a` and `b`, run alternately (a, b, a, b, ...) after one warm-up of each."""
+def interleaved(a, b, steps: int, sync, cpu_times: tuple[list[float], list[float]] | None = None
+                ) -> tuple[list[float], list[float]]:
+    """Seconds of each step of `a` and `b`, run alternately (a, b, a, b, ...) after one warm-up of each;
+    cpu_times (two lists), when given, receive each step's process CPU seconds."""
     a()
     b()
+    ca, cb = cpu_times or (None, None)
     ta, tb = [], []
     for _ in range(steps):
-        ta.append(_timed(a, sync))
-        tb.append(_timed(b, sync))
+        ta.append(_timed(a, sync, ca))
+        tb.append(_timed(b, sync, cb))
     return ta, tb
 
 
@@ -47,7 +55,14 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch intra-op threads (default: torch's). 1 on a loaded host: the CPU-time ratio then "
+                         "counts work only, no threads waiting for each other")
     a = ap.parse_args()
+    if a.threads is not None:
+        if a.threads < 1:
+            raise SystemExit(f"--threads must be >= 1, got {a.threads}")
+        torch.set_num_threads(a.threads)
 
     from transformers import AutoModelForCausalLM
 
@@ -82,15 +97,19 @@ def main() -> None:
         (hf(ids, position_ids=pos).logits * weight).sum().backward()
 
     tokens = a.batch * a.seq
-    meg_times, hf_times = interleaved(megatron_step, hf_step, a.steps, acc.synchronize)
+    cpu = ([], [])
+    meg_times, hf_times = interleaved(megatron_step, hf_step, a.steps, acc.synchronize, cpu)
     t_meg, t_hf = median(meg_times), median(hf_times)
+    c_meg, c_hf = median(cpu[0]), median(cpu[1])
     print(f"device={acc.name} model={a.model_type} hidden={a.hidden} layers={a.layers} batch={a.batch} seq={a.seq} "
-          f"dtype={a.dtype} ops={acc.ops!r}")
+          f"dtype={a.dtype} threads={torch.get_num_threads()} ops={acc.ops!r}")
     print(f"megatron     fwd+bwd: {tokens / t_meg:10.1f} tokens/s ({t_meg * 1e3:.1f} ms/step)")
     print(f"transformers fwd+bwd: {tokens / t_hf:10.1f} tokens/s ({t_hf * 1e3:.1f} ms/step)")
     pairs = median(h / m for m, h in zip(meg_times, hf_times))
     print(f"ratio megatron/transformers: {t_hf / t_meg:.2f}x (median of per-pair ratios {pairs:.2f}x, {a.steps} "
           f"alternating steps; load average {os.getloadavg()[0]:.1f})")
+    print(f"CPU time per step: megatron {c_meg * 1e3:.1f} ms, transformers {c_hf * 1e3:.1f} ms, ratio "
+          f"transformers/megatron {c_hf / c_meg:.2f}x (process CPU time: counts all threads, spin-waits included)")
 
 
 if __name__ == "__main__":
