@@ -3,8 +3,9 @@
     python benchmarks/weight_sync.py [--max-mb 1024] [--sizes 8,64,256,1024] [--modes ipc,ipc-handles,distributed]
 
 Weights: a synthetic GLM-5-shaped set (benchmarks/synthetic_glm.py: bfloat16 + float32, per-expert HF names,
-~2 MB median tensor); a set of size S is the first S MiB of the checkpoint-ordered names. The engine
-(slime.backends.embedded, its own process) serves a model with exactly these names and dtypes.
+~2 MB median tensor); a set of size S is the first S MiB of the names in export order. The engine
+(slime.backends.embedded, its own process) serves a model with exactly these names and dtypes; the
+weight-set mode (ipc) gets an engine process of its own, as it changes the engine's storage layout.
 
 Each sync goes through the trainer's own sender, `slime.backends.megatron.weight_sync.WeightSync`, fed by
 an export in buckets of --update-weight-buffer-size bytes that yields, like the GLM export (--export glm),
@@ -176,11 +177,13 @@ def is_expert_weight(name: str) -> bool:
 
 def glm_layout(weights: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
     """Expert weights stored as megatron stores them (per layer weight1 [E, H, 2I] = [gate | up] columns,
-    weight2 [E, I, H]) and handed out as WeightMap.to_hf does at tp = ep = 1: `w1[e][:, :I].t()`,
-    `w1[e][:, I:].t()`, `w2[e].t()`, non-contiguous views; the rest as stored."""
+    weight2 [E, I, H]) and handed out as WeightMap.to_hf does at tp = ep = 1, in its order: per expert
+    `w1[e][:, :I].t()`, `w1[e][:, I:].t()` (gate, up), then every `w2[e].t()` (down), non-contiguous views,
+    where the layer's first expert weight was; the rest as stored."""
     by_name = dict(weights)
     out = dict(weights)
     layers = sorted({n.split(".experts.")[0] for n in by_name if is_expert_weight(n)})
+    export_order: dict[str, list[str]] = {}
     for layer in layers:
         experts = sorted({int(n.split(".experts.")[1].split(".")[0]) for n in by_name
                           if n.startswith(layer + ".experts.") and is_expert_weight(n)})
@@ -194,7 +197,17 @@ def glm_layout(weights: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch
         for i, q in enumerate(p):
             out[q + "gate_proj.weight"], out[q + "up_proj.weight"] = w1[i][:, :ffn].t(), w1[i][:, ffn:].t()
             out[q + "down_proj.weight"] = w2[i].t()
-    return [(n, out[n]) for n, _ in weights]
+        export_order[layer] = [q + k for q in p for k in ("gate_proj.weight", "up_proj.weight")] + \
+            [q + "down_proj.weight" for q in p]
+    names: list[str] = []
+    for n, _ in weights:
+        layer = n.split(".experts.")[0] if is_expert_weight(n) else None
+        if layer not in export_order:
+            names.append(n)
+        elif export_order[layer]:
+            names += export_order[layer]
+            export_order[layer] = []
+    return [(n, out[n]) for n in names]
 
 
 def all_checksums(named: list[tuple[str, torch.Tensor]]) -> dict[str, list[int]]:
@@ -334,6 +347,9 @@ def main(argv: list[str] | None = None) -> None:
     t_start = time.perf_counter()
     spec = None if a.checkpoint else model_spec(max(a.sizes))
     engine = EngineProcess(spec, a.checkpoint)
+    # The weight-set sync moves the engine's expert weights into the trainer's layout; the other modes get an
+    # engine of their own that keeps its loaded (HF) layout, as each would in a run.
+    sets_engine = EngineProcess(spec, a.checkpoint) if "ipc" in a.modes and len(a.modes) > 1 else engine
     try:
         if a.checkpoint:
             weights = [(n, t.to(device)) for n, t in checkpoint_weights(a.checkpoint)]
@@ -341,9 +357,10 @@ def main(argv: list[str] | None = None) -> None:
             weights = make_weights(named_specs(build_model(spec)), device)
         if a.export == "glm":
             weights = glm_layout(weights)
-        endpoint = EngineEndpoint(url=engine.url, token=engine.token)
+        served = {m: sets_engine if m == "ipc" else engine for m in a.modes}
         layout = "in_out" if a.export == "glm" else "hf"  # the export's expert layout, for the weight sets
-        syncs = {m: WeightSync("distributed" if m == "distributed" else "ipc", lambda: iter(()), [endpoint], rank=0,
+        syncs = {m: WeightSync("distributed" if m == "distributed" else "ipc", lambda: iter(()),
+                               [EngineEndpoint(url=served[m].url, token=served[m].token)], rank=0,
                                check=bool(a.check), buffer_bytes=a.update_weight_buffer_size, expert_layout=layout)
                  for m in a.modes}
         for m in ("ipc-handles", "ipc-buckets"):
@@ -372,7 +389,7 @@ def main(argv: list[str] | None = None) -> None:
             row["copy cpu"] = cpu["copy"]
             for m, ws in syncs.items():
                 row[m] = nbytes / time_sync(ws, named, a.update_weight_buffer_size, a.export == "copy", a.repeats,
-                                            version, split[m] if largest else None, cpu, (engine.proc.pid,))
+                                            version, split[m] if largest else None, cpu, (served[m].proc.pid,))
                 row[m + " cpu"] = cpu["sync"]
             rows.append(row)
             print(_row_text(row, a.modes), flush=True)
@@ -380,6 +397,8 @@ def main(argv: list[str] | None = None) -> None:
             ws.close()
     finally:
         engine.close()
+        if sets_engine is not engine:
+            sets_engine.close()
     print()
     print(_table(rows, a.modes))
     print()

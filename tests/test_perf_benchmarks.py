@@ -107,10 +107,13 @@ def test_glm_layout_turns_expert_weights_into_transposed_views_only():
              ("model.layers.1.mlp.experts.3.up_proj.weight", torch.randn(6, 4)),
              ("model.layers.1.mlp.experts.3.down_proj.weight", torch.randn(4, 6))]
     out = ws.glm_layout(named)
-    assert [n for n, _ in out] == [n for n, _ in named]
-    for (name, t), (_, v) in zip(named, out):
-        assert torch.equal(v, t) and v.shape == t.shape
-        assert v.is_contiguous() == (".experts." not in name)
+    e = "model.layers.1.mlp.experts.3."  # a layer's expert weights in export order, where its first one was
+    assert [n for n, _ in out] == [e + "gate_proj.weight", e + "up_proj.weight", e + "down_proj.weight",
+                                   "model.layers.1.mlp.gate.weight"]
+    got = dict(out)
+    for name, t in named:
+        assert torch.equal(got[name], t) and got[name].shape == t.shape
+        assert got[name].is_contiguous() == (".experts." not in name)
 
 
 def test_train_step_sides_alternate_after_one_warm_up_each():
