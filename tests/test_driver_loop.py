@@ -136,40 +136,53 @@ class _Calls:
                 self.check(v)
 
 
-def _loop_calls(tmp_path, monkeypatch, n_samples: int, num_rollout: int) -> dict[str, int]:
-    import ray
-
-    import slime.ray.rollout as rollout_module
-    from slime import train
-    from slime.ray.actor_group import RayTrainGroup
+def _args(tmp_path, n_samples: int, num_rollout: int):
     from slime.config.arguments import parse_args
 
-    args = parse_args(["--hf-checkpoint", str(tmp_path), "--num-rollout", str(num_rollout),
+    return parse_args(["--hf-checkpoint", str(tmp_path), "--num-rollout", str(num_rollout),
                        "--rollout-batch-size", str(n_samples // 8), "--n-samples-per-prompt", "8",
                        "--global-batch-size", str(n_samples), "--actor-num-gpus-per-node", "2",
                        "--output-dir", str(tmp_path / f"out{n_samples}-{num_rollout}")])
 
-    class Slots(list):
-        def actor_options(self, i, extra_env=None):
-            return {"num_cpus": 0}
 
-    handles = {"actor": RayTrainGroup(args, Slots([0, 1]), actor_cls=ray.remote(_Trainer))}
-    manager = ray.remote(_Rollout).options(num_cpus=0).remote(n_samples)
+def _loop_calls(tmp_path, monkeypatch, trainers, manager, n_samples: int, num_rollout: int) -> dict[str, int]:
+    """The driver's Ray calls in one run of the loop on these stand-in ranks and manager (stateless: every run
+    gets the same answers from them, so runs can share them)."""
+    import slime.ray.rollout as rollout_module
+    from slime import train
+
+    args = _args(tmp_path, n_samples, num_rollout)
+    trainers.args = args  # this run's arguments reach the ranks' init, as from a group built for it
+    handles = {"actor": trainers}
     monkeypatch.setattr(rollout_module, "create_rollout_manager", lambda args, slots: manager)
     with monkeypatch.context() as m:
         calls = _Calls(m, n_samples)
         records = train._run(args, handles, {"rollout": None})
     assert len(records) == num_rollout and records[-1]["rollout/samples"] == n_samples
-    for a in handles["actor"].actors + [manager]:
-        ray.kill(a)
     return calls.count
 
 
 def test_driver_ray_calls_per_iteration_do_not_depend_on_the_rollout_size(ray_session, tmp_path, monkeypatch):
+    """Runs of 1 and 3 iterations at each size (set-up calls cancel out in the difference), on one group of two
+    stand-in trainer ranks and one stand-in manager per size."""
+    import ray
+
+    from slime.ray.actor_group import RayTrainGroup
+
+    class Slots(list):
+        def actor_options(self, i, extra_env=None):
+            return {"num_cpus": 0}
+
+    trainers = RayTrainGroup(_args(tmp_path, 64, 1), Slots([0, 1]), actor_cls=ray.remote(_Trainer))
+    managers = {n: ray.remote(_Rollout).options(num_cpus=0).remote(n) for n in (64, 512)}
     per_iteration = {}
-    for n in (64, 512):
-        one, three = (_loop_calls(tmp_path, monkeypatch, n, k) for k in (1, 3))
-        per_iteration[n] = {k: (three[k] - one[k]) / 2 for k in one}  # set-up calls cancel out
+    try:
+        for n, manager in managers.items():
+            one, three = (_loop_calls(tmp_path, monkeypatch, trainers, manager, n, k) for k in (1, 3))
+            per_iteration[n] = {k: (three[k] - one[k]) / 2 for k in one}  # set-up calls cancel out
+    finally:
+        for a in trainers.actors + list(managers.values()):
+            ray.kill(a)
     assert per_iteration[64] == per_iteration[512], per_iteration
     assert per_iteration[64]["put"] == 0 and per_iteration[64]["remote"] > 0
 
@@ -239,6 +252,10 @@ class _EngineDiesInSync(_Trainer):
 
     failed = False
 
+    def arm(self):
+        """Fail again at the next sync of version 2 (a new case on the same actor)."""
+        self.failed = False
+
     def update_weights(self, version, engines):
         if version == 2 and not self.failed:
             self.failed = True
@@ -251,6 +268,10 @@ class _RestartsOnCheck(_Rollout):
 
     def __init__(self, n, restart):
         super().__init__(n)
+        self.arm(restart)
+
+    def arm(self, restart):
+        """Count checks from zero again, restarting the engine or not (a new case on the same actor)."""
         self.checks, self.restart = 0, restart
 
     def check_engines(self):
@@ -260,34 +281,50 @@ class _RestartsOnCheck(_Rollout):
                 "rollout/engine_restarts": float(restarted)}
 
 
-@pytest.mark.parametrize("restart", [True, False])
-def test_engine_dying_during_the_weight_sync_is_restarted_and_synced_again(ray_session, tmp_path, monkeypatch, restart):
+@pytest.fixture(scope="module")
+def dying_sync(ray_session, tmp_path_factory):
+    """One stand-in trainer rank whose sync of version 2 fails once, and one stand-in manager; each case below
+    re-arms both (a fresh failure, checks counted from zero)."""
     import ray
 
-    import slime.ray.rollout as rollout_module
-    from slime import train
     from slime.ray.actor_group import RayTrainGroup
-    from slime.config.arguments import parse_args
-
-    args = parse_args(["--hf-checkpoint", str(tmp_path), "--num-rollout", "3", "--rollout-batch-size", "1",
-                       "--n-samples-per-prompt", "8", "--global-batch-size", "8", "--actor-num-gpus-per-node", "1",
-                       "--output-dir", str(tmp_path / f"out-{restart}")])
 
     class Slots(list):
         def actor_options(self, i, extra_env=None):
             return {"num_cpus": 0}
 
-    handles = {"actor": RayTrainGroup(args, Slots([0]), actor_cls=ray.remote(_EngineDiesInSync))}
-    manager = ray.remote(_RestartsOnCheck).options(num_cpus=0).remote(8, restart)
+    trainers = RayTrainGroup(_dying_args(tmp_path_factory.mktemp("dying"), True), Slots([0]), actor_cls=ray.remote(_EngineDiesInSync))
+    manager = ray.remote(_RestartsOnCheck).options(num_cpus=0).remote(8, True)
+    yield trainers, manager
+    for a in trainers.actors + [manager]:
+        ray.kill(a)
+
+
+def _dying_args(tmp_path, restart):
+    from slime.config.arguments import parse_args
+
+    return parse_args(["--hf-checkpoint", str(tmp_path), "--num-rollout", "3", "--rollout-batch-size", "1",
+                       "--n-samples-per-prompt", "8", "--global-batch-size", "8", "--actor-num-gpus-per-node", "1",
+                       "--output-dir", os.path.join(str(tmp_path), f"out-{restart}")])
+
+
+@pytest.mark.parametrize("restart", [True, False])
+def test_engine_dying_during_the_weight_sync_is_restarted_and_synced_again(dying_sync, tmp_path, monkeypatch, restart):
+    import ray
+
+    import slime.ray.rollout as rollout_module
+    from slime import train
+
+    args = _dying_args(tmp_path, restart)
+    trainers, manager = dying_sync
+    ray.get([a.arm.remote() for a in trainers.actors] + [manager.arm.remote(restart)])
+    trainers.args = args  # this case's arguments reach the rank's init, as from a group built for it
+    handles = {"actor": trainers}
     monkeypatch.setattr(rollout_module, "create_rollout_manager", lambda args, slots: manager)
-    try:
-        if not restart:  # nothing was restarted: the sync's own error stops the run
-            with pytest.raises(Exception, match="unreachable"):
-                train._run(args, handles, {"rollout": None})
-            return
-        records = train._run(args, handles, {"rollout": None})
-        assert [r["rollout/engine_restarts"] for r in records] == [0.0, 1.0, 0.0]
-        assert all(r["weight_sync/engines"] == 1.0 for r in records)  # every version reached the engine
-    finally:
-        for a in handles["actor"].actors + [manager]:
-            ray.kill(a)
+    if not restart:  # nothing was restarted: the sync's own error stops the run
+        with pytest.raises(Exception, match="unreachable"):
+            train._run(args, handles, {"rollout": None})
+        return
+    records = train._run(args, handles, {"rollout": None})
+    assert [r["rollout/engine_restarts"] for r in records] == [0.0, 1.0, 0.0]
+    assert all(r["weight_sync/engines"] == 1.0 for r in records)  # every version reached the engine
