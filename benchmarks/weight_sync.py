@@ -3,7 +3,8 @@
     python benchmarks/weight_sync.py [--max-mb 1024] [--sizes 8,64,256,1024] [--modes ipc,ipc-handles,distributed]
 
 Weights: a synthetic GLM-5-shaped set (benchmarks/synthetic_glm.py: bfloat16 + float32, per-expert HF names,
-~2 MB median tensor); a set of size S is the first S MiB of the names in export order. The engine
+~2 MB median tensor); a set of size S is the first S MiB of the names in export order (a layer's
+experts all or none, see prefix_of). The engine
 (slime.backends.embedded, its own process) serves a model with exactly these names and dtypes; the
 weight-set mode (ipc) gets an engine process of its own, as it changes the engine's storage layout.
 
@@ -144,12 +145,18 @@ def make_weights(specs: list[tuple[str, tuple[int, ...], torch.dtype]], device: 
 
 
 def prefix_of(weights: list[tuple[str, torch.Tensor]], mib: float) -> list[tuple[str, torch.Tensor]]:
-    """Checkpoint-ordered tensors up to `mib` MiB (tensors that would overshoot are skipped)."""
-    out, total, limit = [], 0, mib * 2**20
+    """Tensors in export order up to `mib` MiB (tensors that would overshoot are skipped). A layer's expert
+    weights are taken all or none, at the place of the first: the engine holds them as one fused tensor
+    per layer, and a real sync updates every expert (a sync of some experts of a fused tensor costs the
+    weight-set engine a copy of the others)."""
+    units: dict[str, list[tuple[str, torch.Tensor]]] = {}
     for name, t in weights:
-        nbytes = t.numel() * t.element_size()
+        units.setdefault(name.split(".experts.")[0] + ".experts" if is_expert_weight(name) else name, []).append((name, t))
+    out, total, limit = [], 0, mib * 2**20
+    for unit in units.values():
+        nbytes = sum(t.numel() * t.element_size() for _, t in unit)
         if total + nbytes <= limit:
-            out.append((name, t))
+            out += unit
             total += nbytes
     return out
 
