@@ -4,6 +4,9 @@ AutoModelForCausalLM and by slime's Megatron loader. Each family supplies its ti
 (`ModelFamily.tiny_config`).
 
     python -m slime_plugins.models.common.tiny OUT_DIR --model-type qwen3 [--override '{"tie_word_embeddings": true}']
+
+`--warmup-steps N` (default 0: random init) then trains it briefly, supervised, on the synthetic string tasks
+(common/warmup.py): the prior the GLM-5 quick start's RL starts from.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ def tiny_config(model_type: str, **overrides: Any):
 
 
 def write_tiny_checkpoint(out_dir: str, model_type: str = "glm_moe_dsa", seed: int = 0, dtype: str = "float32",
-                          **overrides: Any) -> str:
-    """Write a random-init tiny HF checkpoint to `out_dir` (atomically: temp dir, then rename)."""
+                          warmup_steps: int = 0, warmup_tasks: str | None = None, **overrides: Any) -> str:
+    """Write a random-init tiny HF checkpoint to `out_dir` (atomically: temp dir, then rename); with
+    `warmup_steps` > 0, after `warmup_steps` supervised steps on `warmup_tasks` (common/warmup.py)."""
     import shutil
     import tempfile
 
@@ -51,6 +55,13 @@ def write_tiny_checkpoint(out_dir: str, model_type: str = "glm_moe_dsa", seed: i
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):
                 b.copy_(torch.randn_like(b) * 0.1)
+    if warmup_steps:
+        from slime.utils.tiny_tokenizer import build_tokenizer
+        from slime_plugins.models.common.warmup import DEFAULT_TASKS, warmup
+
+        if auto is not AutoModelForCausalLM or dtype != "float32":
+            raise ValueError(f"--warmup-steps needs a float32 text-only model; {model_type} {dtype} is not")
+        warmup(model, build_tokenizer(config.vocab_size), warmup_steps, seed=seed, tasks=warmup_tasks or DEFAULT_TASKS)
     parent = os.path.dirname(os.path.abspath(out_dir)) or "."
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".tmp-ckpt-", dir=parent)
@@ -86,8 +97,15 @@ def main() -> None:  # pragma: no cover - CLI
     ap.add_argument("--model-type", default="glm_moe_dsa", choices=tiny_model_types())
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--override", default="{}", help="JSON dict of config overrides")
+    ap.add_argument("--warmup-steps", type=int, default=0,
+                    help="supervised steps on the synthetic tasks after init (default 0: random init)")
+    ap.add_argument("--warmup-tasks", default=None,
+                    help="comma-separated task[:min-max] specs of the warm-up (default: common/warmup.py's)")
     a = ap.parse_args()
-    write_tiny_checkpoint(a.out_dir, a.model_type, a.seed, **json.loads(a.override))
+    if a.warmup_steps < 0:
+        ap.error(f"--warmup-steps must be >= 0, got {a.warmup_steps}")
+    write_tiny_checkpoint(a.out_dir, a.model_type, a.seed, warmup_steps=a.warmup_steps, warmup_tasks=a.warmup_tasks,
+                          **json.loads(a.override))
     print(a.out_dir)
 
 

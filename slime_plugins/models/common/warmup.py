@@ -1,0 +1,152 @@
+"""A short supervised warm-up of a tiny random-init model on the synthetic string tasks, the prior that
+RL post-training of a real model starts from (pretraining and SFT). Next-token cross entropy on the
+answer and its EOS, prompts rendered with the tiny tokenizer's chat template exactly as the rollout
+renders them (`--apply-chat-template`), Adam, CPU, seeded.
+
+    python -m slime_plugins.models.glm5.tiny OUT_DIR --warmup-steps 150 [--warmup-tasks copy]
+
+A task spec is `task[:min-max][@noise]` (lengths of the string, default 3-5; the probability that an answer
+symbol is replaced by a random letter, default 0), e.g. `reverse`, `copy:1-2` or `copy@0.5`; the batches
+cycle through the specs. A short warm-up leaves the model partly competent: at temperature 1 it copies
+some symbols and stops at about the right length, so GRPO's groups have variance in the prompt-conditional
+part of the reward from the first rollout (docs/training.md, "What the quick start learns", has the
+measurements of each warm-up tried).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+DEFAULT_TASKS = "copy"
+
+
+def parse_tasks(spec: str) -> list[tuple[str, int, int, float]]:
+    """`"reverse,copy:1-2@0.5"` -> [("reverse", 3, 5, 0.0), ("copy", 1, 2, 0.5)]: task, string lengths and the
+    probability that each answer symbol is replaced by a random letter (noisy labels)."""
+    from slime.rollout.synthetic import TASKS
+
+    out = []
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        part, _, noise_s = part.partition("@")
+        try:
+            noise = float(noise_s) if noise_s else 0.0
+        except ValueError:
+            noise = -1.0
+        if not 0.0 <= noise <= 1.0:
+            raise ValueError(f"bad warm-up task {part}@{noise_s}: the label noise after @ is a probability in [0, 1]")
+        task, _, lens = part.partition(":")
+        lo, hi = 3, 5
+        if lens:
+            try:
+                lo, hi = (int(x) for x in lens.split("-")) if "-" in lens else (int(lens), int(lens))
+            except ValueError:
+                raise ValueError(f"bad warm-up task {part!r}: lengths are min-max, e.g. copy:1-2") from None
+        if task not in TASKS or not 1 <= lo <= hi:
+            raise ValueError(f"bad warm-up task {part!r}: want task[:min-max] with task in {TASKS}, 1 <= min <= max")
+        out.append((task, lo, hi, noise))
+    if not out:
+        raise ValueError("no warm-up task given")
+    return out
+
+
+def prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
+    """The token ids the rollout feeds the model for `prompt` (chat template, generation prompt)."""
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True,
+                                         add_generation_prompt=True, return_dict=False)
+
+
+def _batch(tokenizer: Any, rng: random.Random, task: tuple[str, int, int, float], batch_size: int):
+    """One batch of one task and one string length (so no padding): ids [B, T] and a mask of answer tokens."""
+    import torch
+
+    from slime.rollout.synthetic import ALPHABET, make_example
+
+    name, lo, hi, noise = task
+    n = rng.randint(lo, hi)
+    rows = [make_example(rng, name, n, n) for _ in range(batch_size)]
+    seqs, masks = [], []
+    for r in rows:
+        p = prompt_ids(tokenizer, r["prompt"])
+        label = " ".join(rng.choice(ALPHABET) if noise and rng.random() < noise else s for s in r["label"].split())
+        a = tokenizer(label, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        seqs.append(p + a)
+        masks.append([0] * len(p) + [1] * len(a))
+    return torch.tensor(seqs), torch.tensor(masks, dtype=torch.bool)
+
+
+def warmup(model: Any, tokenizer: Any, steps: int, seed: int = 0, tasks: str = DEFAULT_TASKS, lr: float = 3e-3,
+           batch_size: int = 32) -> list[float]:
+    """Train `model` in place for `steps` Adam steps; returns the loss of each step."""
+    import torch
+
+    specs = parse_tasks(tasks)
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98))
+    model.train()
+    losses = []
+    # One thread: the tensors are tiny, so threads only add contention (on a loaded 2-core host a step took
+    # 2-4 s with two threads and 0.06 s with one), and a fixed thread count keeps the result reproducible.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for step in range(steps):
+            ids, mask = _batch(tokenizer, rng, specs[step % len(specs)], batch_size)
+            logits = model(input_ids=ids).logits[:, :-1].float()
+            target = ids[:, 1:].masked_fill(~mask[:, 1:], -100)
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            losses.append(loss.item())
+    finally:
+        torch.set_num_threads(threads)
+    model.eval()
+    return losses
+
+
+def mean_reward(model: Any, tokenizer: Any, rows: list[dict[str, Any]], temperature: float = 1.0, seed: int = 0,
+                max_new_tokens: int = 8) -> float:
+    """Mean `--rm-type synthetic` reward of `model`'s answers to `rows` (synthetic.make_dataset rows), sampled
+    at `temperature` (0: greedy) over the whole vocabulary, as the quick start's rollouts are."""
+    import torch
+
+    from slime.rollout.synthetic import W_STOP, score
+
+    gen = torch.Generator().manual_seed(seed)
+    by_len: dict[int, list[tuple[list[int], str]]] = {}
+    for r in rows:
+        p = prompt_ids(tokenizer, r["prompt"])
+        by_len.setdefault(len(p), []).append((p, r["label"]))
+    total = 0.0
+    model.eval()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with torch.no_grad():
+        for group in by_len.values():
+            ids = torch.tensor([p for p, _ in group])
+            out = torch.empty(len(group), 0, dtype=torch.long)
+            done = torch.zeros(len(group), dtype=torch.bool)
+            for _ in range(max_new_tokens):
+                logits = model(input_ids=torch.cat([ids, out], 1)).logits[:, -1].float()
+                if temperature > 0:
+                    nxt = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=gen)[:, 0]
+                else:
+                    nxt = logits.argmax(-1)
+                nxt = nxt.masked_fill(done, tokenizer.pad_token_id)
+                done |= nxt == tokenizer.eos_token_id
+                out = torch.cat([out, nxt[:, None]], 1)
+                if bool(done.all()):
+                    break
+            for (_, label), row, stopped in zip(group, out.tolist(), done.tolist()):
+                text = tokenizer.decode(row, skip_special_tokens=True)
+                r = score(text, label)
+                if not stopped and len(text.split()) == len(label.split()):
+                    r -= W_STOP  # truncated at the limit: no stop credit (synthetic_reward's rule)
+                total += r
+    torch.set_num_threads(threads)
+    return total / len(rows)
