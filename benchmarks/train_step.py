@@ -7,6 +7,8 @@ the current accelerator; prints tokens/s of each and the ratio megatron / transf
 alternate step by step (after one warm-up step each) and the medians are compared, so a change of load
 on a shared machine hits both alike. The process CPU time of each step is printed too: on a host loaded
 past its cores wall time is mostly waiting, and with --threads 1 the CPU-time ratio is the work ratio.
+transformers runs with slime's transformers patch set, as the embedded engine runs it (--plain-transformers:
+without), so both sides keep the same DSA keys.
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None,
                     help="torch intra-op threads (default: torch's). 1 on a loaded host: the CPU-time ratio then "
                          "counts work only, no threads waiting for each other")
+    ap.add_argument("--plain-transformers", action="store_true",
+                    help="transformers without slime's transformers patch set (default: with it, as the embedded "
+                         "engine and the agreement tests run it: DSA top-k ties go to the lowest key position, the "
+                         "rule of ops.lightning_indexer, so both sides select the same keys)")
     a = ap.parse_args()
     if a.threads is not None:
         if a.threads < 1:
@@ -71,6 +77,8 @@ def main() -> None:
     from slime_plugins.models.glm5.tiny import write_tiny_checkpoint
 
     acc = get_accelerator()
+    if not a.plain_transformers:
+        acc.apply_patches("transformers")
     dev, dtype = acc.device(), getattr(torch, a.dtype)
     heads = max(4, a.hidden // 64)
     sizes = dict(hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=heads, num_key_value_heads=heads,
@@ -102,7 +110,8 @@ def main() -> None:
     t_meg, t_hf = median(meg_times), median(hf_times)
     c_meg, c_hf = median(cpu[0]), median(cpu[1])
     print(f"device={acc.name} model={a.model_type} hidden={a.hidden} layers={a.layers} batch={a.batch} seq={a.seq} "
-          f"dtype={a.dtype} threads={torch.get_num_threads()} ops={acc.ops!r}")
+          f"dtype={a.dtype} threads={torch.get_num_threads()} transformers_patches={not a.plain_transformers} "
+          f"ops={acc.ops!r}")
     print(f"megatron     fwd+bwd: {tokens / t_meg:10.1f} tokens/s ({t_meg * 1e3:.1f} ms/step)")
     print(f"transformers fwd+bwd: {tokens / t_hf:10.1f} tokens/s ({t_hf * 1e3:.1f} ms/step)")
     pairs = median(h / m for m, h in zip(meg_times, hf_times))
