@@ -109,6 +109,8 @@ def test_distributed_post_spreads_posts_over_ray_actors_on_the_nodes(servers):
         assert sorted(b["i"] for _, b in _Direct.seen) == [0, 1, 2, 3]
         assert all(o["via"] == "direct" for o in outs) and len({o["pid"] for o in outs}) == 1  # the server's pid
         ray.kill(actors[0])  # a failing actor: its posts are sent from here (upstream's fallback)
+        with pytest.raises(ray.exceptions.RayActorError):  # dead before the posts (kill is asynchronous)
+            ray.get(actors[0].stats.remote(), timeout=60)
         assert asyncio.run(four())
         assert len(_Direct.seen) == 8
     finally:
