@@ -1,9 +1,12 @@
-"""train_async.py on CPU: the tiny GLM-5 quick start, one engine on its own device, 4 iterations. Rollout k+1 is
-generated while rollout k trains (wall-clock bounds in metrics.jsonl overlap), with the weights synced after
-rollout k-1 (version k); the trainer trains it from version k+1. --dry-run works; --colocate is refused."""
+"""train_async.py's one-step-off-policy loop on CPU: the tiny GLM-5 quick start, one engine on its own device,
+4 iterations. Rollout k+1 is generated while rollout k trains (wall-clock bounds in metrics.jsonl overlap), with
+the weights synced after rollout k-1 (version k); the trainer trains it from version k+1. The runs call the loop
+in this process (slime.train_async.train, as train_async.py's main does after its checks), one Ray session for
+all of them; train_async.py itself: --dry-run works, --colocate is refused (and tests/test_sft.py runs it)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -16,6 +19,26 @@ from slime.utils.metrics import REQUIRED_KEYS, read_metrics
 
 pytestmark = pytest.mark.timeout(420)
 ON_VERSION_BOUND = 1e-3  # float32 trainer vs float32 engine, same weights (as tests/test_e2e.py)
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    import ray
+
+    from slime.ray.placement_group import init_ray
+
+    os.environ.setdefault("SLIME_CPU_THREADS", "1")  # as the quick start's runs here: one thread per process
+    init_ray(num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+def _train(argv: list[str]) -> list[dict]:
+    """One run of train_async.py's loop in this process (its Ray session: ray_session)."""
+    from slime.config.arguments import parse_args
+    from slime.train_async import train
+
+    return train(parse_args(argv))
 
 
 def _run(*argv: str, timeout: int = 400) -> subprocess.CompletedProcess:
@@ -32,17 +55,18 @@ CASES = [("5e-3", 1, [0, 0, 1, 2], {0: 1, 1: 2, 2: 3, 3: 4}, False), ("0", 2, [0
 
 
 @pytest.mark.parametrize("lr, interval, generated_with, synced, keep_old_actor", CASES)
-def test_one_step_off_policy(assets, tmp_path, lr, interval, generated_with, synced, keep_old_actor):  # noqa: F811
+def test_one_step_off_policy(assets, ray_session, tmp_path, lr, interval, generated_with, synced,  # noqa: F811
+                             keep_old_actor):
     """lr 0: every version holds the same weights, so each rollout's engine log-probs must agree with the
     trainer's (the payloads pair up with their versions); lr 5e-3: rollout k >= 1 drifts by one step, unless
     --keep-old-actor: the old log-probs then come from the weights that generated the rollout, and agree."""
     out = str(tmp_path / "run")
-    proc = _run(*_argv(assets, out, "--rollout-num-gpus", "1", "--update-weight-mode", "distributed",
-                       "--num-rollout", "4"), "--lr", lr, "--update-weights-interval", str(interval),
-                "--save", str(tmp_path / "ckpt"), "--save-interval", "2",
-                *(["--keep-old-actor"] if keep_old_actor else []))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    returned = _train([*_argv(assets, out, "--rollout-num-gpus", "1", "--update-weight-mode", "distributed",
+                              "--num-rollout", "4"), "--lr", lr, "--update-weights-interval", str(interval),
+                       "--save", str(tmp_path / "ckpt"), "--save-interval", "2",
+                       *(["--keep-old-actor"] if keep_old_actor else [])])
     records = read_metrics(out)
+    assert records == json.loads(json.dumps(returned))  # the file holds what the loop returned
     assert [r["rollout_id"] for r in records] == [0, 1, 2, 3]
     for k, r in enumerate(records):
         assert not [key for key in REQUIRED_KEYS if key not in r]
@@ -62,9 +86,8 @@ def test_one_step_off_policy(assets, tmp_path, lr, interval, generated_with, syn
     # resume from the checkpoint after rollout 1 (version 2): rollout 2 is generated again, on version 2
     shutil.copytree(tmp_path / "ckpt" / "iter_0000001", tmp_path / "resume" / "iter_0000001")
     (tmp_path / "resume" / "latest_checkpointed_iteration.txt").write_text("1")
-    proc = _run(*_argv(assets, str(tmp_path / "resumed"), "--rollout-num-gpus", "1", "--update-weight-mode",
-                       "distributed", "--num-rollout", "4"), "--lr", lr, "--load", str(tmp_path / "resume"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _train([*_argv(assets, str(tmp_path / "resumed"), "--rollout-num-gpus", "1", "--update-weight-mode",
+                   "distributed", "--num-rollout", "4"), "--lr", lr, "--load", str(tmp_path / "resume")])
     resumed = read_metrics(str(tmp_path / "resumed"))
     assert [(r["rollout_id"], r["rollout/weight_version"], r["train/weight_version"]) for r in resumed] == [
         (2, 2, 2), (2 + 1, 2, 3)]
