@@ -6,4 +6,11 @@ bash "$ROOT/scripts/setup-venv.sh"
 VENV="${SLIME_VENV:-$ROOT/.venv}"
 cd "$ROOT"
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
-exec "$VENV/bin/python" -m pytest -q "$@"
+# Two workers (pytest-xdist) by default, each test file whole on one worker (its module fixtures shared, its order
+# kept): the whole-run tests spend much of their time waiting on process start-ups, so a second worker fills the
+# cores. SLIME_TEST_WORKERS=0 runs everything in this process.
+WORKERS="${SLIME_TEST_WORKERS:-2}"
+if [ "$WORKERS" = "0" ]; then
+  exec "$VENV/bin/python" -m pytest -q "$@"
+fi
+exec "$VENV/bin/python" -m pytest -q -n "$WORKERS" --dist loadfile "$@"

@@ -14,6 +14,29 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 NPU_SIM_DIR = os.path.join(TESTS_DIR, "npu_sim")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# Parallel workers (pytest-xdist, scripts/test.sh): each keeps its Ray clusters under a temp dir of its own. A
+# bare ray.init() joins the cluster recorded in Ray's temp dir (one started by `ray start` or cluster_utils), so
+# without this one worker's run could join a cluster that a test on the other worker started.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    import tempfile
+
+    _RAY_TMP = os.path.join(tempfile.gettempdir(), f"slime-tests-{os.getuid()}-{os.environ['PYTEST_XDIST_WORKER']}")
+    os.makedirs(_RAY_TMP, exist_ok=True)
+    os.environ.setdefault("RAY_TMPDIR", _RAY_TMP)
+
+# The files of whole runs (Ray, several processes, minutes on 2 cores), longest first. scripts/test.sh hands whole
+# files to its workers in collection order, so these go first and the short files fill in around them: the
+# workers then finish together instead of one running a long file alone at the end. Order only; a file missing
+# from the list just runs in its alphabetical place.
+LONG_FILES = ("test_upstream_runs.py", "test_reliability.py", "test_train_async.py", "test_e2e.py", "test_signals.py",
+              "test_debug_modes.py", "test_engine_span.py", "test_deterministic_mode.py", "test_plugins.py",
+              "test_checkpoint_resharding.py", "test_accelerator.py", "test_rollout_manager.py", "test_embedded_engine.py",
+              "test_weight_sync.py", "test_pipeline_parallel.py", "test_ppo_run.py", "test_sft.py", "test_driver_loop.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))  # stable: each file's order is kept
 if TESTS_DIR not in sys.path:
     sys.path.insert(0, TESTS_DIR)
 
