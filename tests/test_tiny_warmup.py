@@ -72,3 +72,19 @@ def test_task_spec_parses_lengths_and_noise():
 
     assert parse_tasks("reverse, copy:1-2@0.5,copy:4") == [("reverse", 3, 5, 0.0), ("copy", 1, 2, 0.5),
                                                            ("copy", 4, 4, 0.0)]
+
+
+@pytest.mark.parametrize("response, status, expected", [
+    ("c a d <eos>", "COMPLETED", 1.0),  # the engine's text of an exact answer that stopped: full credit
+    ("c a d", "TRUNCATED", 0.9),  # the same symbols at the length limit: no stop credit
+    ("c a d b <eos>", "COMPLETED", 0.9),  # one symbol too many
+    ("c a <eos>", "COMPLETED", 0.2 * 2 / 3 + 0.7 * 2 / 3),  # stopped early: the EOS is not a symbol
+])
+def test_synthetic_reward_reads_the_eos_of_a_stopped_response_as_the_stop(response, status, expected):
+    """The rollout's response text keeps special tokens (no --rollout-skip-special-tokens), so the quick start's
+    answers that stop end with `<eos>`; scored as a symbol, it would make the stop credit unreachable."""
+    from slime.rollout.sample import Sample, SampleStatus
+    from slime.rollout.synthetic import synthetic_reward
+
+    s = Sample(group_index=0, index=0, prompt="p", label="c a d", response=response, status=SampleStatus[status])
+    assert synthetic_reward(None, s) == pytest.approx(expected)

@@ -72,12 +72,23 @@ def score(response: str, label: str) -> float:
     return W_ALPHABET * alphabet + W_POSITION * position + W_STOP * stop
 
 
+EOS_TEXT = "<eos>"  # the tiny tokenizer's EOS (slime.utils.tiny_tokenizer)
+
+
 def synthetic_reward(args: Any, sample: Any) -> float:
-    """`--rm-type synthetic`. A response that hit the length limit did not stop, so it gets no stop credit."""
+    """`--rm-type synthetic`. A response that hit the length limit did not stop, so it gets no stop credit.
+    The response text keeps special tokens unless --rollout-skip-special-tokens, so a response that stopped
+    ends with the EOS token's text: it is the stop, not a symbol, and is dropped before scoring (counted as
+    a symbol, it made an answer that stopped right one symbol too long: no stop credit was ever earned)."""
     from slime.rollout.sample import SampleStatus
 
-    r = score(sample.response, sample.label)
-    if sample.status == SampleStatus.TRUNCATED and len(sample.response.split()) == len(str(sample.label).split()):
+    response = sample.response
+    if sample.status == SampleStatus.COMPLETED:
+        words = response.split()
+        if words and words[-1] == EOS_TEXT:
+            response = " ".join(words[:-1])
+    r = score(response, sample.label)
+    if sample.status == SampleStatus.TRUNCATED and len(response.split()) == len(str(sample.label).split()):
         r -= W_STOP
     return r
 
