@@ -115,6 +115,8 @@ def apply_rotary(
         x1, x2 = xr[..., : rd // 2], xr[..., rd // 2 :]
     o1, o2 = x1 * c - x2 * s, x2 * c + x1 * s
     rotated = torch.stack((o1, o2), dim=-1).flatten(-2) if interleaved else torch.cat((o1, o2), dim=-1)
+    if rd == x.shape[-1]:  # nothing passes through (MLA's rope slice): no copy into a concatenation
+        return rotated.to(x.dtype)
     return torch.cat((rotated.to(x.dtype), x[..., rd:]), dim=-1)
 
 
