@@ -321,7 +321,7 @@ class WeightSetWriter:
         self.targets: list[int] = []
         self.epoch: Any = None
         self.names: list[str] = []
-        self._run: list | None = None  # [first source, first target, count]: tensors to copy as one (see flush)
+        self._run: list | None = None  # (source, target) pairs to copy together (see flush)
 
     def begin(self, state: dict[str, Any]) -> None:
         """Start an update from the engine's state: its epoch and, per tensor, the set to write."""
@@ -347,34 +347,46 @@ class WeightSetWriter:
                              f"holds {str(dst.dtype).removeprefix('torch.')} {list(dst.shape)}")
         t = t.detach()
         run = self._run
-        if run is not None and _continues(run[0], t, run[2]) and _continues(run[1], dst, run[2]):
-            run[2] += 1
-        else:
+        if not (run and _same_offset_map(run[0], t, dst)):
             self.flush()
-            self._run = [t, dst, 1]
+            run = self._run = []
+        run.append((t, dst))
         self.names.append(name)
 
     def flush(self) -> None:
-        """Copy the pending run: consecutive tensors that are one tensor together on both sides (an expert's
-        gate and up views, one [H, 2I] block of megatron's weight and of the engine's storage) in one copy."""
-        if self._run is not None:
-            (src, dst, n), self._run = self._run, None
-            _joined(dst, n).copy_(_joined(src, n))
+        """Copy the pending run: consecutive tensors whose places in the set are their places in one source
+        storage shifted by one offset (with the same strides). When they fill a dense range of it (a layer's
+        experts: megatron's [E, H, 2I] weight and the engine's storage of the same layout), the range is
+        copied as one contiguous block; else tensor by tensor."""
+        run, self._run = self._run, None
+        if not run:
+            return
+        if len(run) > 1:
+            lo = min(t.storage_offset() for t, _ in run)
+            hi = max(t.storage_offset() + _span(t) for t, _ in run)
+            if hi - lo == sum(t.numel() for t, _ in run):
+                src, dst = run[0]
+                shift = dst.storage_offset() - src.storage_offset()
+                dst.as_strided((hi - lo,), (1,), lo + shift).copy_(src.as_strided((hi - lo,), (1,), lo))
+                return
+        for src, dst in run:
+            dst.copy_(src)
 
     def written(self) -> list[tuple[str, torch.Tensor]]:
         self.flush()
         return [(n, self.view(n)) for n in self.names]
 
 
-def _continues(first: torch.Tensor, t: torch.Tensor, n: int) -> bool:
-    """Whether `t` is the (n+1)-th of tensors that continue `first` along its dim 0 in the same storage."""
-    return (first.dim() >= 1 and t.dtype == first.dtype and t.shape == first.shape and t.stride() == first.stride()
-            and t.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
-            and t.storage_offset() == first.storage_offset() + n * first.shape[0] * first.stride(0))
+def _span(t: torch.Tensor) -> int:
+    """Elements from a view's first to one past its last, in its storage."""
+    return 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) if t.numel() else 0
 
 
-def _joined(first: torch.Tensor, n: int) -> torch.Tensor:
-    """The n tensors that continue `first` along dim 0, as one view (exactly their elements)."""
-    if n == 1:
-        return first
-    return first.as_strided((n * first.shape[0], *first.shape[1:]), first.stride(), first.storage_offset())
+def _same_offset_map(first: tuple[torch.Tensor, torch.Tensor], t: torch.Tensor, dst: torch.Tensor) -> bool:
+    """Whether (t -> dst) maps storage positions as (first source -> first target) does: same storages,
+    strides and offset shift."""
+    src0, dst0 = first
+    return (t.dtype == src0.dtype and t.stride() == dst.stride() and src0.stride() == dst0.stride()
+            and t.untyped_storage().data_ptr() == src0.untyped_storage().data_ptr()
+            and dst.untyped_storage().data_ptr() == dst0.untyped_storage().data_ptr()
+            and dst.storage_offset() - t.storage_offset() == dst0.storage_offset() - src0.storage_offset())
