@@ -22,12 +22,12 @@ credit at three levels, each reachable from the previous one:
 The maximum, 1.0, is an exact answer followed by EOS; a random model scores ~0.002. Keep
 responses short (--rollout-max-response-len 8): more tokens add noise, not signal.
 
-What the quick start (60 rollouts of 8 prompts x 8 samples, Adam lr 5e-3) actually learns is level 1
-and none of level 2: the mean reward plateaus at ~0.35, which is the score of a prompt-independent answer
-of one repeated letter (0.2 + 0.7 / 5 = 0.34), and no response stops. The first letter the policy finds
-takes the probability mass before the prompt-conditional path carries any signal; once the samples of a
-group agree, GRPO's advantages are zero and nothing more is learned. docs/training.md ("What the quick
-start learns") has the measurements.
+From a random-init checkpoint the quick start (60 rollouts of 8 prompts x 8 samples) learns level 1 and
+none of level 2: the mean reward plateaus at ~0.35, the score of a prompt-independent answer of one
+repeated letter (0.2 + 0.7 / 5 = 0.34). The first letter the policy finds takes the probability mass
+before the prompt-conditional path carries any signal. The quick start's checkpoint is therefore warmed
+up (slime_plugins/models/common/warmup.py) so that RL starts from a prior; docs/training.md ("What the
+quick start learns") has the measurements of both.
 """
 
 from __future__ import annotations

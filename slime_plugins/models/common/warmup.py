@@ -77,7 +77,7 @@ def _batch(tokenizer: Any, rng: random.Random, task: tuple[str, int, int, float]
     return torch.tensor(seqs), torch.tensor(masks, dtype=torch.bool)
 
 
-def warmup(model: Any, tokenizer: Any, steps: int, seed: int = 0, tasks: str = DEFAULT_TASKS, lr: float = 3e-3,
+def warmup(model: Any, tokenizer: Any, steps: int, seed: int = 0, tasks: str = DEFAULT_TASKS, lr: float = 1e-3,
            batch_size: int = 32) -> list[float]:
     """Train `model` in place for `steps` Adam steps; returns the loss of each step."""
     import torch
