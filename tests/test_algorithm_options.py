@@ -133,7 +133,7 @@ def test_train_env_vars_reach_the_trainer_ranks(monkeypatch):
         @classmethod
         def remote(cls, *a):
             return SimpleNamespace(get_master_addr_port=SimpleNamespace(remote=lambda: ("h", 1)),
-                                   __ray_call__=SimpleNamespace(remote=lambda fn: 7))
+                                   __ray_call__=SimpleNamespace(remote=lambda fn: (7, True)))  # (pid, host memory)
 
     monkeypatch.setattr(ray, "get", lambda x: x)
     args = build_parser().parse_args(["--train-env-vars", '{"PYTORCH_ALLOC_CONF": "expandable_segments:True", "N": 3}'])
