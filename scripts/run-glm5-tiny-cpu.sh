@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Quick start: GRPO on a tiny GLM-5 (glm_moe_dsa: MLA + DSA + MoE) that learns to copy a short string.
 # The checkpoint is random init plus a short supervised warm-up (a few seconds on CPU) that leaves it
-# partly competent, the prior RL post-training starts from; GRPO takes it the rest of the way
+# partly competent, the prior RL post-training starts from; GRPO trains on from there
 # (docs/training.md, "What the quick start learns"). Trainer (Megatron) and rollout engine are colocated
 # under Ray; weights go to the engine through IPC after every step. On a CPU machine (~2 cores, a few minutes): the embedded engine and
 # shared-memory IPC. The same script, unchanged, runs on a GPU or NPU machine: the accelerator is
