@@ -6,7 +6,8 @@
 # under Ray; weights go to the engine through IPC after every step. On a CPU machine (~2 cores, a few
 # minutes): the embedded engine and shared-memory IPC. The same script, unchanged, runs on a GPU or NPU
 # machine: the accelerator is detected (SLIME_ACCELERATOR overrides), the engine is SGLang where
-# installed, and the weight-sync transport is the device's (IPC, or a collective broadcast where the device has no IPC).
+# installed, and the weight-sync transport is the device's (IPC, or a collective broadcast where the
+# device has no IPC).
 #
 # Environment knobs: RUN_DIR (outputs, default outputs/glm5-tiny), NUM_ROLLOUT (default 60), WARMUP_STEPS
 # (supervised steps of the checkpoint, default 150; 0 is the random-init model, which plateaus at ~0.35).
