@@ -13,4 +13,6 @@ WORKERS="${SLIME_TEST_WORKERS:-2}"
 if [ "$WORKERS" = "0" ]; then
   exec "$VENV/bin/python" -m pytest -q "$@"
 fi
-exec "$VENV/bin/python" -m pytest -q -n "$WORKERS" --dist loadfile "$@"
+# --no-loadscope-reorder: files in collection order (tests/conftest.py puts the whole-run files first), not
+# xdist's default of most tests first, which leaves the whole runs, few tests each, for the end.
+exec "$VENV/bin/python" -m pytest -q -n "$WORKERS" --dist loadfile --no-loadscope-reorder "$@"
