@@ -88,6 +88,10 @@ _FAKE_SERVER = textwrap.dedent("""
     if sys.argv[2] == "crash":
         print("fatal: out of memory", flush=True)
         sys.exit(3)
+    if sys.argv[2] == "rendezvous-taken" and sys.argv[1] == sys.argv[3]:  # torch's TCPStore, as it words it
+        print("torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
+              "address. port: 41999, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")
+        sys.exit(1)
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
             self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers(); self.wfile.write(b"{}")
@@ -167,8 +171,10 @@ def test_server_dies_with_its_starter(tmp_path):
     assert _state(server_pid) in ("Z", "X", "gone")
 
 
-def test_engine_actor_moves_to_another_port_when_its_port_is_taken(tmp_path):
-    """The port was free when picked, but another process bound it first: the actor retries elsewhere."""
+@pytest.mark.parametrize("taken_by", ["http", "rendezvous"])
+def test_engine_actor_moves_to_another_port_when_its_port_is_taken(tmp_path, taken_by):
+    """The port was free when picked, but another process bound it first: the actor retries elsewhere (the
+    HTTP port; or the rendezvous port of an engine over several processes, which torch reports in lower case)."""
     import socket
 
     from slime.ray.engine_actor import EngineSpec, RolloutEngineActor
@@ -180,7 +186,9 @@ def test_engine_actor_moves_to_another_port_when_its_port_is_taken(tmp_path):
 
     class FakeEngineActor(RolloutEngineActor):
         def _build(self, port):  # the stand-in server fails with EADDRINUSE like any server would
-            return ServerProcess(f"rollout engine {self.spec.index}", [sys.executable, "-c", _FAKE_SERVER, str(port), "ok"],
+            mode = "ok" if taken_by == "http" else "rendezvous-taken"
+            return ServerProcess(f"rollout engine {self.spec.index}",
+                                 [sys.executable, "-c", _FAKE_SERVER, str(port), mode, str(taken)],
                                  dict(os.environ), str(tmp_path / "engine-0.log"), f"http://127.0.0.1:{port}")
 
     actor = FakeEngineActor(EngineSpec(index=0, kind="embedded", model_path="/m", token="t", log_dir=str(tmp_path),
@@ -189,7 +197,7 @@ def test_engine_actor_moves_to_another_port_when_its_port_is_taken(tmp_path):
     try:
         url = actor.start()
         assert actor.port != taken and url.endswith(f":{actor.port}") and actor.status()["running"]
-        assert actor.status()["starts"] == 2 and "Address already in use" in open(tmp_path / "engine-0.log").read()
+        assert actor.status()["starts"] == 2 and "address already in use" in open(tmp_path / "engine-0.log").read().lower()
     finally:
         actor.stop()
         blocker.close()

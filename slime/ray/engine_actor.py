@@ -94,7 +94,9 @@ class RolloutEngineActor:
                 self.server.wait_healthy(self.spec.startup_timeout, self.spec.token)
                 return self.server.url
             except EngineStartError as e:
-                if "Address already in use" not in str(e) or attempt == attempts - 1:
+                # a port found free was taken before the engine bound it (its HTTP port, or the rendezvous port
+                # of an engine over several processes: torch's "EADDRINUSE ... address already in use")
+                if "address already in use" not in str(e).lower() or attempt == attempts - 1:
                     raise
                 self._move_to_free_port()
         raise AssertionError("unreachable")
