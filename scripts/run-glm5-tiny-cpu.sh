@@ -10,7 +10,7 @@
 # device has no IPC).
 #
 # Environment knobs: RUN_DIR (outputs, default outputs/glm5-tiny), NUM_ROLLOUT (default 60), WARMUP_STEPS
-# (supervised steps of the checkpoint, default 150; 0 is the random-init model, which plateaus at ~0.35).
+# (supervised steps of the checkpoint, default 400; 0 is the random-init model, which plateaus at ~0.35).
 # Extra arguments are passed to train.py (e.g. --num-rollout 10; --eval-interval 2 evaluates greedily on 32
 # prompts of another seed before training and every 2 rollouts: eval records in metrics.jsonl and report.png).
 # Re-running resumes from RUN_DIR/ckpt (train.py says so); re-run before the first checkpoint (rollout 19),
@@ -26,7 +26,7 @@ export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
 
 RUN_DIR="${RUN_DIR:-$ROOT/outputs/glm5-tiny}"
 NUM_ROLLOUT="${NUM_ROLLOUT:-60}"
-WARMUP_STEPS="${WARMUP_STEPS:-150}"
+WARMUP_STEPS="${WARMUP_STEPS:-400}"
 ACCELERATOR="$("$PY" -m slime.accelerator --name)"
 echo "accelerator: $ACCELERATOR   run dir: $RUN_DIR"
 mkdir -p "$RUN_DIR"
@@ -49,7 +49,7 @@ mkdir -p "$RUN_DIR"
   --rollout-max-response-len 8 --rollout-temperature 1.0 \
   --global-batch-size 64 --use-dynamic-batch-size --max-tokens-per-gpu 4096 \
   --advantage-estimator grpo --eps-clip 0.2 --eps-clip-high 0.28 \
-  --lr 2e-3 --weight-decay 0.0 --clip-grad 1.0 --adam-beta1 0.9 --adam-beta2 0.98 --seed 1234 \
+  --lr 4e-4 --weight-decay 0.0 --clip-grad 1.0 --adam-beta1 0.9 --adam-beta2 0.98 --seed 1234 \
   --update-weight-mode auto --update-weight-buffer-size $((64 * 1024 * 1024)) \
   --save "$RUN_DIR/ckpt" --load "$RUN_DIR/ckpt" --save-interval 20 \
   --output-dir "$RUN_DIR/run" --num-cpus "$(nproc)" \
