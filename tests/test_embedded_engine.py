@@ -605,6 +605,7 @@ def test_weight_sync_group_leaves_the_default_group_alone(tmp_path):
         t = torch.arange(5.0) if rank == 0 else torch.full((5,), float("nan"))
         broadcast(t, 0, pg)
         assert t.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0], t
+        dist.barrier(group=pg)  # both sides done with the group's traffic before either tears it down
         destroy_custom_process_group(pg)
         if rank == 0:
             x = torch.ones(3)
