@@ -140,6 +140,13 @@ class RolloutEngineActor:
     def url(self) -> str:
         return self.server.url
 
+    def memory_is_host(self) -> bool:
+        """Whether this engine's device memory is the host's (asked here, where the engine's devices are
+        visible): then releasing and resuming it between rollouts hands no device memory to the trainer."""
+        from slime.accelerator import get_accelerator
+
+        return bool(get_accelerator().memory_is_host())
+
     def status(self) -> dict[str, Any]:
         return {"running": self.server.running(), "exit_code": self.server.exit_code(), "pid": self.server.pid,
                 "starts": self.server.starts, "url": self.server.url, "log": self.server.log_path}

@@ -50,6 +50,8 @@ def resolve_engine_kind(args: Any) -> str:
 
 
 class RolloutManager(EngineFleet):
+    memory_is_host = False  # set at start-up from the engines' answer (see __init__)
+
     def __init__(self, args: Any, slots: Any = None) -> None:
         from transformers import AutoTokenizer
 
@@ -85,6 +87,11 @@ class RolloutManager(EngineFleet):
         self.actors = [self._create_actor(i, slots) for i in range(self.n)]
         self.urls = self._ray().get([a.start.remote() for a in self.actors])
         self.clients = [EngineClient(u, self._token) for u in self.urls]
+        # Whether the engines' memory is the host's (asked once, inside their actors): then offload()/onload()
+        # release nothing the trainer could use (as the trainer ranks' own offload there, RayTrainGroup) and
+        # skip their calls, two HTTP round trips per engine per iteration with --offload-rollout.
+        self.memory_is_host = bool(self.actors) and all(
+            self._ray().get([a.memory_is_host.remote() for a in self.actors]))
         self.router = Router(self.n) if self.n else None  # in-flight accounting per engine; see _start_router
         self.sglang_router, self._router_client = (self._start_router() if self.n else None), None
         if self.sglang_router is not None:
@@ -422,7 +429,7 @@ class RolloutManager(EngineFleet):
         answered it is running: its process status is not asked again)."""
         answered: set[int] = set()
         extra: dict[str, float] = {}
-        if onload:
+        if onload and not self.memory_is_host:
             t0 = time.perf_counter()
             answered = self._each_reachable(lambda c: c.resume_memory_occupation())
             extra["time/rollout_onload"] = time.perf_counter() - t0
@@ -479,12 +486,15 @@ class RolloutManager(EngineFleet):
 
     # An engine that died while offloaded is skipped here: the weight sync that follows restarts it (within
     # --rollout-engine-max-restarts), and a restarted engine holds its memory already.
+    # On host memory (memory_is_host) both are no-ops: the engines keep their weights between rollouts.
     def offload(self) -> None:
         self._health_pause()
-        self._each_reachable(lambda c: c.release_memory_occupation())
+        if not self.memory_is_host:
+            self._each_reachable(lambda c: c.release_memory_occupation())
 
     def onload(self) -> None:
-        self._each_reachable(lambda c: c.resume_memory_occupation())
+        if not self.memory_is_host:
+            self._each_reachable(lambda c: c.resume_memory_occupation())
 
     def state(self) -> dict[str, Any] | None:
         return None if self.data_source is None else self.data_source.state_dict()
