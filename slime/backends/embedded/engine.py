@@ -1,7 +1,8 @@
 """The embedded rollout engine: a transformers causal LM with batched, KV-cached generation.
 
 Scheduling: requests that are waiting when the scheduler is free (plus those arriving in the same
-burst: until `batch_wait_s` passes without a new one, at most `max_batch_wait_s`) form a wave of
+burst: until `batch_wait_s` passes without a new one, at most `max_batch_wait_s`; not waited for when
+the newest arrivals are one batched request, its caller's whole batch) form a wave of
 up to `max_running_requests` rows. A wave is left-padded (padding masked, position ids counted
 from each row's first real token), prefilled, then decoded one token per step for all rows;
 finished rows are dropped from the batch and its KV cache. Requests arriving during a wave join it
@@ -154,6 +155,7 @@ class EmbeddedEngine(WeightControl):
         self._model_lock = threading.RLock()  # held per forward step and per weight change
         self._cond = threading.Condition()
         self._queue: deque[Request] = deque()
+        self._whole_batch = False  # the newest arrivals were a caller's whole batch (submit_batch): no gather wait
         self._running: list[Request] = []
         self._paused = False
         self._abort_pending = False
@@ -248,16 +250,29 @@ class EmbeddedEngine(WeightControl):
         return req
 
     def submit(self, req: Request) -> Request:
-        if req.params.max_new_tokens == 0:
-            self._finish(req, {"type": "length", "length": 0})
-            return req
+        self.submit_batch([req], whole=False)
+        return req
+
+    def submit_batch(self, reqs: list[Request], whole: bool = True) -> list[Request]:
+        """Queue `reqs` together. whole: they are everything their caller sends now (one batched /generate),
+        so the scheduler starts a wave on them without waiting `batch_wait_s` for more arrivals; a request
+        queued after them (a concurrent client) makes it gather again."""
+        queued = []
+        for req in reqs:
+            if req.params.max_new_tokens == 0:
+                self._finish(req, {"type": "length", "length": 0})
+            else:
+                queued.append(req)
         with self._cond:
             if self._stopped:
-                self._finish(req, {"type": "abort", "message": "engine is shutting down"})
-                return req
-            self._queue.append(req)
-            self._cond.notify_all()
-        return req
+                for req in queued:
+                    self._finish(req, {"type": "abort", "message": "engine is shutting down"})
+                return reqs
+            if queued:
+                self._queue.extend(queued)
+                self._whole_batch = whole
+                self._cond.notify_all()
+        return reqs
 
     def generate(self, input_ids: list[int], sampling_params: dict | None = None, return_logprob: bool = False) -> Request:
         """Blocking convenience call (tests, benchmarks)."""
@@ -311,7 +326,7 @@ class EmbeddedEngine(WeightControl):
                 # Gather: keep waiting while requests keep arriving (a burst of concurrent clients
                 # lands over a few ms), so they share one wave instead of splitting into several.
                 deadline = time.perf_counter() + self.cfg.max_batch_wait_s
-                while (len(self._queue) < self._wave_rows and self.cfg.batch_wait_s > 0
+                while (len(self._queue) < self._wave_rows and self.cfg.batch_wait_s > 0 and not self._whole_batch
                        and time.perf_counter() < deadline):
                     before = len(self._queue)
                     self._cond.wait(self.cfg.batch_wait_s)

@@ -191,8 +191,7 @@ def _generate(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
     routed, starts = per_item("return_routed_experts", False), per_item("routed_experts_start_len", 0)
     reqs = [engine.make_request(items[i] if input_ids is not None else None, params[i], logprob[i], rids[i],
                                 items[i] if input_ids is None else None, routed[i], starts[i]) for i in range(n)]
-    for r in reqs:  # all validated before any is queued
-        engine.submit(r)
+    engine.submit_batch(reqs)  # all validated before any is queued; queued at once (one wave, no gather wait)
     for r in reqs:
         r.done.wait()
     return 200, [engine.response(r) for r in reqs]
