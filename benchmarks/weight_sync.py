@@ -226,6 +226,7 @@ def all_checksums(named: list[tuple[str, torch.Tensor]]) -> dict[str, list[int]]
 # ---------------------------------------------------------------- component timers
 OVERLAPS = " (in a thread, overlaps the others)"
 NESTED = " (inside another component)"
+SPANS = " (a span that holds other components)"  # shown, but not subtracted for "other": its parts are
 
 
 class Components:
@@ -271,6 +272,8 @@ class Components:
         self.wrap(ws, "post", lambda engine, path, *a, **k: where("HTTP " + path)())
         self.wrap(ipc, "serialize_named_tensors", where("handles (pickle)"))
         self.wrap(distributed, "broadcast", "broadcast (sender side)")
+        self.wrap(shared_buckets, "pack_into", "packing into the send buffer (distributed)")
+        self.wrap(ws, "_finish_distributed", "wait for the bucket on the wire (broadcast, engine's receive and copy)")
         self.wrap(weight_checksum, "named_checksums", where("checksums (trainer side)"))
 
     def uninstall(self) -> None:
@@ -335,7 +338,8 @@ def time_sync(ws, named: list[tuple[str, torch.Tensor]], bucket_bytes: int, copy
             components.add("total", dt)
         if last:
             # after the export, waiting for the engines' last answers (the posts themselves overlap it)
-            components.add("wait for the engines (WeightSync's split)", ws.last_split["time/weight_sync_wait"])
+            components.add("after the export: last flush, waits, commit (WeightSync's split)" + SPANS,
+                           ws.last_split["time/weight_sync_wait"])
         if not ws.check:
             ws.verify(all_checksums(named))
     if cpu is not None:
@@ -457,7 +461,8 @@ def _split_table(split: dict[str, Components], modes: list[str]) -> str:
         for m in modes:
             sec = split[m].seconds
             total = sec.get("total", 0.0)
-            v = (total - sum(v for kk, v in sec.items() if kk != "total" and not kk.endswith((OVERLAPS, NESTED)))
+            v = (total - sum(v for kk, v in sec.items()
+                             if kk != "total" and not kk.endswith((OVERLAPS, NESTED, SPANS)))
                  if k.startswith("other") else sec.get(k, 0.0))
             cells.append(f"{v:.3f} ({100 * v / total:.0f}%)" if total else "-")
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
