@@ -11,6 +11,7 @@ state (--no-load-optim) must not give the same moments."""
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 
@@ -153,6 +154,33 @@ def compare(name, got, want) -> None:
     assert err <= REL, f"{name}: after the step, the checkpoint's {worst} differs (max rel {err:.3g} > {REL})"
 
 
+class _Warnings(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _watch_validation() -> _Warnings:
+    """The warnings of dist_checkpointing's save-time validation, from now on in this process."""
+    warnings = _Warnings()
+    validation = logging.getLogger("megatron.core.dist_checkpointing.validation")
+    validation.addHandler(warnings)
+    validation.setLevel(logging.WARNING)
+    return warnings
+
+
+def _assert_common_state_equal(warnings: _Warnings, name: str) -> None:
+    """dist_checkpointing's save compares every rank's common (non-tensor) state with rank 0's and logs a
+    warning on the ranks that differ; none may have differed (checked on both ranks)."""
+    differs = [None] * dist.get_world_size()
+    dist.all_gather_object(differs, [m for m in warnings.messages if "common state dict differs" in m])
+    differs = [m for ms in differs for m in ms]
+    assert not differs, f"{name}: the ranks' common checkpoint state differs: {differs[0]}"
+
+
 def run(rank: int, port: int, ckpt: str, data: str, out: str, pairs=PAIRS, extra=()) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
     torch.set_num_threads(1)
@@ -160,10 +188,13 @@ def run(rank: int, port: int, ckpt: str, data: str, out: str, pairs=PAIRS, extra
     from slime.utils.tiny_tokenizer import build_tokenizer
 
     tok = build_tokenizer(512)
+    warnings = _watch_validation()
     for source_layout, target_layout in pairs:
         save = os.path.join(out, f"{source_layout}_to_{target_layout}")
         want = continuous(ckpt, data, tok, source_layout, save, *extra)
+        _assert_common_state_equal(warnings, source_layout)
         compare(f"{source_layout} -> {target_layout}", resumed(ckpt, data, tok, target_layout, save, *extra), want)
+        _assert_common_state_equal(warnings, target_layout)
         if source_layout == "dp2" and not extra:  # the state check can fail: without the loaded moments they differ
             _, t = resumed(ckpt, data, tok, target_layout, save, "--no-load-optim")
             moments = [k for k in t if k.startswith("optimizer.state.exp_avg.")]
@@ -198,7 +229,8 @@ def _plain(path: str) -> dict[str, torch.Tensor]:
 def run_chain(rank: int, port: int, ckpt: str, out: str) -> None:
     """One Adam step at DP2, saved; then each layout of CHAIN loads the previous layout's checkpoint and
     saves it again. Every checkpoint's tensors (weights, Adam moments) must be bit-identical to the first:
-    a load at any layout followed by a save writes back exactly what was read."""
+    a load at any layout followed by a save writes back exactly what was read. Every save must find the
+    same common (non-tensor) state on both ranks."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -208,6 +240,7 @@ def run_chain(rank: int, port: int, ckpt: str, out: str) -> None:
     ids = torch.randint(3, 512, (2, 12), generator=g)
     pos = torch.arange(12).expand(2, 12).contiguous()
     first = None
+    warnings = _watch_validation()
     for i, (tp, ep, pp, distributed) in enumerate(CHAIN):
         layout = {"world_size": 2, "tp": tp, "ep": ep, "pp": pp}
         model = load_hf_model(ckpt, tp=tp, ep=ep, pp=pp)
@@ -221,12 +254,13 @@ def run_chain(rank: int, port: int, ckpt: str, out: str) -> None:
             resumed = checkpoint.load(os.path.join(out, f"chain{i - 1}"), ddp, opt, rank, layout)
             assert resumed.start_rollout_id == i and "optimizer" in resumed.restored
         checkpoint.save(os.path.join(out, f"chain{i}"), i, ddp, opt, rank, layout, {})
+        name = f"tp{tp} ep{ep} pp{pp}{' dist-opt' if distributed else ''}"
+        _assert_common_state_equal(warnings, name)
         tensors = _plain(checkpoint.iter_dir(os.path.join(out, f"chain{i}"), i))
         if first is None:
             first = tensors
             assert any(k.startswith("optimizer.state.exp_avg.") and v.abs().sum() > 0 for k, v in first.items())
             continue
-        name = f"tp{tp} ep{ep} pp{pp}{' dist-opt' if distributed else ''}"
         missing = sorted(set(first) - set(tensors))
         assert not missing, f"{name}: checkpoint lacks {missing[:3]}"
         changed = [k for k in first if not torch.equal(first[k], tensors[k])]

@@ -5,7 +5,8 @@ PP1 x TP2: the resumed rollout's rewards,
 per-token old / reference log-probs (abs 1e-5), train metrics (loss, pg_loss, KL, entropy, grad norm; rel
 1e-5) and the checkpoint written after its step (weights and Adam moments, rel 1e-5) equal those of the run
 that continued without stopping. A resume with --no-load-optim must miss those moments (the check can fail).
-See tests/checkpoint_reshard_worker.py."""
+Every save must find the same common (non-tensor) state on both ranks (dist_checkpointing's check logs
+'common state dict differs' otherwise). See tests/checkpoint_reshard_worker.py."""
 
 from __future__ import annotations
 

@@ -269,6 +269,8 @@ def save(root: str, rollout_id: int, model, optimizer, rank: int, layout: dict[s
     state, _ = _sharded_state(model, optimizer, is_loading=False, with_optimizer=True,
                               stacked=K.stacked_layers(arch))
     K.translate(state, arch, loading=False, vocab_divisible_by=vocab_divisible_by)
+    if not state.get("optimizer"):  # a rank that writes none of its tensors (the distributed optimizer's state is
+        state.pop("optimizer", None)  # gathered on DP rank 0): an empty dict would be common state only here
     state["rng_state"] = _rng_object(rng_state(), int(layout["world_size"]), _rank())
     state.update(iteration=max(rollout_id, 0), checkpoint_version=CHECKPOINT_VERSION,
                  args=K.megatron_args(arch, layout, vocab_divisible_by),

@@ -166,13 +166,22 @@ def _set(root, path, value) -> None:
 
 
 def _pop(root, path) -> None:
-    node = root
+    """Remove the entry at `path`, and the dicts below the top level that this leaves empty (e.g. a parameter's
+    optimizer state once its param / exp_avg / exp_avg_sq have moved): an empty container left in a sharded
+    state dict is a non-tensor value, kept in the checkpoint's common state and compared across ranks by
+    dist_checkpointing, and only the ranks that write the moved tensors would hold it."""
+    nodes = [root]
     for k in path[:-1]:
-        node = node[k]
-    if isinstance(node, dict):
-        del node[path[-1]]
-    else:
-        node[path[-1]] = None  # keep list positions
+        nodes.append(nodes[-1][k])
+    if not isinstance(nodes[-1], dict):
+        nodes[-1][path[-1]] = None  # keep list positions
+        return
+    del nodes[-1][path[-1]]
+    for depth in range(len(path) - 1, 1, -1):  # state["model"] / state["optimizer"] themselves stay
+        parent, node = nodes[depth - 1], nodes[depth]
+        if node or not isinstance(parent, dict):
+            break
+        del parent[path[depth - 1]]
 
 
 def _reshaped(sh, key: str, data: torch.Tensor, axis_order: tuple[int, ...] | None = None, rows: int | None = None):
