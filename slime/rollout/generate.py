@@ -19,7 +19,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any
 
 from slime.rollout.data_source import make_samples
-from slime.rollout.rewards import RewardFn, compute_group_rewards, compute_reward
+from slime.rollout.rewards import RewardFn, compute_group_rewards, compute_reward, compute_rewards
 from slime.rollout.sample import Sample, SampleStatus
 from slime.rollout.sample_hooks import apply_in_place
 from slime.rollout.settings import request_concurrency  # --sglang-server-concurrency x engines, within --max-concurrency
@@ -368,6 +368,7 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
             raise RolloutError(f"engine {idx} answered {len(batch)} prompts with "
                                f"{len(outs) if isinstance(outs, list) else type(outs).__name__} results")
         again: list[Sample] = []
+        finished: list[Sample] = []
         for s, out in zip(batch, outs):
             finish = out["meta_info"]["finish_reason"]
             if finish["type"] == "abort":
@@ -381,10 +382,13 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
             fleet.note_version(idx, out["meta_info"].get("weight_version"))
             _finish_sample(s, out, idx, tokenizer, bool(args.rollout_skip_special_tokens), args if routed else None)
             apply_in_place(args, s, evaluation)
-            if reward_fn is not None and not args.group_rm:
-                s.reward = compute_reward(reward_fn, args, s)
-            counters.add(done=1)
-            done(1)
+            finished.append(s)
+        if reward_fn is not None and not args.group_rm and finished:  # the request's samples scored together
+            for s, reward in zip(finished, compute_rewards(reward_fn, args, finished)):
+                s.reward = reward
+        if finished:
+            counters.add(done=len(finished))
+            done(len(finished))
         if again:
             retry(again)
 

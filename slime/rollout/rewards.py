@@ -92,6 +92,20 @@ def compute_reward(fn: RewardFn, args: Any, sample: Any) -> Any:
     return check_reward(_run(fn(args, sample)), args, sample)
 
 
+def compute_rewards(fn: RewardFn, args: Any, samples: list) -> list:
+    """`compute_reward` of each sample, with the coroutines of an async reward function awaited together
+    in one event loop (one loop per call instead of one per sample: ~0.1 ms each, and concurrent awaits)."""
+    values = [fn(args, s) for s in samples]
+    pending = [i for i, v in enumerate(values) if inspect.isawaitable(v)]
+    if pending:
+        async def wait_all() -> list:
+            return await asyncio.gather(*(values[i] for i in pending))
+
+        for i, v in zip(pending, asyncio.run(wait_all())):
+            values[i] = v
+    return [check_reward(v, args, s) for v, s in zip(values, samples)]
+
+
 def compute_group_rewards(fn: RewardFn, args: Any, samples: list) -> list:
     """--group-rm: one call on a prompt's samples, which returns one reward per sample."""
     rewards = _run(rm_hub.batched_async_rm(args, samples) if fn is rm_hub.async_rm else fn(args, samples))
