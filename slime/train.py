@@ -174,6 +174,10 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
         logger.info("%s", ray.get(rollout.routing.remote()))
         # An engine restarted mid-rollout gets the trainer's current weights before it serves again.
         ray.get(rollout.set_weight_source.remote(actor.actors, bool(args.offload_train)))
+    # The engine check before each sync runs during training where it gives the engines no memory back (no
+    # --offload-rollout, or the engines' memory is the host's): its Ray round trips then cost no time. An
+    # engine that dies after it fails the sync, which checks again and syncs once more (_sync_weights).
+    early_check = engines and (not args.offload_rollout or ray.get(rollout.engines_memory_is_host.remote()))
     if args.load and engines:  # engines start from --hf-checkpoint; weights from --load (resume, --finetune, HF) may differ
         actor.update_weights(start_rollout_id, ray.get(rollout.engines.remote()))
 
@@ -200,6 +204,7 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
 
         reuse = reuses_train_log_probs(args, int(result["num_samples"]))
         metrics["train/reused_log_probs"] = float(reuse)
+        check = rollout.check_engines.remote() if early_check else None
         t_call = time.perf_counter()
         metrics.update(actor.train_rollout(rollout_id, result["data"], reuse))
         # log-probs + advantages + train, plus Ray and data transfer
@@ -211,7 +216,8 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
         # the engines get their memory back in the same call.
         t_call = time.perf_counter()
         if engines:
-            metrics.update(_sync_weights(actor, rollout, rollout_id + 1, metrics, onload=bool(args.offload_rollout)))
+            metrics.update(_sync_weights(actor, rollout, rollout_id + 1, metrics,
+                                         onload=bool(args.offload_rollout) and check is None, check=check))
         else:
             metrics["time/weight_sync"] = 0.0  # as train_async.py's records without a sync
         metrics["time/weight_sync_call"] = time.perf_counter() - t_call
@@ -229,14 +235,18 @@ def _run(args, handles: dict[str, Any], slots) -> list[dict[str, Any]]:
     return records
 
 
-def _sync_weights(actor, rollout, version: int, metrics: dict[str, Any], onload: bool = False) -> dict[str, Any]:
+def _sync_weights(actor, rollout, version: int, metrics: dict[str, Any], onload: bool = False,
+                  check=None) -> dict[str, Any]:
     """Push the trainer's weights to the engines. An engine that died since the rollout is restarted first; one
     that dies during the sync fails it: then it is restarted and the sync runs once more (all-or-nothing per
     engine, so a repeat is safe). Restart counts add to `metrics`. onload: the engines' memory comes back
-    first, in the same call as the check (--offload-rollout)."""
+    first, in the same call as the check (--offload-rollout). check: that check's reply, already asked for
+    (an object reference)."""
     import ray
 
-    health = ray.get(rollout.check_engines.remote(onload=True) if onload else rollout.check_engines.remote())
+    if check is None:
+        check = rollout.check_engines.remote(onload=True) if onload else rollout.check_engines.remote()
+    health = ray.get(check)
     for attempt in (0, 1):
         engines = health.pop("engines")
         for key, value in health.items():

@@ -422,6 +422,10 @@ class RolloutManager(EngineFleet):
         self._trainer = list(trainer_actors)
         self._offload_train = bool(offload_train)
 
+    def engines_memory_is_host(self) -> bool:
+        """Whether the engines' memory is the host's (then offload()/onload() do nothing)."""
+        return self.memory_is_host
+
     def check_engines(self, onload: bool = False) -> dict[str, Any]:
         """Between rollouts (before a weight sync): restart engines whose process died since; the sync that
         follows gives them the current weights. Returns {"engines": engines(), **restart metrics}.
