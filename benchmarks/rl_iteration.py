@@ -119,6 +119,17 @@ def phases(record: dict[str, float]) -> dict[str, float]:
     return out
 
 
+def _without_save(steady: list[dict[str, float]], overhead) -> list[str]:
+    """The steady iterations without a checkpoint save (the quick start saves at its last): their overhead
+    over their time, and per iteration. [] when every steady iteration saved."""
+    kept = [p for p in steady if not p["time/save"]]
+    if not kept or len(kept) == len(steady):
+        return []
+    share = 100 * sum(overhead(p) for p in kept) / sum(p["iteration"] for p in kept)
+    each = " / ".join(f"{100 * overhead(p) / p['iteration']:.1f}" for p in kept)
+    return [f"the {len(kept)} steady iterations without a save: overhead {share:.1f}% of their time (each: {each}%)"]
+
+
 def report(records: list[dict[str, float]]) -> str:
     """Per-phase table: first iteration, mean of the steady ones, and the fastest steady iteration (the one
     least disturbed by other load on the machine: its split is the closest to the intrinsic costs)."""
@@ -147,6 +158,7 @@ def report(records: list[dict[str, float]]) -> str:
               f"steady mean {overhead(avg):.3f} s = {100 * overhead(avg) / avg['iteration']:.1f}%, fastest iteration "
               f"{overhead(fastest):.3f} s = {100 * overhead(fastest) / fastest['iteration']:.1f}%, first iteration "
               f"{100 * overhead(first) / first['iteration']:.1f}% (goal <= 10%)",
+              *_without_save(steady, overhead),
               "with log-prob recomputation counted as overhead too: steady mean "
               f"{100 * (overhead(avg) + avg['time/log_probs']) / avg['iteration']:.1f}%, fastest "
               f"{100 * (overhead(fastest) + fastest['time/log_probs']) / fastest['iteration']:.1f}%"]
