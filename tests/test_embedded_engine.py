@@ -481,11 +481,14 @@ def test_weight_sync_distributed_flattened_buckets_are_bit_exact_reuse_one_buffe
         line = proc.stdout.readline().split()
         assert line[:1] == ["CHECKED"] and line[1] == line[2], (line, (tmp_path / "stderr").read_text()[-2000:])
         _assert_params_equal(server.engine, {n: p.detach() for n, p in _hf(ckpts["lite1"]).named_parameters()})
-        (buffer,) = server.engine._packed_buffers.values()
+        # numbered updates: two receive buffers per group (one receiving while the other is copied out)
+        buffers = {b.data_ptr() for b in server.engine._packed_buffers.values()}
+        assert 1 <= len(buffers) <= 2
         proc.stdin.write("\n")
         proc.stdin.flush()
         assert proc.stdout.readline().strip() == "SYNCED 6"
-        assert next(iter(server.engine._packed_buffers.values())).data_ptr() == buffer.data_ptr()  # reused
+        after = {b.data_ptr() for b in server.engine._packed_buffers.values()}
+        assert len(after) <= 2 and after & buffers  # kept (the one that held the largest bucket never grows)
         before = _params(server.engine)
         proc.stdin.write("\n")
         proc.stdin.flush()

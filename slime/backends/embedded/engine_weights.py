@@ -176,19 +176,29 @@ class WeightControl:
             rank=rank_offset, group_name=group_name, backend=backend)
 
     def update_from_distributed(self, names: Any, dtypes: Any, shapes: Any, group_name: str,
-                                weight_version: Any = None, load_format: Any = None) -> int:
+                                weight_version: Any = None, load_format: Any = None, sequence: Any = None) -> int:
         """Receive every tensor (broadcast from group rank 0), then apply all or nothing. Tensors are received
         even when the update will be rejected, so the sender never hangs.
 
         load_format None: one broadcast per tensor, in `names` order. "flattened_bucket" (SGLang's bucketed
         form): one broadcast of the tensors' bytes packed in `names` order without gaps (SGLang's
-        FlattenedTensorBucket layout), received into one buffer this engine keeps for the next update."""
+        FlattenedTensorBucket layout), received into one of two buffers this engine keeps per group.
+
+        `sequence` (slime's extension, `"distributed_sequence": true` in /get_model_info): the update's number
+        on its group, counted from 0 since the group was formed. A sender that numbers its updates may post
+        update n + 1 while update n still copies its weights: its receive waits for update n's (the group's
+        broadcasts stay in order), and it fills the other buffer, so it overlaps n's copy."""
         from slime.utils.distributed import broadcast
 
         if group_name not in self._groups:
             raise BadRequest(f"no weights update group {group_name!r}; call /init_weights_update_group first")
         flat = load_format == "flattened_bucket"
+        turn = None
         try:
+            if sequence is not None:
+                if not isinstance(sequence, int) or isinstance(sequence, bool) or sequence < 0:
+                    raise BadRequest(f"sequence must be a non-negative int, got {sequence!r}")
+                turn = self._receive_turn(group_name, sequence)
             if load_format not in (None, "direct", "auto", "flattened_bucket"):
                 raise BadRequest(f"update_weights_from_distributed: load_format {load_format!r} is not supported; "
                                  "use null or \"flattened_bucket\"")
@@ -201,14 +211,17 @@ class WeightControl:
                     raise ValueError("negative dimension")
             except (TypeError, ValueError) as e:
                 raise BadRequest(f"bad shapes/dtypes in update_weights_from_distributed: {e}") from e
+            if turn is not None:
+                turn.wait()  # the updates before this one on the group have received theirs
             if flat:
-                recv, sources = self._packed_receive(group_name, specs)
+                recv, sources = self._packed_receive(group_name, specs, 0 if sequence is None else sequence % 2)
             else:
                 sources = [torch.empty(shape, dtype=dt, device=self.device) for _, shape, dt in specs]
         except BadRequest as e:
             # The sender is about to broadcast tensors this engine cannot receive: leave the group, which
             # closes its connections, so the sender's pending broadcast fails now instead of at its timeout.
-            self.destroy_weights_update_group(group_name)
+            if group_name in self._groups:
+                self.destroy_weights_update_group(group_name)
             raise BadRequest(f"{e} (left weights update group {group_name!r})") from None
         error: BadRequest | None = None
         plan: list[PlannedCopy] = []
@@ -218,8 +231,12 @@ class WeightControl:
         except BadRequest as e:
             error = e
         group = self._groups[group_name]
-        for b in ([recv] if flat else sources):
-            broadcast(b, src=0, group=group)
+        try:
+            for b in ([recv] if flat else sources):
+                broadcast(b, src=0, group=group)
+        finally:
+            if turn is not None:
+                turn.done()  # the next update on the group may receive (into the other buffer)
         if error is not None:
             raise error
         if flat:
@@ -229,9 +246,20 @@ class WeightControl:
         self._commit(plan, weight_version)
         return len(plan)
 
-    def _packed_receive(self, group_name: str, specs: list[tuple[str, list[int], torch.dtype]]):
-        """The receive buffer for a flattened_bucket broadcast of `specs` (one per group, as pipeline stages send
-        concurrently over their own groups; kept and grown across updates) and,
+    def _receive_turn(self, group_name: str, sequence: int) -> "_ReceiveTurn":
+        """Update `sequence`'s turn to receive on the group (see update_from_distributed)."""
+        import threading
+
+        with self._cond:
+            order = self.__dict__.setdefault("_receive_order", {})
+            state = order.get(group_name)
+            if state is None or state[0] is not self._groups.get(group_name):
+                state = order[group_name] = [self._groups.get(group_name), 0, threading.Condition()]
+        return _ReceiveTurn(self, group_name, state, sequence)
+
+    def _packed_receive(self, group_name: str, specs: list[tuple[str, list[int], torch.dtype]], index: int = 0):
+        """Receive buffer `index` (of two) for a flattened_bucket broadcast of `specs` (per group, as pipeline
+        stages send concurrently over their own groups; kept and grown across updates) and,
         per tensor, a function giving it from the received bytes (a view; a copy where SGLang's gapless
         packing leaves it unaligned for its dtype)."""
         import math
@@ -242,9 +270,10 @@ class WeightControl:
             spans.append((off, off + n))
             off += n
         buffers = self.__dict__.setdefault("_packed_buffers", {})
-        buf = buffers.get(group_name)
+        key = group_name if index == 0 else (group_name, index)
+        buf = buffers.get(key)
         if buf is None or buf.numel() < off:
-            buffers[group_name] = buf = torch.empty(max(off, 1), dtype=torch.uint8, device=self.device)
+            buffers[key] = buf = torch.empty(max(off, 1), dtype=torch.uint8, device=self.device)
         recv = buf[:off]
 
         def source(start: int, end: int, shape: list[int], dt: torch.dtype):
@@ -260,6 +289,12 @@ class WeightControl:
         if group is None:
             raise BadRequest(f"no weights update group {group_name!r}")
         self.__dict__.get("_packed_buffers", {}).pop(group_name, None)
+        self.__dict__.get("_packed_buffers", {}).pop((group_name, 1), None)
+        state = self.__dict__.get("_receive_order", {}).pop(group_name, None)
+        if state is not None:  # updates waiting for their turn on this group give up
+            with state[2]:
+                state[0] = None
+                state[2].notify_all()
         destroy_custom_process_group(group)
 
     def weights_checksum(self, names: Any) -> dict[str, list[int]]:
@@ -312,6 +347,8 @@ class WeightControl:
             "update_checksums": True,
             # /update_weights_from_distributed takes load_format flattened_bucket (one broadcast per update)
             "distributed_flattened_bucket": True,
+            # ... and a "sequence" number per update on its group: update n + 1 may be posted while n copies
+            "distributed_sequence": True,
             # a batched /generate with one sampling_params object seeds item i with sampling_seed + i
             "batch_item_seeds": True,
         }
@@ -321,6 +358,41 @@ class WeightControl:
         for p in self.model.parameters():
             counts[p.dtype] = counts.get(p.dtype, 0) + p.numel()
         return max(counts, key=counts.get) if counts else torch.float32
+
+class _ReceiveTurn:
+    """Update `sequence` of a group waits until the group's updates before it have received their broadcasts
+    (`wait`), and lets the next one go once it has received its own (`done`). A destroyed group, or a turn not
+    come within the engine's weight-update timeout, ends the wait with BadRequest."""
+
+    TIMEOUT_S = 600.0
+
+    def __init__(self, engine: Any, group_name: str, state: list, sequence: int) -> None:
+        self.engine, self.group_name, self.state, self.sequence = engine, group_name, state, sequence
+
+    def wait(self) -> None:
+        import time
+
+        state, deadline = self.state, time.monotonic() + self.TIMEOUT_S
+        with state[2]:
+            while state[0] is not None and state[1] < self.sequence:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise BadRequest(f"update {self.sequence} on group {self.group_name!r}: update {state[1]} "
+                                     f"before it never arrived within {self.TIMEOUT_S:.0f} s")
+                state[2].wait(left)
+            if state[0] is None:
+                raise BadRequest(f"weights update group {self.group_name!r} was destroyed while update "
+                                 f"{self.sequence} waited for its turn")
+            if state[1] != self.sequence:
+                raise BadRequest(f"update {self.sequence} on group {self.group_name!r} arrived after update "
+                                 f"{state[1]}: the sender numbers its updates from 0 since the group was formed")
+
+    def done(self) -> None:
+        with self.state[2]:
+            if self.state[1] == self.sequence:
+                self.state[1] += 1
+            self.state[2].notify_all()
+
 
 def _check_tags(tags: Any) -> list[str]:
     valid = ["weights", "kv_cache", "cuda_graph"]

@@ -322,7 +322,7 @@ def _init_group(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
 def _update_from_distributed(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
     n = engine.update_from_distributed(body.get("names"), body.get("dtypes"), body.get("shapes"),
                                        body.get("group_name", "weight_update_group"), body.get("weight_version"),
-                                       body.get("load_format"))
+                                       body.get("load_format"), body.get("sequence"))
     return _ok(f"updated {n} weights", weight_version=engine.weight_version)
 
 

@@ -231,8 +231,10 @@ class WeightSync:
         self._sender = None  # ipc: SharedBucketSender, kept across syncs while the engines take flat buffers
         self._failed: BaseException | None = None  # this sync's first failure (the rest of it only drains)
         self.last_split: dict[str, float] = {}  # seconds of the last sync's parts (see sync)
-        # distributed: the bucket on the wire (engine calls, broadcast works, deadline) and the two send buffers
-        self._in_flight: tuple | None = None
+        # distributed: the buckets sent and not yet answered, oldest first (engine calls, broadcast works,
+        # deadline), the updates numbered on the current group, and the two send buffers
+        self._in_flight: list[tuple] = []
+        self._dist_sequence = 0
         self._dist_buffers: list[torch.Tensor | None] = [None, None]
         self._dist_next = 0
         # ipc to an engine that offers weight sets: the layout the export's expert weights come in ("in_out":
@@ -271,6 +273,7 @@ class WeightSync:
                                   "every engine was asked to destroy it") from None
         threads.wait(self.timeout_s)
         self._group_host = host
+        self._dist_sequence = 0
         threads.raise_first()
 
     def set_engines(self, engines: list[EngineEndpoint]) -> bool:
@@ -312,6 +315,7 @@ class WeightSync:
         from slime.utils.distributed import destroy_custom_process_group
 
         group, host, self.group, self._group_host = self.group, self._group_host, None, None
+        self._dist_sequence = 0
         if aborted:
             from slime.utils.distributed import abort_custom_process_group
 
@@ -435,7 +439,7 @@ class WeightSync:
             t_done = time.perf_counter()
         except BaseException as e:  # noqa: BLE001 - gathered below, so every rank ends the same way
             error = error or e
-            if self._in_flight is not None:  # the export itself failed with a bucket on the wire
+            if self._in_flight:  # the export itself failed with a bucket on the wire
                 try:
                     self._finish_distributed()
                 except BaseException:  # noqa: BLE001 - the first error is the one reported
@@ -616,13 +620,22 @@ class WeightSync:
         (`"distributed_flattened_bucket": true`, the embedded engine): one broadcast per bucket."""
         return all(self.engine_info(e).get("distributed_flattened_bucket") is True for e in self.engines)
 
+    def takes_sequenced_updates(self) -> bool:
+        """Whether every engine takes a "sequence" number with /update_weights_from_distributed
+        (`"distributed_sequence": true`, the embedded engine): then the next bucket goes on the wire as soon
+        as the previous one is received, while the engines still copy it into their weights."""
+        return all(self.engine_info(e).get("distributed_sequence") is True for e in self.engines)
+
     def _send_distributed(self, bucket: list[tuple[str, torch.Tensor]], version: int) -> None:
         """Start sending one bucket: its names to every engine over HTTP while rank 0 broadcasts its tensors.
         Engines that take flattened buckets get the bucket's bytes in one broadcast, packed (widest dtype
         first, so SGLang's gapless layout keeps every tensor aligned) into one of two send buffers kept
-        across buckets and syncs; other engines one broadcast per tensor. The previous bucket finishes
-        first (a group carries one update at a time) but after this one is packed: the export and packing
-        of a bucket overlap the broadcast of the one before (`_finish_distributed` waits for the last)."""
+        across buckets and syncs; other engines one broadcast per tensor. The previous bucket's broadcast
+        finishes first (a group carries one broadcast at a time) but after this one is packed: the export and
+        packing of a bucket overlap the broadcast of the one before. Engines that take numbered updates
+        (`takes_sequenced_updates`) get this bucket while they still copy the previous one (its reply is
+        awaited before the next bucket, so a send buffer is refilled only once its bucket is received);
+        others answer each bucket before the next is sent (`_finish_distributed` waits for the last)."""
         from slime.backends.megatron.shared_buckets import pack_into
         from slime.utils.distributed import broadcast_async
 
@@ -650,35 +663,54 @@ class WeightSync:
                    "weight_version": str(version)}
         if flat:
             payload["load_format"] = "flattened_bucket"
-        self._finish_distributed()
+        sequenced = self.takes_sequenced_updates()
+        if sequenced:
+            payload["sequence"] = self._dist_sequence
+        self._finish_distributed(keep_last=sequenced)
         # The engines block in the broadcast until rank 0 sends, so their HTTP calls run alongside.
         calls = _EngineCalls(self, [(e, "/update_weights_from_distributed", payload) for e in self.engines])
         works = [broadcast_async(t, src=0, group=self.group) for t in tensors]
-        self._in_flight = (calls, works, time.monotonic() + self.timeout_s)
+        self._dist_sequence += 1
+        self._in_flight.append((calls, works, time.monotonic() + self.timeout_s))
 
-    def _finish_distributed(self) -> None:
-        """Wait for the bucket on the wire. An engine that refuses it (its reply comes back while the broadcast
-        is pending) or a broadcast still pending after the timeout aborts the group everywhere; the next sync
-        forms it again."""
-        flight, self._in_flight = self._in_flight, None
-        if flight is None:
+    def _finish_distributed(self, keep_last: bool = False) -> None:
+        """Wait for the buckets sent: every broadcast received, then every engine's answer (`keep_last`: all
+        but the last bucket's, which may still be copied). An engine that refuses a bucket while a broadcast
+        is pending, or a broadcast still pending after the timeout, aborts the group everywhere; the next
+        sync forms it again."""
+        flights = self._in_flight
+        if not flights:
             return
-        calls, works, deadline = flight
-        while not all(w.is_completed() for w in works):
-            refused = calls.first_error()
-            if refused is not None or time.monotonic() > deadline:
+        while not all(w.is_completed() for _, works, _ in flights for w in works):
+            refused = next((c.first_error() for c, _, _ in flights if c.first_error() is not None), None)
+            late = any(time.monotonic() > deadline and not all(w.is_completed() for w in works)
+                       for _, works, deadline in flights)
+            if refused is not None or late:
+                self._in_flight = []
                 self._drop_group(aborted=True)
-                calls.wait(30)
+                for calls, _, _ in flights:
+                    calls.wait(30)
                 if refused is None:
+                    pending = [u for c, _, _ in flights for u in c.pending_urls()]
                     raise WeightSyncError(f"weight broadcast not received by every engine within {self.timeout_s:.0f} s "
-                                          f"(--update-weight-timeout); pending engines: {calls.pending_urls()}; "
+                                          f"(--update-weight-timeout); pending engines: {pending}; "
                                           "the weight-update group was aborted and is formed again at the next sync")
                 raise WeightSyncError(f"{str(refused).splitlines()[0]}; the weight-update group was aborted on every "
                                       "engine and is formed again at the next sync") from None
             time.sleep(0.001)
-        for w in works:
-            w.wait()
-        calls.wait(self.timeout_s).raise_first()
+        for _, works, _ in flights:
+            for w in works:
+                w.wait()
+        answered = flights[:-1] if keep_last else flights
+        self._in_flight = flights[len(answered):]
+        error = None
+        for calls, _, _ in answered:
+            error = error or calls.wait(self.timeout_s).first_error()
+        if error is not None:  # every answer is in before the sync fails
+            for calls, _, _ in self._in_flight:
+                calls.wait(self.timeout_s)
+            self._in_flight = []
+            raise error
 
     def serves_checksums(self, engine: EngineEndpoint) -> bool:
         """Whether the engine advertises `/get_weights_checksum` (`"weights_checksum": true` in
