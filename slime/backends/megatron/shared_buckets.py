@@ -15,7 +15,8 @@ engine on a synchronized device (CPU), where a reply follows the engine's comple
 every flush (torch's IPC reference counting keeps a buffer alive while an engine still holds it).
 
 Transposed views (the GLM export's expert weights) are copied as runs: an expert's gate and up views form
-one [2I, H] transpose of its [H, 2I] weight, copied by torch's cache-blocked transpose kernel in one call.
+one [2I, H] transpose of its [H, 2I] weight, copied in one `copy_transposed` (cache-sized tiles, on the host
+split over this thread and one worker thread).
 
 Slots start on 64-byte boundaries (aligned copies and dtype views; whole 64-bit words for the checksums).
 """
@@ -232,9 +233,9 @@ class _TransposedRun:
 
     The GLM export yields an expert's gate and up weights as `w[:, :I].t()` and `w[:, I:].t()` of its
     [H, 2I] weight: each alone is a transpose with a row stride of 2I, which torch copies element by element
-    with strided reads (~0.5 GB/s here). Copied as the one [2I, H] transpose they form (column stride 2I =
-    its row count), torch's cache-blocked transpose kernel runs (4x faster); a down weight ([H, I] of a
-    contiguous [I, H]) is such a transpose alone."""
+    with strided reads (~0.5 GB/s here). Copied as the one [2I, H] transpose they form, in cache-sized tiles
+    (copy_transposed), they copy 4x faster; a down weight ([H, I] of a contiguous [I, H]) is such a
+    transpose alone."""
 
     def __init__(self, s: BufferSet, start: int, first: torch.Tensor) -> None:
         self.set, self.start, self.first, self.count = s, start, first, 1
