@@ -1,5 +1,6 @@
 """The CPU accelerator's megatron-core patch set (imported lazily by the patch registry)."""
 
-from slime.accelerator.megatron_patches import common_patches, register_set
+from slime.accelerator.megatron_patches import common_patches, linear, register_set
 
-register_set("cpu", common_patches())
+# linear: fast paths of the communication-free linears, CPU only (checked against megatron's originals on CPU).
+register_set("cpu", [*common_patches(), *linear.PATCHES])

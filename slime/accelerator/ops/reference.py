@@ -309,6 +309,17 @@ def stable_topk(scores: torch.Tensor, k: int, dim: int = -1, largest: bool = Tru
     return values.narrow(dim, 0, k), indices.narrow(dim, 0, k)
 
 
+def _indexer_head_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """q [n, S, H, D], k [n, T, D] -> q . k for every (query, head, key): [n, S, H, T].
+
+    The values of `torch.matmul(q, k.transpose(-1, -2).unsqueeze(1))` (transformers' GlmMoeDsaIndexer),
+    computed as one [S*H, D] x [D, T] matmul per sequence: the broadcast form expands the keys to
+    [n, S, D, T] (a copy S times the key tensor) and runs S tiny [H, D] x [D, T] matmuls. Each output is
+    the same dot product over D; tests/test_dsa_fast_paths.py checks the two bitwise."""
+    n, s, h, d = q.shape
+    return torch.matmul(q.reshape(n, s * h, d), k.transpose(-1, -2)).view(n, s, h, k.shape[1])
+
+
 @torch.no_grad()
 def lightning_indexer(
     q: torch.Tensor,
@@ -353,7 +364,7 @@ def lightning_indexer(
         n, sq, sk = uniform
         qb = q.reshape(n, sq, *q.shape[1:])  # [n, S, H, D]
         kb = k.reshape(n, sk, k.shape[-1])  # [n, T, D]
-        scores = F.relu(torch.matmul(qb.to(ct), kb.transpose(-1, -2).to(ct).unsqueeze(1)) * scale)
+        scores = F.relu(_indexer_head_scores(qb.to(ct), kb.to(ct)) * scale)
         w = weights.reshape(n, sq, -1).to(ct)
         index_scores = torch.matmul(w.unsqueeze(-2), scores).squeeze(-2)  # [n, S, T]
         if causal:
@@ -366,9 +377,9 @@ def lightning_indexer(
         sq, sk = cq[b + 1] - cq[b], ck[b + 1] - ck[b]
         if sq == 0 or sk == 0:
             continue
-        qb = q[cq[b] : cq[b + 1]].unsqueeze(0)  # [1, S, H, D], the transformers shapes, same op order
+        qb = q[cq[b] : cq[b + 1]].unsqueeze(0)  # [1, S, H, D], the transformers shapes and op order
         kb = k[ck[b] : ck[b + 1]].unsqueeze(0)  # [1, T, D]
-        scores = torch.matmul(qb.to(ct), kb.transpose(-1, -2).to(ct).unsqueeze(1)) * scale
+        scores = _indexer_head_scores(qb.to(ct), kb.to(ct)) * scale
         scores = F.relu(scores)
         w = weights[cq[b] : cq[b + 1]].unsqueeze(0).to(ct)
         index_scores = torch.matmul(w.unsqueeze(-2), scores).squeeze(-2)[0]  # [S, T]

@@ -1,0 +1,106 @@
+"""Fast paths of the CPU training step, against the code they replace:
+- megatron's linear without communication (slime/accelerator/megatron_patches/linear.py): the GLM-5 model's
+  logits and every grad are bitwise those of megatron's own autograd Functions; each fast path hands every
+  case it does not cover (sequence parallel, all-reduced input grads, fused wgrad, deferred wgrad, autocast,
+  a TP group of two ranks) to the original;
+- the DSA indexer's per-head scores (ops.reference._indexer_head_scores) are bitwise transformers'
+  broadcast matmul."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from slime.accelerator.megatron_patches import linear
+from slime.accelerator.ops import reference as ref
+
+LINEAR_PATCHES = ("linear_without_communication", "tp_copy_identity_one_rank", "tp_reduce_identity_one_rank")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _clean_megatron_state():
+    from glm5_helpers import megatron_state_cleanup
+
+    yield from megatron_state_cleanup()
+
+
+def _recording_original(calls):
+    def original(*args, **kwargs):
+        calls.append((args, kwargs))
+        return "original"
+    return original
+
+
+def test_linear_fast_path_only_without_communication():
+    calls = []
+    fast = linear.make_linear(_recording_original(calls))
+    x, w, b = torch.randn(5, 2, 4), torch.randn(3, 4), torch.randn(3)
+    torch.testing.assert_close(fast(x, w, b, False, False, False), torch.matmul(x, w.t()) + b, rtol=0, atol=0)
+    assert torch.equal(fast(x, w, None, False, False, False), torch.matmul(x, w.t()))
+    assert not calls
+    for args in [(True, False, False), (False, True, False), (False, False, True)]:
+        assert fast(x, w, None, *args) == "original"
+    assert fast(x, w, None, False, False, False, grad_output_buffer=[]) == "original"
+    assert fast(x, w, None, False, False, False, async_grad_allreduce=False) == "original"
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert fast(x, w, None, False, False, False) == "original"
+    assert len(calls) == 6
+    assert fast.warned is False  # megatron's original reads and sets it through the module-global name
+
+
+def test_identity_mapping_only_on_one_rank(monkeypatch):
+    class Group:
+        def __init__(self, n):
+            self.n = n
+
+        def size(self):
+            return self.n
+
+    calls = []
+    mapping = linear.make_identity_mapping(_recording_original(calls))
+    monkeypatch.setattr(linear, "_group_if_none", lambda group: group)
+    x = torch.randn(3, 2)
+    assert mapping(x, group=Group(1)) is x and not calls
+    assert mapping(x, group=Group(2)) == "original" and len(calls) == 1
+    assert mapping(x, group=None) == "original" and len(calls) == 2  # no process group: megatron's behaviour
+
+
+def test_model_step_bitwise_equal_to_megatron_functions(tmp_path, monkeypatch):
+    from glm5_helpers import random_batch, write_checkpoint
+
+    from slime.accelerator import patches
+    from slime.backends.megatron import load_hf_model
+
+    model = load_hf_model(write_checkpoint(tmp_path / "ckpt", "glm_moe_dsa", seed=3), dtype=torch.float32).train()
+    ids, pos = random_batch(2, 11, 512, 0)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        logits = model(ids, pos)
+        (logits * torch.linspace(-1, 1, logits.numel()).view_as(logits)).sum().backward()
+        return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    before = dict(linear._FAST_CALLS)
+    fast, fast_grads = step()
+    assert linear._FAST_CALLS["linear"] > before["linear"] and linear._FAST_CALLS["mapping"] > before["mapping"]
+    records = [r for r in patches._APPLIED[("cpu", "megatron")] if r.patch.name in LINEAR_PATCHES]
+    assert {r.patch.name for r in records} == set(LINEAR_PATCHES)
+    for record in records:
+        for owner, attr, original in record.originals:
+            monkeypatch.setattr(owner, attr, original)
+    counted = dict(linear._FAST_CALLS)
+    slow, slow_grads = step()
+    assert linear._FAST_CALLS == counted  # megatron's Functions ran
+    assert torch.equal(fast, slow)
+    assert fast_grads.keys() == slow_grads.keys() and len(fast_grads) > 20
+    for name, g in slow_grads.items():
+        assert torch.equal(fast_grads[name], g), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n, s, h, d, t", [(2, 33, 2, 32, 33), (1, 17, 4, 16, 40), (3, 8, 8, 64, 5)])
+def test_indexer_head_scores_bitwise_equal_broadcast_matmul(dtype, n, s, h, d, t):
+    g = torch.Generator().manual_seed(n * 100 + s)
+    q = torch.randn(n, s, h, d, generator=g, dtype=dtype)
+    k = torch.randn(n, t, d, generator=g, dtype=dtype)
+    assert torch.equal(ref._indexer_head_scores(q, k), torch.matmul(q, k.transpose(-1, -2).unsqueeze(1)))
