@@ -73,6 +73,25 @@ def live_sets(engine):
     return set(engine._weight_sets.live)
 
 
+def engine_checksums(engine, names):
+    return weight_checksum.named_checksums((n, engine.name_map.resolve(n)) for n in names)
+
+
+def record_posts(ws):
+    """The paths `ws` posts to, in order (a list filled as it syncs)."""
+    calls, post = [], ws.post
+    ws.post = lambda e, path, *a, **k: (calls.append(path), post(e, path, *a, **k))[1]
+    return calls
+
+
+def synced_engine(engines, weights, **sync_kwargs):
+    """(engine, its endpoint, a WeightSync that has written `weights` into it once)."""
+    engine, ep = engines()
+    ws = WeightSync("ipc", buckets(weights), [ep], rank=0, **sync_kwargs)
+    ws.sync(1)
+    return engine, ep, ws
+
+
 def test_weight_sets_are_bit_exact_alternate_and_give_the_same_logprobs(ckpt, engines):
     sets_engine, sets_ep = engines()
     bucket_engine, bucket_ep = engines()
@@ -80,9 +99,7 @@ def test_weight_sets_are_bit_exact_alternate_and_give_the_same_logprobs(ckpt, en
     ws = WeightSync("ipc", buckets(w), [sets_ep], rank=0)
     ref = WeightSync("ipc", buckets(w), [bucket_ep], rank=0)
     ref.takes_weight_sets = lambda engine: False
-    calls = []
-    post = ws.post
-    ws.post = lambda e, path, *a, **k: (calls.append(path), post(e, path, *a, **k))[1]
+    calls = record_posts(ws)
     assert ws.sync(1)["weight_sync/checked_tensors"] == len(w)
     ref.sync(1)
     assert "/update_weights_from_tensor" not in calls and calls.count("/commit_weight_sets") == 1
@@ -91,9 +108,8 @@ def test_weight_sets_are_bit_exact_alternate_and_give_the_same_logprobs(ckpt, en
     experts = sets_engine.model.model.layers[1].mlp.experts
     assert experts.gate_up_proj.stride()[-2] == 1  # stored as the trainer stores it ([E, H, 2I])
 
-    hf_engine, hf_ep = engines()  # weight sets in the engine's own (HF) layout: the forward is unchanged
-    hf = WeightSync("ipc", buckets(w), [hf_ep], rank=0, expert_layout="hf")
-    hf.sync(1)
+    # weight sets in the engine's own (HF) layout: the forward is unchanged
+    hf_engine, _, hf = synced_engine(engines, w, expert_layout="hf")
     assert_holds(hf_engine, w)
     assert hf_engine.model.model.layers[1].mlp.experts.gate_up_proj.is_contiguous()
 
@@ -122,18 +138,16 @@ def test_weight_sets_are_bit_exact_alternate_and_give_the_same_logprobs(ckpt, en
 
 
 def test_failed_or_refused_weight_set_update_changes_nothing(ckpt, engines):
-    engine, ep = engines()
     w1, w2 = trainer_weights(ckpt, seed=1), trainer_weights(ckpt, seed=2)
-    ws = WeightSync("ipc", buckets(w1), [ep], rank=0)
-    ws.sync(1)
-    before = weight_checksum.named_checksums((n, engine.name_map.resolve(n)) for n in w1)
+    engine, ep, ws = synced_engine(engines, w1)
+    before = engine_checksums(engine, w1)
     prompt = [3, 17, 5, 9]
     expected = engine.generate(prompt, {"max_new_tokens": 4, "temperature": 0.0}).output_ids
 
     ws.export = buckets(w2, fail_after=40)  # half of the target set written, then the export fails
     with pytest.raises(RuntimeError, match="export failed"):
         ws.sync(2)
-    after = weight_checksum.named_checksums((n, engine.name_map.resolve(n)) for n in w1)
+    after = engine_checksums(engine, w1)
     assert after == before and engine.weight_version == "1"
     assert engine.generate(prompt, {"max_new_tokens": 4, "temperature": 0.0}).output_ids == expected
 
@@ -148,7 +162,7 @@ def test_failed_or_refused_weight_set_update_changes_nothing(ckpt, engines):
     with pytest.raises(WeightSyncError, match="differ from the trainer"):
         ws.post(ep, "/commit_weight_sets", {"layout_id": writer.layout_id, "epoch": state["epoch"],
                                             "names": writer.names, "checksums": wrong})
-    assert weight_checksum.named_checksums((n, engine.name_map.resolve(n)) for n in w1) == before
+    assert engine_checksums(engine, w1) == before
     with pytest.raises(WeightSyncError, match="epoch"):
         ws.post(ep, "/commit_weight_sets", {"layout_id": writer.layout_id, "epoch": state["epoch"] - 1,
                                             "names": writer.names})
@@ -161,9 +175,7 @@ def test_failed_or_refused_weight_set_update_changes_nothing(ckpt, engines):
     # released weights leave the sets; after the resume the trainer attaches them again
     engine.release_memory(["weights"])
     engine.resume_memory(["weights"])
-    calls = []
-    post = ws.post
-    ws.post = lambda e, path, *a, **k: (calls.append(path), post(e, path, *a, **k))[1]
+    calls = record_posts(ws)
     ws.export = buckets(w1)
     ws.sync(4)
     assert "/attach_weight_sets" in calls
@@ -172,10 +184,8 @@ def test_failed_or_refused_weight_set_update_changes_nothing(ckpt, engines):
 
 
 def test_an_update_of_some_experts_keeps_the_other_experts_of_their_fused_tensor(ckpt, engines):
-    engine, ep = engines()
     w1, w2 = trainer_weights(ckpt, seed=1), trainer_weights(ckpt, seed=2)
-    ws = WeightSync("ipc", buckets(w1), [ep], rank=0)
-    ws.sync(1)
+    engine, ep, ws = synced_engine(engines, w1)
     some = {n: t for n, t in w2.items() if ".experts.1." in n or n.endswith("norm.weight")}
     assert len({n.split(".experts.")[0] for n in some if ".experts." in n}) >= 1
     ws.export = buckets(some)
