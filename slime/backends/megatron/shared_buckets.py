@@ -280,7 +280,9 @@ def copy_transposed(dst: torch.Tensor, src: torch.Tensor, threads: int | None = 
     split into cache-sized tiles, and the tile rows into two halves copied at once by this thread and one
     worker thread when torch may use more than one thread (`threads`: torch.get_num_threads() unless
     given); elsewhere (a device kernel) and for small matrices it is one `copy_`."""
-    if (dst.dim() != 2 or dst.device.type != "cpu" or src.device != dst.device or src.dtype != dst.dtype
+    # `is_cpu`: the tensor's own storage is host memory (any accelerator's host staging buffers too), where
+    # this thread's tile loop is the copy; device memory gets the device's kernel
+    if (dst.dim() != 2 or not dst.is_cpu or src.device != dst.device or src.dtype != dst.dtype
             or src.shape != dst.shape or not dst.is_contiguous() or dst.numel() < _MIN_TILED):
         dst.copy_(src)
         return
