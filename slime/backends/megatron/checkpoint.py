@@ -110,7 +110,7 @@ def _sharded_state(model, optimizer, *, is_loading: bool, with_optimizer: bool,
     if with_optimizer and optimizer is not None:
         if is_loading:
             _init_optimizer_state(optimizer)
-        with _unpadded_param_index(optimizer):
+        with _unpadded_param_index(optimizer), _no_forced_collection():
             full = optimizer.sharded_state_dict(state["model"], is_loading=is_loading, metadata=OPTIMIZER_METADATA)
         state["optimizer"], local = extract_sharded_base(full)
     return state, local
@@ -148,6 +148,50 @@ def _unpadded_param_index(optimizer):
     finally:
         for buffer, original in swapped:
             buffer.param_index_map = original
+
+
+class _CollectorRunning:
+    """The `gc` module as megatron's distributed optimizer sees it while the collector runs by itself:
+    `collect()` does nothing (reports 0 objects), everything else is the real module's."""
+
+    @staticmethod
+    def collect(generation: int = 2) -> int:
+        return 0
+
+    def __getattr__(self, name: str):
+        import gc
+
+        return getattr(gc, name)
+
+
+@contextlib.contextmanager
+def _no_forced_collection():
+    """megatron-core 0.16's DistributedOptimizer.sharded_state_dict ends its `fully_reshardable` branch
+    with a full `gc.collect()`, for runs that disable the collector (`--manual-gc`): the gathered buffers
+    would never be freed. With the collector enabled that pass is redundant, and it walks every object of
+    the trainer process: ~0.15 s per inner optimizer (the dense and the expert one), most of a small
+    model's save. For the call, and only while `gc.isenabled()`, the optimizer module's `gc` is
+    `_CollectorRunning`; restored after. A process that disabled the collector keeps megatron's pass.
+    Targets megatron-core 0.16 (MEGATRON_VERSIONS, checked like a patch); remove when megatron collects
+    only with the collector disabled."""
+    import gc
+    import importlib
+    import types
+
+    distrib_optimizer = importlib.import_module("megatron.core.optimizer.distrib_optimizer")
+    from slime.accelerator.megatron_patches import MEGATRON_VERSIONS
+    from slime.accelerator.patches import check_version
+
+    if not gc.isenabled() or getattr(distrib_optimizer, "gc", None) is not gc:
+        yield
+        return
+    check_version(types.SimpleNamespace(name="checkpoint._no_forced_collection", versions=MEGATRON_VERSIONS),
+                  "megatron")
+    distrib_optimizer.gc = _CollectorRunning()
+    try:
+        yield
+    finally:
+        distrib_optimizer.gc = gc
 
 
 # The same main (fp32) parameters under the names each optimizer gives them: the distributed optimizer's
