@@ -56,6 +56,14 @@ def add_numerics_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--data-pad-size-multiplier", type=int, default=1,
          help="pad each packed micro-batch to a multiple of this many tokens (times TP with sequence parallel)")
     _add(g, parser, "--fp16", action="store_true", help="not supported (bf16 or fp32 only); rejected")
+    _add(g, parser, "--manual-gc", action="store_true",
+         help="the trainer disables Python's automatic garbage collector and collects at the start of each train "
+              "call (upstream's meaning: the same collection points on every rank), and every "
+              "--manual-gc-interval optimizer steps when that is > 0")
+    _add(g, parser, "--manual-gc-interval", type=int, default=0,
+         help="with --manual-gc: also collect every N optimizer steps (0: only at the start of each train call)")
+    _add(g, parser, "--no-manual-gc-eval", dest="manual_gc_eval", action="store_false",
+         help="accepted (Megatron's flag for its evaluation loop; the trainer runs no Megatron evaluation)")
     _add(g, parser, "--deterministic-mode", action="store_true",
          help="bitwise-reproducible training (Megatron's meaning): only deterministic algorithms "
               "(torch.use_deterministic_algorithms; the device's switches, e.g. cuBLAS workspace, NCCL ring), "

@@ -20,6 +20,7 @@ from slime.backends.megatron import ci_checks
 from slime.backends.megatron import data as D
 from slime.backends.megatron import hooks
 from slime.backends.megatron.loss import METRIC_KEYS, MISMATCH_KEYS, LossConfig, LossHooks, rl_loss, sft_loss
+from slime.backends.megatron.manual_gc import ManualGC
 from slime.backends.megatron.timing import PhaseTimer
 from slime.utils.net import free_port
 
@@ -36,6 +37,8 @@ def _node_ip() -> str:
 
 
 class MegatronTrainRayActor:
+    manual_gc = ManualGC(enabled=False)  # init() replaces it from --manual-gc
+
     def __init__(self, world_size: int, rank: int, master: tuple[str, int] | None = None) -> None:
         self.world_size, self.rank = world_size, rank
         self.master = master or (_node_ip(), free_port(""))
@@ -139,6 +142,7 @@ class MegatronTrainRayActor:
         from slime.backends.megatron.profiler import TrainProfiler
 
         self.profiler = TrainProfiler(args, self.rank)  # --use-pytorch-profiler, --record-memory-history
+        self.manual_gc = ManualGC.from_args(args)  # --manual-gc
         self.profiler.on_init_end()
         hooks.on_init(args)  # --custom-megatron-init-path
         return start_rollout_id
@@ -479,6 +483,7 @@ class MegatronTrainRayActor:
         acc = get_accelerator()
         acc.reset_peak_memory_stats()
         t0 = time.perf_counter()
+        self.manual_gc.train_start()
         self.model.train()
         if self.args.reset_optimizer_states:  # Adam starts over each rollout
             from slime.backends.megatron.optimizer import reset_optimizer_states
@@ -581,6 +586,7 @@ class MegatronTrainRayActor:
             grad_norm = model_setup.finish_step(self.model, self.optimizer, self.lr_scheduler,
                                                 args.check_for_nan_in_loss_and_grad)
             timer.lap("optimizer", t)
+            self.manual_gc.after_step()
             grad_norms.append(grad_norm)
             ci_checks.record_grad_norm(args, rollout_id, step_id, grad_norm, self.rank)  # --ci-save/load-grad-norm
             if step_id == 0 and args.ci_test and self.last_stage:
