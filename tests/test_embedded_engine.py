@@ -617,14 +617,21 @@ def test_weight_sync_group_leaves_the_default_group_alone(tmp_path):
             dist.destroy_process_group()
         else:
             assert not dist.is_initialized()
-        print("ok", rank)
+        print("ok", rank, flush=True)
+        if rank == 0:  # the trainer's side outlives the engine's, as in a run: stay until rank 1 has exited
+            sys.stdin.read()
     """)
     procs = []
     for rank in (0, 1):
         out = open(tmp_path / f"out{rank}", "w")
         procs.append((subprocess.Popen([sys.executable, "-c", script, str(rank), str(tmp_path)],
+                                       stdin=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
                                        stdout=out, stderr=subprocess.STDOUT, cwd=ROOT), out))
-    for rank, (p, out) in enumerate(procs):
+    # rank 1 first: its exit (after it destroyed its group) must not see the group's host gone (an exit-time
+    # abort, 'terminate called without an active exception', was seen when rank 0 exited first)
+    for rank, (p, out) in ((1, procs[1]), (0, procs[0])):
+        if rank == 0:
+            p.stdin.close()
         assert p.wait(timeout=120) == 0, (tmp_path / f"out{rank}").read_text()[-2000:]
         out.close()
         assert f"ok {rank}" in (tmp_path / f"out{rank}").read_text()

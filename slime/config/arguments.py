@@ -775,8 +775,7 @@ def _validate_optimizer(args: argparse.Namespace) -> None:
         _require(args.lr_decay_iters >= 1, f"--lr-decay-iters must be >= 1, got {args.lr_decay_iters}")
     if args.lr_decay_style == "WSD":
         _require(args.lr_wsd_decay_iters is not None, "--lr-decay-style WSD needs --lr-wsd-decay-iters N")
-    _require(getattr(args, "manual_gc_interval", 0) >= 0,
-             f"--manual-gc-interval must be >= 0, got {getattr(args, 'manual_gc_interval', 0)}")
+    _require(args.manual_gc_interval >= 0, f"--manual-gc-interval must be >= 0, got {args.manual_gc_interval}")
     _require(not args.fp16, "--fp16 is not supported (float16 training needs loss scaling); use --bf16")
     _require(0 <= args.hidden_dropout < 1, f"--hidden-dropout must be in [0, 1), got {args.hidden_dropout}")
     _require(args.attention_dropout == 0,

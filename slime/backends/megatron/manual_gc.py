@@ -17,7 +17,7 @@ class ManualGC:
 
     @classmethod
     def from_args(cls, args) -> "ManualGC":
-        return cls(getattr(args, "manual_gc", False), getattr(args, "manual_gc_interval", 0))
+        return cls(args.manual_gc, args.manual_gc_interval)
 
     def train_start(self) -> None:
         if self.enabled:
