@@ -20,6 +20,7 @@ from slime.backends.embedded.weights import (
     plan_disk_update,
     plan_update,
 )
+from slime.utils.distributed import DEFAULT_TIMEOUT_S
 
 
 class WeightControl:
@@ -248,14 +249,12 @@ class WeightControl:
 
     def _receive_turn(self, group_name: str, sequence: int) -> "_ReceiveTurn":
         """Update `sequence`'s turn to receive on the group (see update_from_distributed)."""
-        import threading
-
         with self._cond:
-            order = self.__dict__.setdefault("_receive_order", {})
-            state = order.get(group_name)
-            if state is None or state[0] is not self._groups.get(group_name):
-                state = order[group_name] = [self._groups.get(group_name), 0, threading.Condition()]
-        return _ReceiveTurn(self, group_name, state, sequence)
+            orders = self.__dict__.setdefault("_receive_order", {})
+            order = orders.get(group_name)
+            if order is None or order.group is not self._groups.get(group_name):
+                order = orders[group_name] = _ReceiveOrder(self._groups.get(group_name))
+        return _ReceiveTurn(order, group_name, sequence)
 
     def _packed_receive(self, group_name: str, specs: list[tuple[str, list[int], torch.dtype]], index: int = 0):
         """Receive buffer `index` (of two) for a flattened_bucket broadcast of `specs` (per group, as pipeline
@@ -270,7 +269,7 @@ class WeightControl:
             spans.append((off, off + n))
             off += n
         buffers = self.__dict__.setdefault("_packed_buffers", {})
-        key = group_name if index == 0 else (group_name, index)
+        key = (group_name, index)
         buf = buffers.get(key)
         if buf is None or buf.numel() < off:
             buffers[key] = buf = torch.empty(max(off, 1), dtype=torch.uint8, device=self.device)
@@ -288,13 +287,11 @@ class WeightControl:
         group = self._groups.pop(group_name, None)
         if group is None:
             raise BadRequest(f"no weights update group {group_name!r}")
-        self.__dict__.get("_packed_buffers", {}).pop(group_name, None)
-        self.__dict__.get("_packed_buffers", {}).pop((group_name, 1), None)
-        state = self.__dict__.get("_receive_order", {}).pop(group_name, None)
-        if state is not None:  # updates waiting for their turn on this group give up
-            with state[2]:
-                state[0] = None
-                state[2].notify_all()
+        for index in (0, 1):
+            self.__dict__.get("_packed_buffers", {}).pop((group_name, index), None)
+        order = self.__dict__.get("_receive_order", {}).pop(group_name, None)
+        if order is not None:  # updates waiting for their turn on this group give up
+            order.close()
         destroy_custom_process_group(group)
 
     def weights_checksum(self, names: Any) -> dict[str, list[int]]:
@@ -359,39 +356,56 @@ class WeightControl:
             counts[p.dtype] = counts.get(p.dtype, 0) + p.numel()
         return max(counts, key=counts.get) if counts else torch.float32
 
+
+class _ReceiveOrder:
+    """A group's numbered updates: `next`, the number whose turn it is to receive, under `cond`; `group` is
+    the group the numbers count on, None once it is destroyed."""
+
+    def __init__(self, group: Any) -> None:
+        import threading
+
+        self.group, self.next, self.cond = group, 0, threading.Condition()
+
+    def close(self) -> None:
+        with self.cond:
+            self.group = None
+            self.cond.notify_all()
+
+
 class _ReceiveTurn:
     """Update `sequence` of a group waits until the group's updates before it have received their broadcasts
     (`wait`), and lets the next one go once it has received its own (`done`). A destroyed group, or a turn not
-    come within the engine's weight-update timeout, ends the wait with BadRequest."""
+    come within the group's timeout (DEFAULT_TIMEOUT_S, the one it is formed with), ends the wait with
+    BadRequest."""
 
-    TIMEOUT_S = 600.0
+    TIMEOUT_S = DEFAULT_TIMEOUT_S
 
-    def __init__(self, engine: Any, group_name: str, state: list, sequence: int) -> None:
-        self.engine, self.group_name, self.state, self.sequence = engine, group_name, state, sequence
+    def __init__(self, order: _ReceiveOrder, group_name: str, sequence: int) -> None:
+        self.order, self.group_name, self.sequence = order, group_name, sequence
 
     def wait(self) -> None:
         import time
 
-        state, deadline = self.state, time.monotonic() + self.TIMEOUT_S
-        with state[2]:
-            while state[0] is not None and state[1] < self.sequence:
+        order, deadline = self.order, time.monotonic() + self.TIMEOUT_S
+        with order.cond:
+            while order.group is not None and order.next < self.sequence:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise BadRequest(f"update {self.sequence} on group {self.group_name!r}: update {state[1]} "
+                    raise BadRequest(f"update {self.sequence} on group {self.group_name!r}: update {order.next} "
                                      f"before it never arrived within {self.TIMEOUT_S:.0f} s")
-                state[2].wait(left)
-            if state[0] is None:
+                order.cond.wait(left)
+            if order.group is None:
                 raise BadRequest(f"weights update group {self.group_name!r} was destroyed while update "
                                  f"{self.sequence} waited for its turn")
-            if state[1] != self.sequence:
+            if order.next != self.sequence:
                 raise BadRequest(f"update {self.sequence} on group {self.group_name!r} arrived after update "
-                                 f"{state[1]}: the sender numbers its updates from 0 since the group was formed")
+                                 f"{order.next}: the sender numbers its updates from 0 since the group was formed")
 
     def done(self) -> None:
-        with self.state[2]:
-            if self.state[1] == self.sequence:
-                self.state[1] += 1
-            self.state[2].notify_all()
+        with self.order.cond:
+            if self.order.next == self.sequence:
+                self.order.next += 1
+            self.order.cond.notify_all()
 
 
 def _check_tags(tags: Any) -> list[str]:
