@@ -247,6 +247,25 @@ def test_a_signal_interrupts_the_wait(ray_session):
         ray.kill(actor)
 
 
+def test_one_failed_rank_ends_the_wait_for_all(ray_session):
+    """Trainer ranks wait on each other in collectives: when one fails the others may never finish, so the
+    driver's wait raises that failure at once instead of waiting for every rank (a hang until their timeouts)."""
+    import ray
+
+    from slime.ray import waiting
+
+    stuck, failing = (ray.remote(_Sleeper).options(num_cpus=0).remote() for _ in range(2))
+    pending = stuck.sleep.remote(60)
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match="boom"):
+        waiting.get([pending, failing.fail.remote()])
+    assert time.monotonic() - t0 < 30  # not the 60 s of the rank that never finishes
+    assert not ray.wait([pending], timeout=0)[0]
+    assert waiting.get([failing.sleep.remote(0), failing.sleep.remote(0.1)]) == [0, 0.1]  # no error: all results
+    for a in (stuck, failing):
+        ray.kill(a)
+
+
 class _EngineDiesInSync(_Trainer):
     """Its first sync of weight version 2 fails as when an engine dies in the middle of it."""
 

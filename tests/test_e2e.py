@@ -19,10 +19,10 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 
 import pytest
+from logged_run import run_logged
 
 from slime.utils.metrics import REQUIRED_KEYS, read_metrics
 
@@ -86,7 +86,7 @@ def test_e2e_simulated_npu(assets, tmp_path):
     env.pop("RAY_ADDRESS", None)
     out = str(tmp_path / "run_npu_sim")
     cmd = [sys.executable, os.path.join(ROOT, "train.py"), *_argv(assets, out, "--colocate", "--num-rollout", "2")]
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=400)
+    proc = run_logged(cmd, env=env, cwd=ROOT, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = read_metrics(out)
     _check_run(records, 2)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+from logged_run import run_logged
 from test_e2e import ROOT, _argv, assets  # noqa: F401 - the quick start's tiny model and data
 
 from slime.utils.metrics import REQUIRED_KEYS, read_metrics
@@ -44,8 +45,8 @@ def _train(argv: list[str]) -> list[dict]:
 def _run(*argv: str, timeout: int = 400) -> subprocess.CompletedProcess:
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", SLIME_CPU_THREADS="1")
     env.pop("RAY_ADDRESS", None)
-    return subprocess.run([sys.executable, os.path.join(ROOT, "train_async.py"), *argv], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_logged([sys.executable, os.path.join(ROOT, "train_async.py"), *argv], env=env, cwd=ROOT,
+                      timeout=timeout)
 
 
 # (lr, --update-weights-interval, engine version of each rollout's generation, weight syncs after rollout k,

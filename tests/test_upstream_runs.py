@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from logged_run import run_logged
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ROOT / "tests/data/upstream_train_commands.json"
@@ -96,8 +97,8 @@ def test_upstream_script_arguments_run_two_iterations_from_a_converted_checkpoin
     out = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
                SLIME_CPU_THREADS="1")
-    r = subprocess.run([sys.executable, str(ROOT / "train.py"), *argv, "--num-cpus", str(spec["ranks"] + 1),
-                        "--output-dir", str(out)], capture_output=True, text=True, env=env, timeout=840)
+    r = run_logged([sys.executable, str(ROOT / "train.py"), *argv, "--num-cpus", str(spec["ranks"] + 1),
+                    "--output-dir", str(out)], env=env, timeout=840)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     assert "torch_dist checkpoint (upstream (Megatron-core TE names)" in r.stdout + r.stderr  # the dry check's line
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]

@@ -68,37 +68,51 @@ def _future(ref: Any, wake_fd: int):
 
 
 def wait_ready(refs: Sequence[Any], timeout: float | None = None) -> bool:
-    """Block until every object reference in `refs` is ready (True) or `timeout` seconds passed (False).
-    Errors are not raised here: `ray.get` raises them. Off the main thread (where signal wake-ups cannot be
-    set) this is `ray.wait`."""
+    """Block until every object reference in `refs` is ready, or one of them holds an error (True), or
+    `timeout` seconds passed (False). Errors are not raised here: `ray.get` raises them. An error ends the
+    wait at once: the ranks of a trainer wait on each other in collectives, so when one fails the others may
+    never finish, and waiting for them would hide the failure for as long as their timeouts. Off the main
+    thread (where signal wake-ups cannot be set) this is `ray.wait` for all of them."""
+    return _wait(list(refs), timeout)[0]
+
+
+def get(refs: Any, timeout: float | None = None) -> Any:
+    """`ray.get(refs)` (one reference or a list) after `wait_ready`; raises ray's GetTimeoutError on timeout,
+    and the first error among `refs` as soon as it is there (the others may still run)."""
     import ray
 
-    refs = list(refs)
+    many = isinstance(refs, (list, tuple))
+    listed = list(refs) if many else [refs]
+    ready, failed = _wait(listed, timeout)
+    if not ready:
+        raise ray.exceptions.GetTimeoutError(f"not ready after {timeout} s")
+    if failed is not None:
+        ray.get(listed[failed])  # raises that reference's error
+    return ray.get(listed if many else refs)
+
+
+def _wait(refs: list[Any], timeout: float | None) -> tuple[bool, int | None]:
+    """(ready, index of the reference whose error ended the wait early, or None)."""
+    import ray
+
     if not refs:
-        return True
+        return True, None
     if threading.current_thread() is not threading.main_thread():
-        return len(ray.wait(refs, num_returns=len(refs), timeout=timeout, fetch_local=False)[0]) == len(refs)
+        return len(ray.wait(refs, num_returns=len(refs), timeout=timeout, fetch_local=False)[0]) == len(refs), None
     r, w = _wake_pipe()
     futures = [_future(ref, w) for ref in refs]
     deadline = None if timeout is None else time.monotonic() + timeout
     previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
     try:
         while not all(f.done() for f in futures):
+            failed = next((i for i, f in enumerate(futures) if f.done() and f.exception() is not None), None)
+            if failed is not None:
+                return True, failed
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
-                return False
+                return False, None
             select.select([r], [], [], left)  # a signal's handler runs (and may raise) right after
             _drain(r)
     finally:
         signal.set_wakeup_fd(previous)
-    return True
-
-
-def get(refs: Any, timeout: float | None = None) -> Any:
-    """`ray.get(refs)` (one reference or a list) after `wait_ready`; raises ray's GetTimeoutError on timeout."""
-    import ray
-
-    many = isinstance(refs, (list, tuple))
-    if not wait_ready(refs if many else [refs], timeout):
-        raise ray.exceptions.GetTimeoutError(f"not ready after {timeout} s")
-    return ray.get(list(refs) if many else refs)
+    return True, None

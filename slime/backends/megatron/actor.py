@@ -22,7 +22,6 @@ from slime.backends.megatron import hooks
 from slime.backends.megatron.loss import METRIC_KEYS, MISMATCH_KEYS, LossConfig, LossHooks, rl_loss, sft_loss
 from slime.backends.megatron.manual_gc import ManualGC
 from slime.backends.megatron.timing import PhaseTimer
-from slime.utils.net import free_port
 
 logger = logging.getLogger(__name__)
 
@@ -36,12 +35,33 @@ def _node_ip() -> str:
         return "127.0.0.1"
 
 
+def _host_store(host: str, world_size: int):
+    """Rank 0's rendezvous store (it listens on every interface, on a port the OS picks; `host` is the address
+    the ranks reach, rank 0's own client included), created with the actor. A port only
+    chosen then and bound at init() could meanwhile be taken by any of the run's processes starting up (the
+    other ranks, the engines, Ray's workers): rank 0 then failed to bind it while the other ranks waited for
+    its store until their rendezvous timeout (30 min)."""
+    import torch.distributed as dist
+    from torch.distributed.constants import default_pg_timeout
+
+    # the timeout the other ranks' tcp:// rendezvous uses (init_process_group's default)
+    return dist.TCPStore(host, 0, world_size, is_master=True, wait_for_workers=False, multi_tenant=True,
+                         timeout=default_pg_timeout)
+
+
 class MegatronTrainRayActor:
     manual_gc = ManualGC(enabled=False)  # init() replaces it from --manual-gc
 
     def __init__(self, world_size: int, rank: int, master: tuple[str, int] | None = None) -> None:
         self.world_size, self.rank = world_size, rank
-        self.master = master or (_node_ip(), free_port(""))
+        self._store = None
+        import torch.distributed as dist
+
+        if master is None and not dist.is_initialized():  # rank 0: host the rendezvous store now (a bound port)
+            host = _node_ip()
+            self._store = _host_store(host, world_size)
+            master = (host, self._store.port)
+        self.master = master
         self.model = None
         self.optimizer = None
         self.ref_weights: dict[str, torch.Tensor] | None = None
@@ -68,9 +88,15 @@ class MegatronTrainRayActor:
         if args.deterministic_mode:  # before the process group and the model: env of the collectives, algorithms
             acc.set_deterministic()
         if not dist.is_initialized():
-            addr, port = self.master
-            dist.init_process_group(backend=acc.process_group_backend(), init_method=f"tcp://{addr}:{port}",
-                                    world_size=self.world_size, rank=self.rank)
+            store = self._store
+            if store is None:  # rank > 0: a client of rank 0's store (an explicit store on every rank: a tcp://
+                # init_method keeps its keys where a store passed in by rank 0 does not, and the ranks never meet)
+                from torch.distributed.constants import default_pg_timeout
+
+                addr, port = self.master
+                store = dist.TCPStore(addr, port, self.world_size, is_master=False, timeout=default_pg_timeout)
+            dist.init_process_group(backend=acc.process_group_backend(), store=store, world_size=self.world_size,
+                                    rank=self.rank)
         from slime.backends.megatron import init_parallel
 
         init_parallel(args.tensor_model_parallel_size, args.expert_model_parallel_size,

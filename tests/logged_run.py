@@ -1,0 +1,26 @@
+"""subprocess.run for whole runs (train.py and the like) that, when the run overstays its timeout, fails the test
+with where each of its processes waited: the run gets SLIME_DUMP_STACKS_AFTER_S (slime/utils/stack_dump.py) a
+little under the timeout, so its driver, actors and engines print their stacks before it is killed, and the
+failure shows the tail of its output instead of pytest's one-line repr of a TimeoutExpired."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+TAIL_CHARS = 20000
+
+
+def run_logged(cmd: list[str], *, timeout: float, env: dict[str, str] | None = None, **kwargs):
+    env = dict(os.environ if env is None else env)
+    env.setdefault("SLIME_DUMP_STACKS_AFTER_S", str(max(timeout - 45, timeout * 0.8)))
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, **kwargs)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        pytest.fail(f"{os.path.basename(cmd[1]) if len(cmd) > 1 else cmd[0]} still running after {timeout:.0f} s "
+                    f"(killed)\n--- stdout tail ---\n{out[-4000:]}\n--- stderr tail (stacks) ---\n{err[-TAIL_CHARS:]}",
+                    pytrace=False)
