@@ -122,6 +122,21 @@ class Request:
     routed: torch.Tensor | None = None  # int32 [tokens fed so far, num_layers, top_k]: the routers' choices
 
 
+_ALIGN = 64  # bytes: torch's CPU allocator aligns every allocation to this
+
+
+def _aligned(model: torch.nn.Module) -> torch.nn.Module:
+    """Every host tensor of `model` at a 64-byte aligned address. from_pretrained can leave a weight where its
+    safetensors file put it (an mmap at the header's offset, e.g. 24 bytes past a line): on some CPUs (AVX2)
+    the matmul kernels then round differently than for the same values aligned, so an engine loaded from a
+    checkpoint and one whose weights live in the trainer's aligned buffers (weight_sets.py) would not give
+    bit-identical log-probs. Copies only the tensors that are off (a copy is allocated aligned)."""
+    for t in [*model.parameters(), *model.buffers()]:
+        if t.device.type == "cpu" and t.numel() and t.data_ptr() % _ALIGN:
+            t.data = t.data.clone()
+    return model
+
+
 class EmbeddedEngine(WeightControl):
     def __init__(self, cfg: EngineConfig, model: torch.nn.Module | None = None, tokenizer: Any = None) -> None:
         self.cfg = cfg
@@ -187,7 +202,7 @@ class EmbeddedEngine(WeightControl):
             model = config.model_class.from_pretrained(self.cfg.model_path, config=config.config, **kwargs)
         else:
             model = AutoModelForCausalLM.from_pretrained(self.cfg.model_path, **kwargs)
-        return model.to(self.device)
+        return _aligned(model.to(self.device))
 
     def _load_tokenizer(self) -> Any:
         try:
