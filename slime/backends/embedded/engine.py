@@ -132,7 +132,7 @@ def _aligned(model: torch.nn.Module) -> torch.nn.Module:
     checkpoint and one whose weights live in the trainer's aligned buffers (weight_sets.py) would not give
     bit-identical log-probs. Copies only the tensors that are off (a copy is allocated aligned)."""
     for t in [*model.parameters(), *model.buffers()]:
-        if t.device.type == "cpu" and t.numel() and t.data_ptr() % _ALIGN:
+        if t.is_cpu and t.numel() and t.data_ptr() % _ALIGN:
             t.data = t.data.clone()
     return model
 
