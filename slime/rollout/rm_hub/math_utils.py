@@ -17,9 +17,7 @@ from __future__ import annotations
 import logging
 import re
 
-import sympy
 from pylatexenc import latex2text
-from sympy.parsing import sympy_parser
 
 # pylatexenc logs a warning for every \frac it cannot expand (e.g. "\frac" at the end); the grade is the same
 logging.getLogger("pylatexenc").setLevel(logging.ERROR)
@@ -269,22 +267,27 @@ def should_allow_eval(expr: str) -> bool:
 
 
 def _sympy_names() -> dict:
+    import sympy
+
     # sympy's public names and no builtins, so parsing cannot call arbitrary Python
     return {"__builtins__": {}, **{k: v for k, v in vars(sympy).items() if not k.startswith("_")}}
 
 
-_SYMPY_TRANSFORMS = sympy_parser.standard_transformations + (sympy_parser.implicit_multiplication_application,)
-
-
 def _sympy_parse(expr: str):
+    # sympy is imported at the first expression graded this way (0.5 s per process that imports the graders)
+    from sympy.parsing import sympy_parser
+
+    transforms = sympy_parser.standard_transformations + (sympy_parser.implicit_multiplication_application,)
     return sympy_parser.parse_expr(expr.replace("^", "**"), local_dict={}, global_dict=_sympy_names(),
-                                   transformations=_SYMPY_TRANSFORMS)
+                                   transformations=transforms)
 
 
 def are_equal_under_sympy(ground_truth_normalized: str, given_normalized: str) -> bool:
     difference = f"({ground_truth_normalized})-({given_normalized})"
     if not should_allow_eval(difference):
         return False
+    import sympy
+
     try:
         return sympy.simplify(_sympy_parse(difference)) == 0
     except Exception:  # unparsable or unsimplifiable text is not provably equal
