@@ -100,7 +100,10 @@ def train(args, loop=None) -> list[dict[str, Any]]:
 
         record_processes(args.output_dir, handles["actor"].pids, "trainer")  # freed by the next run if killed
         _trainer_pids[:] = handles["actor"].pids
-        return (loop or _run)(args, handles, slots)
+        records = (loop or _run)(args, handles, slots)
+        if args.async_save:  # the last checkpoint's files may still be being written: published before the run ends
+            handles["actor"].finish_save()
+        return records
     finally:
         _cleanup(handles.get("actor"), handles.get("rollout"), slots)
 

@@ -229,8 +229,9 @@ def _plain(path: str) -> dict[str, torch.Tensor]:
 def run_chain(rank: int, port: int, ckpt: str, out: str) -> None:
     """One Adam step at DP2, saved; then each layout of CHAIN loads the previous layout's checkpoint and
     saves it again. Every checkpoint's tensors (weights, Adam moments) must be bit-identical to the first:
-    a load at any layout followed by a save writes back exactly what was read. Every save must find the
-    same common (non-tensor) state on both ranks."""
+    a load at any layout followed by a save writes back exactly what was read. Every other save is an async one
+    (--async-save), finished on both ranks after every weight and Adam moment changed: it holds the state at the
+    save. Every save must find the same common (non-tensor) state on both ranks."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -253,7 +254,15 @@ def run_chain(rank: int, port: int, ckpt: str, out: str) -> None:
         else:
             resumed = checkpoint.load(os.path.join(out, f"chain{i - 1}"), ddp, opt, rank, layout)
             assert resumed.start_rollout_id == i and "optimizer" in resumed.restored
-        checkpoint.save(os.path.join(out, f"chain{i}"), i, ddp, opt, rank, layout, {})
+        pending = checkpoint.save(os.path.join(out, f"chain{i}"), i, ddp, opt, rank, layout, {}, async_save=i % 2 == 1)
+        if i % 2 == 1:  # --async-save: training changes every weight and moment while the files are written
+            with torch.no_grad():
+                for t in [*ddp.parameters(), *(v for inner in checkpoint._inner_optimizers(opt)
+                                               for st in inner.state.values() for v in st.values()
+                                               if isinstance(v, torch.Tensor) and v.is_floating_point())]:
+                    t.add_(1.0)
+            assert not os.path.exists(checkpoint.iter_dir(os.path.join(out, f"chain{i}"), i))  # not yet published
+            pending.finish()
         name = f"tp{tp} ep{ep} pp{pp}{' dist-opt' if distributed else ''}"
         _assert_common_state_equal(warnings, name)
         tensors = _plain(checkpoint.iter_dir(os.path.join(out, f"chain{i}"), i))

@@ -4,7 +4,8 @@ Megatron trainer. Few iterations, tiny sizes.
 - colocated + IPC weight sync: reward defined every step, train/rollout log-prob mismatch < 1e-3
   (float32), weight checksums verified after every sync, metrics.jsonl complete;
 - resume from the first iteration's checkpoint, split placement + distributed (broadcast) weight sync:
-  the resumed iteration reproduces the uninterrupted run's metrics;
+  the resumed iteration reproduces the uninterrupted run's metrics (that run saves with --async-save, so the
+  checkpoint written in the background while rollout 1 ran holds rollout 0's state);
 - the same loop on the simulated NPU (Ascend code path against the torch_npu simulator on CPU; a
   simulation, not hardware).
 
@@ -100,11 +101,15 @@ def uninterrupted(assets, ray_session):
 
     out, save = str(assets["dir"] / "run_a"), str(assets["dir"] / "ckpt_a")
     args = parse_args(_argv(assets, out, "--colocate", "--update-weight-mode", "ipc", "--num-rollout", "2",
-                            "--save", save, "--save-interval", "1", "--eval-interval", "2",
+                            "--save", save, "--save-interval", "1", "--async-save", "--eval-interval", "2",
                             "--eval-prompt-data", "copy", assets["eval_data"], "--n-samples-per-eval-prompt", "2",
                             "--eval-temperature", "0", "--ci-save-grad-norm", _grad_norms(assets),
                             "--log-passrate", "--log-correct-samples", "--dump-details", str(assets["dir"] / "dump")))
     records = train(args)
+    # --async-save: rollout 0's checkpoint was published during rollout 1 (its train call) or before its save, and
+    # rollout 1's before the run ended; the resumed run below starts from rollout 0's
+    assert "time/async_save_finish" in records[1] and "time/async_save_finish" not in records[0]
+    assert open(os.path.join(save, "latest_checkpointed_iteration.txt")).read() == "1"
     return {"records": records, "out": out, "save": save, "assets": assets}
 
 

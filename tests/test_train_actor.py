@@ -3,6 +3,7 @@ match transformers, a train step moves the policy the right way, checkpoints res
 
 import os
 import random
+import time
 
 import pytest
 import torch
@@ -374,3 +375,132 @@ def _all_advantages(args, batch) -> dict[str, float]:
     from slime.backends.megatron.rollout_data import share_advantages
 
     return share_advantages(args, batch, range(len(batch)))
+
+
+@pytest.fixture
+def async_saves(actor_and_args, tmp_path):
+    """The module's actor with --async-save into a fresh --save root (and back afterwards)."""
+    actor, args = actor_and_args
+    before = args.save, args.async_save
+    args.save, args.async_save = str(tmp_path / "async"), True
+    yield actor, args
+    actor.finish_save()
+    args.save, args.async_save = before
+
+
+def _tracker(root) -> str | None:
+    path = os.path.join(root, "latest_checkpointed_iteration.txt")
+    return open(path).read() if os.path.exists(path) else None
+
+
+def test_async_save_writes_the_state_of_the_save_while_training_goes_on(async_saves, tmp_path, monkeypatch):
+    """--async-save: save returns with the files still to be written (held here until the step below is done)
+    and nothing published; a train step then changes most weights; once finished, the checkpoint holds the state
+    at the save, byte for byte the files a synchronous save of that state writes (the DCP metadata differs only in
+    its own path and save id)."""
+    import threading
+
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from slime.backends.megatron import checkpoint as ckpt
+    from slime.backends.megatron.model_setup import host_copy
+
+    actor, args = async_saves
+    original, trained_event = FileSystemWriterAsync.write_preloaded_data, threading.Event()
+
+    def after_the_step(*a, **kw):
+        assert trained_event.wait(60), "never released"
+        return original(*a, **kw)
+    sync_root = str(tmp_path / "sync")
+    ckpt.save(sync_root, 7, actor.model, actor.optimizer, 0, actor._layout(), {"data_source": {"offset": 7}},
+              vocab_divisible_by=args.make_vocab_size_divisible_by)
+    saved = host_copy(actor.model)
+    monkeypatch.setattr(FileSystemWriterAsync, "write_preloaded_data", staticmethod(after_the_step))
+    metrics = actor.save(7, {"data_source": {"offset": 7}})
+    assert metrics["time/save_staging"] > 0 and "time/async_save_finish" not in metrics
+    assert _tracker(args.save) is None and not os.path.exists(os.path.join(args.save, "iter_0000007"))
+    _train_once(actor, 7)
+    trained = host_copy(actor.model)
+    changed = [k for k in saved if not torch.equal(saved[k], trained[k])]
+    assert len(changed) >= len(saved) // 2, (len(changed), len(saved))  # the step moved most tensors
+    trained_event.set()
+    finished = actor.finish_save()
+    assert finished["time/async_save_finish"] >= finished["time/async_save_wait"] >= 0
+    assert _tracker(args.save) == "7" and not os.path.exists(os.path.join(args.save, ".tmp_iter_0000007"))
+    a, b = os.path.join(sync_root, "iter_0000007"), os.path.join(args.save, "iter_0000007")
+    assert sorted(os.listdir(a)) == sorted(os.listdir(b))
+    for name in os.listdir(a):
+        if name != ".metadata":
+            assert open(os.path.join(a, name), "rb").read() == open(os.path.join(b, name), "rb").read(), name
+    ma, mb = FileSystemReader(a).read_metadata(), FileSystemReader(b).read_metadata()
+    assert ma.state_dict_metadata == mb.state_dict_metadata and ma.storage_data == mb.storage_data
+    resumed = ckpt.load(args.save, actor.model, actor.optimizer, 0, actor._layout())
+    assert resumed.start_rollout_id == 8 and resumed.extra_state == {"data_source": {"offset": 7}}
+    assert all(torch.equal(saved[k], v) for k, v in host_copy(actor.model).items())
+    assert actor.finish_save() == {}  # nothing pending
+
+
+def test_async_save_is_published_only_once_written_and_before_the_next_save(async_saves, monkeypatch):
+    """A non-blocking finish (each train_rollout's) leaves a save whose files are still being written; the next
+    save publishes it first, then starts its own."""
+    import threading
+
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
+
+    actor, args = async_saves
+    original = FileSystemWriterAsync.write_preloaded_data
+    release = threading.Event()
+
+    def held(*a, **kw):
+        assert release.wait(60), "never released"
+        return original(*a, **kw)
+
+    monkeypatch.setattr(FileSystemWriterAsync, "write_preloaded_data", staticmethod(held))
+    actor.save(8, {})
+    assert actor.finish_save(blocking=False) == {} and _tracker(args.save) is None
+    release.set()
+    deadline = time.monotonic() + 60
+    while not (finished := actor.finish_save(blocking=False)):
+        assert time.monotonic() < deadline, "the writes never finished"
+        time.sleep(0.01)
+    assert _tracker(args.save) == "8" and "time/async_save_finish" in finished
+    release.clear()
+    actor.save(9, {})  # held again: publishing it waits for the release
+    threading.Timer(0.3, release.set).start()
+    metrics = actor.save(10, {})  # publishes 9 first
+    assert metrics["time/async_save_wait"] > 0.1 and _tracker(args.save) == "9"
+    assert actor.finish_save()["time/async_save_finish"] > 0 and _tracker(args.save) == "10"
+    assert sorted(n for n in os.listdir(args.save) if n.startswith("iter_")) == ["iter_0000008", "iter_0000009",
+                                                                               "iter_0000010"]
+
+
+def test_async_save_write_failure_is_raised_when_finished_and_publishes_nothing(async_saves, monkeypatch):
+    """A write that fails in the background: finishing raises it (megatron's CheckpointException naming the
+    error), the tracker still names the previous checkpoint, and no iteration directory appears for it."""
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
+
+    actor, args = async_saves
+    actor.save(11, {})
+    actor.finish_save()
+    original = FileSystemWriterAsync.write_preloaded_data
+
+    def fail(*a, **kw):
+        raise OSError("no space left on device (injected)")
+
+    monkeypatch.setattr(FileSystemWriterAsync, "write_preloaded_data", staticmethod(fail))
+    actor.save(12, {})
+    with pytest.raises(Exception, match="injected"):
+        actor.finish_save()
+    assert _tracker(args.save) == "11" and not os.path.exists(os.path.join(args.save, "iter_0000012"))
+    assert actor.finish_save() == {}  # the failed save is not pending any more
+    monkeypatch.setattr(FileSystemWriterAsync, "write_preloaded_data", original)
+    actor.save(12, {})  # the next save replaces the partial temp directory
+    actor.finish_save()
+    assert _tracker(args.save) == "12" and not os.path.exists(os.path.join(args.save, ".tmp_iter_0000012"))
+
+
+def test_async_save_needs_save(tiny_ckpt, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--hf-checkpoint", tiny_ckpt, "--num-rollout", "2", "--global-batch-size", "6", "--async-save"])
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("--async-save needs --save DIR")

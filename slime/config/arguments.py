@@ -96,6 +96,9 @@ def _add_dist_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("checkpoint format and resume (Megatron's flags)")
     _add(g, parser, "--ckpt-format", choices=CKPT_FORMATS, default="torch_dist",
          help="Megatron's distributed checkpoint format: loads at any TP/EP/DP/PP layout")
+    _add(g, parser, "--async-save", action="store_true",
+         help="write each checkpoint's files in the background while training goes on (published once written, "
+              "at the latest before the next save and at the end of the run)")
     _add(g, parser, "--no-load-optim", action="store_true", help="resume without the optimizer state")
     _add(g, parser, "--no-load-rng", action="store_true", help="resume without the RNG state")
     _add(g, parser, "--finetune", action="store_true",
@@ -727,6 +730,7 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     if args.save_interval is not None:
         _require(args.save is not None, "--save-interval needs --save DIR")
         _require(args.save_interval >= 1, f"--save-interval must be >= 1, got {args.save_interval}")
+    _require(not args.async_save or args.save is not None, "--async-save needs --save DIR")
     if args.check_weight_update_equal:
         args.check_weight_sync = 1
     if args.update_weight_mode == "ipc":

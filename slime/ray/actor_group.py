@@ -73,6 +73,10 @@ class RayTrainGroup:
     def save(self, rollout_id: int, extra_state: dict[str, Any]) -> dict[str, float]:
         return self._all("save", rollout_id, extra_state)[0]
 
+    def finish_save(self) -> dict[str, float]:
+        """--async-save: publish the last checkpoint, whose files may still be being written."""
+        return self._all("finish_save")[0]
+
     def load_extra_state(self) -> dict[str, Any] | None:
         return self._all("loaded_extra_state")[0]
 

@@ -407,7 +407,8 @@ class MegatronTrainRayActor:
         batch = batch_from_payload(payload)
         batch.reuse_train_log_probs = reuse_train_log_probs
         mine = self._my_samples(batch)
-        metrics: dict[str, float] = {"time/log_probs": 0.0, "time/log_probs_old": 0.0, "time/log_probs_ref": 0.0}
+        metrics: dict[str, float] = {"time/log_probs": 0.0, "time/log_probs_old": 0.0, "time/log_probs_ref": 0.0,
+                                     **self.finish_save(blocking=False)}  # --async-save: written during the rollout
         if self.critic is not None:  # first, as upstream's critic group: its old values feed the actor's GAE
             metrics.update(self.critic.train_rollout(rollout_id, batch, mine))
             if rollout_id < args.num_critic_only_steps:  # --num-critic-only-steps: the actor does not train yet
@@ -702,15 +703,36 @@ class MegatronTrainRayActor:
     # --- checkpoints ----------------------------------------------------------------------
     def save(self, rollout_id: int, extra_state: dict[str, Any]) -> dict[str, float]:
         t0 = time.perf_counter()
-        ckpt.save(self.args.save, rollout_id, self.model, self.optimizer, self.rank, self._layout(), extra_state,
-                  vocab_divisible_by=self.args.make_vocab_size_divisible_by)  # Megatron's padding
+        finished = self.finish_save()  # --async-save: the previous one is published before the next starts
+        t_save = time.perf_counter()
+        saved = ckpt.save(self.args.save, rollout_id, self.model, self.optimizer, self.rank, self._layout(),
+                          extra_state, vocab_divisible_by=self.args.make_vocab_size_divisible_by,  # Megatron's padding
+                          async_save=bool(getattr(self.args, "async_save", False)))
+        if not isinstance(saved, str):  # a PendingSave: its files are being written
+            self._pending_save = saved
+            finished["time/save_staging"] = time.perf_counter() - t_save
         if self.critic is not None:  # its own torch_dist checkpoint (slime.backends.megatron.critic)
             self.critic.save(self.args, rollout_id)
         if self.args.save_hf:
             from slime.backends.megatron import model_setup
 
             model_setup.save_hf(self.model, self.args.save_hf.replace("{rollout_id}", str(rollout_id)), self.args)
-        return {"time/save": time.perf_counter() - t0}
+        return {**finished, "time/save": time.perf_counter() - t0}
+
+    def finish_save(self, blocking: bool = True) -> dict[str, float]:
+        """--async-save: publish the checkpoint whose files are being written (collective: every rank calls it at
+        the same point). blocking=False publishes it only when every rank's writes are done, else leaves it."""
+        from slime.backends.megatron.async_save import written_everywhere
+
+        pending = getattr(self, "_pending_save", None)
+        if pending is None or (not blocking and not written_everywhere(pending)):
+            return {}
+        t0 = time.perf_counter()
+        self._pending_save = None
+        final, waited = pending.finish()
+        if self.rank == 0:
+            logger.info("--async-save: %s published (%.3f s waited for its writes)", final, waited)
+        return {"time/async_save_wait": waited, "time/async_save_finish": time.perf_counter() - t0}
 
     # --- memory (--offload-train) ---------------------------------------------------------
     def offload(self) -> int:

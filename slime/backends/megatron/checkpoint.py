@@ -294,9 +294,11 @@ def _publish(tmp: str, final: str) -> None:
 
 
 def save(root: str, rollout_id: int, model, optimizer, rank: int, layout: dict[str, int],
-         extra_state: dict[str, Any], vocab_divisible_by: int = 128) -> str:
+         extra_state: dict[str, Any], vocab_divisible_by: int = 128, async_save: bool = False):
     """Collective over the trainer ranks. Returns the final iteration directory. Tensors under upstream's
-    names (checkpoint_keys), the vocabulary padded as Megatron pads it (vocab_divisible_by x TP rows)."""
+    names (checkpoint_keys), the vocabulary padded as Megatron pads it (vocab_divisible_by x TP rows).
+    async_save (--async-save): returns a PendingSave once the tensors are staged (host copies); their files are
+    written in the background, and the checkpoint is published by PendingSave.finish, collective as well."""
     from megatron.core import dist_checkpointing
 
     final = iter_dir(root, rollout_id)  # rollout_id -1: Megatron's release checkpoint (ROOT/release)
@@ -320,7 +322,17 @@ def save(root: str, rollout_id: int, model, optimizer, rank: int, layout: dict[s
                  args=K.megatron_args(arch, layout, vocab_divisible_by),
                  slime={"rollout_id": rollout_id, "extra": extra_state, "layout": dict(layout),
                         "optimizer_step": optimizer_step(optimizer) if optimizer is not None else 0})
+    if async_save:
+        from slime.backends.megatron.async_save import PendingSave
+
+        request = dist_checkpointing.save(state, tmp, async_sharded_save=True)
+        return PendingSave(request, publish=lambda: _published(root, rollout_id, tmp, final, rank), final=final)
     dist_checkpointing.save(state, tmp)
+    return _published(root, rollout_id, tmp, final, rank)
+
+
+def _published(root: str, rollout_id: int, tmp: str, final: str, rank: int) -> str:
+    """Collective, once every rank's files are written: the temp directory renamed into place, then the tracker."""
     _barrier()
     if rank == 0:
         _publish(tmp, final)
