@@ -707,7 +707,7 @@ class MegatronTrainRayActor:
         t_save = time.perf_counter()
         saved = ckpt.save(self.args.save, rollout_id, self.model, self.optimizer, self.rank, self._layout(),
                           extra_state, vocab_divisible_by=self.args.make_vocab_size_divisible_by,  # Megatron's padding
-                          async_save=bool(getattr(self.args, "async_save", False)))
+                          async_save=self.args.async_save)
         if not isinstance(saved, str):  # a PendingSave: its files are being written
             self._pending_save = saved
             finished["time/save_staging"] = time.perf_counter() - t_save
