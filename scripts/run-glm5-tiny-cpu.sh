@@ -13,6 +13,7 @@
 # (supervised steps of the checkpoint, default 400; 0 is the random-init model, which plateaus at ~0.35).
 # Extra arguments are passed to train.py (e.g. --num-rollout 10; --eval-interval 2 evaluates greedily on 32
 # prompts of another seed before training and every 2 rollouts: eval records in metrics.jsonl and report.png).
+# Checkpoints are written in the background (--async-save) while the next rollouts run, and published once written.
 # Re-running resumes from RUN_DIR/ckpt (train.py says so); re-run before the first checkpoint (rollout 19),
 # the same command restarts from rollout 0 (its unsaved records discarded, said so). A RUN_DIR holding
 # another run's metrics is refused (one line): pick a fresh RUN_DIR or pass --overwrite-output.
@@ -51,7 +52,7 @@ mkdir -p "$RUN_DIR"
   --advantage-estimator grpo --eps-clip 0.2 --eps-clip-high 0.28 \
   --lr 4e-4 --weight-decay 0.0 --clip-grad 1.0 --adam-beta1 0.9 --adam-beta2 0.98 --seed 1234 \
   --update-weight-mode auto --update-weight-buffer-size $((64 * 1024 * 1024)) \
-  --save "$RUN_DIR/ckpt" --load "$RUN_DIR/ckpt" --save-interval 20 \
+  --save "$RUN_DIR/ckpt" --load "$RUN_DIR/ckpt" --save-interval 20 --async-save \
   --output-dir "$RUN_DIR/run" --num-cpus "$(nproc)" \
   --eval-prompt-data copy "$RUN_DIR/eval.jsonl" --n-samples-per-eval-prompt 1 --eval-temperature 0 \
   "$@"
