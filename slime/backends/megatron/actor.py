@@ -42,11 +42,19 @@ def _host_store(host: str, world_size: int):
     other ranks, the engines, Ray's workers): rank 0 then failed to bind it while the other ranks waited for
     its store until their rendezvous timeout (30 min)."""
     import torch.distributed as dist
-    from torch.distributed.constants import default_pg_timeout
+    from torch.distributed.constants import default_pg_timeout  # init_process_group's rendezvous timeout
 
-    # the timeout the other ranks' tcp:// rendezvous uses (init_process_group's default)
     return dist.TCPStore(host, 0, world_size, is_master=True, wait_for_workers=False, multi_tenant=True,
                          timeout=default_pg_timeout)
+
+
+def _client_store(master: tuple[str, int], world_size: int):
+    """Rank > 0: a client of rank 0's store. Every rank passes an explicit store to init_process_group: a tcp://
+    init_method keeps its keys where a store passed in by rank 0 does not, and the ranks would never meet."""
+    import torch.distributed as dist
+    from torch.distributed.constants import default_pg_timeout
+
+    return dist.TCPStore(*master, world_size, is_master=False, timeout=default_pg_timeout)
 
 
 class MegatronTrainRayActor:
@@ -88,13 +96,7 @@ class MegatronTrainRayActor:
         if args.deterministic_mode:  # before the process group and the model: env of the collectives, algorithms
             acc.set_deterministic()
         if not dist.is_initialized():
-            store = self._store
-            if store is None:  # rank > 0: a client of rank 0's store (an explicit store on every rank: a tcp://
-                # init_method keeps its keys where a store passed in by rank 0 does not, and the ranks never meet)
-                from torch.distributed.constants import default_pg_timeout
-
-                addr, port = self.master
-                store = dist.TCPStore(addr, port, self.world_size, is_master=False, timeout=default_pg_timeout)
+            store = self._store if self._store is not None else _client_store(self.master, self.world_size)
             dist.init_process_group(backend=acc.process_group_backend(), store=store, world_size=self.world_size,
                                     rank=self.rank)
         from slime.backends.megatron import init_parallel
