@@ -10,7 +10,7 @@
 # device has no IPC).
 #
 # Environment knobs: RUN_DIR (outputs, default outputs/glm5-tiny), NUM_ROLLOUT (default 60), WARMUP_STEPS
-# (supervised steps of the checkpoint, default 400; 0 is the random-init model, which plateaus at ~0.35).
+# (supervised steps of the checkpoint, default 600; 0 is the random-init model, which plateaus at ~0.35).
 # Extra arguments are passed to train.py (e.g. --num-rollout 10; --eval-interval 2 evaluates greedily on 32
 # prompts of another seed before training and every 2 rollouts: eval records in metrics.jsonl and report.png).
 # Checkpoints are written in the background (--async-save) while the next rollouts run, and published once written.
@@ -27,7 +27,7 @@ export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
 
 RUN_DIR="${RUN_DIR:-$ROOT/outputs/glm5-tiny}"
 NUM_ROLLOUT="${NUM_ROLLOUT:-60}"
-WARMUP_STEPS="${WARMUP_STEPS:-400}"
+WARMUP_STEPS="${WARMUP_STEPS:-600}"
 ACCELERATOR="$("$PY" -m slime.accelerator --name)"
 echo "accelerator: $ACCELERATOR   run dir: $RUN_DIR"
 mkdir -p "$RUN_DIR"
