@@ -388,6 +388,23 @@ def async_saves(actor_and_args, tmp_path):
     args.save, args.async_save = before
 
 
+def _held_writes(monkeypatch):
+    """Every torch_dist file write waits until the returned event is set (the writes of an async save stay in
+    flight meanwhile)."""
+    import threading
+
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
+
+    original, release = FileSystemWriterAsync.write_preloaded_data, threading.Event()
+
+    def held(*a, **kw):
+        assert release.wait(60), "never released"
+        return original(*a, **kw)
+
+    monkeypatch.setattr(FileSystemWriterAsync, "write_preloaded_data", staticmethod(held))
+    return release
+
+
 def _tracker(root) -> str | None:
     path = os.path.join(root, "latest_checkpointed_iteration.txt")
     return open(path).read() if os.path.exists(path) else None
@@ -398,25 +415,17 @@ def test_async_save_writes_the_state_of_the_save_while_training_goes_on(async_sa
     and nothing published; a train step then changes most weights; once finished, the checkpoint holds the state
     at the save, byte for byte the files a synchronous save of that state writes (the DCP metadata differs only in
     its own path and save id)."""
-    import threading
-
-    from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
     from torch.distributed.checkpoint import FileSystemReader
 
     from slime.backends.megatron import checkpoint as ckpt
     from slime.backends.megatron.model_setup import host_copy
 
     actor, args = async_saves
-    original, trained_event = FileSystemWriterAsync.write_preloaded_data, threading.Event()
-
-    def after_the_step(*a, **kw):
-        assert trained_event.wait(60), "never released"
-        return original(*a, **kw)
     sync_root = str(tmp_path / "sync")
     ckpt.save(sync_root, 7, actor.model, actor.optimizer, 0, actor._layout(), {"data_source": {"offset": 7}},
               vocab_divisible_by=args.make_vocab_size_divisible_by)
     saved = host_copy(actor.model)
-    monkeypatch.setattr(FileSystemWriterAsync, "write_preloaded_data", staticmethod(after_the_step))
+    trained_event = _held_writes(monkeypatch)
     metrics = actor.save(7, {"data_source": {"offset": 7}})
     assert metrics["time/save_staging"] > 0 and "time/async_save_finish" not in metrics
     assert _tracker(args.save) is None and not os.path.exists(os.path.join(args.save, "iter_0000007"))
@@ -446,17 +455,8 @@ def test_async_save_is_published_only_once_written_and_before_the_next_save(asyn
     save publishes it first, then starts its own."""
     import threading
 
-    from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
-
     actor, args = async_saves
-    original = FileSystemWriterAsync.write_preloaded_data
-    release = threading.Event()
-
-    def held(*a, **kw):
-        assert release.wait(60), "never released"
-        return original(*a, **kw)
-
-    monkeypatch.setattr(FileSystemWriterAsync, "write_preloaded_data", staticmethod(held))
+    release = _held_writes(monkeypatch)
     actor.save(8, {})
     assert actor.finish_save(blocking=False) == {} and _tracker(args.save) is None
     release.set()

@@ -75,6 +75,7 @@ class MegatronTrainRayActor:
         self.ref_weights: dict[str, torch.Tensor] | None = None
         self.weight_sync = None
         self._extra_state: dict[str, Any] | None = None
+        self._pending_save = None  # --async-save: the checkpoint whose files are being written (async_save.PendingSave)
 
     def get_master_addr_port(self) -> tuple[str, int]:
         return self.master
@@ -710,7 +711,7 @@ class MegatronTrainRayActor:
         saved = ckpt.save(self.args.save, rollout_id, self.model, self.optimizer, self.rank, self._layout(),
                           extra_state, vocab_divisible_by=self.args.make_vocab_size_divisible_by,  # Megatron's padding
                           async_save=self.args.async_save)
-        if not isinstance(saved, str):  # a PendingSave: its files are being written
+        if self.args.async_save:  # a PendingSave: its files are being written
             self._pending_save = saved
             finished["time/save_staging"] = time.perf_counter() - t_save
         if self.critic is not None:  # its own torch_dist checkpoint (slime.backends.megatron.critic)
@@ -726,7 +727,7 @@ class MegatronTrainRayActor:
         the same point). blocking=False publishes it only when every rank's writes are done, else leaves it."""
         from slime.backends.megatron.async_save import written_everywhere
 
-        pending = getattr(self, "_pending_save", None)
+        pending = self._pending_save
         if pending is None or (not blocking and not written_everywhere(pending)):
             return {}
         t0 = time.perf_counter()

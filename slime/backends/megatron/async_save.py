@@ -22,6 +22,8 @@ import threading
 import time
 from typing import Any, Callable
 
+from slime.backends.megatron.checkpoint import _barrier
+
 
 def _own_copies(staged: list, original: list) -> list:
     """Write buckets whose tensors the writer owns: a staged tensor that is the live one (preload_fn returns host
@@ -87,10 +89,3 @@ def written_everywhere(pending: PendingSave) -> bool:
     if dist.is_initialized():
         dist.all_reduce(done, op=dist.ReduceOp.MIN)
     return bool(done.item())
-
-
-def _barrier() -> None:
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.barrier()
