@@ -1,0 +1,3 @@
+"""GLM-5.3-Flash (glm5_next: KDA + DSA hybrid with mHC hyper-connections, MoE, vision tower) on Megatron-core.
+
+config.py reads the architecture; tiny.py holds the tests' tiny configs."""
