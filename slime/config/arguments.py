@@ -16,6 +16,7 @@ import os
 import re
 from typing import Sequence
 
+from slime.config.parser_helpers import ArgumentError, add_argument_once, limit as _limit, require as _require
 from slime.utils.help_format import DefaultsOnceFormatter
 from slime.utils.mask_utils import LOSS_MASK_TYPES
 
@@ -23,17 +24,6 @@ ADVANTAGE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_p
 KL_LOSS_TYPES = ("k1", "k2", "k3", "low_var_kl")
 UPDATE_WEIGHT_MODES = ("auto", "ipc", "distributed")
 CKPT_FORMATS = ("torch_dist",)
-
-
-class ArgumentError(ValueError):
-    """A bad combination of flags. The message is one line: the problem and the fix."""
-
-
-def add_argument_once(group, parser: argparse.ArgumentParser, flag: str, **kwargs) -> None:
-    """`group.add_argument(flag, ...)` unless `parser` already has `flag`: the cluster and rollout groups
-    both list a few shared flags (e.g. --rollout-num-gpus), and the first definition wins."""
-    if flag not in parser._option_string_actions:
-        group.add_argument(flag, **kwargs)
 
 
 _add = add_argument_once
@@ -414,7 +404,7 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
-    from slime.config.rollout_args import add_rollout_arguments
+    from slime.config.rollout_flags import add_rollout_arguments
 
     add_rollout_arguments(parser)
 
@@ -507,22 +497,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _require(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ArgumentError(msg)
-
-
-def _limit(args: argparse.Namespace, cond: bool, msg: str) -> None:
-    """Valid for upstream slime but not runnable by this trainer yet: an error, or a warning under --dry-run
-    (which plans a run for a target cluster)."""
-    if cond:
-        return
-    if args.dry_run:
-        args.dry_run_limits.append(msg)
-    else:
-        raise ArgumentError(msg)
-
-
 def _read_hf_config(args: argparse.Namespace) -> dict | None:
     import json
 
@@ -605,7 +579,7 @@ def _set_num_rollout_from_epochs(args: argparse.Namespace) -> None:
 
 def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     """Fill derived values and check combinations; raises ArgumentError (one line per problem)."""
-    from slime.config.rollout_args import RolloutArgumentError, validate_rollout_args
+    from slime.config.rollout_flags import RolloutArgumentError, validate_rollout_args
 
     args.dry_run_limits = []
     _require(args.hf_checkpoint is not None, "--hf-checkpoint is required: pass the HF model directory to train")

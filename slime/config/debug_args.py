@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from slime.config.arguments import ArgumentError, add_argument_once as _add
+from slime.config.parser_helpers import ArgumentError, add_argument_once as _add
 
 
 def add_debug_arguments(parser: argparse.ArgumentParser) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from slime.config.arguments import add_argument_once as _add
+from slime.config.parser_helpers import add_argument_once as _add
 
 LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
 ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local", "auto")

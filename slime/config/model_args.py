@@ -18,7 +18,7 @@ import ast
 import math
 from typing import Any, Callable
 
-from slime.config.arguments import add_argument_once as _add
+from slime.config.parser_helpers import add_argument_once as _add
 
 # How each HF model_type reads MODEL_ARGS (which models the trainer can build: slime_plugins.models.registry).
 # MLA families carry kv_lora_rank etc.; the others are GQA/MHA.

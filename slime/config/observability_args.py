@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from slime.config.arguments import add_argument_once as _add
+from slime.config.parser_helpers import ArgumentError, add_argument_once as _add
 
 
 def add_observability_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,8 +73,6 @@ def add_profiler_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def validate_profiler_args(args: argparse.Namespace) -> None:
-    from slime.config.arguments import ArgumentError
-
     if args.use_pytorch_profiler and args.profile_step_end <= args.profile_step_start:
         raise ArgumentError(f"--profile-step-end {args.profile_step_end} must be greater than --profile-step-start "
                             f"{args.profile_step_start}")
@@ -103,8 +101,6 @@ def add_dump_arguments(parser: argparse.ArgumentParser) -> None:
 
 def apply_dump_details(args: argparse.Namespace) -> None:
     """--dump-details sets both dumps (upstream's: over any given), which must then differ."""
-    from slime.config.arguments import ArgumentError
-
     if args.dump_details is not None:
         args.save_debug_rollout_data = f"{args.dump_details}/rollout_data/{{rollout_id}}.pt"
         args.save_debug_train_data = f"{args.dump_details}/train_data/{{rollout_id}}.pt"

@@ -14,8 +14,7 @@ import argparse
 import copy
 import os
 
-from slime.config.arguments import ArgumentError
-from slime.config.arguments import add_argument_once as _add
+from slime.config.parser_helpers import ArgumentError, add_argument_once as _add
 
 # Role overrides that would split the actor's and the critic's layout or placement (both share the ranks).
 _SHARED_LAYOUT = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",

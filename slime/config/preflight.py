@@ -5,7 +5,6 @@ What is checked, each failure one line naming the file or flag and the fix (`Pre
   is readable and its tensors' byte ranges match the dtype/shape and the file size (no weight is read);
 - `--prompt-data`: every line is a JSON object with `--input-key`; a rule reward (`--rm-type`) also needs
   `--label-key` on every line; the prompt count is reported;
-- rollout flags (`--rollout-batch-size` ...) via `validate_rollout_args`, so they fail here, not in an actor;
 - `--save`, `--output-dir`, `--save-hf`: writable (a probe file in the nearest existing directory, removed);
 - `--load`: what the trainer will read (`checkpoint_layout.find_checkpoint`), its files intact: a torch_dist
   iteration's `.metadata` storage ranges fit its `.distcp` files and `common.pt` is a complete archive; the
@@ -24,50 +23,15 @@ import json
 import os
 import tempfile
 import zipfile
-from dataclasses import dataclass, field
 from typing import Any
 
+from slime.config.preflight_inputs import check_data_inputs, check_inputs
+from slime.config.preflight_report import (  # noqa: F401 (also this module's API)
+    UNLABELLED_REWARDS, PreflightError, PreflightReport, _reward_base)
 from slime.utils import safetensors_header
 
 TRACKER = "latest_checkpointed_iteration.txt"  # same name as slime.backends.megatron.checkpoint.TRACKER
 METRICS_FILE = "metrics.jsonl"
-# Rewards that score a response against the prompt's label.
-# Built-in rewards that grade against the prompt's label (all but "random"); a boxed_ prefix grades the
-# last \\boxed{} of the response with the same rule.
-UNLABELLED_REWARDS = ("random",)
-
-
-def _reward_base(rm_type: str | None) -> str | None:
-    return rm_type[len("boxed_"):] if rm_type and rm_type.startswith("boxed_") else rm_type
-
-
-class PreflightError(ValueError):
-    """An input or output that would fail the run later. One line: the file or flag, and the fix."""
-
-
-@dataclass
-class PreflightReport:
-    prompts: int = 0
-    labelled: int = 0
-    resume_iteration: int | None = None  # the --load iteration the run will resume after
-    resume_root: str | None = None  # the checkpoint root (holding the tracker) of that iteration
-    restart_records: int = 0  # the same run re-run before its first checkpoint: its records to discard
-    shortest_prompt: int | None = None  # tokens; known when --rollout-max-prompt-len made preflight tokenize
-    warnings: list[str] = field(default_factory=list)  # accepted, but likely not what was meant: one line each
-    checkpoints: list[str] = field(default_factory=list)  # what --load / --ref-load torch_dist checkpoints hold
-
-    def lines(self, args: Any) -> list[str]:
-        out = list(self.checkpoints)
-        if getattr(args, "prompt_data", None):
-            out.append(f"prompts: {self.prompts} in {args.prompt_data} ({self.labelled} with a label)")
-        if self.resume_iteration is not None:
-            out.append(f"resuming from {args.load} after rollout {self.resume_iteration}")
-        if self.restart_records:
-            n = self.restart_records
-            out.append(f"restarting from rollout 0: this run was stopped before its first checkpoint; {n} metric "
-                       f"record{'s' if n != 1 else ''} of its unsaved rollouts discarded")
-        out += [f"warning: {w}" for w in self.warnings]
-        return out
 
 
 def add_preflight_arguments(parser: argparse.ArgumentParser) -> None:
@@ -335,17 +299,9 @@ def check_no_overwrite(args: Any, report: PreflightReport) -> None:
 # ------------------------------------------------------------------ all
 def run_preflight(args: Any) -> PreflightReport:
     """Every check above, in order of what a user most likely got wrong; raises PreflightError."""
-    from slime.config.rollout_args import RolloutArgumentError, validate_rollout_args
-
-    from slime.config.preflight_inputs import check_data_inputs, check_inputs
-
     report = PreflightReport()
     check_inputs(args, report)  # the accelerator, engine, CPUs, output dirs that are the model dir
     hf_config = check_hf_checkpoint(args.hf_checkpoint) if getattr(args, "hf_checkpoint", None) else None
-    try:
-        validate_rollout_args(args)
-    except RolloutArgumentError as e:
-        raise PreflightError(str(e)) from e
     check_reward(args)
     if getattr(args, "prompt_data", None):
         check_prompts(args, report)

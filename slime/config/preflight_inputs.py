@@ -20,7 +20,7 @@ import importlib.util
 import os
 from typing import Any
 
-from slime.config.preflight import UNLABELLED_REWARDS, PreflightError, PreflightReport, _reward_base
+from slime.config.preflight_report import UNLABELLED_REWARDS, PreflightError, PreflightReport, _reward_base
 
 
 def _rule_reward(args: Any) -> bool:
@@ -71,7 +71,7 @@ def check_resources(args: Any, acc: Any, report: PreflightReport) -> None:
 def check_eval_prompts(args: Any) -> None:
     """Every --eval-prompt-data NAME PATH set: readable, each record with the eval input key (and label, for a
     rule reward)."""
-    from slime.config.rollout_args import eval_datasets
+    from slime.rollout.settings import eval_datasets
     from slime.rollout.prompt_files import PromptFileError, read_records
 
     flag_keys = (getattr(args, "eval_input_key", None) or args.input_key,

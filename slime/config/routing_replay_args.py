@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from slime.config.arguments import ArgumentError
-from slime.config.arguments import add_argument_once as _add
+from slime.config.parser_helpers import ArgumentError, add_argument_once as _add
 
 
 def add_routing_replay_arguments(parser: argparse.ArgumentParser) -> None:

@@ -17,7 +17,8 @@ import dataclasses
 import os
 from typing import Any, Sequence
 
-from slime.config.sglang_options import RENAMED, RESERVED, given_server_options, server_surface
+from slime.config.sglang_options import (RENAMED, RESERVED, SGLANG_FLAGS, SGLANG_PASSTHROUGH, given_server_options,
+                                         server_surface)
 
 # options the embedded engine reads (slime/ray/rollout_manager.py)
 EMBEDDED_HONORED = ("max-running-requests", "context-length", "dtype", "random-seed", "enable-deterministic-inference")
@@ -59,8 +60,6 @@ def extra_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def embedded_ignored_line(args: argparse.Namespace) -> str | None:
     """One line naming the --sglang-* options the embedded engine ignores, or None."""
-    from slime.config.rollout_args import SGLANG_FLAGS, SGLANG_PASSTHROUGH
-
     given = [n for n in SGLANG_PASSTHROUGH if getattr(args, "sglang_" + n.replace("-", "_"), None) is not None]
     given += [n for n in SGLANG_FLAGS if getattr(args, "sglang_" + n.replace("-", "_"), False)]
     given += [n for n in extra_options(args) if n not in given]

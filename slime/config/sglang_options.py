@@ -33,6 +33,16 @@ RESERVED = ("model-path", "config", "port", "host", "tp-size", "nnodes", "node-r
 RENAMED = {"cuda-graph-bs": "cuda-graph-bs-decode", "cuda-graph-max-bs": "cuda-graph-max-bs-decode",
            "nsa-decode-backend": "dsa-decode-backend", "nsa-prefill-backend": "dsa-prefill-backend",
            "mamba-scheduler-strategy": "mamba-radix-cache-strategy"}
+# --sglang-<name>: (type, help). Values are forwarded as --<name> to sglang.launch_server.
+SGLANG_PASSTHROUGH: dict[str, tuple[Any, str]] = {
+    "mem-fraction-static": (float, "fraction of device memory for weights + KV cache"),
+    "context-length": (int, "context length (default: the model's)"),
+    "dtype": (str, "weight dtype (auto, bfloat16, float16, float32)"),
+    "max-running-requests": (int, "concurrent requests per engine"),
+    "chunked-prefill-size": (int, "prefill chunk size in tokens"),
+    "random-seed": (int, "server random seed"),
+}
+SGLANG_FLAGS = ("disable-cuda-graph", "enable-memory-saver", "disable-radix-cache")
 # upstream slime's router defaults (slime/backends/sglang_utils/arguments.py), not the router's own
 ROUTER_DEFAULTS = {"router_balance_abs_threshold": 10, "router_balance_rel_threshold": 1.2, "router_log_level": "warn"}
 ROUTER_SKIPPED = ("worker-urls",)  # the engines this project starts
