@@ -131,7 +131,7 @@ def run_ops(acc, s: Section, a) -> None:
     import torch
     from ops import SIZES, _cases, _time
 
-    from slime.accelerator.ops import OP_NAMES, reference
+    from slime.accelerator.ops import OP_NAMES, reference_op
 
     size = SIZES["small" if a.size == "tiny" else "large"]
     _header(s, "op", "dtype", "implementation", "fwd err", "bwd err", "tol", "ref ms", "dev ms", "speed-up")
@@ -147,15 +147,15 @@ def run_ops(acc, s: Section, a) -> None:
                 torch.manual_seed(0)
                 case = cases[name]
                 args, kwargs = case.make(acc.device(), getattr(torch, dtype_name), size)
-                fwd, bwd = _op_errors(name, getattr(acc.ops, name), getattr(reference, name), args, kwargs, case.grad_args)
+                fwd, bwd = _op_errors(name, getattr(acc.ops, name), reference_op(name), args, kwargs, case.grad_args)
                 backward = bool(case.grad_args)
-                t_ref = _time(acc, getattr(reference, name), args, kwargs, case.grad_args, backward, 0.1, 10)
+                t_ref = _time(acc, reference_op(name), args, kwargs, case.grad_args, backward, 0.1, 10)
                 t_dev = _time(acc, getattr(acc.ops, name), args, kwargs, case.grad_args, backward, 0.1, 10)
             except Exception as e:  # a failing op is a finding, not the end of the report
                 s.row(name, dtype_name, label, f"error: {type(e).__name__}: {str(e)[:80]}", "", "", "", "", "")
                 s.fail(f"{name} {dtype_name}: {type(e).__name__}")
                 continue
-            index_op = name == "lightning_indexer"
+            index_op = name in ("lightning_indexer", "kpool_indexer")
             ok = fwd <= (0.02 if index_op and dtype_name == "bfloat16" else 0.0 if index_op else tol) and (bwd is None or bwd <= tol)
             if not ok:
                 s.fail(f"{name} {dtype_name}: error {fwd:.2e}/{bwd} > {tol}")

@@ -26,7 +26,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from slime.accelerator import get_accelerator  # noqa: E402
-from slime.accelerator.ops import OP_NAMES, reference  # noqa: E402
+from slime.accelerator.ops import OP_NAMES, reference, reference_op  # noqa: E402
 
 SIZES = {  # tokens, hidden, heads, experts, vocab
     "small": dict(t=256, h=512, heads=4, e=32, v=4096, seqs=2, topk=16),
@@ -83,6 +83,11 @@ def _cases() -> dict[str, Case]:
         cu = _cu(s["t"], s["seqs"], dev)
         return (q, k, w, cu, cu, s["topk"]), {}
 
+    def kpool_indexer(dev, dt, s):  # GLM-5.3-Flash: pools of 16 keys, the incomplete tail always selected
+        (q, k, w, cu, _, topk), _ = indexer(dev, dt, s)
+        gate, ape = torch.randn_like(k), torch.randn(16, k.shape[-1], device=dev, dtype=dt)
+        return (q, k, gate, ape, w, cu, cu, max(16, topk // 16 * 16), 16, True), {}
+
     def swiglu(dev, dt, s):
         return (torch.randn(s["t"], 2 * s["h"], device=dev, dtype=dt),), {}
 
@@ -114,6 +119,7 @@ def _cases() -> dict[str, Case]:
         "attention": Case(attn, (0, 1, 2)),
         "sparse_attention": Case(sparse, (0, 1, 2)),
         "lightning_indexer": Case(indexer),
+        "kpool_indexer": Case(kpool_indexer),
         "swiglu": Case(swiglu, (0,)),
         "moe_route": Case(route, (0,)),
         "moe_permute": Case(permute, (0,)),
@@ -202,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in a.ops.split(","):
             case = cases[name]
             args, kwargs = case.make(dev, dtype, size)
-            dev_fn, ref_fn = getattr(acc.ops, name), getattr(reference, name)
+            dev_fn, ref_fn = getattr(acc.ops, name), reference_op(name)
             backward = bool(case.grad_args)
             with torch.no_grad():
                 err = _error(name, dev_fn(*args, **kwargs), ref_fn(*args, **kwargs))

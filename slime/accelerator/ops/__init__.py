@@ -4,8 +4,8 @@
     y = ops.rms_norm(x, w, 1e-6)
     ops.source("attention")   # e.g. "reference", "flash_attn.flash_attn_varlen_func", "torch_npu.npu_fusion_attention"
 
-Every op has a pure-torch reference (slime/accelerator/ops/reference.py: the contracts and the
-source of truth). A device provider, the module the accelerator class names in `op_provider`, may supply a faster
+Every op has a pure-torch reference (slime/accelerator/ops/reference.py, or the op's own module in
+REFERENCE_MODULES: the contracts and the source of truth; `reference_op(name)`). A device provider, the module the accelerator class names in `op_provider`, may supply a faster
 implementation with the same signature; when it cannot (library missing, version too old) the op
 falls back to the reference with one log line. Providers are imported and probed when the table is
 built (first `acc.ops` access), never at `import slime`.
@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping
 
-from slime.accelerator.ops import reference
+from slime.accelerator.ops import kpool_indexer, reference
 
 if TYPE_CHECKING:  # pragma: no cover
     from slime.accelerator.base import Accelerator
@@ -42,7 +42,10 @@ OP_NAMES = (
     "moe_unpermute",
     "grouped_matmul",
     "token_log_probs",
+    "kpool_indexer",
 )
+# Ops whose reference lives in a module of its own (the others' is the function of that name in reference.py).
+REFERENCE_MODULES = {"kpool_indexer": kpool_indexer}
 REFERENCE = "reference"
 MODES = (REFERENCE, "auto")
 
@@ -105,6 +108,7 @@ class OpTable:
     moe_unpermute: Callable
     grouped_matmul: Callable
     token_log_probs: Callable
+    kpool_indexer: Callable
 
     def __init__(self, accelerator_name: str, fns: Mapping[str, Callable], sources: Mapping[str, str]) -> None:
         missing = [n for n in OP_NAMES if n not in fns]
@@ -133,11 +137,16 @@ class OpTable:
         return f"OpTable({self.accelerator_name}, device ops: {device or 'none'})"
 
 
+def reference_op(name: str) -> Callable:
+    """The pure-torch reference of op `name`."""
+    return getattr(REFERENCE_MODULES.get(name, reference), name)
+
+
 def build_op_table(acc: "Accelerator", env: str | None = None) -> OpTable:
     """The op table for `acc`: device implementations where its provider has them, else the reference.
     `env` overrides the SLIME_OPS environment variable (tests)."""
     modes = parse_ops_env(os.environ.get(ENV_VAR) if env is None else env)
-    fns: dict[str, Callable] = {n: getattr(reference, n) for n in OP_NAMES}
+    fns: dict[str, Callable] = {n: reference_op(n) for n in OP_NAMES}
     sources = {n: REFERENCE for n in OP_NAMES}
     wanted = [n for n in OP_NAMES if modes.get(n, "auto") != REFERENCE]
     try:
@@ -161,4 +170,4 @@ def build_op_table(acc: "Accelerator", env: str | None = None) -> OpTable:
     return OpTable(acc.name, fns, sources)
 
 
-__all__ = ["ENV_VAR", "OP_NAMES", "DeviceOp", "OpTable", "build_op_table", "parse_ops_env", "reference"]
+__all__ = ["ENV_VAR", "OP_NAMES", "DeviceOp", "OpTable", "build_op_table", "parse_ops_env", "reference", "reference_op"]
