@@ -448,9 +448,9 @@ def generate_rollout(args: Any, fleet: EngineFleet, data_source: Any, tokenizer:
                      health: dict[int, Any] | None = None) -> tuple[list[Sample], dict[str, float]]:
     """--rollout-batch-size prompt groups, every sample generated and rewarded. Dynamic sampling,
     over-sampling and partial rollout are upstream's rollout loop, which the rollout manager runs for them
-    (slime.rollout.sglang_rollout; plugin_rollout.STREAMING_FLAGS): not this one. health: the engines'
+    (slime.rollout.sglang_rollout; settings.STREAMING_FLAGS): not this one. health: the engines'
     /health replies read just before (EngineTimes starts from them)."""
-    from slime.rollout.plugin_rollout import STREAMING_FLAGS
+    from slime.rollout.settings import STREAMING_FLAGS
 
     given = [f"--{name.replace('_', '-')}" for name in STREAMING_FLAGS if getattr(args, name, None)]
     if given:

@@ -23,16 +23,12 @@ from urllib.parse import urlsplit
 
 from slime.rollout.base_types import RolloutFnTrainOutput, call_rollout_fn
 from slime.rollout.generate import RolloutError
+from slime.rollout.settings import STREAMING_FLAGS  # noqa: F401 (also this module's API)
 from slime.utils.http_utils import init_http_client
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
 
 DEFAULT_ROLLOUT_FUNCTION = "slime.rollout.sglang_rollout.generate_rollout"
-
-
-# Flags whose meaning is upstream's rollout loop (streaming groups, first finished kept, the rest aborted and,
-# with --partial-rollout, resumed later): a built-in run that sets one runs that loop (sglang_rollout) too.
-STREAMING_FLAGS = ("dynamic_sampling_filter_path", "over_sampling_batch_size", "partial_rollout")
 
 
 PLUGIN_FLAGS = ("rollout_function_path", "data_source_path", "custom_generate_function_path")

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+# Flags whose meaning is upstream's rollout loop (streaming groups, first finished kept, the rest aborted and,
+# with --partial-rollout, resumed later): a built-in run that sets one runs that loop (sglang_rollout) too.
+STREAMING_FLAGS = ("dynamic_sampling_filter_path", "over_sampling_batch_size", "partial_rollout")
+
 
 def eval_datasets(args: Any) -> list[tuple[str, str]]:
     """[(name, path)] from --eval-prompt-data NAME PATH ... (a lone PATH is named 'eval')."""

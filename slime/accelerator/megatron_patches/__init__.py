@@ -11,9 +11,8 @@ registers the CPU set, `ascend/megatron_patches.py` the Ascend one. CUDA needs n
 
 from __future__ import annotations
 
+from slime.accelerator.megatron_patches.versions import MEGATRON_VERSIONS  # noqa: F401 (also this package's API)
 from slime.accelerator.patches import Patch
-
-MEGATRON_VERSIONS = ">=0.16,<0.17"
 
 
 def common_patches() -> list[Patch]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import queue
 
-from slime.accelerator.megatron_patches import MEGATRON_VERSIONS
+from slime.accelerator.megatron_patches.versions import MEGATRON_VERSIONS
 from slime.accelerator.megatron_patches.device_shim import with_accelerator_torch
 from slime.accelerator.patches import Patch
 

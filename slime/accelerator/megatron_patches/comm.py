@@ -12,7 +12,7 @@ import importlib
 import torch
 import torch.distributed as dist
 
-from slime.accelerator.megatron_patches import MEGATRON_VERSIONS
+from slime.accelerator.megatron_patches.versions import MEGATRON_VERSIONS
 from slime.accelerator.patches import Patch
 
 MAPPINGS = "megatron.core.tensor_parallel.mappings"

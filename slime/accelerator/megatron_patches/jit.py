@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 
-from slime.accelerator.megatron_patches import MEGATRON_VERSIONS
+from slime.accelerator.megatron_patches.versions import MEGATRON_VERSIONS
 from slime.accelerator.patches import Patch
 
 # Every function megatron-core 0.16 decorates with @jit_fuser at import time, by module; methods as

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from slime.accelerator.megatron_patches import MEGATRON_VERSIONS
+from slime.accelerator.megatron_patches.versions import MEGATRON_VERSIONS
 from slime.accelerator.patches import Patch
 
 LAYERS = "megatron.core.tensor_parallel.layers"

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from slime.accelerator.megatron_patches import MEGATRON_VERSIONS
+from slime.accelerator.megatron_patches.versions import MEGATRON_VERSIONS
 from slime.accelerator.patches import Patch
 
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import torch
 
-from slime.accelerator.megatron_patches import MEGATRON_VERSIONS
+from slime.accelerator.megatron_patches.versions import MEGATRON_VERSIONS
 from slime.accelerator.patches import Patch
 
 ROUTER = "megatron.core.transformer.moe.router"

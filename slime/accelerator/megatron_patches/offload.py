@@ -13,7 +13,7 @@ import inspect
 
 import torch
 
-from slime.accelerator.megatron_patches import MEGATRON_VERSIONS
+from slime.accelerator.megatron_patches.versions import MEGATRON_VERSIONS
 from slime.accelerator.megatron_patches.device_shim import with_accelerator_torch
 from slime.accelerator.patches import Patch
 

@@ -14,7 +14,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from slime.accelerator.megatron_patches import MEGATRON_VERSIONS
+from slime.accelerator.megatron_patches.versions import MEGATRON_VERSIONS
 from slime.accelerator.megatron_patches.device_shim import with_accelerator_torch
 from slime.accelerator.megatron_patches.offload import make_fp32_shards_as_leaves
 from slime.accelerator.patches import Patch

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from slime.backends.megatron.checkpoint import _barrier
+from slime.backends.megatron.ranks import barrier as _barrier
 
 
 def _own_copies(staged: list, original: list) -> list:

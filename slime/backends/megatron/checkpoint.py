@@ -30,6 +30,7 @@ from slime.backends.megatron import checkpoint_keys as K
 from slime.backends.megatron import checkpoint_layout as L
 from slime.backends.megatron.checkpoint_layout import (  # noqa: F401 (re-exported)
     HF, LEGACY, NONE, TORCH_DIST, TRACKER, CheckpointFormatError, find_checkpoint, iter_dir, latest_iteration)
+from slime.backends.megatron.ranks import barrier as _barrier, rank as _rank
 from slime.backends.megatron.rng_state import rng_state, seed_everything, set_rng_state  # noqa: F401 (re-exported)
 
 logger = logging.getLogger(__name__)
@@ -64,19 +65,6 @@ class Resumed:
 
 def _unwrap(model):
     return getattr(model, "module", model)
-
-
-def _barrier() -> None:
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.barrier()
-
-
-def _rank() -> int:
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_initialized() else 0
 
 
 def _atomic_write(path: str, text: str) -> None:
