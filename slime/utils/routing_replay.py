@@ -152,8 +152,6 @@ REPLAY = RoutingReplay()
 def install(model: Any) -> int:
     """Give each decoder MoE layer its global layer index (`replay_layer`, the engine's layer numbering);
     returns how many there are. MTP layers keep None: they route by themselves."""
-    from megatron.core.transformer.transformer_layer import TransformerLayer
-
     from slime_plugins.models.common.moe import MoELayer
     from slime_plugins.models.common.model import DecoderModel
 
@@ -162,7 +160,7 @@ def install(model: Any) -> int:
         if not isinstance(module, DecoderModel):
             continue
         for layer in module.decoder.layers:
-            if isinstance(layer, TransformerLayer) and isinstance(layer.mlp, MoELayer):
+            if isinstance(getattr(layer, "mlp", None), MoELayer):  # TransformerLayer, or glm5_next's own layer
                 layer.mlp.replay_layer = int(layer.layer_number) - 1  # megatron's layer_number: global, from 1
                 count += 1
     return count

@@ -102,9 +102,21 @@ def row_parallel(config, in_features: int, out_features: int, *, bias: bool = Fa
                              bias=bias, input_is_parallel=True, skip_bias_add=False)
 
 
+def clamp_gate_up(x: torch.Tensor, limit: float | None) -> torch.Tensor:
+    """SwiGLU input [..., gate | up] with gate <= limit and -limit <= up <= limit (GLM-5.3-Flash's clamped SwiGLU);
+    x itself when limit is None. A plain torch op before `ops.swiglu`, so every device's fused SwiGLU serves it."""
+    if limit is None:
+        return x
+    gate, up = x.chunk(2, dim=-1)
+    return torch.cat([gate.clamp(max=limit), up.clamp(min=-limit, max=limit)], dim=-1)
+
+
 class SwiGLUMLP(MegatronModule):
     """Dense / shared-expert MLP: fc1 holds this TP rank's [gate; up] rows, `ops.swiglu`, fc2 row-parallel.
-    Input/output follow megatron's layout ([S(/tp), B, H] with sequence parallel)."""
+    Input/output follow megatron's layout ([S(/tp), B, H] with sequence parallel). `swiglu_limit` (set by a
+    family whose checkpoints clamp, e.g. glm5_next) clamps the SwiGLU input (clamp_gate_up)."""
+
+    swiglu_limit: float | None = None
 
     def __init__(self, config, ffn_hidden_size: int | None = None, **_: object) -> None:
         super().__init__(config=config)
@@ -125,5 +137,5 @@ class SwiGLUMLP(MegatronModule):
 
     def forward(self, x: torch.Tensor, padding_mask=None):
         h, _ = self.linear_fc1(x)
-        out, _ = self.linear_fc2(get_accelerator().ops.swiglu(h))
+        out, _ = self.linear_fc2(get_accelerator().ops.swiglu(clamp_gate_up(h, self.swiglu_limit)))
         return out, None

@@ -19,11 +19,14 @@ from megatron.core import tensor_parallel
 from megatron.core.transformer.module import MegatronModule
 
 from slime.accelerator import get_accelerator
-from slime_plugins.models.common.layers import KeepsFloat32, SwiGLUMLP
+from slime_plugins.models.common.layers import KeepsFloat32, SwiGLUMLP, clamp_gate_up
 
 
 class GroupedExperts(torch.nn.Module):
-    """This EP rank's experts: weight1 [E_local, H, 2I] ([gate | up] columns), weight2 [E_local, I, H]."""
+    """This EP rank's experts: weight1 [E_local, H, 2I] ([gate | up] columns), weight2 [E_local, I, H];
+    `swiglu_limit` as SwiGLUMLP's."""
+
+    swiglu_limit: float | None = None
 
     def __init__(self, num_local: int, hidden: int, ffn: int, dtype: torch.dtype) -> None:
         super().__init__()
@@ -53,7 +56,7 @@ class GroupedExperts(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
         ops = get_accelerator().ops
-        h = ops.swiglu(ops.grouped_matmul(x, self.weight1, tokens_per_expert))
+        h = ops.swiglu(clamp_gate_up(ops.grouped_matmul(x, self.weight1, tokens_per_expert), self.swiglu_limit))
         return ops.grouped_matmul(h, self.weight2, tokens_per_expert)
 
 

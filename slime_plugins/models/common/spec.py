@@ -41,4 +41,8 @@ def block_spec(arch, config, attention: type, pp_rank: int | None = None,
 
     n = get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank)
     offset = get_transformer_layer_offset(config, vp_stage=vp_stage, pp_rank=pp_rank)
-    return TransformerBlockSubmodules(layer_specs=[layer_spec(arch, offset + i, attention) for i in range(n)], layer_norm=RMSNorm)
+    # A family whose decoder layer is not megatron's TransformerLayer (glm5_next's hyper-connection streams)
+    # names its layer spec and final norm on the attention class.
+    spec_of = getattr(attention, "layer_spec", None) or (lambda a, i: layer_spec(a, i, attention))
+    return TransformerBlockSubmodules(layer_specs=[spec_of(arch, offset + i) for i in range(n)],
+                                      layer_norm=getattr(attention, "final_norm", RMSNorm))

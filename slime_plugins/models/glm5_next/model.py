@@ -1,0 +1,34 @@
+"""The GLM-5.3-Flash model on the shared DecoderModel: vocab-parallel embedding, a TransformerBlock of
+Glm5NextDecoderLayers (mHC streams; KDA or DSA token mixer; dense or MoE clamped-SwiGLU MLP), the final
+collapse (mean over the streams) and RMSNorm, the vocab-parallel output layer. No rotary anywhere (NoPE)."""
+
+from __future__ import annotations
+
+import torch
+from megatron.core.transformer.spec_utils import ModuleSpec
+
+from slime_plugins.models.common import model as common
+from slime_plugins.models.glm5_next.hyper import StreamCollapseNorm
+from slime_plugins.models.glm5_next.layer import Glm5NextDecoderLayer
+
+
+class Glm5NextLayers:
+    """What the shared block spec reads in place of an attention class (common/spec.py block_spec)."""
+
+    final_norm = StreamCollapseNorm
+
+    @staticmethod
+    def layer_spec(arch, layer_index: int) -> ModuleSpec:
+        return ModuleSpec(module=Glm5NextDecoderLayer, params={"arch": arch})
+
+
+def build_model(arch, tp: int = 1, ep: int = 1, pp: int = 1, dtype: torch.dtype = torch.float32,
+                perform_initialization: bool = False, gather_logits: bool = True, mtp: bool = False,
+                **config_overrides) -> common.DecoderModel:
+    """This rank's model shard on the accelerator (megatron model parallel must be initialized)."""
+    if mtp:
+        raise ValueError(f"{arch.model_type}: MTP training is not implemented for glm5_next; its MTP layers are kept "
+                         "unchanged (load without load_mtp / --enable-mtp-training)")
+    return common.build_model(arch, Glm5NextLayers, tp, ep, pp, dtype=dtype,
+                              perform_initialization=perform_initialization, gather_logits=gather_logits,
+                              **config_overrides)

@@ -1,0 +1,241 @@
+"""GLM-5.3-Flash (glm5_next / glm5_next_text) on megatron-core vs transformers 5.24 (float32):
+- the architecture read from config.json as transformers reads it (published defaults, flat and multimodal layouts),
+  bad configs refused with one line;
+- mHC: our HyperConnection equals transformers' Glm5NextTextHyperConnection (1e-6 relative; the same op order),
+  Sinkhorn gives a doubly stochastic mix;
+- clamped SwiGLU (gate <= limit, -limit <= up <= limit) equals transformers' Glm5NextTextMLP, values and grads;
+- the decoder core (mHC streams through megatron's TransformerBlock, final mean over streams, norms, dense and
+  MoE clamped-SwiGLU MLPs, weight maps under on-disk names) with transformers' own KDA / DSA modules as token
+  mixers: logits within 1e-5 of max |logit| (measured 4.6e-7), every grad within 1e-4 of its tensor's max |grad|
+  (measured 1.3e-5); full and selective recompute give the same grads;
+- the HF names of both checkpoint layouts are the on-disk names (per-expert tensors, hc_attn_fn, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from glm5_helpers import megatron_state_cleanup
+from glm5_next_helpers import (grads_by_hf_name, hf_grads_on_disk, hf_reference, load_state, save_checkpoints,
+                               use_transformers_mixers)
+from safetensors.torch import load_file
+
+from slime_plugins.models.glm5_next.config import from_hf
+from slime_plugins.models.registry import UnsupportedModelError
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _clean_megatron_state():
+    yield from megatron_state_cleanup()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return hf_reference()
+
+
+@pytest.fixture(scope="module")
+def ckpts(reference, tmp_path_factory):
+    return save_checkpoints(reference, tmp_path_factory.mktemp("glm5_next"))
+
+
+def _rel(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((ours.detach().double() - ref.detach().double()).abs().max() / ref.detach().abs().max().clamp(min=1e-30))
+
+
+# ---- configuration ----
+
+
+def test_published_defaults_read_as_transformers_reads_them():
+    from transformers import Glm5NextConfig, Glm5NextTextConfig
+
+    arch = from_hf(Glm5NextConfig().to_dict())
+    text = Glm5NextTextConfig()
+    assert arch.multimodal and arch.hf_prefix == "model.language_model" and arch.kept_hf_prefixes == ("model.visual.",)
+    assert list(arch.layer_types) == text.layer_types and list(arch.mlp_layer_types) == text.mlp_layer_types
+    assert list(arch.indexer_types) == text.indexer_types
+    assert arch.layer_types.count("linear_attention") == 34 and arch.mlp_layer_types[:4] == ("dense",) * 3 + ("sparse",)
+    for name in ("hidden_size", "num_hidden_layers", "linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim",
+                 "linear_lower_bound", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                 "v_head_dim", "num_attention_heads", "index_n_heads", "index_head_dim", "index_topk", "index_kpool",
+                 "index_kpool_always_select_tail", "hc_mult", "hc_eps", "hc_sinkhorn_iters", "swiglu_limit",
+                 "n_routed_experts", "n_shared_experts", "num_experts_per_tok", "routed_scaling_factor",
+                 "moe_intermediate_size", "intermediate_size", "vocab_size", "rms_norm_eps"):
+        assert getattr(arch, name) == getattr(text, name), name
+    flat = from_hf(text.to_dict())
+    assert flat.model_type == "glm5_next_text" and flat.hf_prefix == "model" and not flat.kept_hf_prefixes
+    assert flat == from_hf(text.to_dict() | {"model_type": "glm5_next_text"})
+    # a glm5_next config.json without text_config (transformers forwards the top-level fields as the text config)
+    assert from_hf(text.to_dict() | {"model_type": "glm5_next"}).hidden_size == 4096
+
+
+def test_linear_attn_config_and_index_pattern_as_transformers():
+    from transformers import Glm5NextTextConfig
+
+    kwargs = dict(num_hidden_layers=8, linear_attn_config={"num_heads": 8, "head_dim": 32, "short_conv_kernel_size": 3,
+                                                           "gate_lower_bound": None, "safe_gate": True},
+                  index_topk_pattern="SFSFFFSF")  # S on KDA layers: read, unused
+    text = Glm5NextTextConfig(**kwargs)
+    arch = from_hf(dict(kwargs, model_type="glm5_next_text"))
+    assert (arch.linear_num_heads, arch.linear_head_dim, arch.linear_conv_kernel_dim, arch.linear_lower_bound) == (
+        text.linear_num_heads, text.linear_head_dim, text.linear_conv_kernel_dim, text.linear_lower_bound)
+    assert list(arch.indexer_types) == text.indexer_types and list(arch.layer_types) == text.layer_types
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(qk_rope_head_dim=64), "NoPE"),
+    (dict(layer_types=["linear_attention", "indexed_attention"] * 2 + ["linear_attention"]), "do not follow a DSA layer"),
+    (dict(layer_types=["linear_attention"] * 3 + ["indexed_attention"] * 2,
+          indexer_types=["full"] * 3 + ["shared", "full"]), "must have indexer type 'full'"),
+    (dict(index_topk=6), "multiple of index_kpool"),
+    (dict(layer_types=["linear_attention"] * 4 + ["sliding"]), "layer_types must list"),
+    (dict(mlp_layer_types=["dense"] * 4), "mlp_layer_types"),
+    (dict(hidden_act="gelu"), "hidden_act"),
+    (dict(tie_word_embeddings=True), "tie_word_embeddings"),
+    (dict(model_type="glm5"), "not served"),
+])
+def test_bad_configs_are_refused_in_one_line(change, words):
+    from slime_plugins.models.glm5_next.tiny import TINY_TEXT
+
+    with pytest.raises(UnsupportedModelError, match=words) as e:
+        from_hf(dict(TINY_TEXT, model_type="glm5_next_text") | change)
+    assert "\n" not in str(e.value)
+
+
+# ---- mHC and clamped SwiGLU ----
+
+
+def test_hyper_connection_equals_transformers():
+    from transformers.models.glm5_next.modeling_glm5_next import Glm5NextTextHyperConnection
+
+    from slime_plugins.models.glm5_next.hyper import HyperConnection, merge_streams
+    from slime_plugins.models.glm5_next.tiny import tiny_config
+
+    config = tiny_config("glm5_next_text")
+    arch = from_hf(config.to_dict())
+    theirs, ours = Glm5NextTextHyperConnection(config), HyperConnection(arch, torch.float32, False)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name in ("fn", "base", "scale"):
+            value = torch.randn(getattr(ours, name).shape, generator=g) * (0.05 if name == "fn" else 0.5)
+            getattr(theirs, name).copy_(value)
+            getattr(ours, name).copy_(value)
+    streams = torch.randn(2, 7, arch.hc_mult, arch.hidden_size, generator=g)
+    for a, b in zip(ours(streams), theirs(streams)):
+        assert _rel(a, b) < 1e-6
+    post, comb, collapsed = ours(streams)
+    torch.testing.assert_close(comb.sum(-1), torch.ones(2, 7, arch.hc_mult), atol=1e-3, rtol=0)  # rows, then columns
+    torch.testing.assert_close(comb.sum(-2), torch.ones(2, 7, arch.hc_mult), atol=1e-5, rtol=0)
+    block_out = torch.randn(2, 7, arch.hidden_size, generator=g)
+    expected = post.unsqueeze(-1) * block_out.unsqueeze(-2) + torch.einsum("bsji,bsjh->bsih", comb, streams)
+    torch.testing.assert_close(merge_streams(block_out, post, comb, streams), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("limit", [0.5, 10.0, None])
+def test_clamped_swiglu_equals_transformers_mlp(limit):
+    from transformers.models.glm5_next.modeling_glm5_next import Glm5NextTextMLP
+
+    from slime.accelerator.ops import reference
+    from slime_plugins.models.common.layers import clamp_gate_up
+    from slime_plugins.models.glm5_next.tiny import tiny_config
+
+    config = tiny_config("glm5_next_text", swiglu_limit=limit if limit is not None else 1e30)
+    mlp = Glm5NextTextMLP(config, intermediate_size=24).double()
+    x = (torch.randn(5, 3, config.hidden_size, dtype=torch.float64) * 4).requires_grad_()
+    fc1 = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach().requires_grad_()
+    h = torch.nn.functional.linear(x, fc1)
+    ours = torch.nn.functional.linear(reference.swiglu(clamp_gate_up(h, limit)), mlp.down_proj.weight)
+    theirs = mlp(x)
+    if limit == 0.5:
+        assert (h.abs() > limit).float().mean() > 0.2  # the clamp is exercised
+    torch.testing.assert_close(ours, theirs, atol=1e-12, rtol=1e-12)
+    w = torch.randn_like(theirs)
+    ours_grads = torch.autograd.grad((ours * w).sum(), (x, fc1))
+    theirs_grads = torch.autograd.grad((theirs * w).sum(), (x, mlp.gate_proj.weight, mlp.up_proj.weight))
+    torch.testing.assert_close(ours_grads[0], theirs_grads[0], atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(ours_grads[1], torch.cat(theirs_grads[1:]), atol=1e-12, rtol=1e-12)
+    assert clamp_gate_up(h, None) is h
+
+
+# ---- the decoder core with transformers' token mixers ----
+
+
+def _core_model(monkeypatch, reference, ckpt: str, **config_overrides):
+    """Our model of `ckpt` whose KDA / DSA layers run transformers' modules (weights: the checkpoint's + those)."""
+    from slime.backends.megatron.parallel import init_parallel
+    from slime_plugins.models.glm5_next.model import build_model
+
+    mixer_tensors = use_transformers_mixers(monkeypatch, reference)
+    with open(os.path.join(ckpt, "config.json")) as f:
+        arch = from_hf(json.load(f))
+    init_parallel(1, 1, 1, seed=1, cp=None)
+    model = build_model(arch, **config_overrides)
+    load_state(model, load_file(os.path.join(ckpt, "model.safetensors")) | mixer_tensors)
+    return model.train()
+
+
+def _batch(batch: int, seq: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 512, (batch, seq), generator=g), torch.arange(seq).expand(batch, seq).contiguous()
+
+
+@pytest.mark.parametrize("model_type", ["glm5_next", "glm5_next_text"])
+def test_decoder_core_logits_and_grads_equal_transformers(monkeypatch, reference, ckpts, model_type):
+    model = _core_model(monkeypatch, reference, ckpts[model_type])
+    ids, pos = _batch(2, 21)  # longer than index_topk (8): the DSA layers drop keys
+    reference.zero_grad()
+    theirs = reference(input_ids=ids).logits
+    ours = model(ids, pos)
+    assert _rel(ours, theirs) < 1e-5
+    w = torch.randn(theirs.shape, generator=torch.Generator().manual_seed(1))
+    (theirs * w).sum().backward()
+    (ours * w).sum().backward()
+    ref_grads = hf_grads_on_disk(reference)
+    prefix = "model.language_model." if model_type == "glm5_next" else "model."
+    ours_grads = grads_by_hf_name(model)
+    checked = 0
+    for name, grad in ours_grads.items():
+        if name.startswith("mixer."):
+            continue
+        ref = ref_grads[name if name == "lm_head.weight" else "model.language_model." + name[len(prefix):]]
+        assert float((grad - ref).abs().max()) <= 1e-4 * float(ref.abs().max()) + 1e-7, name
+        checked += 1
+    assert checked == len([n for n in ours_grads if not n.startswith("mixer.")]) > 100
+
+
+@pytest.mark.parametrize("recompute", [
+    dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1),
+    dict(recompute_granularity="selective", recompute_modules=["mlp", "moe"]),
+])
+def test_recompute_gives_the_same_grads(monkeypatch, reference, ckpts, recompute):
+    ids, pos = _batch(1, 13, seed=2)
+    grads = []
+    for overrides in ({}, recompute):
+        model = _core_model(monkeypatch, reference, ckpts["glm5_next"], **overrides)
+        logits = model(ids, pos)
+        (logits * torch.linspace(-1, 1, logits.shape[-1])).sum().backward()
+        grads.append(grads_by_hf_name(model))
+    assert grads[0].keys() == grads[1].keys()
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, atol=1e-7, rtol=1e-6, msg=name)
+
+
+def test_hf_names_are_the_on_disk_names(monkeypatch, reference, ckpts):
+    from slime_plugins.models.glm5_next.weights import hf_names
+
+    use_transformers_mixers(monkeypatch, reference)
+    for model_type, ckpt in ckpts.items():
+        with open(os.path.join(ckpt, "config.json")) as f:
+            arch = from_hf(json.load(f))
+        on_disk = set(load_file(os.path.join(ckpt, "model.safetensors")))
+        names = hf_names(arch)
+        ours = {n for n in names if not n.startswith("mixer.")}
+        assert len(names) == len(set(names))
+        # everything but the token mixers' tensors (theirs to name) and the vision tower (kept unchanged)
+        assert ours == {n for n in on_disk if ".self_attn." not in n and not n.startswith("model.visual.")}
+        assert any(n.endswith("hc_attn_fn") for n in ours) and any(".mlp.experts.7.up_proj." in n for n in ours)
+        assert (model_type == "glm5_next") == any(n.startswith("model.visual.") for n in on_disk)
+        assert all(n.startswith(arch.kept_hf_prefixes) for n in on_disk if n.startswith("model.visual."))
