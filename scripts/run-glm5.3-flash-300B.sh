@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GRPO on GLM-5.3-Flash (~300B, GLM-5 architecture; assumed sizes in scripts/models/glm5.3-flash-300B.sh),
-# launched through Ray. One script for every accelerator: parallel sizes and memory settings come from
+# GRPO on GLM-5.3-Flash (zai-org/GLM-5.3-Flash, glm5_next: 313.8B parameters, 17.4B active; KDA + DSA
+# hybrid with mHC, 288 experts, MTP and a vision tower: scripts/models/glm5.3-flash.sh), launched through Ray. One script for every accelerator: parallel sizes and memory settings come from
 # scripts/profiles/<accelerator>.sh, picked by `python -m slime.accelerator --name`; the device
 # environment comes from `python -m slime.accelerator --env`.
 #
@@ -40,7 +40,7 @@ PROFILE_FILE="$SCRIPT_DIR/profiles/$ACCELERATOR.sh"
 # shellcheck disable=SC1090  # profile chosen at run time
 source "$PROFILE_FILE"
 # shellcheck disable=SC1091
-source "$SCRIPT_DIR/models/glm5.3-flash-300B.sh"
+source "$SCRIPT_DIR/models/glm5.3-flash.sh"
 
 MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
 RAY_PORT=${RAY_PORT:-6379}
@@ -146,7 +146,7 @@ TRAIN_ARGS=("${CLUSTER_ARGS[@]}" "${CKPT_ARGS[@]}" "${ROLLOUT_ARGS[@]}" "${PERF_
 
 # --- checks and plan (no device is touched) -----------------------------------------------------
 # train.py reads the architecture from the checkpoint; MODEL_ARGS must describe the same model.
-if [ -f "$HF_CHECKPOINT/config.json" ]; then PLAN_MODEL=$HF_CHECKPOINT; else PLAN_MODEL=glm5.3-flash-300B; fi
+if [ -f "$HF_CHECKPOINT/config.json" ]; then PLAN_MODEL=$HF_CHECKPOINT; else PLAN_MODEL=glm5.3-flash; fi
 "$PYTHON" -m slime.plan.model_args "$PLAN_MODEL" -- "${MODEL_ARGS[@]}" >/dev/null
 
 PLAN_ARGS=(--model "$PLAN_MODEL" --device "$PLAN_DEVICE" --nodes "$NUM_NODES" --devices-per-node "$GPUS_PER_NODE"
@@ -171,6 +171,9 @@ JOB=(ray job submit --address="http://127.0.0.1:$RAY_DASHBOARD_PORT" --runtime-e
 if [ "$MODE" = dry-run ]; then
   echo "accelerator: $ACCELERATOR (detected: $DETECTED; profile $PROFILE_FILE, planner device $PLAN_DEVICE)"
   echo "model: $PLAN_MODEL; MODEL_ARGS match it"
+  "$PYTHON" -c 'import sys; from slime.plan import ModelShape; m = ModelShape.from_config(sys.argv[1])
+print(f"parameters: {m.hf_param_count() / 1e9:.1f}B total, {m.active_param_count(True) / 1e9:.1f}B active per token; {m.describe()}")' "$PLAN_MODEL"
+  echo "devices: $((TOTAL_NODES * GPUS_PER_NODE)) planned ($TOTAL_NODES node(s) x $GPUS_PER_NODE)"
   echo "placement: $TOTAL_NODES node(s) x $GPUS_PER_NODE devices; trainer $NUM_NODES node(s) = $WORLD devices" \
        "(tp=$TP pp=$PP ep=$EP cp=$CP etp=$ETP dp=$((WORLD / (TP * PP * CP))));" \
        "rollout $((ROLLOUT_GPUS / ROLLOUT_GPUS_PER_ENGINE)) engine(s) x $ROLLOUT_GPUS_PER_ENGINE devices" \

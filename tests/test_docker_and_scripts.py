@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ROOT / "scripts/run-glm5.3-flash-300B.sh"
-MODEL_SH = ROOT / "scripts/models/glm5.3-flash-300B.sh"
+MODEL_SH = ROOT / "scripts/models/glm5.3-flash.sh"
 SHELL_FILES = [RUN, MODEL_SH, ROOT / "scripts/check-device.sh", *sorted((ROOT / "scripts/profiles").glob("*.sh"))]
 # The simulated NPU as the detected accelerator of a child process (tests/npu_sim; not hardware).
 NPU_SIM_ENV = {"PYTHONPATH": str(ROOT / "tests/npu_sim"), "SLIME_ACCELERATOR_PLUGINS": "slime_npu_sim",
@@ -104,7 +104,7 @@ def test_dry_run_cuda_and_a3_profiles():
     # the A3 branch of the npu profile, plus an override from the environment reaching command and plan
     out, args = _dry_run(SLIME_PROFILE="npu", PLAN_DEVICE="a3", MAX_TOKENS_PER_GPU="65536")
     assert (_opt(args, "--actor-num-nodes"), _opt(args, "--actor-num-gpus-per-node"),
-            _opt(args, "--tensor-model-parallel-size"), _opt(args, "--rollout-num-gpus-per-engine")) == ("32", "16", "32", "16")
+            _opt(args, "--tensor-model-parallel-size"), _opt(args, "--rollout-num-gpus-per-engine")) == ("16", "16", "16", "16")
     assert _opt(args, "--max-tokens-per-gpu") == "65536" and "Atlas A3" in out and "DOES NOT FIT" in out
 
 
@@ -136,7 +136,7 @@ def test_every_profile_fits_by_the_planner(name, plan_device):
     ts = TrainSettings(max_tokens_per_gpu=int(v["MAX_TOKENS_PER_GPU"]), recompute=v["RECOMPUTE"], with_mtp=False,
                        distributed_optimizer=True, optimizer_cpu_offload=v["OPTIMIZER_CPU_OFFLOAD"] == "1")
     device = get_device(v["PLAN_DEVICE"])
-    p = plan(ModelShape.from_config("glm5.3-flash-300B"), layout, device, ts, rs)
+    p = plan(ModelShape.from_config("glm5.3-flash"), layout, device, ts, rs)
     assert p.fits, (v, p.phases, p.usable, p.problems)
     assert colocate == device.ipc  # split placement exactly where the device has no IPC (950DT)
 
@@ -202,14 +202,18 @@ def test_model_args_match_the_registry_config():
     from slime.plan.model_args import mismatches, to_hf_config
 
     args = _model_args()
-    config = json.loads((ROOT / "scripts/models/configs/glm5.3-flash-300B.json").read_text())
+    config = json.loads((ROOT / "scripts/models/configs/glm5.3-flash.json").read_text())
     assert mismatches(args, config) == []
     derived = to_hf_config(args)
-    assert derived["model_type"] == "glm_moe_dsa" and derived["first_k_dense_replace"] == 3
+    assert derived["model_type"] == "glm5_next" and derived["first_k_dense_replace"] == 3
+    assert derived["layer_types"] == config["text_config"]["layer_types"]  # --linear-attention-freq 4
     # the architecture MODEL_ARGS describe has exactly the registry config's parameter count
-    full = {**config, **derived}
+    text = {**config["text_config"], **{k: v for k, v in derived.items() if k != "first_k_dense_replace"}}
+    full = {**config, "text_config": text}
     assert ModelShape.from_config(full).total_param_count() == ModelShape.from_config(config).total_param_count()
-    assert "NO PUBLIC CONFIG" in MODEL_SH.read_text() and "ASSUMED" in MODEL_SH.read_text()
+    assert "NO PUBLIC CONFIG" not in MODEL_SH.read_text() and "ASSUMED" not in MODEL_SH.read_text()
+    assert not (ROOT / "scripts/models/glm5.3-flash-300B.sh").exists()
+    assert not (ROOT / "scripts/models/configs/glm5.3-flash-300B.json").exists()
 
 
 def test_model_args_mismatch_and_bad_flags():
@@ -217,14 +221,21 @@ def test_model_args_mismatch_and_bad_flags():
 
     args = _model_args()
     bad = list(args)
-    bad[bad.index("--num-layers") + 1] = "61"
-    assert main(["glm5.3-flash-300B", "--", *bad]) == 2  # 61 layers contradict --moe-layer-freq
-    bad[bad.index("--moe-layer-freq") + 1] = "[0]*3+[1]*58"
-    assert main(["glm5.3-flash-300B", "--", *bad]) == 1
+    bad[bad.index("--num-layers") + 1] = "46"
+    assert main(["glm5.3-flash", "--", *bad]) == 2  # 46 layers contradict --moe-layer-freq
+    bad[bad.index("--moe-layer-freq") + 1] = "[0]*3+[1]*43"
+    assert main(["glm5.3-flash", "--", *bad]) == 1
     with pytest.raises(ValueError, match="unknown flag '--num-layerz'"):
         parse_model_args(["--num-layerz", "3"])
     with pytest.raises(ValueError, match="need --multi-latent-attention"):
         to_hf_config(["--num-layers", "2"])
+    with pytest.raises(ValueError, match="covers 8 layers but --num-layers is 45"):
+        to_hf_config(["--num-layers", "45", "--linear-attention-freq", "[1,1,1,0]*2", "--multi-latent-attention"])
+    with pytest.raises(ValueError, match="one head count"):
+        to_hf_config(["--linear-num-key-heads", "64", "--linear-num-value-heads", "32", "--multi-latent-attention"])
+    rope = [*args[:args.index("--position-embedding-type")], "--position-embedding-type", "rope"]
+    with pytest.raises(ValueError, match="--position-embedding-type rope is not supported by the glm5_next model"):
+        to_hf_config(rope)
 
 
 def test_model_args_cli_reports_mismatch(capsys):
@@ -232,7 +243,39 @@ def test_model_args_cli_reports_mismatch(capsys):
 
     assert main(["glm5-744B-A40B", "--", *_model_args()]) == 1
     err = capsys.readouterr().err
-    assert "num_hidden_layers: MODEL_ARGS 60 != config 78" in err and len(err.strip().splitlines()) == 1
+    assert "num_hidden_layers: MODEL_ARGS 45 != config 78" in err and len(err.strip().splitlines()) == 1
+    assert "model_type: MODEL_ARGS 'glm5_next' != config 'glm_moe_dsa'" in err
+
+
+def _glm5_next_checkpoint(tmp_path: Path, **text_overrides) -> Path:
+    """A directory whose config.json is transformers' Glm5NextConfig().to_dict() (the published defaults)."""
+    from transformers import Glm5NextConfig
+
+    cfg = Glm5NextConfig().to_dict()
+    cfg["text_config"].update(text_overrides)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return tmp_path
+
+
+@pytest.mark.parametrize("profile", ["cuda", "npu"])
+def test_dry_run_on_the_published_config(profile, tmp_path):
+    """With config.json = Glm5NextConfig().to_dict(): exit 0, MODEL_ARGS match, no "would fail" line, the
+    meta-device parameter count (313.8B, 17.4B active) and the planned device count."""
+    ckpt = _glm5_next_checkpoint(tmp_path)
+    r = _run(["bash", str(RUN), "--dry-run"], SLIME_PROFILE=profile, HF_CHECKPOINT=str(ckpt))
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "would fail" not in out + r.stderr and "MODEL_ARGS match it" in out
+    total, active = re.search(r"^parameters: ([\d.]+)B total, ([\d.]+)B active per token", out, re.M).groups()
+    assert abs(float(total) / 313.8 - 1) < 0.01 and float(active) == 17.4
+    devices = int(re.search(r"^devices: (\d+) planned", out, re.M).group(1))
+    assert devices == {"cuda": 32, "npu": 192}[profile]  # npu: 950DT, 16 trainer + 8 engine nodes of 8
+    assert re.search(r"^plan: .* -> fits; step >= \d+ s$", out, re.M)
+    if profile == "cuda":  # a config that contradicts MODEL_ARGS stops the run before anything starts
+        (tmp_path / "other").mkdir()
+        ckpt = _glm5_next_checkpoint(tmp_path / "other", num_hidden_layers=44)
+        r = _run(["bash", str(RUN), "--dry-run"], SLIME_PROFILE=profile, HF_CHECKPOINT=str(ckpt))
+        assert r.returncode != 0 and "num_hidden_layers: MODEL_ARGS 45 != config 44" in r.stderr
 
 
 # --- Dockerfiles ------------------------------------------------------------------------------------

@@ -2,18 +2,18 @@
 # `python -m slime.accelerator --name` prints "cuda". Parallel sizes and memory settings only:
 # the device environment (NCCL settings, visible devices) comes from the accelerator itself.
 # Every value can be overridden from the environment. Sized with `python -m slime.plan`
-# (see docs/planner.md) for GLM-5.3-Flash 300B on 4 nodes x 8 H200.
+# (see docs/planner.md) for GLM-5.3-Flash (glm5_next, 313.8B) on 4 nodes x 8 H200.
 
 PLAN_DEVICE=${PLAN_DEVICE:-h200}                  # planner device profile (slime/plan/devices.py)
 NUM_NODES=${NUM_NODES:-4}                         # trainer nodes (--actor-num-nodes)
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}                 # devices per node (--actor-num-gpus-per-node)
 
-# Megatron layout, as the trainer runs it: expert-TP 1 (the GLM model keeps experts whole), pipeline
+# Megatron layout, as the trainer runs it: expert-TP 1 (the model keeps experts whole), pipeline
 # parallel 4, the distributed optimizer with its state in host memory (--optimizer-cpu-offload) and full
-# activation recompute: 63 GB train phase, 113 GB peak in the rollout phase of 126 GB usable (planner). The
-# planner's fewest H200 nodes for 300B: 2 x 8 with the CPU offload (TP 8, EP 16: 125 of 126 GB, no margin);
-# without it 8 x 8 (TP 8, PP 4, EP 16); with a full optimizer state per rank and no recompute (the trainer
-# before) 32 x 8 at EP 256. Context parallel does not lower these counts (docs/planner.md).
+# activation recompute: 65 GB train phase, 113 GB peak in the rollout phase of 126 GB usable (planner).
+# The planner's fewest H200 nodes (python -m slime.plan --model glm5.3-flash --fewest h200): 4 x 8 with
+# the CPU offload, 8 x 8 without it. EP divides the 288 experts (8: 36 per rank). Context parallel does
+# not lower these counts (docs/planner.md).
 TP=${TP:-8}
 PP=${PP:-4}
 EP=${EP:-8}

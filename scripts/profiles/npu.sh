@@ -3,22 +3,22 @@
 # the device environment (HCCL timeouts, task queue, allocator config, visible devices) comes
 # from the accelerator itself. Every value can be overridden from the environment.
 # Each value that differs from scripts/profiles/cuda.sh is listed with its reason in
-# docs/ascend.md ("Ascend deviations"). Sized with `python -m slime.plan` for GLM-5.3-Flash 300B.
+# docs/ascend.md ("Ascend deviations"). Sized with `python -m slime.plan` for GLM-5.3-Flash (glm5_next,
+# 313.8B; 288 experts, so EP is a divisor of 288: 32 below).
 # NOTHING here has run on Ascend hardware yet.
 
 PLAN_DEVICE=${PLAN_DEVICE:-950dt}                 # 950dt | 950pr | a3 (slime/plan/devices.py)
 
 case "$PLAN_DEVICE" in
   a3)
-    # Deviation: an Atlas A3 node exposes 16 devices of 64 GB (one per 910C die): twice the
-    # nodes, half the token budget, and engines of one node's 16 dies (the launcher starts an
-    # engine on one node). With the trainer's full optimizer state per data-parallel rank, only
-    # one expert per die (EP 256) and TP 32 (two nodes' dies, over the SuperPoD interconnect)
-    # leave room; TP 16 would need 512-token micro-batches.
-    NUM_NODES=${NUM_NODES:-32}
+    # Deviation: an Atlas A3 node exposes 16 devices of 64 GB (one per 910C die): half the token
+    # budget, engines of one node's 16 dies (the launcher starts an engine on one node), TP 16 and
+    # pipeline parallel 4: the planner's fewest A3 nodes for this layout family (51 of 55 GB usable).
+    NUM_NODES=${NUM_NODES:-16}
     GPUS_PER_NODE=${GPUS_PER_NODE:-16}
-    TP=${TP:-32}
-    EP=${EP:-256}
+    TP=${TP:-16}
+    PP=${PP:-4}
+    EP=${EP:-32}
     MAX_TOKENS_PER_GPU=${MAX_TOKENS_PER_GPU:-2048}
     ROLLOUT_GPUS_PER_ENGINE=${ROLLOUT_GPUS_PER_ENGINE:-16}
     ;;
@@ -26,11 +26,12 @@ case "$PLAN_DEVICE" in
     NUM_NODES=${NUM_NODES:-16}
     GPUS_PER_NODE=${GPUS_PER_NODE:-8}             # assumed for Ascend 950 nodes
     TP=${TP:-8}
-    EP=${EP:-128}                                 # as the cuda profile: 2 experts per rank
+    PP=${PP:-2}
+    EP=${EP:-32}                                  # 9 experts per rank
     if [ "$PLAN_DEVICE" = "950pr" ]; then
       # Deviation: the shipping 950PR (Atlas 350) has 112 GB (press figure), 99 GB usable: colocated,
       # 2048-token micro-batches, and context parallel 4: a sample of 2048 + 8192 tokens is a micro-batch
-      # of its own, 102 GB of train phase on one device at CP 1, 80 GB split over 4 (planner).
+      # of its own, split over 4 devices (planner: 94 of 99 GB at its peak, the rollout phase).
       MAX_TOKENS_PER_GPU=${MAX_TOKENS_PER_GPU:-2048}
       CP=${CP:-4}
     else

@@ -1,7 +1,7 @@
 """`python -m slime.plan`: per-device memory and step-time lower bound of an RL run layout.
 
-    python -m slime.plan --model glm5.3-flash-300B --device 950dt --nodes 16 --tp 4 --pp 4 --ep 32
-    python -m slime.plan --model glm5.3-flash-300B --device h200 --nodes 16 --search
+    python -m slime.plan --model glm5.3-flash --device 950dt --nodes 16 --tp 4 --pp 4 --ep 32
+    python -m slime.plan --model glm5.3-flash --device h200 --nodes 16 --search
     python -m slime.plan --list-devices
 """
 
@@ -36,7 +36,7 @@ def _ints(text: str) -> tuple[int, ...]:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m slime.plan", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="glm5.3-flash-300B",
+    ap.add_argument("--model", default="glm5.3-flash",
                     help="HF config.json, checkpoint dir, or registry name (--list-models)")
     ap.add_argument("--device", default="950dt", help=f"device profile: {', '.join(DEVICES)}")
     g = ap.add_argument_group("layout (train.py flag names)")

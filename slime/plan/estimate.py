@@ -19,9 +19,10 @@ class EngineMemory:
     weights: float  # bytes per engine device
     kv_pool: float  # bytes left for the KV cache under mem_fraction_static
     kv_bytes_per_token: float  # MLA latent (+ DSA indexer key), replicated over the engine's TP ranks
-    kv_tokens: float  # tokens the pool holds
+    kv_tokens: float  # tokens the pool holds (each sequence at full length with its recurrent state, if any)
     tokens_wanted: float  # all of an engine's samples at full length at once
     reserved: float  # what the engine claims up front (mem_fraction_static * capacity)
+    state_bytes_per_sequence: float = 0.0  # KDA recurrent state + conv windows of one running sequence
 
     @property
     def concurrency(self) -> float:
@@ -76,16 +77,20 @@ class Plan:
 
 def engine_memory(model: ModelShape, rs: RolloutSettings, device: DeviceProfile, n_engines: int) -> EngineMemory:
     g = rs.devices_per_engine
-    attn_tp, attn_rep = model.attention_params()
-    n = model.num_layers
-    replicated = n * attn_rep + model.indexer_layers * model.indexer_params() + model.moe_layers * model.router_params()
+    _, attn_rep = model.attention_totals(range(model.num_layers))
+    replicated = (attn_rep + model.indexer_layers * model.indexer_params() + model.moe_layers * model.router_params()
+                  + model.vision_params)
     sharded = model.total_param_count(with_mtp=False) - replicated
     weights = (sharded / g + replicated) * rs.weight_bytes
     reserved = rs.mem_fraction_static * device.memory_bytes
     kv_pool = reserved - weights
     per_token = model.kv_cache_bytes_per_token(rs.kv_bytes)
-    wanted = rs.samples / max(n_engines, 1) * (rs.max_prompt_len + rs.max_response_len)
-    return EngineMemory(weights, kv_pool, per_token, max(kv_pool, 0.0) / per_token, wanted, reserved)
+    # KDA layers: one recurrent state per running sequence, split over the engine's TP ranks by head
+    state = model.linear_state_bytes_per_sequence() / g
+    seq_len = rs.max_prompt_len + rs.max_response_len
+    wanted = rs.samples / max(n_engines, 1) * seq_len
+    tokens = max(kv_pool, 0.0) / (per_token + state / seq_len)
+    return EngineMemory(weights, kv_pool, per_token, tokens, wanted, reserved, state)
 
 
 def largest_export_tensor(model: ModelShape) -> int:
@@ -97,9 +102,12 @@ def attention_flops_per_token(model: ModelShape, context: float) -> float:
     """Forward FLOPs per token per model for attention scores: causal mean context, DSA caps it at top-k."""
     ctx = context / 2
     eff = min(ctx, model.index_topk) if model.index_topk else ctx
-    mla = 2 * model.num_heads * (model.qk_head_dim + model.v_head_dim) * eff * model.num_layers
-    indexer = 2 * model.index_n_heads * model.index_head_dim * ctx * model.indexer_layers
-    return mla + indexer
+    mla = 2 * model.num_heads * (model.qk_head_dim + model.v_head_dim) * eff * model.mla_layers
+    # the indexer scores one compressed key per index_kpool tokens
+    indexer = 2 * model.index_n_heads * model.index_head_dim * ctx / max(model.index_kpool, 1) * model.indexer_layers
+    # KDA: per token and head, the state's decay, read (k, q) and rank-1 update: ~4 d x d multiply-adds
+    kda = 2 * 4 * model.linear_num_heads * model.linear_head_dim ** 2 * len(model.linear_layer_ids)
+    return mla + indexer + kda
 
 
 def pipeline_bubble(pp: int, micro_batches: int) -> float:
@@ -111,7 +119,7 @@ def cp_bytes_per_token_layer(model: ModelShape, ts: TrainSettings, forward_only:
     """Bytes one CP rank receives per local token, per layer and per (cp - 1) peers, in one pass: the forward
     all-gathers the MLA latent + rope key and the DSA indexer key; full recompute gathers again; the backward
     reduce-scatters the latent's grads (the indexer keys have none)."""
-    latent = (model.kv_lora_rank + model.qk_rope_head_dim) * ts.act_bytes
+    latent = (model.kv_lora_rank + model.qk_rope_head_dim) * ts.act_bytes * model.mla_layers / model.num_layers
     index_key = model.index_head_dim * ts.act_bytes if model.indexer_layers else 0.0
     per_layer_fwd = latent + index_key * model.indexer_layers / model.num_layers
     if forward_only:

@@ -29,6 +29,8 @@ class StageParams:
     has_embedding: bool
     has_head: bool
     mtp_layers: int
+    linear_layers: int = 0  # KDA layers among dense_layers + moe_layers (the others are MLA)
+    frozen: int = 0  # vision tower on the first stage: weights only (no grads, no optimizer state)
 
     def per_device(self, layout: Layout) -> float:
         return self.tp_sharded / layout.tp + self.replicated + self.expert / (layout.ep * layout.expert_tp)
@@ -55,11 +57,12 @@ def stage_params(model: ModelShape, pp: int, stage: int, with_mtp: bool = True) 
     layers = stage_layer_ranges(model.num_layers, pp)[stage]
     n_dense = sum(1 for i in layers if i < model.dense_layers)
     n_moe = len(layers) - n_dense
-    # Indexer layers spread evenly (exact when pp == 1 or every layer runs an indexer).
-    n_index = round(model.indexer_layers * len(layers) / model.num_layers)
-    attn_tp, attn_rep = model.attention_params()
-    tp = len(layers) * attn_tp + n_dense * model.dense_mlp_params() + n_moe * model.shared_expert_params()
-    rep = len(layers) * attn_rep + n_moe * model.router_params() + n_index * model.indexer_params()
+    # Indexer layers where the config lists them, else spread evenly (exact when pp == 1 or every layer runs one).
+    n_index = model.indexers_in(layers)
+    stage_tp, stage_rep = model.attention_totals(layers)
+    attn_tp, attn_rep = model.attention_params()  # an MTP layer's (MLA)
+    tp = stage_tp + n_dense * model.dense_mlp_params() + n_moe * model.shared_expert_params()
+    rep = stage_rep + n_moe * model.router_params() + n_index * model.indexer_params()
     expert = n_moe * model.n_routed_experts * model.expert_params()
     first, last = stage == 0, stage == pp - 1
     mtp = model.mtp_layers if (with_mtp and last) else 0
@@ -75,7 +78,9 @@ def stage_params(model: ModelShape, pp: int, stage: int, with_mtp: bool = True) 
         tp += mtp * (attn_tp + model.shared_expert_params() + 2 * model.hidden_size ** 2)
         rep += mtp * (attn_rep + model.router_params() + model.indexer_params() + 3 * model.hidden_size)
         expert += mtp * model.n_routed_experts * model.expert_params()
-    return StageParams(tp, rep, expert, n_dense, n_moe, n_index, first, last, mtp)
+    return StageParams(tp, rep, expert, n_dense, n_moe, n_index, first, last, mtp,
+                       linear_layers=sum(1 for i in layers if model.is_linear(i)),
+                       frozen=model.vision_params if first else 0)
 
 
 @dataclass(frozen=True)
@@ -121,8 +126,26 @@ def cp_gathered_elements(model: ModelShape, layout: Layout) -> float:
     return (layout.cp - 1) * (latent + kv)
 
 
+def linear_attention_activation_elements(model: ModelShape, layout: Layout) -> float:
+    """Saved-for-backward elements per token of one KDA block (head-split over tp): q/k/v before and after
+    their convs, the per-channel forget gate (fp32: 2 bf16 units), beta, the output gate, the delta-rule
+    output and the gated norm's output; the rank-d gate inputs are whole. The chunk states are rebuilt in
+    the backward (fla's chunk_kda and the torch reference keep none per token)."""
+    H, d = model.linear_num_heads, model.linear_head_dim
+    return (6 * H * d + 2 * H * d + H + 3 * H * d) / layout.tp + 2 * d
+
+
+def mhc_activation_elements(model: ModelShape, layout: Layout) -> float:
+    """mHC per layer and token, two blocks: the hc_mult streams read by the mixer in fp32 (2 units each), and
+    the mixed streams written back; sequence-split like the hidden states."""
+    if model.hc_mult <= 1:
+        return 0.0
+    seq = layout.tp if layout.sp else 1
+    return 2 * 3 * model.hc_mult * model.hidden_size / seq
+
+
 def layer_activation_elements(model: ModelShape, layout: Layout, ts: TrainSettings, moe: bool,
-                              indexer: bool) -> float:
+                              indexer: bool, linear: bool = False) -> float:
     """Saved-for-backward activation elements per token of one layer without recompute.
 
     Sequence-region tensors (norm inputs/outputs) are split over tp only with sequence parallel;
@@ -131,11 +154,14 @@ def layer_activation_elements(model: ModelShape, layout: Layout, ts: TrainSettin
     """
     h, H, tp = model.hidden_size, model.num_heads, layout.tp
     seq = tp if layout.sp else 1
-    elems = 4 * h / seq  # input norm in/out, post-attention norm in/out
-    elems += (2 * model.q_lora_rank) + (model.kv_lora_rank + model.qk_rope_head_dim) + model.kv_lora_rank
-    # q, k (rope'd), kv_b output, attention output, fp32 softmax statistics (2 bf16 units per head)
-    elems += H * (2 * model.qk_head_dim + model.qk_nope_head_dim + 2 * model.v_head_dim + 2) / tp
-    elems += cp_gathered_elements(model, layout)
+    elems = 4 * h / seq + mhc_activation_elements(model, layout)  # input norm in/out, post-attention norm in/out
+    if linear:
+        elems += linear_attention_activation_elements(model, layout)
+    else:
+        elems += (2 * model.q_lora_rank) + (model.kv_lora_rank + model.qk_rope_head_dim) + model.kv_lora_rank
+        # q, k (rope'd), kv_b output, attention output, fp32 softmax statistics (2 bf16 units per head)
+        elems += H * (2 * model.qk_head_dim + model.qk_nope_head_dim + 2 * model.v_head_dim + 2) / tp
+        elems += cp_gathered_elements(model, layout)
     if indexer:
         elems += 2 * model.index_topk  # int32 top-k indices kept for the sparse attention backward
     if moe:
@@ -160,18 +186,21 @@ def activation_bytes(model: ModelShape, layout: Layout, ts: TrainSettings, sp: S
     moe = layer_activation_elements(model, layout, ts, moe=True, indexer=False)
     idx_extra = 2 * model.index_topk
     layers_full = sp.dense_layers * dense + sp.moe_layers * moe + sp.indexer_layers * idx_extra
+    if sp.linear_layers:  # KDA in place of MLA on these layers (the MLP part is the same)
+        kda = layer_activation_elements(model, layout, ts, moe=True, indexer=False, linear=True)
+        layers_full += sp.linear_layers * (kda - moe)
     layers_full += sp.mtp_layers * (moe + (idx_extra if model.index_n_heads else 0) + 2 * model.hidden_size / seq)
     n_layers = sp.dense_layers + sp.moe_layers + sp.mtp_layers
     if ts.recompute == "full":
-        # Only each layer's input is kept; one layer at a time is rebuilt during backward.
-        stored = n_layers * model.hidden_size / seq
+        # Only each layer's input is kept (all hc_mult mHC streams); one layer at a time is rebuilt.
+        stored = n_layers * model.hc_mult * model.hidden_size / seq
         working = max(dense if sp.dense_layers else 0, moe + idx_extra if (sp.moe_layers or sp.mtp_layers) else 0)
         per_mb = stored
     else:
         per_mb, working = layers_full, 0.0
     total = in_flight * per_mb * T * ab + working * T * ab
     if sp.has_embedding:
-        total += in_flight * T * model.hidden_size / seq * ab
+        total += in_flight * T * model.hc_mult * model.hidden_size / seq * ab
     if sp.has_head:  # logits of the last micro-batch (and of each MTP head)
         total += (1 + sp.mtp_layers) * T * model.vocab_size / layout.tp * ts.logits_bytes
     return total, in_flight
@@ -186,7 +215,7 @@ def train_memory(model: ModelShape, layout: Layout, ts: TrainSettings, micro_bat
         opt = optimizer_state_bytes(sp, layout, ts)
         act, in_flight = activation_bytes(model, layout, ts, sp, micro_batches, stage)
         out.append(TrainMemory(
-            stage=stage, params=n, weights=n * ts.param_bytes, grads=n * ts.grad_bytes,
+            stage=stage, params=n + sp.frozen, weights=(n + sp.frozen) * ts.param_bytes, grads=n * ts.grad_bytes,
             optimizer=0.0 if ts.optimizer_cpu_offload else opt, optimizer_host=opt if ts.optimizer_cpu_offload else 0.0,
             activations=act, micro_batches_in_flight=in_flight,
         ))

@@ -14,6 +14,7 @@ import re
 import sys
 from typing import Any, Sequence
 
+from slime.plan.hybrid import HYBRID_MODEL_TYPES, TEXT_DEFAULTS, text_config
 from slime.plan.model import load_config
 
 # flag -> (HF key, type). Values compare after conversion; flags without a value are booleans.
@@ -40,11 +41,20 @@ VALUE_FLAGS: dict[str, tuple[str, type]] = {
     "--vocab-size": ("vocab_size", int),
     "--norm-epsilon": ("rms_norm_eps", float),
     "--rotary-base": ("rope_theta", float),
+    # KDA (glm5_next's linear attention) under Megatron's linear-attention names: one head count and head dim
+    "--linear-conv-kernel-dim": ("linear_conv_kernel_dim", int),
+    "--linear-key-head-dim": ("linear_head_dim", int),
+    "--linear-value-head-dim": ("linear_head_dim", int),
+    "--linear-num-key-heads": ("linear_num_heads", int),
+    "--linear-num-value-heads": ("linear_num_heads", int),
+    "--activation-func-clamp-value": ("swiglu_limit", float),  # clamped SwiGLU: gate <= v, -v <= up <= v
 }
-DERIVED_FLAGS = ("--moe-layer-freq", "--moe-shared-expert-intermediate-size")
+DERIVED_FLAGS = ("--moe-layer-freq", "--moe-shared-expert-intermediate-size", "--linear-attention-freq")
 SWITCHES = ("--multi-latent-attention", "--moe-router-enable-expert-bias", "--swiglu", "--disable-bias-linear",
             "--untie-embeddings-and-output-weights")
 FIXED = {"--normalization": "RMSNorm", "--moe-router-score-function": "sigmoid", "--position-embedding-type": "rope"}
+# glm5_next has no rotary part anywhere in its text model (KDA, NoPE MLA): Megatron's "none"
+HYBRID_FIXED = FIXED | {"--position-embedding-type": "none"}
 
 
 def parse_model_args(argv: Sequence[str]) -> dict[str, Any]:
@@ -77,14 +87,39 @@ def _dense_layers(freq: str, n_layers: int) -> int:
     return k
 
 
+def _linear_layer_types(freq: str, n_layers: int) -> list[str]:
+    """Megatron's --linear-attention-freq (N: every N-th layer full attention, the rest linear; or a list
+    expression of 1 = linear, 0 = full per layer) as glm5_next's layer_types."""
+    text = freq.replace(" ", "")
+    if text.isdigit():
+        pattern = [0 if (i + 1) % int(text) == 0 else 1 for i in range(n_layers)]
+    else:
+        pattern = []
+        for term in text.split("+"):
+            m = re.fullmatch(r"\[([01](?:,[01])*)\](?:\*(\d+))?", term)
+            if not m:
+                raise ValueError(f"--linear-attention-freq {freq!r}: expected N or a list expression like '[1,1,1,0]*11+[1]'")
+            pattern += [int(v) for v in m.group(1).split(",")] * int(m.group(2) or 1)
+    if len(pattern) != n_layers:
+        raise ValueError(f"--linear-attention-freq {freq!r} covers {len(pattern)} layers but --num-layers is {n_layers}")
+    return ["linear_attention" if v else "indexed_attention" for v in pattern]
+
+
 def to_hf_config(argv: Sequence[str]) -> dict[str, Any]:
-    """The HF config keys MODEL_ARGS determine (model_type glm_moe_dsa with the DSA flags, else glm4_moe_lite)."""
+    """The HF config keys MODEL_ARGS determine (model_type glm5_next with the linear-attention flags,
+    glm_moe_dsa with the DSA flags, else glm4_moe_lite)."""
     a = parse_model_args(argv)
     cfg: dict[str, Any] = {}
     for flag, (key, typ) in VALUE_FLAGS.items():
         if flag in a:
+            if key in cfg and cfg[key] != typ(a[flag]):
+                raise ValueError(f"MODEL_ARGS: {flag} {a[flag]} disagrees with another flag setting {key} to {cfg[key]} "
+                                 "(KDA has one head count and one head dim for q, k and v)")
             cfg[key] = typ(a[flag])
-    cfg["model_type"] = "glm_moe_dsa" if "index_n_heads" in cfg else "glm4_moe_lite"
+    hybrid = "--linear-attention-freq" in a
+    cfg["model_type"] = "glm5_next" if hybrid else "glm_moe_dsa" if "index_n_heads" in cfg else "glm4_moe_lite"
+    if hybrid:
+        cfg["layer_types"] = _linear_layer_types(a["--linear-attention-freq"], cfg.get("num_hidden_layers", 0))
     n = cfg.get("num_hidden_layers", 0)
     if "--moe-layer-freq" in a:
         cfg["first_k_dense_replace"] = _dense_layers(a["--moe-layer-freq"], n)
@@ -94,20 +129,47 @@ def to_hf_config(argv: Sequence[str]) -> dict[str, Any]:
             raise ValueError("--moe-shared-expert-intermediate-size must be a multiple of --moe-ffn-hidden-size")
         cfg["n_shared_experts"] = shared // per
     cfg["tie_word_embeddings"] = not a.get("--untie-embeddings-and-output-weights", False)
-    for flag, want in FIXED.items():
+    for flag, want in (HYBRID_FIXED if hybrid else FIXED).items():
         if flag in a and a[flag] != want:
-            raise ValueError(f"MODEL_ARGS: {flag} {a[flag]} is not supported by the GLM-5 family model; use {want}")
+            raise ValueError(f"MODEL_ARGS: {flag} {a[flag]} is not supported by the {cfg['model_type']} model; use {want}")
     if "--multi-latent-attention" not in a:
         raise ValueError("MODEL_ARGS: GLM-5 family models need --multi-latent-attention")
     return cfg
 
 
+def _hybrid_value(cfg: dict[str, Any], key: str) -> Any:
+    """A glm5_next config's value: its text model's fields (transformers' defaults where the config omits
+    one), the dense-layer count from mlp_layer_types, and the family for model_type."""
+    t = TEXT_DEFAULTS | text_config(cfg)
+    n = int(t["num_hidden_layers"])
+    if key == "model_type":
+        return "glm5_next"  # the multimodal checkpoint and the flat text-only one alike
+    if key == "tie_word_embeddings":
+        return bool(cfg.get(key, t[key]))
+    if key == "layer_types":
+        return t.get("layer_types") or ["linear_attention" if i % 4 != 3 else "indexed_attention" for i in range(n)]
+    if key == "first_k_dense_replace":
+        types = t.get("mlp_layer_types") or ["dense"] * min(3, n) + ["sparse"] * max(n - 3, 0)
+        k = types.count("dense")
+        return k if types[:k] == ["dense"] * k else types
+    return t.get(key)
+
+
 def _hf_value(cfg: dict[str, Any], key: str) -> Any:
+    if cfg.get("model_type") in HYBRID_MODEL_TYPES:
+        return _hybrid_value(cfg, key)
     if key == "rope_theta":
         return (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta"))
     if key == "tie_word_embeddings":
         return bool(cfg.get(key, False))
     return cfg.get(key)
+
+
+def _short(value: Any) -> str:
+    """A per-layer list as the layers that are not KDA (one line), anything else as repr."""
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return f"attention (not linear) at layers {[i for i, v in enumerate(value) if v != 'linear_attention']}"
+    return repr(value)
 
 
 def mismatches(argv: Sequence[str], hf_config: dict[str, Any]) -> list[str]:
@@ -116,10 +178,12 @@ def mismatches(argv: Sequence[str], hf_config: dict[str, Any]) -> list[str]:
     out = []
     for key, value in want.items():
         have = _hf_value(hf_config, key)
+        if have is None and key == "num_nextn_predict_layers" and hf_config.get("model_type") in HYBRID_MODEL_TYPES:
+            continue  # transformers' glm5_next config does not state the checkpoint's MTP layers
         same = (abs(float(have) - float(value)) <= 1e-9 * max(1.0, abs(float(value)))
                 if isinstance(value, float) and have is not None else have == value)
         if not same:
-            out.append(f"{key}: MODEL_ARGS {value!r} != config {have!r}")
+            out.append(f"{key}: MODEL_ARGS {_short(value)} != config {_short(have)}")
     return out
 
 

@@ -18,15 +18,21 @@ def _powers_of_two(limit: int) -> list[int]:
     return out
 
 
+def _divisors(n: int, limit: int) -> list[int]:
+    """Expert-parallel sizes: the divisors of the expert count up to the device count (powers of two for 256
+    experts; 288 = 2^5 x 9 also gives 96, 144, 288)."""
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
 def candidate_layouts(model: ModelShape, nodes: int, devices_per_node: int, pps: tuple[int, ...] = (1, 2, 4, 8),
                       cps: tuple[int, ...] = (1,), etp_modes: tuple[str, ...] = ("1",)) -> list[Layout]:
-    """TP within a node, the given PP/CP sizes, EP a power of two dividing the experts, expert-TP 1 or = TP;
+    """TP within a node, the given PP/CP sizes, EP a divisor of the expert count, expert-TP 1 or = TP;
     only layouts valid for `model`."""
     world = nodes * devices_per_node
     out = []
     for tp in _powers_of_two(devices_per_node):
         for pp in pps:
-            for ep in _powers_of_two(min(world, model.n_routed_experts)):
+            for ep in _divisors(model.n_routed_experts, world):
                 for cp in cps:
                     for etp in sorted({1 if m == "1" else tp for m in etp_modes}):
                         lay = Layout(nodes, devices_per_node, tp=tp, pp=pp, ep=ep, cp=cp, etp=etp)
