@@ -9,6 +9,7 @@ models; the float64 tests run them in float64, the same maths); float32 (transfo
 atol 2e-5 + rtol 1e-4, grads 1e-4 of each tensor's max |grad|. With index_kpool_always_select_tail=False the
 first kpool - 1 queries of a sequence select nothing: ours gives 0 there, transformers' eager softmax over a
 fully masked row has no defined value, so those rows are left out of the comparison (zero weight in the loss).
+TP2 x CP2 (spawned ranks, tests/glm5_next_attention_worker.py) equals the single rank in float64 (1e-12).
 """
 
 from __future__ import annotations
@@ -16,19 +17,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from glm5_next_attention_worker import FULL, SHARED, configs, hf_attention, ours_from
+
 from slime_plugins.models.common.rope import ForwardContext
 
 modeling = pytest.importorskip("transformers.models.glm5_next.modeling_glm5_next")
 
 F64, F32 = torch.float64, torch.float32
-TEXT = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16,
-            qk_nope_head_dim=8, qk_rope_head_dim=0, v_head_dim=6, index_n_heads=2, index_head_dim=8, index_topk=8,
-            index_kpool=4, index_kpool_always_select_tail=True, num_hidden_layers=4, vocab_size=64, pad_token_id=0,
-            intermediate_size=40, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2,
-            linear_num_heads=2, linear_head_dim=8, rms_norm_eps=1e-5,
-            layer_types=["linear_attention", "indexed_attention", "indexed_attention", "linear_attention"],
-            indexer_types=["full", "full", "shared", "full"], mlp_layer_types=["dense"] * 4)
-FULL, SHARED = 1, 2  # the DSA layers of TEXT
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -36,6 +31,13 @@ def _clean_megatron_state():
     from glm5_helpers import megatron_state_cleanup
 
     yield from megatron_state_cleanup()
+
+
+@pytest.fixture(autouse=True)
+def _single_rank():
+    from slime.backends.megatron.parallel import init_parallel
+
+    init_parallel(tp=1)
 
 
 @pytest.fixture
@@ -50,44 +52,6 @@ def float64_transformers(monkeypatch):
 
     monkeypatch.setattr(modeling.Glm5NextTextRMSNorm, "forward", rms_norm)
     monkeypatch.setattr(modeling, "eager_attention_forward", eager)
-
-
-def configs(**overrides):
-    from transformers import Glm5NextTextConfig
-
-    from slime_plugins.models.glm5_next.config import from_hf
-
-    text = TEXT | overrides
-    hf = Glm5NextTextConfig(**text)
-    hf._attn_implementation = "eager"
-    return hf, from_hf(dict(text, model_type="glm5_next_text"))
-
-
-def hf_attention(hf_config, layer: int, dtype, seed: int):
-    module = modeling.Glm5NextTextAttention(hf_config, layer).to(dtype).train()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():  # away from init: norms not 1, non-uniform attention, gated pools
-            scale = 0.1 if name.endswith(("layernorm.weight", "k_norm.weight")) else 0.4
-            base = 1.0 if name.endswith(("layernorm.weight", "k_norm.weight")) else 0.0
-            p.copy_(base + scale * torch.randn(p.shape, generator=g, dtype=F64))
-    return module
-
-
-def ours_from(hf_module, arch, layer: int, dtype):
-    from slime.backends.megatron.parallel import init_parallel
-    from slime_plugins.models.glm5_next.attention import NopeMlaDsaAttention, dsa_weight_maps
-
-    init_parallel(tp=1)
-    config = arch.transformer_config(dtype=dtype)
-    module = NopeMlaDsaAttention(config, layer + 1, arch)
-    ours, theirs = dict(module.named_parameters()), dict(hf_module.named_parameters())
-    maps = dsa_weight_maps(arch, layer, "a", "h")
-    assert sorted(m.param[2:] for m in maps) == sorted(ours) and sorted(m.hf[0][2:] for m in maps) == sorted(theirs)
-    with torch.no_grad():
-        for m in maps:
-            ours[m.param[2:]].copy_(theirs[m.hf[0][2:]])
-    return module.train()
 
 
 def context(lengths, rows: int) -> ForwardContext:
@@ -248,3 +212,32 @@ def test_a_shared_layer_without_a_full_layer_before_it_is_refused():
     broken = type("Arch", (), {"indexer_type": lambda self, i: [None, "shared", "shared", None][i]})()
     with pytest.raises(ValueError, match="no full DSA layer precedes it"):
         topk_source_layer(broken, 2)
+
+
+@pytest.mark.parametrize("tp, cp", [(2, 2)])
+def test_parallel_layouts_equal_the_single_rank(tmp_path, tp, cp):
+    """A full and a shared layer at TP2 x CP2 (heads split, sequence parallel; load-balanced chunks, latent keys
+    and indexer inputs gathered over CP): outputs, input grads and parameter grads (summed over CP ranks, TP shards
+    joined by their weight-map kind) equal the single rank's in float64 (1e-12)."""
+    import glm5_next_attention_worker as worker
+    from glm5_helpers import spawn_ranks
+
+    from slime_plugins.models.glm5_next.attention import dsa_weight_maps
+
+    want = worker.rank_step(1, 1)
+    spawn_ranks(worker.run, tp * cp, tp, cp, str(tmp_path))
+    parts = [torch.load(tmp_path / f"rank{r}.pt") for r in range(tp * cp)]
+    for key in ("outs", "x_grad"):
+        wanted = want[key] if key == "outs" else [want[key]]
+        for i, ref in enumerate(wanted):
+            got = torch.full_like(ref, float("nan"))
+            for part in parts:
+                got[part["rows"]] = part[key][i] if key == "outs" else part[key]
+            torch.testing.assert_close(got, ref, rtol=0, atol=1e-12, msg=f"{key} {i}")
+    _, arch = configs()
+    kinds = {f"{i}.{m.param[2:]}": m for i, layer in enumerate((FULL, SHARED))
+             for m in dsa_weight_maps(arch, layer, "a", "h")}
+    assert want["grads"].keys() == parts[0]["grads"].keys() and len(want["grads"]) == 14
+    for name, ref in want["grads"].items():
+        shards = [sum(p["grads"][name] for p in parts if p["tp_rank"] == t) for t in range(tp)]
+        torch.testing.assert_close(kinds[name].to_hf(shards)[0], ref, rtol=0, atol=1e-12, msg=name)
