@@ -208,6 +208,10 @@ def _finish(model, tmp: str, out_dir: str, files: list[tuple[str, list[str]]], d
     out_dtype = dtype or (torch.bfloat16 if torch.bfloat16 in dtypes else next(iter(dtypes)))
     config["dtype"] = str(out_dtype).removeprefix("torch.")
     config.pop("torch_dtype", None)
+    # block-FP8 source weights are trained and written dequantized: the copy states no quantization
+    config.pop("quantization_config", None)
+    if isinstance(config.get("text_config"), dict):
+        config["text_config"] = {k: v for k, v in config["text_config"].items() if k != "quantization_config"}
     with open(os.path.join(tmp, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     source = getattr(model, "hf_dir", None)

@@ -1,5 +1,7 @@
 """Reading HF safetensors checkpoints: single file, sharded with an index, or a directory of shards;
-transformers 5.x fused expert tensors are exposed under the per-expert names."""
+transformers 5.x fused expert tensors are exposed under the per-expert names; block-FP8 weights (e4m3 with a
+`weight_scale_inv` per [128, 128] block, slime/utils/fp8_blocks.py) are read dequantized to float32 under their
+own names, their scales hidden."""
 
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ class HFCheckpoint:
         self._file_of = self._index()
         self._handles: dict[str, object] = {}
         self._virtual: dict[str, tuple[str, int, str]] = {}  # per-expert name -> (fused name, expert, part)
+        self._fp8, self._fp8_block = self._fp8_weights()  # FP8 weight name -> its scale's name; block size
         for name in list(self._file_of):
             m = _FUSED.match(name)
             if m:
@@ -71,6 +74,45 @@ class HFCheckpoint:
                 for key in f.keys():
                     file_of[key] = fn
         return file_of
+
+    def _fp8_weights(self) -> tuple[dict[str, str], tuple[int, int]]:
+        """{e4m3 weight: its weight_scale_inv} and the block size (config.json quantization_config, else 128 x 128)."""
+        from slime.utils.fp8_blocks import DEFAULT_BLOCK, SCALE_SUFFIX, Fp8BlockFormat, Fp8FormatError
+
+        try:
+            fmt = Fp8BlockFormat.from_config(self.config)
+        except Fp8FormatError as e:
+            raise HFCheckpointError(f"{self.dir}: {e}") from e
+        scales = {n[: -len(SCALE_SUFFIX)]: n for n in self._file_of if n.endswith(SCALE_SUFFIX)}
+        fp8 = {w: s for w, s in scales.items() if w in self._file_of and self._stored_dtype(w) == "F8_E4M3"}
+        unscaled = [n for n in self._file_of if n not in fp8 and self._stored_dtype(n) in ("F8_E4M3", "F8_E5M2")]
+        if unscaled:
+            raise HFCheckpointError(f"{self.dir}: FP8 tensors without a block scale ({SCALE_SUFFIX[1:]}): "
+                                    f"{name_list(unscaled)}; only block-scaled e4m3 checkpoints are read")
+        return fp8, fmt.block if fmt else DEFAULT_BLOCK
+
+    def _stored_dtype(self, name: str) -> str:
+        return self._handle(self._file_of[name]).get_slice(name).get_dtype()
+
+    def _dequantized(self, name: str, index: int | None = None) -> torch.Tensor:
+        """An FP8 weight (or one expert of a fused one) dequantized to float32 with its block scales."""
+        from slime.utils.fp8_blocks import Fp8FormatError, dequantize
+
+        w, s = (self._handle(self._file_of[n]).get_slice(n) for n in (name, self._fp8[name]))
+        w, s = (w[index], s[index]) if index is not None else (w[:], s[:])
+        try:
+            return dequantize(w, s, self._fp8_block, name=name)
+        except Fp8FormatError as e:
+            raise HFCheckpointError(f"{self.dir}: {e}") from e
+
+    def fp8_weights(self) -> dict[str, tuple[int, int]]:
+        """{name as the loader sees it: block size} of the weights stored in block FP8 (what an FP8 engine
+        expects back in that format)."""
+        out = {n: self._fp8_block for n in self._fp8}
+        for virtual, (fused, _, _) in self._virtual.items():
+            if fused in self._fp8:
+                out[virtual] = self._fp8_block
+        return {n: b for n, b in out.items() if n in self.names()}
 
     def _handle(self, fn: str):
         if fn not in self._handles:
@@ -103,22 +145,26 @@ class HFCheckpoint:
     def names(self) -> set[str]:
         """Tensor names as the loader sees them (fused experts replaced by per-expert names)."""
         fused = {v[0] for v in self._virtual.values()}
-        return (set(self._file_of) - fused) | set(self._virtual)
+        return (set(self._file_of) - fused - set(self._fp8.values())) | set(self._virtual)
 
     def get(self, name: str) -> torch.Tensor:
         if name in self._virtual:
             fused, e, part = self._virtual[name]
-            w = self._handle(self._file_of[fused]).get_slice(fused)[e]
+            # FP8: the expert's whole [2I, H] with its own scale grid, then split (gate/up share none of it)
+            w = self._dequantized(fused, e) if fused in self._fp8 else self._handle(self._file_of[fused]).get_slice(fused)[e]
             if part == "all":
                 return w
             half = w.shape[0] // 2
             return w[:half] if part == "gate" else w[half:]
         if name not in self._file_of:
             raise HFCheckpointError(f"{self.dir}: tensor {name} not in the checkpoint")
+        if name in self._fp8:
+            return self._dequantized(name)
         return self._handle(self._file_of[name]).get_tensor(name)
 
     def tensor_dtype(self, name: str) -> torch.dtype | None:
-        """The dtype `name` is stored in (from the safetensors header; fused experts: their tensor's)."""
+        """The dtype `name` is stored in (from the safetensors header; fused experts: their tensor's). None for
+        block-FP8 weights: they are read, trained and written dequantized."""
         stored = self._virtual[name][0] if name in self._virtual else name
         if stored not in self._file_of:
             return None

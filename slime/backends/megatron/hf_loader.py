@@ -143,6 +143,7 @@ def load_hf_model(hf_dir: str, tp: int = 1, ep: int = 1, pp: int = 1, *, dtype: 
             targets[name].copy_(value.to(device=targets[name].device, dtype=targets[name].dtype))
     model.hf_dtypes = {n: ckpt.tensor_dtype(n) for n in ckpt.names()}  # save_hf writes each tensor back in its dtype
     model.hf_fused = ckpt.fused_parts()  # and fused expert tensors fused again (Qwen3.5-MoE's published layout)
+    model.hf_fp8 = ckpt.fp8_weights()  # read dequantized; an FP8 engine gets them re-quantized (utils/fp8_blocks)
     ckpt.close()
     model.hf_dir = hf_dir
     return model
