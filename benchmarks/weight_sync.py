@@ -260,20 +260,20 @@ class Components:
 
     def install(self, ws) -> None:
         from slime.accelerator import ipc
-        from slime.backends.megatron import shared_buckets
+        from slime.backends.megatron.weight_sync import shared_buckets, weight_sets
         from slime.utils import distributed, weight_checksum
 
         def where(key: str) -> Callable[..., str]:
             return lambda *a, **k: key + ("" if threading.current_thread() is threading.main_thread() else OVERLAPS)
 
         self.wrap(shared_buckets.SharedBucketSender, "add", "copy into the shared buffers")
-        self.wrap(shared_buckets.WeightSetWriter, "add", "copy into the weight sets")
-        self.wrap(shared_buckets.WeightSetWriter, "flush", "copy into the weight sets")
+        self.wrap(weight_sets.WeightSetWriter, "add", "copy into the weight sets")
+        self.wrap(weight_sets.WeightSetWriter, "flush", "copy into the weight sets")
         self.wrap(ws, "post", lambda engine, path, *a, **k: where("HTTP " + path)())
         self.wrap(ipc, "serialize_named_tensors", where("handles (pickle)"))
         self.wrap(distributed, "broadcast", "broadcast (sender side)")
         self.wrap(shared_buckets, "pack_into", "packing into the send buffer (distributed)")
-        self.wrap(ws, "_finish_distributed", "wait for the bucket on the wire (broadcast, engine's receive and copy)")
+        self.wrap(ws.broadcast, "finish", "wait for the bucket on the wire (broadcast, engine's receive and copy)")
         self.wrap(weight_checksum, "named_checksums", where("checksums (trainer side)"))
 
     def uninstall(self) -> None:
@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> None:
             if m in syncs:  # the shared-bucket path
                 syncs[m].takes_weight_sets = lambda engine: False
         if "ipc-handles" in syncs:  # as an engine without the read-before-reply promise (SGLang) is served
-            syncs["ipc-handles"].takes_flat_buffers = lambda engine: False
+            syncs["ipc-handles"].tensor_handles.takes_flat_buffers = lambda engine: False
         if "distributed" in syncs:
             t0 = time.perf_counter()
             syncs["distributed"].connect()

@@ -129,20 +129,20 @@ def sync_to_engine(actor, args, rank: int, engine: dict) -> dict:
         m = ws.sync(1)
         out[mode] = m
         if mode == "distributed":
-            send = ws._send_distributed
+            send = ws.broadcast.send
 
             def corrupted(bucket, version, ws=ws, send=send):  # stage 1's transport flips a value after its checksum was taken
                 if ws.role.stage == 1:
                     bucket = [(n, t + 1.0 if i == 0 else t) for i, (n, t) in enumerate(bucket)]
                 send(bucket, version)
 
-            ws._send_distributed = corrupted
+            ws.broadcast.send = corrupted
             try:
                 ws.sync(2)
                 out["corrupted"] = "no error"
             except WeightSyncError as e:
                 out["corrupted"] = str(e)
-            ws._send_distributed = send
+            ws.broadcast.send = send
             ws.sync(3)  # restore the engine to the trained weights
         ws.close()
     return out

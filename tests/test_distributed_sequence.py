@@ -109,7 +109,7 @@ def test_trainer_posts_the_next_numbered_bucket_before_the_previous_answer(monke
     ws.connect = lambda: setattr(ws, "group", object())  # no real group: a stand-in, numbered from 0
     ws.connect()
     ws.sync(1)
-    assert posted == [0, 1, 2] and ws._in_flight == []
+    assert posted == [0, 1, 2] and ws.broadcast.in_flight == []
     second.clear()
     ws.sync(2)
     assert posted == [0, 1, 2, 3, 4, 5]

@@ -41,7 +41,7 @@ def test_trainer_payload_decodes_with_sglangs_classes():
     """What the trainer posts (SharedBucketSender's flattened payload) opens with SGLang's
     MultiprocessingSerializer (its SafeUnpickler) and rebuilds with its FlattenedTensorBucket, bit for bit."""
     from slime.accelerator import get_accelerator
-    from slime.backends.megatron.shared_buckets import SharedBucketSender
+    from slime.backends.megatron.weight_sync.shared_buckets import SharedBucketSender
 
     common, tb = ref.common(), ref.tensor_bucket()
     acc, posted = get_accelerator(), []

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slime.backends.megatron import shared_buckets as sb
+from slime.backends.megatron.weight_sync import shared_buckets as sb
 
 
 def _stored(shape: tuple[int, int], dtype: torch.dtype, seed: int) -> torch.Tensor:

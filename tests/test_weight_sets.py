@@ -152,7 +152,7 @@ def test_failed_or_refused_weight_set_update_changes_nothing(ckpt, engines):
     assert engine.generate(prompt, {"max_new_tokens": 4, "temperature": 0.0}).output_ids == expected
 
     # a commit whose checksums do not match what is in the target set is refused before any switch
-    writer = next(iter(ws._set_writers.values()))
+    writer = next(iter(ws.weight_sets.writers.values()))
     state = engine.weight_sets_state(writer.layout_id)
     writer.begin(state)
     for name, t in w2.items():

@@ -191,9 +191,9 @@ def test_engines_that_do_not_promise_to_have_read_get_reused_buffers_only_on_a_s
         assert set(e.formats) == {"flattened_bucket"} and len(e.formats) >= 6
     buffers = [p for h in plain.handles for p in h]
     if synchronized:
-        assert ws._sender is not None and len(set(buffers)) <= 4  # two sets (+ their growth), every sync
+        assert ws.tensor_handles.sender is not None and len(set(buffers)) <= 4  # two sets (+ their growth), every sync
     else:
-        assert ws._sender is None and len(set(buffers)) == len(buffers)  # one new buffer per flush
+        assert ws.tensor_handles.sender is None and len(set(buffers)) == len(buffers)  # one new buffer per flush
     ws.close()
 
 
@@ -496,7 +496,7 @@ def test_exported_expert_views_pack_bit_exact_with_each_experts_gate_and_up_as_o
     shared buffers bit-exact; an expert's gate and up are copied as the one [2I, H] transpose they form when
     their slots are adjacent (sizes that are whole 64-byte lines), each alone otherwise, and a buffer that
     fills between them splits the pair."""
-    from slime.backends.megatron import shared_buckets as sb
+    from slime.backends.megatron.weight_sync import shared_buckets as sb
     from slime_plugins.models.common.weights import EXPERT_W1, EXPERT_W2, WeightMap
 
     experts = 3

@@ -278,7 +278,8 @@ class RolloutManager(EngineFleet):
                  # colocated: engine i's TP rank j shares bundle (device) i*tp + j with that trainer rank
                  "trainer_ranks": [i * self.tp + j for j in range(self.tp)] if colocated else None,
                  # a distributed weight update: the embedded engine joins with its rank 0 only (tensor_parallel.py)
-                 "group_ranks": 1 if self.kind == "embedded" else self.tp}
+                 "group_ranks": 1 if self.kind == "embedded" else self.tp,
+                 "kind": self.kind}  # the resolved --rollout-engine (the weight sync sends SGLang's MTP draft)
                 for i, u in enumerate(self.urls) if i not in self._down]
 
     def generate(self, rollout_id: int, with_samples: bool = False, offload: bool = False) -> dict[str, Any]:

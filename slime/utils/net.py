@@ -31,3 +31,14 @@ def bind_host() -> str:
     except Exception:
         pass
     return LOOPBACK
+
+
+def node_ip() -> str:
+    """This node's address as Ray tells it (where other nodes reach a store this process hosts); 127.0.0.1
+    when Ray cannot tell."""
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:
+        return LOOPBACK

@@ -335,7 +335,7 @@ class WeightControl:
             "eos_token_ids": sorted(self.eos_ids),
             "weights_checksum": True,  # serves /get_weights_checksum (the trainer's post-sync check)
             # takes load_format flattened_bucket (slime's layout) and has copied out of the shared buffers when
-            # it replies, so a sender may refill them (slime.backends.megatron.shared_buckets)
+            # it replies, so a sender may refill them (slime.backends.megatron.weight_sync.shared_buckets)
             "flattened_bucket": True,
             # the weights can live in two shared sets the trainer writes directly (weight_sets.py), in these
             # expert layouts; empty when not offered (tensor parallel over processes, device memory)

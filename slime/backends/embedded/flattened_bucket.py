@@ -7,7 +7,7 @@ entry of `serialized_named_tensors` (one per engine TP rank) is then base64 of t
 end_idx, numel), ...]}` (slime.utils.tensor_bucket). This engine opens it with the allow-list unpickler
 (the metadata record is its only non-tensor global) and checks every entry before any weight changes.
 
-A trainer reuses its flat buffers for every update (slime.backends.megatron.shared_buckets); the last
+A trainer reuses its flat buffers for every update (slime.backends.megatron.weight_sync.shared_buckets); the last
 few received buffers are kept open here, so the next update finds them in torch's cache of opened
 shared storages instead of mapping them again (mapping costs a page fault per page on the first read).
 """

@@ -22,17 +22,9 @@ from slime.backends.megatron import hooks
 from slime.backends.megatron.loss import METRIC_KEYS, MISMATCH_KEYS, LossConfig, LossHooks, rl_loss, sft_loss
 from slime.backends.megatron.manual_gc import ManualGC
 from slime.backends.megatron.timing import PhaseTimer
+from slime.utils.net import node_ip
 
 logger = logging.getLogger(__name__)
-
-
-def _node_ip() -> str:
-    try:
-        import ray
-
-        return ray.util.get_node_ip_address()
-    except Exception:
-        return "127.0.0.1"
 
 
 def _host_store(host: str, world_size: int):
@@ -66,7 +58,7 @@ class MegatronTrainRayActor:
         import torch.distributed as dist
 
         if master is None and not dist.is_initialized():  # rank 0: host the rendezvous store now (a bound port)
-            host = _node_ip()
+            host = node_ip()
             self._store = _host_store(host, world_size)
             master = (host, self._store.port)
         self.master = master

@@ -1,0 +1,111 @@
+"""A trainer rank's WeightSync from the run's flags, its model and the rollout manager's engine list."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from slime.accelerator import get_accelerator
+from slime.backends.megatron.weight_sync.common import EngineEndpoint, StageRole, WeightSyncError
+from slime.backends.megatron.weight_sync.controller import WeightSync
+from slime.backends.megatron.weight_sync.tensor_handles import PayloadExchange
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_mode(requested: str, colocate: bool, ipc_capable: bool) -> str:
+    """--update-weight-mode: auto is ipc when colocated and the device supports IPC, else distributed (logged)."""
+    if requested == "ipc":
+        if not ipc_capable:
+            raise WeightSyncError("--update-weight-mode ipc: this device cannot share tensors across processes; "
+                                  "use --update-weight-mode distributed (or auto)")
+        return "ipc"
+    if requested == "distributed":
+        return "distributed"
+    if colocate and ipc_capable:
+        return "ipc"
+    if colocate:
+        logger.warning("device has no IPC tensor sharing: colocated weight sync falls back to the distributed path")
+    return "distributed"
+
+
+def engines_load_mtp(args: Any, engine_kind: str | None = None) -> bool:
+    """Whether the engines hold the checkpoint's MTP layers: SGLang loads them only as the draft model of
+    speculative decoding (--sglang-speculative-algorithm, e.g. EAGLE in upstream's GLM-5 and MiMo scripts); the
+    embedded engine (transformers' model) has none and ignores the speculative options. `engine_kind`: the
+    rollout manager's resolved --rollout-engine (needed when the flag is "auto")."""
+    if not args.sglang_speculative_algorithm:
+        return False
+    kind = engine_kind or args.rollout_engine
+    if kind not in ("sglang", "embedded"):
+        raise WeightSyncError(f"weight sync needs the resolved rollout engine kind, got {kind!r}; "
+                              "the rollout manager's engine list names it")
+    return kind == "sglang"
+
+
+def without_mtp_layers(buckets, arch):
+    """The exported buckets minus the MTP layers' tensors (model.layers.{N + k}.*); empty buckets dropped.
+    Every rank of a stage exports the same names, so all drop alike."""
+    from slime_plugins.models.common.weights import is_mtp_name
+
+    for bucket in buckets:
+        kept = [(n, t) for n, t in bucket if not is_mtp_name(arch, n)]
+        if kept:
+            yield kept
+
+
+def _engine_kind(endpoints: list[EngineEndpoint]) -> str | None:
+    """The kind the rollout manager resolved for its engines (every engine of a run is of one kind)."""
+    kinds = {e.kind for e in endpoints}
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def create_weight_sync(args: Any, model: Any, engines: list[dict[str, Any]], rank: int) -> WeightSync:
+    """This rank's WeightSync: `engines` is the rollout manager's list (EngineEndpoint.from_dict)."""
+    import torch.distributed as dist
+
+    from slime.backends.megatron import model_setup
+    from slime.backends.megatron.hf_export import unwrap
+
+    acc = get_accelerator()
+    mode = resolve_mode(args.update_weight_mode, args.colocate, acc.capabilities.ipc)
+    endpoints = [EngineEndpoint.from_dict(e) for e in engines]
+    timeout = float(args.update_weight_timeout)
+    world, exchange = 1, None
+    if dist.is_available() and dist.is_initialized():
+        from slime.utils.distributed import default_store
+
+        world = dist.get_world_size()
+        exchange = PayloadExchange(default_store(), rank, timeout) if mode == "ipc" and world > 1 else None
+
+    arch = unwrap(model).arch
+    keep_mtp = engines_load_mtp(args, _engine_kind(endpoints))
+
+    def export():
+        buckets = model_setup.export_hf(model, args.update_weight_buffer_size)
+        return buckets if keep_mtp else without_mtp_layers(buckets, arch)
+
+    return WeightSync(mode, export, endpoints, rank, check=bool(args.check_weight_sync),
+                      buffer_bytes=args.update_weight_buffer_size, world_size=world, timeout_s=timeout,
+                      exchange=exchange, role=stage_role(rank))
+
+
+def stage_role(rank: int) -> StageRole:
+    """This rank's StageRole from megatron's parallel state: one sender per pipeline stage (with pp = 1, rank 0
+    alone, with no extra collectives)."""
+    from megatron.core import parallel_state as ps
+
+    stages = ps.get_pipeline_model_parallel_world_size()
+    if stages == 1:
+        return StageRole(sender=rank == 0)
+    import torch.distributed as dist
+
+    from slime.backends.megatron.hf_export import writer_of_stage
+
+    def gather(obj):
+        out = [None] * dist.get_world_size() if rank == 0 else None
+        dist.gather_object(obj, out, dst=0)
+        return out
+
+    return StageRole(stage=ps.get_pipeline_model_parallel_rank(), stages=stages, sender=writer_of_stage(),
+                     barrier=dist.barrier, gather=gather)
