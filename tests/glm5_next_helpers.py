@@ -137,7 +137,8 @@ def load_state(model, tensors: dict[str, torch.Tensor]) -> None:
             state[m.param].copy_(m.to_local([tensors[n] for n in m.hf], 0, 1))
 
 
-def grads_by_hf_name(model) -> dict[str, torch.Tensor]:
+def grads_by_hf_name(model, gather=None) -> dict[str, torch.Tensor]:
+    """Our grads under HF names; `gather(grad, kind)` -> the shards of every rank (TP / EP > 1)."""
     from slime_plugins.models.glm5_next.weights import maps_for_model
 
     state = model.state_dict(keep_vars=True)
@@ -145,5 +146,6 @@ def grads_by_hf_name(model) -> dict[str, torch.Tensor]:
     for m in maps_for_model(model):
         grad = state[m.param].grad
         if grad is not None:
-            out.update(zip(m.hf_names_after_gather(model.arch.n_routed_experts), m.to_hf([grad])))
+            shards = gather(grad, m.kind) if gather else [grad]
+            out.update(zip(m.hf_names_after_gather(model.arch.n_routed_experts), m.to_hf(shards)))
     return out
