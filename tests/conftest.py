@@ -94,3 +94,13 @@ def smollm2_checkpoint():
         return ensure_smollm2()
     except SmolLM2Unavailable as e:
         pytest.skip(f"SmolLM2 checkpoint unavailable: {e}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def clean_megatron_state():
+    """After each test module: the process group it created, megatron's parallel state and the megatron patches
+    it applied are dropped, so the next module starts from a clean process (as on an xdist worker of its own).
+    Imports nothing: free for a module that never used megatron-core or torch.distributed."""
+    from megatron_state import megatron_state_cleanup
+
+    yield from megatron_state_cleanup()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import torch
+from megatron_state import megatron_state_cleanup  # noqa: F401  (tests that clean up between their own steps import it from here)
 
 # Larger than the writer's default init (0.02) so attention is far from uniform and DSA's token dropping
 # changes the logits measurably.
@@ -138,24 +139,6 @@ def hf_mtp_reference(path, ids, pos):
         mask = torch.full((seq, seq), torch.finfo(x.dtype).min).triu(1)[None, None].expand(ids.shape[0], 1, seq, seq)
         x = layer(x, attention_mask=mask, position_ids=pos, position_embeddings=model.model.rotary_emb(x, pos))[0]
         return model.lm_head(rms(x, own["shared_head.norm.weight"]))
-
-
-def megatron_state_cleanup():
-    """Generator for a module fixture: afterwards, drop the process group, megatron's parallel state and
-    the megatron patches this module set up (other test modules start from a clean process)."""
-    import torch.distributed as dist
-
-    had_group = dist.is_initialized()
-    yield
-    from megatron.core import parallel_state as ps
-
-    from slime.backends.megatron.parallel import revert_megatron_patches
-
-    if ps.model_parallel_is_initialized():
-        ps.destroy_model_parallel()
-    if not had_group and dist.is_initialized():
-        dist.destroy_process_group()
-    revert_megatron_patches()
 
 
 def rl_batch(n: int, seed: int, lengths: tuple[int, int], responses: tuple[int, int]) -> dict:
