@@ -111,7 +111,7 @@ def warnings(args: argparse.Namespace, parser: argparse.ArgumentParser | None) -
 
 def runtime_warnings(args: argparse.Namespace, parser: argparse.ArgumentParser | None) -> list[str]:
     """What a real run says before Ray starts: flags this device or engine cannot honor (one line each)."""
-    from slime.ray.rollout_manager import resolve_engine_kind
+    from slime.backends.sglang.launcher import sglang_available
     from slime.config.sglang_args import embedded_ignored_line
     from slime.config.megatron_flags import implementation_warning, not_yet_honored
 
@@ -123,10 +123,10 @@ def runtime_warnings(args: argparse.Namespace, parser: argparse.ArgumentParser |
         pending = not_yet_honored(parser, args)
         if pending:
             out.append("warning: accepted but not acted on yet: " + ", ".join(pending))
-    try:
-        kind = resolve_engine_kind(args)
-    except Exception as e:  # e.g. --rollout-engine sglang without sglang installed
-        out.append(f"warning: rollout engine: {e}")
+    kind = args.rollout_engine_kind  # "auto" resolved once, by the configuration (slime.config.rollout_flags)
+    if kind == "sglang" and not sglang_available():
+        out.append("warning: rollout engine: --rollout-engine sglang but sglang is not installed; install it or use "
+                   "--rollout-engine embedded")
         kind = None
     if kind == "sglang" and (args.sglang_config or args.prefill_num_servers):
         out.append("warning: --sglang-config/--prefill-num-servers are validated, but this launcher starts regular "
@@ -155,8 +155,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None,
     out(f"dry run: flags checked against {os.path.join(args.hf_checkpoint, 'config.json')} (no weights, no Ray)")
     out(f"model: {cfg.get('model_type')}, {text.get('num_hidden_layers')} layers, hidden {text.get('hidden_size')}; "
         + ("MODEL_ARGS agree with config.json" if model_args_given(args) else "no MODEL_ARGS given"))
-    from slime.backends.megatron.checkpoint_check import check_run_checkpoints
-    from slime.backends.megatron.checkpoint_layout import CheckpointFormatError
+    from slime.backends.megatron.checkpoint.check import check_run_checkpoints
+    from slime.backends.megatron.checkpoint.layout import CheckpointFormatError
 
     try:  # torch_dist --load / --ref-load: their layout and weight keys vs the model
         lines, unreadable = check_run_checkpoints(args, cfg, unreadable_warns=True)

@@ -16,7 +16,7 @@ ROOTS = ("slime", "slime_plugins")
 CONFIG_USERS = {
     "slime/train.py", "slime/train_async.py", "slime/dry_run.py",
     "slime/utils/arguments.py",  # upstream's `from slime.utils.arguments import parse_args`
-    "slime/backends/megatron/checkpoint_convert.py",  # a command-line tool: reads train.py's flags
+    "slime/backends/megatron/checkpoint/convert.py",  # a command-line tool: reads train.py's flags
 }
 # Upstream's plugin API: user code hands these modules namespaces it built itself, as upstream allows.
 USER_NAMESPACES = {"slime/utils/http_utils.py", "slime/utils/types.py", "slime/rollout/sglang_rollout.py",
@@ -27,9 +27,6 @@ USER_NAMESPACE_DIRS = ("slime/rollout/rm_hub/",)
 # Arrows that close a circle when imports inside functions count, each with why it is there and what removes it.
 # The list only shrinks: an arrow no longer in the code fails test_allowed_arrows_are_still_needed (delete it).
 ALLOWED_BACK_ARROWS = {
-    # the run session (issue 36, item 1) makes the loops strategies over one session: no module imports a loop
-    ("slime.train", "slime.debug_modes"): "train() hands --debug-rollout-only to debug_modes, which reuses train's "
-                                          "helpers; the run-session refactor of train.py/debug_modes.py removes it",
     # the model-family conformance work edits these files now; install() can find MoE layers by their
     # replay_layer attribute instead of by class
     ("slime.utils.routing_replay", "slime_plugins.models.common.model"): "routing_replay.install finds decoder "

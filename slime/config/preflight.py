@@ -62,18 +62,14 @@ def check_safetensors(path: str, flag: str = "--hf-checkpoint") -> int:
         raise PreflightError(str(e)) from e
 
 
-def check_hf_checkpoint(hf_dir: str, flag: str = "--hf-checkpoint") -> dict[str, Any]:
+def check_hf_checkpoint(hf_dir: str, flag: str = "--hf-checkpoint", config: dict | None = None) -> dict[str, Any]:
+    """`config`: hf_dir's config.json as already read (validation's args.hf_config), else it is read here."""
     flag = f"{flag} {hf_dir}"
     if not os.path.isdir(hf_dir):
         raise PreflightError(f"{flag} is not a directory; pass an HF model dir (config.json + *.safetensors)")
     config_path = os.path.join(hf_dir, "config.json")
-    if not os.path.isfile(config_path):
-        raise PreflightError(f"{flag}: no config.json; pass an HF model directory (config.json + *.safetensors)")
-    try:
-        with open(config_path) as f:
-            config = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PreflightError(f"{config_path} is not valid JSON ({e}); fix or re-download it") from e
+    if config is None:
+        config = _read_config(config_path, flag)
     supported = supported_model_types()
     model_type = config.get("model_type") if isinstance(config, dict) else None
     if model_type not in supported:
@@ -96,6 +92,16 @@ def check_hf_checkpoint(hf_dir: str, flag: str = "--hf-checkpoint") -> dict[str,
     for shard in shards:
         check_safetensors(os.path.join(hf_dir, shard), flag.split()[0])
     return config
+
+
+def _read_config(config_path: str, flag: str) -> Any:
+    if not os.path.isfile(config_path):
+        raise PreflightError(f"{flag}: no config.json; pass an HF model directory (config.json + *.safetensors)")
+    try:
+        with open(config_path) as f:
+            return json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PreflightError(f"{config_path} is not valid JSON ({e}); fix or re-download it") from e
 
 
 # ------------------------------------------------------------------ prompts and reward
@@ -227,7 +233,7 @@ def check_torch_dist(iter_dir: str) -> None:
 
 def check_load(args: Any, report: PreflightReport) -> None:
     """--load: what the trainer will read (slime.backends.megatron.checkpoint_layout), each file intact."""
-    from slime.backends.megatron import checkpoint_layout as L
+    from slime.backends.megatron.checkpoint import layout as L
 
     load = args.load
     try:
@@ -263,8 +269,8 @@ def check_checkpoint_keys(args: Any, report: PreflightReport, hf_config: dict) -
     """--load / --ref-load torch_dist checkpoints: their layout, and every weight the model loads present
     (slime.backends.megatron.checkpoint_check, from .metadata alone) against `hf_config` (--hf-checkpoint's
     config.json, as check_hf_checkpoint read it)."""
-    from slime.backends.megatron.checkpoint_check import check_run_checkpoints
-    from slime.backends.megatron.checkpoint_layout import CheckpointFormatError
+    from slime.backends.megatron.checkpoint.check import check_run_checkpoints
+    from slime.backends.megatron.checkpoint.layout import CheckpointFormatError
 
     try:
         lines, _ = check_run_checkpoints(args, hf_config)
@@ -301,7 +307,8 @@ def run_preflight(args: Any) -> PreflightReport:
     """Every check above, in order of what a user most likely got wrong; raises PreflightError."""
     report = PreflightReport()
     check_inputs(args, report)  # the accelerator, engine, CPUs, output dirs that are the model dir
-    hf_config = check_hf_checkpoint(args.hf_checkpoint) if getattr(args, "hf_checkpoint", None) else None
+    # config.json as validation read it (args.hf_config): not read again
+    hf_config = check_hf_checkpoint(args.hf_checkpoint, config=args.hf_config) if args.hf_checkpoint else None
     check_reward(args)
     if getattr(args, "prompt_data", None):
         check_prompts(args, report)

@@ -25,6 +25,21 @@ _add = add_argument_once  # train.py's parser may define a shared flag (e.g. --r
 
 
 def add_rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    _add_data_arguments(parser)
+    _add_generation_arguments(parser)
+    _add_plugin_arguments(parser)
+    _add_reward_and_network_arguments(parser)
+    _add_engine_arguments(parser)
+    _add_router_arguments(parser)
+    from slime.config.sglang_options import add_router_options, add_server_options
+
+    add_server_options(parser)  # every other --sglang-<option>, typed as SGLang types it
+    add_router_options(parser)  # --router-<option>, upstream slime's defaults
+    _add_eval_arguments(parser)
+    return parser
+
+
+def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("rollout data")
     _add(g, parser, "--prompt-data", type=str, default=None,
          help="prompts: a .jsonl or .parquet file (PATH@[start:end] takes those rows)")
@@ -50,6 +65,8 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     _add(g, parser, "--start-rollout-id", type=int, default=None,
          help="first rollout id (default: the one after the checkpoint --load resumes, else 0)")
 
+
+def _add_generation_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("rollout generation")
     _add(g, parser, "--rollout-batch-size", type=int, default=None, help="prompts per rollout")
     _add(g, parser, "--n-samples-per-prompt", type=int, default=1, help="responses per prompt (GRPO group size)")
@@ -72,8 +89,9 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     _add(g, parser, "--custom-generate-function-path", type=str, default=None,
          help="async module.fn(args, sample, sampling_params[, evaluation]) -> Sample | list[Sample] replacing the "
               "single-turn /generate call (upstream's contract; runs through slime.rollout.sglang_rollout)")
-    _add_plugin_arguments(parser)
 
+
+def _add_reward_and_network_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("rewards")
     _add(g, parser, "--rm-type", type=str, default=None,
          help="built-in reward: deepscaler, dapo, math, f1, gpqa, remote_rm, random or synthetic (prefix boxed_ "
@@ -97,6 +115,8 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
          help="http_utils.post requests are sent by Ray actors, --actor-num-gpus-per-node on every alive node, in "
               "turn (one that fails is sent from the rollout manager)")
 
+
+def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("rollout engines")
     _add(g, parser, "--rollout-engine", choices=ROLLOUT_ENGINES, default="auto",
          help="auto: SGLang where it is installed and the device is not a CPU, else the embedded engine")
@@ -117,9 +137,12 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
          help="YAML of SGLang server groups (upstream's format: sglang: [{name, server_groups: [{worker_type, "
               "num_gpus, num_gpus_per_engine, overrides}]}]); read and checked before Ray starts")
     parser.set_defaults(sglang_deployments=None, sglang_launch_args=None,  # filled by validation
-                        router_launch_args=None)
+                        router_launch_args=None, rollout_engine_kind=None)
     _add(g, parser, "--prefill-num-servers", type=int, default=None,
          help="PD disaggregation: engines that only prefill (the rest decode); exclusive with --sglang-config")
+
+
+def _add_router_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("rollout router")
     _add(g, parser, "--rollout-router", choices=("auto", "sglang-router", "in-process"), default="auto",
          help="auto: the sglang-router package when installed (as upstream), else in-process routing")
@@ -128,12 +151,6 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     _add(g, parser, "--sglang-router-port", type=int, default=None, help="port of --sglang-router-ip")
     _add(g, parser, "--sglang-router-request-timeout-secs", type=int, default=14400,
          help="seconds the router lets one request take (its --request-timeout-secs)")
-    from slime.config.sglang_options import add_router_options, add_server_options
-
-    add_server_options(parser)  # every other --sglang-<option>, typed as SGLang types it
-    add_router_options(parser)  # --router-<option>, upstream slime's defaults
-    _add_eval_arguments(parser)
-    return parser
 
 
 def _add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
@@ -252,12 +269,14 @@ def apply_custom_config(args: argparse.Namespace) -> None:
         setattr(args, key, value)
 
 
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise RolloutArgumentError(msg)
+
+
 def validate_rollout_args(args: argparse.Namespace) -> argparse.Namespace:
     """Check the rollout flags before Ray or any engine starts (raises RolloutArgumentError)."""
-    def need(cond: bool, msg: str) -> None:
-        if not cond:
-            raise RolloutArgumentError(msg)
-
+    need = _need
     if getattr(args, "custom_config_path", None):
         apply_custom_config(args)
     if not args.rollout_global_dataset:
@@ -289,23 +308,7 @@ def validate_rollout_args(args: argparse.Namespace) -> argparse.Namespace:
              f"--rm-type {args.rm_type!r} is unknown; choose one of {', '.join(sorted(BUILTIN))} or use --custom-rm-path")
     if (args.rm_type or "").removeprefix("boxed_") == "remote_rm":
         need(bool(args.rm_url), "--rm-type remote_rm needs --rm-url http://host:port/path (the reward service)")
-    for flag in ("custom_rm_path", "dynamic_sampling_filter_path", "custom_generate_function_path",
-                 "rollout_function_path", "data_source_path", "buffer_filter_path", "rollout_sample_filter_path",
-                 "rollout_all_samples_process_path", "eval_function_path", "custom_reward_post_process_path",
-                 "custom_convert_samples_to_train_data_path", "custom_rollout_log_function_path",
-                 "custom_eval_rollout_log_function_path"):
-        path = getattr(args, flag)
-        if path:
-            _check_function_path(path, flag)
-    for path in args.rollout_sample_hook_path or []:
-        _check_function_path(path, "rollout_sample_hook_path")
-    if args.http_proxy:
-        from slime.utils.http_utils import _proxy_address
-
-        try:
-            _proxy_address(args.http_proxy)
-        except ValueError as e:
-            raise RolloutArgumentError(str(e)) from e
+    _validate_function_paths(args)
     if args.over_sampling_batch_size is not None:
         need(args.over_sampling_batch_size >= 1, f"--over-sampling-batch-size must be >= 1, got {args.over_sampling_batch_size}")
         need(not args.rollout_batch_size or args.over_sampling_batch_size >= args.rollout_batch_size,  # upstream's rule
@@ -313,6 +316,21 @@ def validate_rollout_args(args: argparse.Namespace) -> argparse.Namespace:
              f"{args.rollout_batch_size} (groups submitted at a time, of which the batch keeps the first to finish)")
     if not isinstance(args.apply_chat_template_kwargs, dict):
         raise RolloutArgumentError("--apply-chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'")
+    _resolve_lengths(args)
+    _validate_eval_args(args, need)
+    _validate_sglang_args(args, need)
+    args.rollout_engine_kind = resolve_engine_kind(args.rollout_engine)  # "auto" decided once, here
+    # the engines' and the router's command lines, built here for the rollout manager (it never imports config)
+    from slime.config.sglang_options import router_option_tokens
+
+    args.sglang_launch_args = sglang_passthrough(args)
+    args.router_launch_args = router_option_tokens(args)
+    return args
+
+
+def _resolve_lengths(args: argparse.Namespace) -> None:
+    """Prompt lengths from the context sizes (at least one response token), and the first rollout id."""
+    need = _need
     if args.rollout_max_context_len is not None:
         need(args.rollout_max_context_len >= 2, f"--rollout-max-context-len must be >= 2, got {args.rollout_max_context_len}")
         if args.rollout_max_prompt_len is None:
@@ -331,14 +349,46 @@ def validate_rollout_args(args: argparse.Namespace) -> argparse.Namespace:
     if args.start_rollout_id is not None:
         need(0 <= args.start_rollout_id < (args.num_rollout or 1 << 62),
              f"--start-rollout-id {args.start_rollout_id} must be in [0, --num-rollout)")
-    _validate_eval_args(args, need)
-    _validate_sglang_args(args, need)
-    # the engines' and the router's command lines, built here for the rollout manager (it never imports config)
-    from slime.config.sglang_options import router_option_tokens
 
-    args.sglang_launch_args = sglang_passthrough(args)
-    args.router_launch_args = router_option_tokens(args)
-    return args
+
+def _validate_function_paths(args: argparse.Namespace) -> None:
+    """Every plugin function path imports (one line naming the flag otherwise), and --http-proxy parses."""
+    for flag in ("custom_rm_path", "dynamic_sampling_filter_path", "custom_generate_function_path",
+                 "rollout_function_path", "data_source_path", "buffer_filter_path", "rollout_sample_filter_path",
+                 "rollout_all_samples_process_path", "eval_function_path", "custom_reward_post_process_path",
+                 "custom_convert_samples_to_train_data_path", "custom_rollout_log_function_path",
+                 "custom_eval_rollout_log_function_path"):
+        path = getattr(args, flag)
+        if path:
+            _check_function_path(path, flag)
+    for path in args.rollout_sample_hook_path or []:
+        _check_function_path(path, "rollout_sample_hook_path")
+    if args.http_proxy:
+        from slime.utils.http_utils import _proxy_address
+
+        try:
+            _proxy_address(args.http_proxy)
+        except ValueError as e:
+            raise RolloutArgumentError(str(e)) from e
+
+
+def resolve_engine_kind(engine: str) -> str | None:
+    """The engine --rollout-engine runs: "auto" is SGLang where the device prefers it and SGLang is installed,
+    else the embedded engine; a named engine is kept (preflight and the rollout manager check it is installed).
+    None only where this process has no usable accelerator, which preflight then refuses in one line."""
+    if engine != "auto":
+        return engine
+    from slime.accelerator import get_accelerator
+    from slime.accelerator.cli import setup_error
+    from slime.backends.sglang.launcher import sglang_available
+
+    try:
+        preferred = get_accelerator().auto_rollout_engine()
+    except Exception as e:  # noqa: BLE001 - only the device set-up errors are left to preflight's one line
+        if setup_error(e) is None:
+            raise
+        return None
+    return "sglang" if preferred == "sglang" and sglang_available() else "embedded"
 
 
 def _check_function_path(path: str, dest: str) -> None:
