@@ -16,6 +16,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from slime.accelerator.ops.blocked_attention import blocked_attention, needs_blocks
+
 __all__ = [
     "rms_norm", "apply_rotary", "attention", "sparse_attention", "lightning_indexer", "swiglu",
     "moe_route", "moe_permute", "moe_unpermute", "grouped_matmul", "token_log_probs",
@@ -223,6 +225,8 @@ def attention(
     check_attention_shapes(q, k, v)
     cq, ck = packed_offsets(q, k, cu_seqlens_q, cu_seqlens_k)
     scale = default_scale(q, softmax_scale)
+    if needs_blocks(cq, ck, q.shape[1]):  # long sequences: no whole [heads, queries, keys] score matrix
+        return blocked_attention(q, k, v, cq, ck, causal, scale)
     uniform = uniform_segments(cq, ck)
     if uniform is not None:  # equal-length sequences: one stacked computation, the same math per sequence
         n, sq, sk = uniform
@@ -267,6 +271,8 @@ def sparse_attention(
     if topk_indices.dim() != 2 or topk_indices.shape[0] != q.shape[0]:
         raise ValueError(f"topk_indices must be [Tq={q.shape[0]}, topk], got {tuple(topk_indices.shape)}")
     scale = default_scale(q, softmax_scale)
+    if needs_blocks(cq, ck, q.shape[1]):  # long sequences: no whole [heads, queries, keys] score matrix
+        return blocked_attention(q, k, v, cq, ck, causal, scale, topk_indices)
     uniform = uniform_segments(cq, ck)
     if uniform is not None:  # equal-length sequences: one stacked computation, the same math per sequence
         n, sq, sk = uniform
