@@ -17,6 +17,7 @@ CONFIG_USERS = {
     "slime/train.py", "slime/train_async.py", "slime/dry_run.py",
     "slime/utils/arguments.py",  # upstream's `from slime.utils.arguments import parse_args`
     "slime/backends/megatron/checkpoint/convert.py",  # a command-line tool: reads train.py's flags
+    "slime/backends/megatron/checkpoint_convert.py",  # the same tool before the checkpoint package
 }
 # Upstream's plugin API: user code hands these modules namespaces it built itself, as upstream allows.
 USER_NAMESPACES = {"slime/utils/http_utils.py", "slime/utils/types.py", "slime/rollout/sglang_rollout.py",

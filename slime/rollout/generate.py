@@ -452,7 +452,7 @@ def generate_rollout(args: Any, fleet: EngineFleet, data_source: Any, tokenizer:
     /health replies read just before (EngineTimes starts from them)."""
     from slime.rollout.settings import STREAMING_FLAGS
 
-    given = [f"--{name.replace('_', '-')}" for name in STREAMING_FLAGS if getattr(args, name, None)]
+    given = [f"--{name.replace('_', '-')}" for name in STREAMING_FLAGS if getattr(args, name)]
     if given:
         raise RolloutError(f"{', '.join(given)}: run by slime.rollout.sglang_rollout.generate_rollout (the rollout "
                            "manager picks it for these flags), not by the built-in generate_rollout")

@@ -33,7 +33,7 @@ _PATH_FLAGS = ("hf_checkpoint", "prompt_data", "load", "save", "output_dir")
 def run_id(args: Any) -> str:
     ident = {}
     for flag in IDENTITY_FLAGS:
-        value = getattr(args, flag, None)
+        value = getattr(args, flag)
         if flag in _PATH_FLAGS and value:
             value = os.path.realpath(value)
         ident[flag] = value

@@ -15,7 +15,7 @@ from slime.utils.misc import load_function
 
 
 def _hook(args: Any, flag: str):
-    path = getattr(args, flag, None)
+    path = getattr(args, flag)
     return load_function(path) if path else None
 
 
