@@ -40,7 +40,7 @@ sys.path[:0] = [REPO, HERE]
 SECTIONS = ("tests", "ops", "ipc", "collective", "model", "weight_sync")
 # Stated tolerances of the op check (max |error| / max(1, max |reference|)), as in tests/test_ops.py.
 OP_TOL = {"float32": 2e-5, "bfloat16": 3e-2}
-ATTN_OPS = ("attention", "sparse_attention")
+ATTN_OPS = ("attention", "sparse_attention", "kda")  # sums over whole sequences
 ATTN_TOL = {"float32": 1e-4, "bfloat16": 5e-2}
 # Log-probs against transformers on the same weights: float32 (tiny) and bfloat16 (big model) tolerances.
 LOGPROB_TOL = {"float32": 1e-4, "bfloat16": 0.25}

@@ -88,6 +88,21 @@ def _cases() -> dict[str, Case]:
         gate, ape = torch.randn_like(k), torch.randn(16, k.shape[-1], device=dev, dtype=dt)
         return (q, k, gate, ape, w, cu, cu, max(16, topk // 16 * 16), 16, True), {}
 
+    def kda(dev, dt, s):  # GLM-5.3-Flash's KDA: per-channel log-decay above the lower bound -5
+        shape = (s["t"], s["heads"], 128 if s is SIZES["large"] else 64)
+        q, k, v = (torch.randn(shape, device=dev, dtype=dt) for _ in range(3))
+        g = -5.0 * torch.sigmoid(torch.randn(shape, device=dev))
+        return (q, k, v, g, torch.rand(shape[:2], device=dev, dtype=dt), _cu(s["t"], s["seqs"], dev)), {}
+
+    def causal_conv1d(dev, dt, s):  # KDA's short convolutions: 4 taps over q, k and v channels, float32 weights
+        channels = 3 * s["heads"] * 128
+        x = torch.randn(s["t"], channels, device=dev, dtype=dt)
+        return (x, torch.randn(channels, 4, device=dev) * 0.5, _cu(s["t"], s["seqs"], dev)), {}
+
+    def kda_gate(dev, dt, s):
+        f = torch.randn(s["t"], s["heads"], 128, device=dev, dtype=dt)
+        return (f, torch.rand(s["heads"], device=dev), torch.randn(s["heads"] * 128, device=dev), -5.0), {}
+
     def swiglu(dev, dt, s):
         return (torch.randn(s["t"], 2 * s["h"], device=dev, dtype=dt),), {}
 
@@ -126,6 +141,9 @@ def _cases() -> dict[str, Case]:
         "moe_unpermute": Case(unpermute, (0, 2)),
         "grouped_matmul": Case(gmm, (0, 1)),
         "token_log_probs": Case(logprobs, (0,)),
+        "kda": Case(kda, (0, 1, 2, 3, 4)),
+        "causal_conv1d": Case(causal_conv1d, (0, 1)),
+        "kda_gate": Case(kda_gate, (0, 1, 2)),
     }
 
 

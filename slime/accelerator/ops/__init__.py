@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping
 
-from slime.accelerator.ops import kpool_indexer, reference
+from slime.accelerator.ops import kda, kpool_indexer, reference
 
 if TYPE_CHECKING:  # pragma: no cover
     from slime.accelerator.base import Accelerator
@@ -43,9 +43,12 @@ OP_NAMES = (
     "grouped_matmul",
     "token_log_probs",
     "kpool_indexer",
+    "kda",
+    "causal_conv1d",
+    "kda_gate",
 )
 # Ops whose reference lives in a module of its own (the others' is the function of that name in reference.py).
-REFERENCE_MODULES = {"kpool_indexer": kpool_indexer}
+REFERENCE_MODULES = {"kpool_indexer": kpool_indexer, "kda": kda, "causal_conv1d": kda, "kda_gate": kda}
 REFERENCE = "reference"
 MODES = (REFERENCE, "auto")
 
@@ -109,6 +112,9 @@ class OpTable:
     grouped_matmul: Callable
     token_log_probs: Callable
     kpool_indexer: Callable
+    kda: Callable
+    causal_conv1d: Callable
+    kda_gate: Callable
 
     def __init__(self, accelerator_name: str, fns: Mapping[str, Callable], sources: Mapping[str, str]) -> None:
         missing = [n for n in OP_NAMES if n not in fns]

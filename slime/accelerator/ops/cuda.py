@@ -2,7 +2,8 @@
 
 attention: flash-attn's varlen kernel when flash_attn is installed (fp16/bf16, head dim <= 256), else
 torch SDPA per sequence. sparse_attention: SDPA per sequence with the DSA mask. grouped_matmul:
-torch._grouped_mm (torch >= 2.8). The rest stay on the reference until a kernel measures faster
+torch._grouped_mm (torch >= 2.8). kda, causal_conv1d: fla-core / causal-conv1d where installed
+(cuda_kda.py). The rest stay on the reference until a kernel measures faster
 (benchmarks/ops.py). The functions only use torch APIs, so they also run (and are tested) on CPU tensors.
 """
 
@@ -14,7 +15,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from slime.accelerator.ops import DeviceOp, log_once, reference
+from slime.accelerator.ops import DeviceOp, cuda_kda, log_once, reference
 from slime.accelerator.ops.reference import causal_mask, check_attention_shapes, default_scale, packed_offsets
 
 _FLASH: list[Any] = []  # [flash_attn_varlen_func or None], probed once
@@ -160,6 +161,8 @@ def grouped_matmul(x: torch.Tensor, w: torch.Tensor, tokens_per_expert: torch.Te
 
 def resolve(op_name: str, acc) -> DeviceOp | None:
     """Provider hook for slime.accelerator.ops."""
+    if op_name in cuda_kda.OPS:
+        return cuda_kda.resolve(op_name)
     if op_name == "attention":
         source = "flash_attn.flash_attn_varlen_func" if flash_attn_varlen() else "torch.nn.functional.scaled_dot_product_attention"
         return DeviceOp(attention, source)
