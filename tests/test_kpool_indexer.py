@@ -152,3 +152,29 @@ def test_bad_inputs_name_the_problem(bad, match):
                 weights=torch.zeros(9, 2), cu_seqlens_q=cu([9]), cu_seqlens_k=cu([9]), topk=4, kpool=2)
     with pytest.raises(ValueError, match=match):
         kpool_indexer(**(args | bad))
+
+
+def test_the_engines_transformers_patch_gives_the_ops_tie_rule():
+    """With slime's transformers patch set applied (as the embedded engine runs transformers' model), the
+    indexer keeps the lowest pools among equal scores, like the op: here every pool key is 0, so all scores tie."""
+    from slime.accelerator import get_accelerator
+    from slime.accelerator.patches import is_applied
+
+    acc = get_accelerator()
+    was_applied = is_applied(acc.name, "transformers")
+    assert "glm5_next_indexer_stable_topk" in acc.apply_patches("transformers")
+    try:
+        indexer = make_indexer(8, 4, True, torch.float64, seed=1)
+        with torch.no_grad():
+            indexer.k_norm.weight.zero_()
+            indexer.k_norm.bias.zero_()
+        g = torch.Generator().manual_seed(2)
+        x = torch.randn(22, HIDDEN, generator=g, dtype=torch.float64)
+        q_resid = torch.randn(22, Q_LORA, generator=g, dtype=torch.float64)
+        want = indexer(x[None], q_resid[None], torch.ones(1, 22, dtype=torch.bool), None)[0].to(torch.int32)
+        got = run_op(indexer, x, q_resid, cu([22]), cu([22]), 8, 4, True)
+        assert torch.equal(got, want)
+        assert got[21].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 20, 21, -1]  # pools 0 and 1, then the tail
+    finally:
+        if not was_applied:
+            acc.revert_patches("transformers")

@@ -197,7 +197,12 @@ def test_transformers_patch_set_is_documented_and_the_same_on_every_accelerator(
     from slime.accelerator.patches import patch_set
 
     for name in ("cpu", "cuda", "npu"):
-        (patch,) = patch_set(name, "transformers")
-        assert patch.name == "glm_moe_dsa_indexer_stable_topk" and patch.versions == ">=5.2,<6"
+        patches = {p.name: p for p in patch_set(name, "transformers")}  # glm5_next's only where transformers has it
+        assert set(patches) == {"glm_moe_dsa_indexer_stable_topk", "glm5_next_indexer_stable_topk"}
+        patch = patches["glm_moe_dsa_indexer_stable_topk"]
+        assert patch.versions == ">=5.2,<6"
         assert patch.targets == ("transformers.models.glm_moe_dsa.modeling_glm_moe_dsa:GlmMoeDsaIndexer.forward",)
-        assert all(getattr(patch, f).strip() for f in ("why", "replaces", "remove_when"))
+        kpool = patches["glm5_next_indexer_stable_topk"]
+        assert kpool.versions == ">=5.24,<6"
+        assert kpool.targets == ("transformers.models.glm5_next.modeling_glm5_next:Glm5NextTextIndexer.forward",)
+        assert all(getattr(p, f).strip() for p in patches.values() for f in ("why", "replaces", "remove_when"))

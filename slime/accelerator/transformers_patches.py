@@ -1,5 +1,5 @@
-"""transformers patch set, the same on every accelerator (cpu, cuda, npu): GLM-5's DSA indexer keeps
-its top-k keys by slime's tie rule.
+"""transformers patch set, the same on every accelerator (cpu, cuda, npu): the DSA indexers of GLM-5 and
+GLM-5.3-Flash keep their top-k keys (pools) by slime's tie rule.
 
 `GlmMoeDsaIndexer.forward` ends in `index_scores.topk(...)`. Index scores tie exactly whenever several
 keys have all their ReLU terms at 0, and torch.topk breaks such ties by tensor shape and kernel: the
@@ -7,12 +7,15 @@ embedded engine's cached decode step (one query row) and a full-sequence forward
 trainer's `ops.lightning_indexer`) then keep different keys, and the rollout log-probs drift from the
 trainer's (up to 8e-2 on the tiny GLM-5 at index_topk=8). The patch runs transformers' forward unchanged
 and answers only its top-k with `ops.reference.stable_topk` (ties -> lowest key position), the rule of
-`ops.lightning_indexer`. The embedded engine applies it before building its model.
+`ops.lightning_indexer`. The embedded engine applies it before building its model. GLM-5.3-Flash's
+`Glm5NextTextIndexer.forward` (transformers 5.24+) ends the same way over its k-pool scores, whole pools tying
+when all their ReLU terms are 0; the same patch gives it `ops.kpool_indexer`'s rule (lowest pool first).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 from typing import Any, Callable
 
 import torch
@@ -23,6 +26,8 @@ from slime.accelerator.patches import Patch, register_patch
 
 TRANSFORMERS_VERSIONS = ">=5.2,<6"
 INDEXER_FORWARD = "transformers.models.glm_moe_dsa.modeling_glm_moe_dsa:GlmMoeDsaIndexer.forward"
+KPOOL_INDEXER_VERSIONS = ">=5.24,<6"  # glm5_next first ships in transformers 5.24
+KPOOL_INDEXER_FORWARD = "transformers.models.glm5_next.modeling_glm5_next:Glm5NextTextIndexer.forward"
 
 
 def _stable_topk_result(input: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True,
@@ -45,7 +50,8 @@ class StableTopk(TorchFunctionMode):
 
 def _indexer_forward(original: Callable | None) -> Callable:
     if original is None:
-        raise RuntimeError(f"{INDEXER_FORWARD} not found; this transformers is outside {TRANSFORMERS_VERSIONS}")
+        raise RuntimeError(f"the DSA indexer's forward ({INDEXER_FORWARD} / {KPOOL_INDEXER_FORWARD}) not found; "
+                           f"this transformers is outside the patch's versions")
     if getattr(original, "slime_stable_topk", False):  # the set of another accelerator name already wraps it
         return original
 
@@ -72,9 +78,24 @@ PATCHES = [
                     "ops.lightning_indexer (or the engine stops running transformers' GLM-5 modules)",
     ),
 ]
+KPOOL_PATCH = Patch(
+    name="glm5_next_indexer_stable_topk",
+    targets=(KPOOL_INDEXER_FORWARD,),
+    replacement=_indexer_forward,
+    why="exact pool-score ties (whole k-pools whose ReLU terms are all 0) at the top-k cut are broken differently by "
+        "torch.topk in a one-row decode step and a full forward, and differently from the trainer's "
+        "ops.kpool_indexer, so the engine's GLM-5.3-Flash log-probs disagree with the trainer's",
+    replaces="Glm5NextTextIndexer.forward: same computation, but its final topk over the pools keeps the lowest pool "
+             "among equal scores (ops.reference.stable_topk), as slime's ops.kpool_indexer does",
+    versions=KPOOL_INDEXER_VERSIONS,
+    remove_when="transformers' k-pool indexer selects with a shape-independent tie order that matches "
+                "ops.kpool_indexer (or the engine stops running transformers' GLM-5.3-Flash modules)",
+)
 
 
 def register(accelerator: str) -> None:
     """Register the set for `accelerator` (a lazy patch loader calls this on first apply_patches)."""
     for patch in PATCHES:
         register_patch(accelerator, "transformers", patch)
+    if importlib.util.find_spec("transformers.models.glm5_next") is not None:  # transformers 5.24+ only
+        register_patch(accelerator, "transformers", KPOOL_PATCH)
