@@ -19,12 +19,12 @@ from megatron.core.utils import make_viewless_tensor
 
 from slime_plugins.models.common.layers import RMSNorm, SwiGLUMLP
 from slime_plugins.models.common.moe import GroupedExperts, MoELayer
-from slime_plugins.models.glm5_next.config import LINEAR
+from slime_plugins.models.glm5_next.config import INDEXED, LINEAR
 from slime_plugins.models.glm5_next.hyper import HyperConnection, expand_streams, merge_streams
 
 # token mixer of each layer type: (module, class), imported when a layer of that type is built
 MIXERS = {LINEAR: ("slime_plugins.models.glm5_next.kda", "KimiDeltaAttention"),
-          "indexed_attention": ("slime_plugins.models.glm5_next.attention", "NopeMlaDsaAttention")}
+          INDEXED: ("slime_plugins.models.glm5_next.attention", "NopeMlaDsaAttention")}
 
 
 def mixer_class(arch, layer: int) -> type:

@@ -10,11 +10,11 @@ import dataclasses
 import importlib
 
 from slime_plugins.models.common.weights import REPLICATED, WeightMap, mlp_maps, model_maps, stage_of
-from slime_plugins.models.glm5_next.config import LINEAR
+from slime_plugins.models.glm5_next.config import INDEXED, LINEAR
 
 # the weight maps of each token mixer: (module, function(arch, layer, prefix, hf_prefix))
 MIXER_MAPS = {LINEAR: ("slime_plugins.models.glm5_next.kda", "kda_weight_maps"),
-              "indexed_attention": ("slime_plugins.models.glm5_next.attention", "dsa_weight_maps")}
+              INDEXED: ("slime_plugins.models.glm5_next.attention", "dsa_weight_maps")}
 
 
 def hyper_connection_maps(prefix: str, hf_prefix: str) -> list[WeightMap]:
