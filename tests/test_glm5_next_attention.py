@@ -241,3 +241,19 @@ def test_parallel_layouts_equal_the_single_rank(tmp_path, tp, cp):
     for name, ref in want["grads"].items():
         shards = [sum(p["grads"][name] for p in parts if p["tp_rank"] == t) for t in range(tp)]
         torch.testing.assert_close(kinds[name].to_hf(shards)[0], ref, rtol=0, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize("accel", ["npu-sim"], indirect=True)
+def test_the_ascend_glue_serves_the_nope_layer(accel, monkeypatch):
+    """Under the torch_npu contract simulator the NoPE layer's sparse attention (Dqk 8, Dv 6, no rope part) runs
+    on npu_fusion_attention per sequence with the selection mask (the absorbed-MLA kernel needs 512 + 64), and
+    the layer still equals transformers (float32 tolerances)."""
+    import importlib
+
+    assert accel.ops.source("sparse_attention") == "torch_npu.npu_fusion_attention"
+    npu = importlib.import_module("torch_npu")
+    calls = []
+    kernel = npu.npu_fusion_attention
+    monkeypatch.setattr(npu, "npu_fusion_attention", lambda *a, **k: calls.append(k.get("atten_mask")) or kernel(*a, **k))
+    compare([21, 13], F32, seed=9)
+    assert len(calls) >= 2 and all(mask is not None for mask in calls)
