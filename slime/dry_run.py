@@ -155,8 +155,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None,
     out(f"dry run: flags checked against {os.path.join(args.hf_checkpoint, 'config.json')} (no weights, no Ray)")
     out(f"model: {cfg.get('model_type')}, {text.get('num_hidden_layers')} layers, hidden {text.get('hidden_size')}; "
         + ("MODEL_ARGS agree with config.json" if model_args_given(args) else "no MODEL_ARGS given"))
-    from slime.backends.megatron.checkpoint_check import check_run_checkpoints
-    from slime.backends.megatron.checkpoint_layout import CheckpointFormatError
+    from slime.backends.megatron.checkpoint.check import check_run_checkpoints
+    from slime.backends.megatron.checkpoint.layout import CheckpointFormatError
 
     try:  # torch_dist --load / --ref-load: their layout and weight keys vs the model
         lines, unreadable = check_run_checkpoints(args, cfg, unreadable_warns=True)

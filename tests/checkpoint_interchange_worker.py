@@ -13,8 +13,8 @@ import torch
 def run(rank: int, world: int, port: int, cases: list, out_json: str) -> None:
     from glm5_helpers import init_rank
 
-    from slime.backends.megatron import checkpoint as C
-    from slime.backends.megatron.checkpoint_convert import hf_to_torch_dist
+    from slime.backends.megatron.checkpoint import torch_dist as C
+    from slime.backends.megatron.checkpoint.convert import hf_to_torch_dist
     from slime.backends.megatron.hf_loader import load_hf_model
 
     init_rank(rank, world, port)

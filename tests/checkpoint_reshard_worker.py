@@ -85,7 +85,7 @@ def _saved_tensors(actor, source, rollout_id: int) -> dict[str, torch.Tensor]:
     its global tensor: comparable across layouts)."""
     from megatron.core import dist_checkpointing
 
-    from slime.backends.megatron.checkpoint_layout import iter_dir
+    from slime.backends.megatron.checkpoint.layout import iter_dir
 
     actor.save(rollout_id, {"data_source": source.state_dict(), "rollout_id": rollout_id})
     flat = {}
@@ -235,7 +235,8 @@ def run_chain(rank: int, port: int, ckpt: str, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    from slime.backends.megatron import build_optimizer, checkpoint, load_hf_model
+    from slime.backends.megatron import build_optimizer, load_hf_model
+    from slime.backends.megatron.checkpoint import torch_dist as checkpoint
 
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(3, 512, (2, 12), generator=g)

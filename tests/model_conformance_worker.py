@@ -104,7 +104,7 @@ def _model_parallel(layout: str, name: str, ckpt: str, ref: dict, original: dict
     from megatron.core.distributed import finalize_model_grads
 
     from slime.backends.megatron import build_optimizer, export_hf, load_hf_model
-    from slime.backends.megatron import checkpoint as C
+    from slime.backends.megatron.checkpoint import torch_dist as C
     from slime_plugins.models.common import weights as W
 
     tp, ep = TP_EP[layout]

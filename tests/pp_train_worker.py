@@ -100,7 +100,7 @@ def all_weights(actor, world: int) -> dict[str, torch.Tensor]:
 def checkpoint_roundtrip(actor, world: int, rank: int, out_dir: str) -> list[str]:
     """torch_dist save, the last stage's embedding copy zeroed, load: the exported tensors that did not come
     back (none: the copy is a replica of the first stage's embedding in the checkpoint, both stages read it)."""
-    from slime.backends.megatron import checkpoint as C
+    from slime.backends.megatron.checkpoint import torch_dist as C
     from slime.backends.megatron.hf_export import unwrap
 
     before = all_weights(actor, world)

@@ -18,7 +18,7 @@ PRELOAD = [
     "torch", "torch.distributed", "safetensors.torch", "transformers",
     "slime",  # first: its import hook makes megatron's jit_fuser eager before megatron imports
     "slime.accelerator", "slime.config.arguments", "slime.backends.megatron.actor",
-    "slime.backends.megatron.hf_loader", "slime.backends.megatron.hf_export", "slime.backends.megatron.checkpoint",
+    "slime.backends.megatron.hf_loader", "slime.backends.megatron.hf_export", "slime.backends.megatron.checkpoint.torch_dist",
     "slime.backends.megatron.model_setup", "slime.backends.megatron.optimizer", "slime_plugins.models.glm5.model",
     "megatron.core.dist_checkpointing", "megatron.core.distributed", "megatron.core.models.gpt",
 ]

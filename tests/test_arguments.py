@@ -95,7 +95,7 @@ def test_load_dir_holding_neither_format_fails_one_line(tmp_path, flag, capsys):
 def test_load_dirs_that_are_accepted(tmp_path, capsys):
     """A new or empty --load dir (the first run of --load X --save X) starts fresh; an HF dir is accepted;
     a tracker naming a missing iteration, or a missing --ref-load, is one line."""
-    from slime.backends.megatron.checkpoint_layout import HF, NONE, TORCH_DIST, find_checkpoint
+    from slime.backends.megatron.checkpoint.layout import HF, NONE, TORCH_DIST, find_checkpoint
 
     assert find_checkpoint(str(tmp_path / "new")).kind == NONE
     (tmp_path / "empty").mkdir()

@@ -58,7 +58,7 @@ def _digest(hf_dir: str) -> dict[str, list]:
 
 
 def _weight_keys(iter_dir: str) -> set[str]:
-    from slime.backends.megatron.checkpoint_check import saved_weight_keys
+    from slime.backends.megatron.checkpoint.check import saved_weight_keys
 
     return saved_weight_keys(iter_dir)
 
@@ -82,8 +82,8 @@ def test_converters_round_trip_bit_exact_and_equal_upstreams_converter(model_typ
     original, bit for bit (names, dtypes, shapes), and what upstream's own converter wrote from this
     project's torch_dist checkpoint (recorded at upstream commit 624b824, with the same extra flags: MiMo's
     MODEL_ARGS with --mtp-num-layers 1, -a for Qwen3.5's vision tower)."""
-    from slime.backends.megatron import checkpoint_keys as K
-    from slime.backends.megatron.checkpoint_convert import hf_to_torch_dist, torch_dist_to_hf
+    from slime.backends.megatron.checkpoint import keys as K
+    from slime.backends.megatron.checkpoint.convert import hf_to_torch_dist, torch_dist_to_hf
 
     hf, entry = tiny(model_type), RECORDED["families"][model_type]
     to_hf = entry.get("to_hf_flags", [])
@@ -102,7 +102,7 @@ def test_converters_round_trip_bit_exact_and_equal_upstreams_converter(model_typ
         mtp = "mtp.layers.0."
         assert {mtp + "eh_proj.weight", mtp + "transformer_layer.self_attention.linear_qkv.weight"} <= keys
         # a run without --enable-mtp-training reads the main model from it; the preflight names what it skips
-        from slime.backends.megatron.checkpoint_check import check_checkpoint
+        from slime.backends.megatron.checkpoint.check import check_checkpoint
 
         line = check_checkpoint(str(tmp_path / "td"), "--ref-load", cfg)
         n_mtp = len([k for k in keys if k.startswith("mtp.")])
@@ -118,7 +118,7 @@ GLM5_KEYS = json.load(open(os.path.join(HERE, "data", "upstream_glm5_torch_dist_
 
 
 def test_glm5_keys_equal_upstreams_glm5_spec(tiny, tmp_path):
-    from slime.backends.megatron import checkpoint as C
+    from slime.backends.megatron.checkpoint import torch_dist as C
     from slime.backends.megatron.hf_loader import load_hf_model
 
     model = load_hf_model(tiny("glm_moe_dsa"))
@@ -145,9 +145,9 @@ def _earlier_save(model, root) -> str:
 
 @pytest.mark.parametrize("model_type", ["qwen3", "glm_moe_dsa"])
 def test_earlier_names_are_still_read_and_named(model_type, tiny, tmp_path, caplog):
-    from slime.backends.megatron import checkpoint as C
-    from slime.backends.megatron import checkpoint_keys as K
-    from slime.backends.megatron.checkpoint_check import check_checkpoint
+    from slime.backends.megatron.checkpoint import torch_dist as C
+    from slime.backends.megatron.checkpoint import keys as K
+    from slime.backends.megatron.checkpoint.check import check_checkpoint
     from slime.backends.megatron.hf_loader import load_hf_model
 
     model = load_hf_model(tiny(model_type))
@@ -208,7 +208,7 @@ def test_megatron_gptmodel_reads_and_writes_the_same_checkpoints(model_type, tin
     checkpoint (other weights) loads here with equal logits (float32, 1e-5 of max |logit|)."""
     from megatron.core import dist_checkpointing
 
-    from slime.backends.megatron import checkpoint as C
+    from slime.backends.megatron.checkpoint import torch_dist as C
     from slime.backends.megatron.hf_loader import load_hf_model
 
     ours = load_hf_model(tiny(model_type)).eval()
@@ -242,9 +242,9 @@ def test_megatron_gptmodel_reads_and_writes_the_same_checkpoints(model_type, tin
 
 
 def test_preflight_names_missing_weights_in_one_line(tiny, tmp_path):
-    from slime.backends.megatron.checkpoint_check import check_checkpoint
-    from slime.backends.megatron.checkpoint_convert import hf_to_torch_dist
-    from slime.backends.megatron.checkpoint_layout import CheckpointFormatError
+    from slime.backends.megatron.checkpoint.check import check_checkpoint
+    from slime.backends.megatron.checkpoint.convert import hf_to_torch_dist
+    from slime.backends.megatron.checkpoint.layout import CheckpointFormatError
 
     hf_to_torch_dist(["--hf-checkpoint", tiny("llama"), "--save", str(tmp_path / "llama")])
     qwen3 = json.load(open(os.path.join(tiny("qwen3"), "config.json")))
@@ -258,7 +258,7 @@ def test_preflight_names_missing_weights_in_one_line(tiny, tmp_path):
 
 
 def test_converters_refuse_bad_input_in_one_line(tiny, tmp_path, capsys):
-    from slime.backends.megatron.checkpoint_convert import hf_to_torch_dist, torch_dist_to_hf
+    from slime.backends.megatron.checkpoint.convert import hf_to_torch_dist, torch_dist_to_hf
 
     hf = tiny("qwen3")
     with pytest.raises(SystemExit) as e:  # MODEL_ARGS of another model
@@ -282,7 +282,7 @@ def test_converted_checkpoint_loads_at_another_layout_and_saves_back_bit_exact(t
     from glm5_helpers import spawn_ranks
 
     from checkpoint_interchange_worker import run
-    from slime.backends.megatron.checkpoint_convert import torch_dist_to_hf
+    from slime.backends.megatron.checkpoint.convert import torch_dist_to_hf
     from slime_plugins.models.common.tiny import write_tiny_checkpoint
     from slime_plugins.models.registry import supported_model_types
 
@@ -326,7 +326,7 @@ def test_converted_checkpoint_loads_at_another_layout_and_saves_back_bit_exact(t
 
 
 def test_dry_run_names_the_ref_load_layout_and_refuses_another_models(tiny, tmp_path, capsys):
-    from slime.backends.megatron.checkpoint_convert import hf_to_torch_dist
+    from slime.backends.megatron.checkpoint.convert import hf_to_torch_dist
     from slime.train import main
 
     hf_to_torch_dist(["--hf-checkpoint", tiny("llama"), "--save", str(tmp_path / "llama_td")])
@@ -347,7 +347,7 @@ def test_vocab_padded_as_megatron_pads_it_and_removed_on_export(tmp_path):
     export keeps the 300 rows (what upstream's converter writes with --vocab-size 300)."""
     from megatron.core import dist_checkpointing
 
-    from slime.backends.megatron.checkpoint_convert import hf_to_torch_dist, torch_dist_to_hf
+    from slime.backends.megatron.checkpoint.convert import hf_to_torch_dist, torch_dist_to_hf
     from slime_plugins.models.common.tiny import write_tiny_checkpoint
 
     hf = write_tiny_checkpoint(str(tmp_path / "llama300"), "llama", seed=3, vocab_size=300)
@@ -363,8 +363,8 @@ def test_vocab_padded_as_megatron_pads_it_and_removed_on_export(tmp_path):
 
 
 def test_load_of_a_release_checkpoint_starts_at_rollout_0_with_its_weights(tiny, tmp_path):
-    from slime.backends.megatron import checkpoint as C
-    from slime.backends.megatron.checkpoint_convert import hf_to_torch_dist
+    from slime.backends.megatron.checkpoint import torch_dist as C
+    from slime.backends.megatron.checkpoint.convert import hf_to_torch_dist
     from slime.backends.megatron.hf_loader import load_hf_model
 
     hf_to_torch_dist(["--hf-checkpoint", tiny("qwen3_moe"), "--save", str(tmp_path / "td")])
@@ -383,7 +383,7 @@ def test_trainer_resume_of_a_dense_model_restores_weights_and_adam_moments(tiny,
     stacked Adam moments go back to their parameters (resume equals the saved state exactly)."""
     import random
 
-    from slime.backends.megatron import checkpoint as C
+    from slime.backends.megatron.checkpoint import torch_dist as C
     from slime.backends.megatron.actor import MegatronTrainRayActor
     from slime.backends.megatron.data import RolloutBatch
     from slime.config.arguments import parse_args
@@ -433,7 +433,7 @@ def test_trainer_resume_of_a_dense_model_restores_weights_and_adam_moments(tiny,
 
 def test_bf16_glm5_round_trips_in_its_dtypes(tmp_path):
     """bf16 GLM-5: the indexer gate the model keeps in float32 goes back in the bf16 the checkpoint stored."""
-    from slime.backends.megatron.checkpoint_convert import hf_to_torch_dist, torch_dist_to_hf
+    from slime.backends.megatron.checkpoint.convert import hf_to_torch_dist, torch_dist_to_hf
     from slime_plugins.models.common.tiny import write_tiny_checkpoint
 
     hf = write_tiny_checkpoint(str(tmp_path / "glm5_bf16"), "glm_moe_dsa", seed=1, dtype="bfloat16")
@@ -476,9 +476,9 @@ def test_upstream_optimizer_state_resumes_here_or_is_refused_in_one_line(model_t
     resumes here: step 2, and saved again here every weight and Adam tensor equals upstream's bit for bit.
     Megatron-LM's default dp_reshardable form (flat grad buckets) is refused in one line naming --no-load-optim,
     with which its weights and iteration load."""
-    from slime.backends.megatron import checkpoint as C
-    from slime.backends.megatron.checkpoint_check import check_checkpoint
-    from slime.backends.megatron.checkpoint_layout import CheckpointFormatError
+    from slime.backends.megatron.checkpoint import torch_dist as C
+    from slime.backends.megatron.checkpoint.check import check_checkpoint
+    from slime.backends.megatron.checkpoint.layout import CheckpointFormatError
     from slime.backends.megatron.hf_loader import load_hf_model
     from slime.backends.megatron.model_setup import finish_step
     from slime.backends.megatron.optimizer import build_optimizer

@@ -9,7 +9,7 @@ import importlib
 
 import pytest
 
-from slime.backends.megatron import checkpoint as C
+from slime.backends.megatron.checkpoint import torch_dist as C
 
 
 def _cycle() -> None:

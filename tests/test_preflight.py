@@ -136,7 +136,7 @@ def _torch_dist(root, iteration: int):
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from slime.backends.megatron.checkpoint_keys import UPSTREAM, expected_keys
+    from slime.backends.megatron.checkpoint.keys import UPSTREAM, expected_keys
     from slime_plugins.models.glm5.tiny import tiny_config
     from slime_plugins.models.registry import parse_hf_config
 

@@ -132,7 +132,7 @@ def test_torch_dist_holds_upstream_layout_and_converts_back(ckpts, tmp_path):
     upstream's megatron_to_hf/qwen3_next.py reads it); convert_torch_dist_to_hf gives the checkpoint back bit for bit."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    from slime.backends.megatron.checkpoint_convert import hf_to_torch_dist, torch_dist_to_hf
+    from slime.backends.megatron.checkpoint.convert import hf_to_torch_dist, torch_dist_to_hf
 
     src = ckpts["qwen3_next"]
     hf_to_torch_dist(["--hf-checkpoint", src, "--save", str(tmp_path / "td")])

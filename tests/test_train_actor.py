@@ -116,7 +116,7 @@ def _train_once(actor, seed):
 def test_checkpoint_restores_model_optimizer_rng(actor_and_args):
     """torch_dist save + load at the same layout restores weights, Adam moments and RNG exactly; Megatron's
     directory layout; --no-load-optim / --no-load-rng / --finetune restore only what they say."""
-    from slime.backends.megatron import checkpoint as ckpt
+    from slime.backends.megatron.checkpoint import torch_dist as ckpt
     from slime.backends.megatron.model_setup import host_copy
 
     actor, args = actor_and_args
@@ -158,7 +158,7 @@ def test_crash_mid_save_keeps_the_previous_checkpoint(actor_and_args, monkeypatc
     replaces the partial temp directory."""
     from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
 
-    from slime.backends.megatron import checkpoint as ckpt
+    from slime.backends.megatron.checkpoint import torch_dist as ckpt
     from slime.backends.megatron.model_setup import host_copy
 
     actor, args = actor_and_args
@@ -195,7 +195,7 @@ def test_former_per_rank_checkpoint_is_still_read(actor_and_args, tmp_path):
     at another layout it is one line naming the fix."""
     import json
 
-    from slime.backends.megatron import checkpoint as ckpt
+    from slime.backends.megatron.checkpoint import torch_dist as ckpt
     from slime.backends.megatron.model_setup import host_copy
 
     actor, _ = actor_and_args
@@ -286,7 +286,7 @@ def test_reused_train_log_probs_give_the_same_step_as_a_separate_old_forward(act
     """One optimizer step per rollout: train() on its own forward's detached log-probs (no old-policy
     forward) gives bit-identical loss, metrics, grad norm and weights to train() on compute_log_probs'
     old log-probs; the train-rollout mismatch metric equals the driver's formula on the separate forward's."""
-    from slime.backends.megatron import checkpoint as ckpt
+    from slime.backends.megatron.checkpoint import torch_dist as ckpt
     from slime.backends.megatron.model_setup import host_copy
     from slime.train import reuses_train_log_probs
 
@@ -337,7 +337,7 @@ def test_train_rollout_from_the_payload_equals_the_driver_path(actor_and_args):
     loss, metrics and weights as the former driver path (compute_log_probs, the advantages, train)."""
     from types import SimpleNamespace
 
-    from slime.backends.megatron import checkpoint as ckpt
+    from slime.backends.megatron.checkpoint import torch_dist as ckpt
     from slime.backends.megatron.model_setup import host_copy
     from slime.backends.megatron.rollout_data import batch_from_payload, pack_samples
 
@@ -417,7 +417,7 @@ def test_async_save_writes_the_state_of_the_save_while_training_goes_on(async_sa
     its own path and save id)."""
     from torch.distributed.checkpoint import FileSystemReader
 
-    from slime.backends.megatron import checkpoint as ckpt
+    from slime.backends.megatron.checkpoint import torch_dist as ckpt
     from slime.backends.megatron.model_setup import host_copy
 
     actor, args = async_saves

@@ -93,7 +93,7 @@ def apply_role_overrides(args: argparse.Namespace, overrides: dict, role: str) -
 
 
 def _check_teacher_dir(path: str) -> None:
-    from slime.backends.megatron import checkpoint_layout as L
+    from slime.backends.megatron.checkpoint import layout as L
 
     try:
         found = L.find_checkpoint(path, "--opd-teacher-load")

@@ -233,7 +233,7 @@ def check_torch_dist(iter_dir: str) -> None:
 
 def check_load(args: Any, report: PreflightReport) -> None:
     """--load: what the trainer will read (slime.backends.megatron.checkpoint_layout), each file intact."""
-    from slime.backends.megatron import checkpoint_layout as L
+    from slime.backends.megatron.checkpoint import layout as L
 
     load = args.load
     try:
@@ -269,8 +269,8 @@ def check_checkpoint_keys(args: Any, report: PreflightReport, hf_config: dict) -
     """--load / --ref-load torch_dist checkpoints: their layout, and every weight the model loads present
     (slime.backends.megatron.checkpoint_check, from .metadata alone) against `hf_config` (--hf-checkpoint's
     config.json, as check_hf_checkpoint read it)."""
-    from slime.backends.megatron.checkpoint_check import check_run_checkpoints
-    from slime.backends.megatron.checkpoint_layout import CheckpointFormatError
+    from slime.backends.megatron.checkpoint.check import check_run_checkpoints
+    from slime.backends.megatron.checkpoint.layout import CheckpointFormatError
 
     try:
         lines, _ = check_run_checkpoints(args, hf_config)

@@ -209,7 +209,7 @@ def _resolve_reference_and_replay(args: argparse.Namespace) -> None:
 
 def _validate_checkpoint_dirs(args: argparse.Namespace, only_existing: bool = False) -> None:
     """--load / --ref-load hold a format the trainer reads (one line naming what was expected otherwise)."""
-    from slime.backends.megatron import checkpoint_layout as L
+    from slime.backends.megatron.checkpoint import layout as L
 
     def given(path: str | None) -> bool:
         return bool(path) and (not only_existing or os.path.exists(path))
@@ -319,7 +319,7 @@ def _pick_checkpoint_step(args: argparse.Namespace, load: str, step: str) -> Non
         return
     flag, load_flag = "--" + step.replace("_", "-"), "--" + load.replace("_", "-")
     _require(root is not None, f"{flag} needs {load_flag} (a --save root holding iter_XXXXXXX directories)")
-    from slime.backends.megatron.checkpoint_layout import iter_dir
+    from slime.backends.megatron.checkpoint.layout import iter_dir
 
     path = iter_dir(root, value)
     if not os.path.isdir(path):

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from slime.accelerator import get_accelerator
-from slime.backends.megatron import checkpoint as ckpt
+from slime.backends.megatron.checkpoint import torch_dist as ckpt
 from slime.backends.megatron import ci_checks
 from slime.backends.megatron import data as D
 from slime.backends.megatron import hooks
@@ -717,7 +717,7 @@ class MegatronTrainRayActor:
     def finish_save(self, blocking: bool = True) -> dict[str, float]:
         """--async-save: publish the checkpoint whose files are being written (collective: every rank calls it at
         the same point). blocking=False publishes it only when every rank's writes are done, else leaves it."""
-        from slime.backends.megatron.async_save import written_everywhere
+        from slime.backends.megatron.checkpoint.async_save import written_everywhere
 
         pending = self._pending_save
         if pending is None or (not blocking and not written_everywhere(pending)):

@@ -74,7 +74,7 @@ class Critic:
     """Value model, optimizer and schedule of one trainer rank; `actor` packs and shards the batch."""
 
     def __init__(self, actor, args) -> None:
-        from slime.backends.megatron import checkpoint as ckpt
+        from slime.backends.megatron.checkpoint import torch_dist as ckpt
         from slime.backends.megatron import model_setup
 
         self.actor, self.args = actor, args.critic_args
@@ -89,7 +89,7 @@ class Critic:
         self.lr_scheduler = model_setup.build_lr_scheduler(self.args, self.optimizer, start)
 
     def save(self, args, rollout_id: int) -> None:
-        from slime.backends.megatron import checkpoint as ckpt
+        from slime.backends.megatron.checkpoint import torch_dist as ckpt
 
         ckpt.save(critic_checkpoint_dir(args, "save"), rollout_id, self.model, self.optimizer, self.actor.rank,
                   self.actor._layout(), {"rollout_id": rollout_id}, vocab_divisible_by=self.args.make_vocab_size_divisible_by)

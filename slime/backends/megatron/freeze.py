@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 def _upstream_names(arch, name: str) -> tuple[str, ...]:
     if arch is None:
         return ()
-    from slime.backends.megatron.checkpoint_keys import upstream_key
+    from slime.backends.megatron.checkpoint.keys import upstream_key
 
     try:
         return (upstream_key(arch, name),)

@@ -41,7 +41,7 @@ def load_reference(args, path: str | None = None, flag: str = "--ref-load") -> t
     """The reference policy from --ref-load (or another policy-shaped model, e.g. --opd-teacher-load's teacher:
     `path`, `flag`): an HF directory, or a torch_dist checkpoint (its model weights, resharded to this layout,
     into the model built from --hf-checkpoint)."""
-    from slime.backends.megatron import checkpoint as ckpt
+    from slime.backends.megatron.checkpoint import torch_dist as ckpt
 
     path = args.ref_load if path is None else path
     found = ckpt.find_checkpoint(path, flag)

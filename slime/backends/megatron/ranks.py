@@ -1,5 +1,5 @@
 """The trainer rank and a barrier that also hold outside a torch.distributed world (one process: tools, tests).
-A leaf shared by the checkpoint writer and its background saver (slime.backends.megatron.async_save)."""
+A leaf shared by the checkpoint writer and its background saver (slime.backends.megatron.checkpoint.async_save)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Each file holds one rank's unsharded view (model, optimizer, RNG), so it loads only at the layout that
 wrote it (world size, TP/EP/PP). Files are read with `torch.load(weights_only=True)`. New checkpoints are
-torch_dist (slime/backends/megatron/checkpoint.py); resume once and save to convert.
+torch_dist (slime/backends/megatron/checkpoint/torch_dist.py); resume once and save to convert.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from slime.backends.megatron.checkpoint_layout import CheckpointFormatError
+from slime.backends.megatron.checkpoint.layout import CheckpointFormatError
 
 MODEL_SPACE = "model space"
 BUCKET_SPACE = "bucket space"

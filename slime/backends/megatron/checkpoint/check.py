@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 
-from slime.backends.megatron import checkpoint_keys as K
-from slime.backends.megatron.checkpoint_layout import TORCH_DIST, CheckpointFormatError, find_checkpoint
+from slime.backends.megatron.checkpoint import keys as K
+from slime.backends.megatron.checkpoint.layout import TORCH_DIST, CheckpointFormatError, find_checkpoint
 from slime.backends.megatron.hf_io import name_list
 
 
@@ -35,7 +35,7 @@ def check_checkpoint(path: str, flag: str, hf_config: dict, optimizer: bool = Fa
     CheckpointFormatError (one line) when it lacks weights the model loads, or (optimizer: a resume that restores
     Adam state, not from a release checkpoint) when its optimizer state cannot be read here (checkpoint_foreign).
     Keys it holds beyond them (e.g. MTP layers this run does not train) are named in the line: they are not read."""
-    from slime.backends.megatron.checkpoint_foreign import check_optimizer_readable, optimizer_keys
+    from slime.backends.megatron.checkpoint.foreign import check_optimizer_readable, optimizer_keys
     from slime_plugins.models.registry import parse_hf_config
 
     found = find_checkpoint(path, flag)

@@ -69,7 +69,7 @@ def hf_to_torch_dist(argv: list[str] | None = None) -> str:
     import torch
     import torch.distributed as dist
 
-    from slime.backends.megatron import checkpoint as C
+    from slime.backends.megatron.checkpoint import torch_dist as C
     from slime.backends.megatron.hf_loader import load_hf_model
     from slime.backends.megatron.parallel import ensure_process_group
 
@@ -89,7 +89,7 @@ def hf_to_torch_dist(argv: list[str] | None = None) -> str:
                           args.pipeline_model_parallel_size, dtype=dtype, load_mtp=bool(args.mtp_num_layers),
                           **overrides)
     if args.padded_vocab_size is not None:
-        from slime.backends.megatron.checkpoint_keys import padded_vocab_size
+        from slime.backends.megatron.checkpoint.keys import padded_vocab_size
 
         want = padded_vocab_size(model.arch.vocab_size, args.make_vocab_size_divisible_by,
                                  args.tensor_model_parallel_size)
@@ -132,8 +132,8 @@ def torch_dist_to_hf_args(argv: list[str] | None = None) -> argparse.Namespace:
 def torch_dist_to_hf(argv: list[str] | None = None) -> str:
     import torch
 
-    from slime.backends.megatron import checkpoint as C
-    from slime.backends.megatron.checkpoint_layout import TORCH_DIST, CheckpointFormatError, find_checkpoint
+    from slime.backends.megatron.checkpoint import torch_dist as C
+    from slime.backends.megatron.checkpoint.layout import TORCH_DIST, CheckpointFormatError, find_checkpoint
     from slime.backends.megatron.hf_export import save_hf
     from slime.backends.megatron.hf_io import HFCheckpoint
     from slime.backends.megatron.hf_loader import load_hf_model

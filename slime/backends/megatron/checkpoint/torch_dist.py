@@ -26,9 +26,9 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Any
 
-from slime.backends.megatron import checkpoint_keys as K
-from slime.backends.megatron import checkpoint_layout as L
-from slime.backends.megatron.checkpoint_layout import (  # noqa: F401 (re-exported)
+from slime.backends.megatron.checkpoint import keys as K
+from slime.backends.megatron.checkpoint import layout as L
+from slime.backends.megatron.checkpoint.layout import (  # noqa: F401 (re-exported)
     HF, LEGACY, NONE, TORCH_DIST, TRACKER, CheckpointFormatError, find_checkpoint, iter_dir, latest_iteration)
 from slime.backends.megatron.ranks import barrier as _barrier, rank as _rank
 from slime.backends.megatron.rng_state import rng_state, seed_everything, set_rng_state  # noqa: F401 (re-exported)
@@ -311,7 +311,7 @@ def save(root: str, rollout_id: int, model, optimizer, rank: int, layout: dict[s
                  slime={"rollout_id": rollout_id, "extra": extra_state, "layout": dict(layout),
                         "optimizer_step": optimizer_step(optimizer) if optimizer is not None else 0})
     if async_save:
-        from slime.backends.megatron.async_save import PendingSave
+        from slime.backends.megatron.checkpoint.async_save import PendingSave
 
         request = dist_checkpointing.save(state, tmp, async_sharded_save=True)
         return PendingSave(request, publish=lambda: _published(root, rollout_id, tmp, final, rank), final=final)
@@ -337,7 +337,7 @@ def load(root: str, model, optimizer, rank: int, layout: dict[str, int],
     if found.kind not in (L.TORCH_DIST, L.LEGACY):
         raise L.CheckpointFormatError(f"--load {root} holds no trainer checkpoint ({TRACKER} + iter_XXXXXXX/)")
     if found.kind == L.LEGACY:
-        from slime.backends.megatron.checkpoint_legacy import load_per_rank
+        from slime.backends.megatron.checkpoint.legacy import load_per_rank
 
         rollout_id, extra = load_per_rank(found.path, model, optimizer, rank, layout, options)
         return _resumed(rollout_id, extra, options, ("model", "optimizer", "rng"))
@@ -354,8 +354,8 @@ def load(root: str, model, optimizer, rank: int, layout: dict[str, int],
     if not meta:  # written elsewhere (upstream's converter: a release checkpoint; its training runs)
         options = dataclasses.replace(options, rng=False)  # its RNG state is Megatron-LM's, per rank of its layout
         if options.optimizer and not options.finetune:
-            from slime.backends.megatron.checkpoint_check import read_metadata
-            from slime.backends.megatron.checkpoint_foreign import foreign_optimizer_step, optimizer_keys
+            from slime.backends.megatron.checkpoint.check import read_metadata
+            from slime.backends.megatron.checkpoint.foreign import foreign_optimizer_step, optimizer_keys
 
             foreign_step = foreign_optimizer_step(found.path, optimizer_keys(read_metadata(found.path)), common)
         if _rank() == 0:
