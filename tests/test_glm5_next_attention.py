@@ -257,3 +257,72 @@ def test_the_ascend_glue_serves_the_nope_layer(accel, monkeypatch):
     monkeypatch.setattr(npu, "npu_fusion_attention", lambda *a, **k: calls.append(k.get("atten_mask")) or kernel(*a, **k))
     compare([21, 13], F32, seed=9)
     assert len(calls) >= 2 and all(mask is not None for mask in calls)
+
+
+def test_in_the_family_model_the_dsa_layers_equal_transformers(monkeypatch, tmp_path):
+    """The glm5_next model (tiny checkpoint saved by transformers: layer 2 "full", layer 3 "shared") with these
+    DSA layers and, in its KDA layers, transformers' own module (the family's KDA is tested on its own): logits
+    within 1e-5 of max |logit| and every grad outside the KDA layers within 1e-4 of its tensor's max |grad|
+    (float32), on a [2, 21] batch (keys dropped). transformers runs with slime's patch set (the indexer's tie rule)."""
+    import json
+    import os
+
+    from glm5_next_helpers import grads_by_hf_name, hf_grads_on_disk, hf_reference, load_state, save_checkpoints
+    from safetensors.torch import load_file
+
+    from slime.accelerator import get_accelerator
+    from slime.accelerator.patches import is_applied
+    from slime.backends.megatron.parallel import init_parallel
+    from slime_plugins.models.common.weights import REPLICATED, WeightMap
+    from slime_plugins.models.glm5_next import layer as layer_module
+    from slime_plugins.models.glm5_next import weights as weights_module
+    from slime_plugins.models.glm5_next.config import LINEAR, from_hf
+    from slime_plugins.models.glm5_next.model import build_model
+
+    reference = hf_reference()
+    ckpt = save_checkpoints(reference, tmp_path)["glm5_next_text"]
+    kda_names, kda_tensors = {}, {}
+    for i, layer in enumerate(reference.model.language_model.layers):
+        if reference.config.text_config.layer_types[i] == LINEAR:
+            state = layer.self_attn.state_dict()
+            kda_names[i] = list(state)
+            kda_tensors.update({f"mixer.{i}.{n}": t.detach().clone() for n, t in state.items()})
+    family_maps = weights_module.mixer_maps
+
+    def maps(arch, layer, prefix, hf_prefix):
+        if arch.is_linear(layer):
+            return [WeightMap(f"{prefix}.self_attention.hf.{n}", (f"mixer.{layer}.{n}",), REPLICATED)
+                    for n in kda_names[layer]]
+        return family_maps(arch, layer, prefix, hf_prefix)
+
+    monkeypatch.setitem(layer_module.MIXERS, LINEAR, ("glm5_next_helpers", "TransformersMixer"))
+    monkeypatch.setattr(weights_module, "mixer_maps", maps)
+    with open(os.path.join(ckpt, "config.json")) as f:
+        arch = from_hf(json.load(f))
+    assert [arch.indexer_type(i) for i in range(arch.num_hidden_layers)] == [None, None, "full", "shared", None]
+    init_parallel(1, 1, 1, seed=1, cp=None)
+    model = build_model(arch)
+    load_state(model, load_file(os.path.join(ckpt, "model.safetensors")) | kda_tensors)
+    model.train()
+    g = torch.Generator().manual_seed(0)
+    ids, pos = torch.randint(3, 512, (2, 21), generator=g), torch.arange(21).expand(2, 21).contiguous()
+    acc = get_accelerator()
+    was_applied = is_applied(acc.name, "transformers")
+    acc.apply_patches("transformers")
+    try:
+        theirs = reference(input_ids=ids).logits
+    finally:
+        if not was_applied:
+            acc.revert_patches("transformers")
+    ours = model(ids, pos)
+    assert float((ours - theirs).abs().max()) <= 1e-5 * float(theirs.abs().max())
+    w = torch.randn(theirs.shape, generator=g)
+    (theirs * w).sum().backward()
+    (ours * w).sum().backward()
+    ref_grads, ours_grads = hf_grads_on_disk(reference), grads_by_hf_name(model)
+    dsa = [n for n in ours_grads if ".self_attn." in n and not n.startswith("mixer.")]
+    assert len(dsa) == 14  # 7 trained tensors in each DSA layer, none of the frozen indexer's
+    for name, grad in ours_grads.items():
+        if not name.startswith("mixer."):
+            ref = ref_grads[name if name == "lm_head.weight" else "model.language_model." + name[len("model."):]]
+            assert float((grad - ref).abs().max()) <= 1e-4 * float(ref.abs().max()) + 1e-7, name
