@@ -181,6 +181,20 @@ print(f"parameters: {m.hf_param_count() / 1e9:.1f}B total, {m.active_param_count
   echo "device env (from the detected $DETECTED accelerator): ${DEVICE_ENV[*]:-(none)}"
   "$PYTHON" -m slime.plan "${PLAN_ARGS[@]}" --format short || true
   echo "full plan: $PYTHON -m slime.plan ${PLAN_ARGS[*]}"
+  # train.py's own dry run of this command: every flag parsed and validated against config.json, and a
+  # "would fail at start-up" line for anything the run would stop at (the registry's config.json stands in
+  # for a checkpoint that is not on this machine).
+  DRY_ARGS=("${TRAIN_ARGS[@]}")
+  if [ ! -f "$HF_CHECKPOINT/config.json" ]; then
+    DRY_HF=$(mktemp -d)
+    trap 'rm -rf "$DRY_HF"' EXIT
+    cp "$SCRIPT_DIR/models/configs/glm5.3-flash.json" "$DRY_HF/config.json"
+    for i in "${!DRY_ARGS[@]}"; do
+      [ "${DRY_ARGS[$i]}" = --hf-checkpoint ] && DRY_ARGS[$((i + 1))]=$DRY_HF
+    done
+    echo "train.py --dry-run with scripts/models/configs/glm5.3-flash.json as $HF_CHECKPOINT/config.json:"
+  fi
+  "$PYTHON" train.py "${DRY_ARGS[@]}" --dry-run --dry-run-device "$PLAN_DEVICE" | sed 's/^/  /'
   echo "head:      ray start --head --node-ip-address $MASTER_ADDR --port $RAY_PORT --dashboard-host 127.0.0.1 --dashboard-port $RAY_DASHBOARD_PORT --disable-usage-stats $RAY_START_ARGS"
   echo "workers:   MASTER_ADDR=$MASTER_ADDR bash scripts/run-glm5.3-flash-300B.sh --worker"
   printf 'command:  '; printf ' %q' "${JOB[@]}"; echo
