@@ -38,12 +38,11 @@ logger = logging.getLogger(__name__)
 
 
 def resolve_engine_kind(args: Any) -> str:
+    """The engine that runs: --rollout-engine as the configuration resolved it before Ray ("auto" decided once,
+    args.rollout_engine_kind); SGLang must be installed where the manager runs."""
     from slime.backends.sglang.launcher import sglang_available
 
-    kind = args.rollout_engine
-    if kind == "auto":
-        preferred = get_accelerator().auto_rollout_engine()
-        return "sglang" if preferred == "sglang" and sglang_available() else "embedded"
+    kind = args.rollout_engine_kind
     if kind == "sglang" and not sglang_available():
         raise RolloutError("--rollout-engine sglang but sglang is not installed; install it or use --rollout-engine embedded")
     return kind
