@@ -254,11 +254,11 @@ def run_collective(acc, s: Section, a) -> None:
 
 # ---------------------------------------------------------------- model
 def big_config(target_gb: float) -> dict:
-    """The GLM-5.3-Flash shape (scripts/models/configs/glm5.3-flash-300B.json) with 64 experts and as many
-    layers as fit `target_gb` GB of bfloat16 weights (at least 2: one dense, one MoE)."""
+    """GLM-5's shape (scripts/models/configs/glm5-744B-A40B.json, glm_moe_dsa: the model this check builds) with 64
+    experts and as many layers as fit `target_gb` GB of bfloat16 weights (at least 2: one dense, one MoE)."""
     from slime.plan.model import ModelShape, load_config
 
-    _, cfg = load_config("glm5.3-flash-300B")
+    _, cfg = load_config("glm5-744B-A40B")
     cfg = {k: v for k, v in cfg.items() if not k.startswith("_")} | dict(n_routed_experts=64, num_nextn_predict_layers=0,
                                                                         first_k_dense_replace=1)
     layers = 2
@@ -359,7 +359,7 @@ def run_model(acc, s: Section, a) -> None:
 
     big = big_config(a.big_gb)
     shape = ModelShape.from_config(big)
-    s.lines.append(f"big model: GLM-5.3-Flash shape, 64 experts, {big['num_hidden_layers']} layers: "
+    s.lines.append(f"big model: GLM-5 shape, 64 experts, {big['num_hidden_layers']} layers: "
                    f"{shape.hf_param_count() / 1e9:.2f}B parameters = {shape.hf_param_count() * 2 / 1e9:.1f} GB bfloat16 "
                    f"(device needs ~3x for weights + grads + transformers' copy at the log-prob check)\n")
     _header(s, "model", "params", "dtype", "batch x seq", "max abs log-prob diff vs transformers", "tokens/s",
