@@ -2,8 +2,9 @@
 `Glm5NextTextIndexer` on the same weights: the selected key positions are equal, column for column (the
 selected pools best first, then the tail, -1 padding), for one sequence and for each sequence of a pack
 (each equal to transformers run on that sequence alone); lengths shorter than a pool, exact multiples and
-with tails; top-k budgets below and above the number of pools; always_select_tail on and off; float64 and
-float32 (scores far from ties on these inputs, so the rounding of the two score orders cannot swap a pool).
+with tails; top-k budgets below and above the number of pools; always_select_tail on and off; float64, float32
+and bfloat16 (bf16 pool keys as transformers rounds them; no near-ties on these inputs, so the rounding of the
+two score orders cannot swap a pool).
 Context-parallel segments (a chunk's queries against its sequence's prefix) give the full sequence's rows."""
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ CASES = [  # lengths of a pack, topk, kpool: shorter than a pool, multiples, tai
 ]
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("tail", [True, False])
 @pytest.mark.parametrize("lengths, topk, kpool", CASES)
 def test_equals_transformers_per_sequence(lengths, topk, kpool, tail, dtype):

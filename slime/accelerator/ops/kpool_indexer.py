@@ -54,11 +54,12 @@ def _check(q, k, gate, ape, weights, topk: int, kpool: int) -> torch.Tensor:
 
 
 def _pool_keys(k: torch.Tensor, gate: torch.Tensor, ape: torch.Tensor, kpool: int, ct: torch.dtype) -> torch.Tensor:
-    """Keys [sk, D] of one sequence -> the keys of its complete pools [sk // kpool, D]."""
+    """Keys [sk, D] of one sequence -> the keys of its complete pools [sk // kpool, D] in `ct`. The softmax runs
+    in `ct`, the weighted sum in the keys' dtype (transformers' order: bf16 pool keys in a bf16 model)."""
     pools = k.shape[0] // kpool
-    grouped = k[: pools * kpool].view(pools, kpool, -1).to(ct)
+    grouped = k[: pools * kpool].view(pools, kpool, -1)
     logits = gate[: pools * kpool].view(pools, kpool, -1).to(ct) + ape.to(ct)
-    return (logits.softmax(dim=1) * grouped).sum(dim=1)
+    return (logits.softmax(dim=1).to(k.dtype) * grouped).sum(dim=1).to(ct)
 
 
 def _sequence(q, k, gate, ape, weights, out, topk: int, kpool: int, tail: bool, scale: float) -> None:
@@ -114,7 +115,8 @@ def kpool_indexer(
     topk: a multiple of kpool. Returns int32 [Tq, topk + (kpool - 1 if always_select_tail else 0)]: the chosen
     pools' tokens, best pool first, then the tail, -1 in unused slots (transformers' layout). Among equal
     pool scores the lowest pool wins (`stable_topk`; torch.topk's order between ties is unspecified).
-    Always causal (bottom-right aligned segments as in `attention`). Computed in float32 (float64 stays float64).
+    Always causal (bottom-right aligned segments as in `attention`). Computed in float32 (float64 stays float64),
+    except the pools' weighted key sums, in the keys' dtype as transformers computes them.
     """
     topk, kpool = int(topk), int(kpool)
     k = _check(q, k, gate, ape, weights, topk, kpool)
