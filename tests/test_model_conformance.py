@@ -36,6 +36,10 @@ CASES = cases()
 LAYOUT_CASES = [c for c in CASES if c.layouts]
 
 
+def _running(check: str) -> list[Case]:
+    return [c for c in CASES if check in c.checks]
+
+
 def _ids(cases: list[Case]) -> list:
     return [pytest.param(c, id=c.name) for c in cases]
 
@@ -67,22 +71,22 @@ def checkpoint(tmp_path_factory):
 
 
 def test_every_registered_model_type_is_a_case():
-    """Each model_type the registry serves has a case whose tiny config builds, or a stated exemption; no
-    exemption names a model_type the registry does not serve."""
+    """Each model_type the registry serves has a case whose tiny config builds, or a stated exemption (an exemption
+    may name a model_type whose family is not registered yet)."""
     from slime_plugins.models.common.tiny import tiny_config
     from slime_plugins.models.registry import families
 
     served = {t for f in families() for t in f.model_types}
     covered = {c.model_type for c in CASES}
     assert served - set(EXEMPT) == covered, f"model_types without a case: {sorted(served - set(EXEMPT) - covered)}"
-    assert set(EXEMPT) <= served and not set(EXEMPT) & covered, sorted(EXEMPT)
+    assert not set(EXEMPT) & covered, sorted(EXEMPT)
     for case in CASES:
         if case.write == "tiny":
             tiny_config(case.model_type, **case.overrides)  # a family without one: ValueError naming the model_type
     assert {c.family for c in LAYOUT_CASES} <= {f.name for f in families()}
 
 
-@pytest.mark.parametrize("accel,case", _accel_ids(CASES), indirect=["accel"])
+@pytest.mark.parametrize("accel,case", _accel_ids(_running("logits")), indirect=["accel"])
 def test_logits_and_grads_match_transformers(accel, checkpoint, case):
     model = load_hf_model(checkpoint(case))
     hf_prefix = getattr(model.arch, "hf_prefix", "model")
@@ -101,7 +105,7 @@ def test_logits_and_grads_match_transformers(accel, checkpoint, case):
                            f"seed {seed}")
 
 
-@pytest.mark.parametrize("case", _ids(CASES))
+@pytest.mark.parametrize("case", _ids(_running("export")))
 def test_export_and_save_hf_round_trip_bit_exact(checkpoint, case, tmp_path):
     src = checkpoint(case)
     original = load_file(os.path.join(src, "model.safetensors"))
@@ -123,7 +127,7 @@ def test_export_and_save_hf_round_trip_bit_exact(checkpoint, case, tmp_path):
                                    reference_model(case, src)(ids, position_ids=pos).logits, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("accel,case", _accel_ids(CASES), indirect=["accel"])
+@pytest.mark.parametrize("accel,case", _accel_ids(_running("packed")), indirect=["accel"])
 def test_packed_sequences_match_separate_sequences(accel, checkpoint, case):
     from megatron.core.packed_seq_params import PackedSeqParams
 
@@ -150,7 +154,7 @@ def _synced_tensors(model) -> list[tuple[str, torch.Tensor]]:
     return [(n, t.contiguous()) for bucket in export_hf(model) for n, t in bucket if not is_mtp_name(model.arch, n)]
 
 
-@pytest.mark.parametrize("case", _ids(CASES))
+@pytest.mark.parametrize("case", _ids(_running("engine")))
 def test_engine_logprobs_match_the_trainer_before_and_after_a_weight_sync(checkpoint, case):
     from slime.backends.embedded import EmbeddedEngine, EngineConfig
 
@@ -200,14 +204,17 @@ def _mtp_reference(case: Case, ckpt: str, ids, pos, weight) -> torch.Tensor | No
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("case", _ids(LAYOUT_CASES))
-def test_layouts_match_transformers(case, tmp_path):
+def test_layouts_match_transformers(case, checkpoint, tmp_path):
     from model_conformance_worker import run
     from rank_spawn import spawn
 
     from slime.utils.net import free_port
 
     layouts = case.layouts
-    ckpt = write_checkpoint(case, str(tmp_path / "ckpt"), **case.layout_overrides)
+    if case.layout_overrides:
+        ckpt = write_checkpoint(case, str(tmp_path / "ckpt"), **case.layout_overrides)
+    else:
+        ckpt = checkpoint(case)
     from slime_plugins.models.registry import parse_hf_config
 
     config = json.load(open(os.path.join(ckpt, "config.json")))
