@@ -221,3 +221,36 @@ def test_load_hf_model_and_save_hf_on_an_fp8_checkpoint(tmp_path):
         assert all(torch.equal(written[n], want.float()) for n, want in expected.items())
     finally:
         megatron_state_cleanup()
+
+
+def test_weight_sync_sends_sglang_the_checkpoints_fp8_format(tmp_path):
+    """SGLang serves --hf-checkpoint as stored: the weights it holds in block FP8 are sent re-quantized in that
+    format (e4m3 + weight_scale_inv, each tensor's own grid), everything else unchanged; a checkpoint whose
+    config.json states no fp8 has none (its shards are not opened)."""
+    from glm5_helpers import write_checkpoint
+
+    from slime.backends.megatron.hf_io import fp8_weights_of
+    from slime.backends.megatron.weight_sync.factory import in_checkpoint_format
+
+    src = write_checkpoint(tmp_path / "src", "glm_moe_dsa", seed=8)
+    expected = _fp8_copy(src, str(tmp_path / "fp8"), str(tmp_path / "ref"))
+    assert fp8_weights_of(str(tmp_path / "ref")) == {}
+    os.remove(tmp_path / "ref" / "model.safetensors")
+    assert fp8_weights_of(str(tmp_path / "ref")) == {}  # config.json alone decides
+    fp8 = fp8_weights_of(str(tmp_path / "fp8"))
+    assert set(fp8) == set(expected) and set(fp8.values()) == {BLOCK}
+    ref = load_file(os.path.join(src, "model.safetensors"))
+    names = sorted(ref)
+    buckets = [[(n, ref[n]) for n in names[:40]], [(n, ref[n]) for n in names[40:]]]
+    sent = [dict(b) for b in in_checkpoint_format(buckets, fp8)]
+    assert len(sent) == 2
+    flat = {k: v for b in sent for k, v in b.items()}
+    assert set(flat) == set(names) | {scale_name(n) for n in expected}
+    for name in names:
+        if name in expected:
+            q, s = flat[name], flat[scale_name(name)]
+            assert q.dtype == torch.float8_e4m3fn and s.shape == scale_shape(q.shape, BLOCK)
+            assert scale_name(name) in sent[0 if name in dict(buckets[0]) else 1]  # the scale travels with its weight
+            _within_e4m3(dequantize(q, s, BLOCK, dtype=torch.float64), ref[name].double(), s, BLOCK)
+        else:
+            assert flat[name] is ref[name]

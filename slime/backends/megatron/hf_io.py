@@ -176,3 +176,18 @@ class HFCheckpoint:
     def dtype(self) -> torch.dtype | None:
         value = self.config.get("dtype") or self.config.get("torch_dtype")
         return getattr(torch, value, None) if isinstance(value, str) else None
+
+
+def fp8_weights_of(hf_dir: str) -> dict[str, tuple[int, int]]:
+    """{name: block size} of the weights `hf_dir` stores in block FP8: none (no shard opened) unless its
+    config.json states fp8 quantization."""
+    from slime.utils.fp8_blocks import Fp8BlockFormat
+
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        if Fp8BlockFormat.from_config(json.load(f)) is None:
+            return {}
+    ckpt = HFCheckpoint(hf_dir)
+    try:
+        return ckpt.fp8_weights()
+    finally:
+        ckpt.close()

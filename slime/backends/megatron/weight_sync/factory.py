@@ -54,6 +54,20 @@ def without_mtp_layers(buckets, arch):
             yield kept
 
 
+def in_checkpoint_format(buckets, fp8: dict[str, tuple[int, int]]):
+    """SGLang serves --hf-checkpoint as stored: a weight the checkpoint keeps in block FP8 (GLM-5.3-Flash's
+    experts) is an FP8 parameter there, so it is sent re-quantized in that format, e4m3 + weight_scale_inv per
+    block, each checkpoint tensor on its own (slime.utils.fp8_blocks); the trainer holds it dequantized."""
+    from slime.utils.fp8_blocks import Fp8BlockFormat, quantize_named
+
+    for bucket in buckets:
+        out = []
+        for name, tensor in bucket:
+            block = fp8.get(name)
+            out += quantize_named([(name, tensor)], {name}, Fp8BlockFormat(block)) if block else [(name, tensor)]
+        yield out
+
+
 def _engine_kind(endpoints: list[EngineEndpoint]) -> str | None:
     """The kind the rollout manager resolved for its engines (every engine of a run is of one kind)."""
     kinds = {e.kind for e in endpoints}
@@ -66,6 +80,7 @@ def create_weight_sync(args: Any, model: Any, engines: list[dict[str, Any]], ran
 
     from slime.backends.megatron import model_setup
     from slime.backends.megatron.hf_export import unwrap
+    from slime.backends.megatron.hf_io import fp8_weights_of
 
     acc = get_accelerator()
     mode = resolve_mode(args.update_weight_mode, args.colocate, acc.capabilities.ipc)
@@ -80,10 +95,13 @@ def create_weight_sync(args: Any, model: Any, engines: list[dict[str, Any]], ran
 
     arch = unwrap(model).arch
     keep_mtp = engines_load_mtp(args, _engine_kind(endpoints))
+    # SGLang loaded --hf-checkpoint: its block-FP8 weights go back in that format
+    fp8 = fp8_weights_of(args.hf_checkpoint) if _engine_kind(endpoints) == "sglang" else {}
 
     def export():
         buckets = model_setup.export_hf(model, args.update_weight_buffer_size)
-        return buckets if keep_mtp else without_mtp_layers(buckets, arch)
+        buckets = buckets if keep_mtp else without_mtp_layers(buckets, arch)
+        return in_checkpoint_format(buckets, fp8) if fp8 else buckets
 
     return WeightSync(mode, export, endpoints, rank, check=bool(args.check_weight_sync),
                       buffer_bytes=args.update_weight_buffer_size, world_size=world, timeout_s=timeout,
