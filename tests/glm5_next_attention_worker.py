@@ -42,11 +42,11 @@ def hf_attention(hf_config, layer: int, dtype, seed: int):
     return module
 
 
-def ours_from(hf_module, arch, layer: int, dtype, tp_rank: int = 0, tp: int = 1):
+def ours_from(hf_module, arch, layer: int, dtype, tp_rank: int = 0, tp: int = 1, **config_overrides):
     """Our layer (megatron's parallel state already initialised) holding this TP rank's shards of hf_module's weights."""
     from slime_plugins.models.glm5_next.attention import NopeMlaDsaAttention, dsa_weight_maps
 
-    module = NopeMlaDsaAttention(arch.transformer_config(tp=tp, dtype=dtype), layer + 1, arch)
+    module = NopeMlaDsaAttention(arch.transformer_config(tp=tp, dtype=dtype, **config_overrides), layer + 1, arch)
     ours, theirs = dict(module.named_parameters()), dict(hf_module.named_parameters())
     maps = dsa_weight_maps(arch, layer, "a", "h")
     assert sorted(m.param[2:] for m in maps) == sorted(ours) and sorted(m.hf[0][2:] for m in maps) == sorted(theirs)

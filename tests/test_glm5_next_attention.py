@@ -326,3 +326,22 @@ def test_in_the_family_model_the_dsa_layers_equal_transformers(monkeypatch, tmp_
         if not name.startswith("mixer."):
             ref = ref_grads[name if name == "lm_head.weight" else "model.language_model." + name[len("model."):]]
             assert float((grad - ref).abs().max()) <= 1e-4 * float(ref.abs().max()) + 1e-7, name
+
+
+def test_selective_recompute_of_the_core_attention_gives_the_same_grads():
+    """recompute_modules=["core_attn"]: the sparse attention is recomputed in backward from q, k, v and the selection
+    (float64, equal to 1e-12)."""
+    hf_config, arch = configs()
+    hf = hf_attention(hf_config, FULL, F64, 4)
+    x = torch.randn(19, 1, arch.hidden_size, dtype=F64, generator=torch.Generator().manual_seed(4))
+    results = []
+    for overrides in ({}, dict(recompute_granularity="selective", recompute_modules=["core_attn"])):
+        module = ours_from(hf, arch, FULL, F64, **overrides)
+        assert module.recompute_core_attention == bool(overrides)
+        leaf = x.clone().requires_grad_(True)
+        out = module(leaf, packed_seq_params=context([19], 1))[0]
+        (out * out.detach().sin()).sum().backward()  # megatron's checkpoint takes .backward() only
+        results.append((out.detach(), [leaf.grad] + [p.grad for p in module.parameters() if p.requires_grad]))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=0, atol=1e-12)
+    for a, b in zip(results[1][1], results[0][1]):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
