@@ -41,11 +41,13 @@ def pipeline_split(args: argparse.Namespace, num_layers: int) -> list[int]:
 
 
 def _placement(args: argparse.Namespace) -> list[str]:
-    engines = args.rollout_num_gpus // args.rollout_num_gpus_per_engine
-    lines = [f"trainer: {args.actor_num_nodes} node(s) x {args.actor_num_gpus_per_node} devices = {args.world_size} ranks",
-             f"rollout: {engines} engine(s) x {args.rollout_num_gpus_per_engine} devices = {args.rollout_num_gpus} "
-             f"devices, {'colocated with the trainer' if args.colocate else 'on their own devices'}"]
-    per_engine, per_node = args.rollout_num_gpus_per_engine, args.num_gpus_per_node
+    rollout = args.run_config.rollout  # the placement as validation resolved it
+    engines = rollout.num_gpus // rollout.num_gpus_per_engine
+    lines = [f"trainer: {args.actor_num_nodes} node(s) x {args.actor_num_gpus_per_node} devices = "
+             f"{args.run_config.parallel.world_size} ranks",
+             f"rollout: {engines} engine(s) x {rollout.num_gpus_per_engine} devices = {rollout.num_gpus} "
+             f"devices, {'colocated with the trainer' if rollout.colocate else 'on their own devices'}"]
+    per_engine, per_node = rollout.num_gpus_per_engine, rollout.num_gpus_per_node
     if engines and per_engine > per_node:  # whole nodes each (placement_group.engine_parts)
         lines[-1] += f"; each engine over {per_engine // per_node} nodes (SGLang --nnodes {per_engine // per_node})"
     for m in args.sglang_deployments or ():
@@ -76,11 +78,13 @@ def memory_plan(args: argparse.Namespace) -> str:
     from slime.plan.model import ModelShape
     from slime.plan.report import plan_text
 
+    run = args.run_config  # config.json as validation read it, the resolved layout and placement
+    hf, par, rollout = run.model.hf_config, run.parallel, run.rollout
     try:
-        model = ModelShape.from_config(dict(args.hf_config, _name=os.path.basename(os.path.abspath(args.hf_checkpoint))))
+        model = ModelShape.from_config(dict(hf, _name=os.path.basename(os.path.abspath(run.model.hf_checkpoint))))
         device = get_device(args.dry_run_device or PLAN_DEVICE_DEFAULT)
         # the trainer trains in the checkpoint's dtype unless --bf16 (real GLM/Qwen checkpoints are bf16)
-        bf16 = args.bf16 or (args.hf_config.get("torch_dtype") or args.hf_config.get("dtype")) == "bfloat16"
+        bf16 = run.model.bf16 or (hf.get("torch_dtype") or hf.get("dtype")) == "bfloat16"
         ts = TrainSettings(
             max_tokens_per_gpu=args.max_tokens_per_gpu or (args.rollout_max_response_len + 2048),
             recompute="full" if args.recompute_granularity == "full" else "none",
@@ -88,16 +92,17 @@ def memory_plan(args: argparse.Namespace) -> str:
             optimizer_cpu_offload=bool(args.optimizer_cpu_offload), with_mtp=bool(args.enable_mtp_training),
             param_bytes=2 if bf16 else 4, master_bytes=4 if bf16 else 0)
         rs = RolloutSettings(
-            rollout_batch_size=args.rollout_batch_size or 1, n_samples_per_prompt=args.n_samples_per_prompt,
-            max_prompt_len=args.rollout_max_prompt_len or 2048, max_response_len=args.rollout_max_response_len,
-            devices_per_engine=args.rollout_num_gpus_per_engine, rollout_devices=args.rollout_num_gpus,
-            colocate=args.colocate, offload=args.offload_train and args.offload_rollout,
+            rollout_batch_size=rollout.batch_size or 1, n_samples_per_prompt=rollout.n_samples_per_prompt,
+            max_prompt_len=rollout.max_prompt_len or 2048, max_response_len=args.rollout_max_response_len,
+            devices_per_engine=rollout.num_gpus_per_engine, rollout_devices=rollout.num_gpus,
+            colocate=rollout.colocate, offload=rollout.offload_train and rollout.offload_rollout,
             mem_fraction_static=args.sglang_mem_fraction_static or 0.8,
-            update_weight_buffer_bytes=args.update_weight_buffer_size, global_batch_size=args.global_batch_size)
-        layout = Layout(args.actor_num_nodes, args.actor_num_gpus_per_node, tp=args.tensor_model_parallel_size,
-                        pp=args.pipeline_model_parallel_size, ep=args.expert_model_parallel_size,
-                        cp=args.context_parallel_size, etp=args.expert_tensor_parallel_size,
-                        sequence_parallel=args.sequence_parallel or None)  # None: on at TP > 1
+            update_weight_buffer_bytes=args.update_weight_buffer_size,
+            global_batch_size=run.training.global_batch_size)
+        layout = Layout(args.actor_num_nodes, args.actor_num_gpus_per_node, tp=par.tensor_model_parallel_size,
+                        pp=par.pipeline_model_parallel_size, ep=par.expert_model_parallel_size,
+                        cp=par.context_parallel_size, etp=par.expert_tensor_parallel_size,
+                        sequence_parallel=par.sequence_parallel or None)  # None: on at TP > 1
         return f"memory plan on {device.name} (--dry-run-device):\n" + plan_text(plan(model, layout, device, ts, rs))
     except ValueError as e:
         return f"memory plan: unavailable ({e})"
@@ -148,7 +153,8 @@ def runtime_warnings(args: argparse.Namespace, parser: argparse.ArgumentParser |
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None, out: Printer = print) -> int:
-    cfg = args.hf_config
+    run_config = args.run_config  # what validation resolved: config.json as read once, the layout, the batches
+    cfg, par, training = run_config.model.hf_config, run_config.parallel, run_config.training
     from slime.config.model_args import model_args_given, text_model_config
 
     text = text_model_config(cfg)  # a vision-language checkpoint (Qwen3.5): its text model is what trains
@@ -172,14 +178,16 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None,
     except ValueError as e:
         out(f"train.py: error: {e}")
         return 2
-    out(f"layout: world {args.world_size} = dp {args.data_parallel_size} x tp {args.tensor_model_parallel_size} x "
-        f"pp {args.pipeline_model_parallel_size} x cp {args.context_parallel_size}; experts: ep "
-        f"{args.expert_model_parallel_size} x etp {args.expert_tensor_parallel_size}; sequence parallel "
-        f"{'on' if args.sequence_parallel or args.tensor_model_parallel_size > 1 else 'off'}; layers per pipeline stage {stages}")
+    out(f"layout: world {par.world_size} = dp {par.data_parallel_size} x tp {par.tensor_model_parallel_size} x "
+        f"pp {par.pipeline_model_parallel_size} x cp {par.context_parallel_size}; experts: ep "
+        f"{par.expert_model_parallel_size} x etp {par.expert_tensor_parallel_size}; sequence parallel "
+        f"{'on' if par.sequence_parallel or par.tensor_model_parallel_size > 1 else 'off'}; layers per pipeline stage {stages}")
     for line in _placement(args):
         out(f"placement: {line}")
-    out(f"batches: {args.rollout_batch_size} prompts x {args.n_samples_per_prompt} samples per rollout, global batch "
-        f"{args.global_batch_size}, {'dynamic micro-batches of ' + str(args.max_tokens_per_gpu) + ' tokens' if args.use_dynamic_batch_size else 'micro-batch ' + str(args.micro_batch_size)}")
+    micro = (f"dynamic micro-batches of {training.max_tokens_per_gpu} tokens" if training.use_dynamic_batch_size
+             else f"micro-batch {training.micro_batch_size}")
+    out(f"batches: {run_config.rollout.batch_size} prompts x {run_config.rollout.n_samples_per_prompt} samples per "
+        f"rollout, global batch {training.global_batch_size}, {micro}")
     out(_schedule(args))
     for w in warnings(args, parser):
         out(w)
