@@ -87,6 +87,25 @@ def test_sparse_attention_equals_the_dense_path(monkeypatch, lq, lk, hq, hkv, dt
         assert (got[0][2] == 0).all()
 
 
+def test_strided_inputs_and_a_broadcast_grad(monkeypatch):
+    """MLA passes k and v as slices of one tensor (strided) and `.sum()` hands back an expanded grad."""
+    monkeypatch.setattr(blocked, "SCORE_ELEMENTS_LIMIT", 0)
+    monkeypatch.setattr(blocked, "BLOCK_ELEMENTS", 40)
+    g = torch.Generator().manual_seed(3)
+    kv = torch.randn(11, 4, 7, generator=g, dtype=torch.float64, requires_grad=True)
+    q = torch.randn(11, 4, 4, generator=g, dtype=torch.float64).transpose(0, 1).contiguous().transpose(0, 1)
+    q.requires_grad_(True)
+    k, v = kv.split([4, 3], dim=-1)
+    got = ref.attention(q, k, v, cu([11]), cu([11]))
+    got_grads = torch.autograd.grad(got.sum(), (q, kv))
+    monkeypatch.undo()
+    want = ref.attention(q, k, v, cu([11]), cu([11]))
+    want_grads = torch.autograd.grad(want.sum(), (q, kv))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
 def test_bad_selection_is_refused_on_the_blocked_path(monkeypatch):
     monkeypatch.setattr(blocked, "SCORE_ELEMENTS_LIMIT", 0)
     q = torch.randn(5, 1, 4)

@@ -67,7 +67,7 @@ class _BlockedAttention(torch.autograd.Function):
         sk, hkv, dv = v.shape
         out = q.new_zeros(sq, hq, dv)
         for rows, keys in _blocks(sq, sk, causal, block_rows):
-            qb = q[rows].view(-1, hkv, hq // hkv, q.shape[-1])
+            qb = q[rows].reshape(-1, hkv, hq // hkv, q.shape[-1])
             probs = _block_probs(qb, k[:keys], _allowed(rows, keys, sq, sk, causal, topk, q.device), scale)
             out[rows] = torch.einsum("grqk,kgd->qgrd", probs, v[:keys]).reshape(-1, hq, dv)
         return out
@@ -81,8 +81,8 @@ class _BlockedAttention(torch.autograd.Function):
         dq, dk, dv_ = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         grad_out = grad_out.to(q.dtype)
         for rows, keys in _blocks(sq, sk, causal, ctx.block_rows):
-            qb = q[rows].view(-1, hkv, hq // hkv, d)
-            gb = grad_out[rows].view(-1, hkv, hq // hkv, dv)
+            qb = q[rows].reshape(-1, hkv, hq // hkv, d)
+            gb = grad_out[rows].reshape(-1, hkv, hq // hkv, dv)
             probs = _block_probs(qb, k[:keys], _allowed(rows, keys, sq, sk, causal, topk, q.device), scale)
             dv_[:keys] += torch.einsum("grqk,qgrd->kgd", probs, gb)
             dprobs = torch.einsum("qgrd,kgd->grqk", gb, v[:keys])
