@@ -92,7 +92,7 @@ def test_dry_run_npu_profile_from_detected_accelerator():
 
 
 def test_dry_run_cuda_and_a3_profiles():
-    out, args = _dry_run(SLIME_PROFILE="cuda")
+    out, args = _dry_run(SLIME_PROFILE="cuda", HF_CHECKPOINT=_published_checkpoint())
     assert "colocated on the trainer's devices" in out and "NVIDIA H200" in out and "-> fits" in out
     assert {"--colocate", "--offload-train", "--offload-rollout", "--sequence-parallel", "--use-dynamic-batch-size"} <= set(args)
     assert (_opt(args, "--tensor-model-parallel-size"), _opt(args, "--expert-model-parallel-size"),
@@ -145,7 +145,8 @@ def test_dry_run_command_parses_with_train_py_flags():
     """Every flag the script passes is one train.py defines (rollout/SGLang flags once their module exists)."""
     from slime.config.arguments import build_parser, validate_args
 
-    for env in ({"SLIME_PROFILE": "cuda"}, NPU_SIM_ENV, {"SLIME_PROFILE": "npu", "PLAN_DEVICE": "a3"}):
+    for env in ({"SLIME_PROFILE": "cuda", "HF_CHECKPOINT": _published_checkpoint()}, NPU_SIM_ENV,
+                {"SLIME_PROFILE": "npu", "PLAN_DEVICE": "a3"}):
         _check_train_py_flags(_dry_run(**env)[1], build_parser, validate_args)
 
 
@@ -247,6 +248,18 @@ def test_model_args_cli_reports_mismatch(capsys):
     assert "model_type: MODEL_ARGS 'glm5_next' != config 'glm_moe_dsa'" in err
 
 
+@functools.lru_cache(maxsize=None)
+def _published_checkpoint() -> str:
+    """One directory for the module whose config.json is Glm5NextConfig().to_dict() (dry runs share it)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="glm5_next_config_")
+    atexit.register(shutil.rmtree, path, True)
+    return str(_glm5_next_checkpoint(Path(path)))
+
+
 def _glm5_next_checkpoint(tmp_path: Path, **text_overrides) -> Path:
     """A directory whose config.json is transformers' Glm5NextConfig().to_dict() (the published defaults)."""
     from transformers import Glm5NextConfig
@@ -263,8 +276,7 @@ def test_dry_run_on_the_published_config(profile, tmp_path):
     meta-device parameter count (313.8B, 17.4B active) and the planned device count."""
     from slime_plugins.models.registry import supported_model_types
 
-    ckpt = _glm5_next_checkpoint(tmp_path)
-    r = _run(["bash", str(RUN), "--dry-run"], SLIME_PROFILE=profile, HF_CHECKPOINT=str(ckpt))
+    r = _dry_run_cached((("HF_CHECKPOINT", _published_checkpoint()), ("SLIME_PROFILE", profile)))
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "MODEL_ARGS match it" in out and "  dry run OK" in out  # train.py's own dry run of the command passed
