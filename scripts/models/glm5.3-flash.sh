@@ -21,6 +21,7 @@ MODEL_ARGS=(
    --ffn-hidden-size 12288
    --num-attention-heads 64
    --multi-latent-attention
+   --qk-layernorm
    --q-lora-rank 1536
    --kv-lora-rank 512
    --qk-head-dim 256

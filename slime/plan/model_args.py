@@ -51,7 +51,7 @@ VALUE_FLAGS: dict[str, tuple[str, type]] = {
 }
 DERIVED_FLAGS = ("--moe-layer-freq", "--moe-shared-expert-intermediate-size", "--linear-attention-freq")
 SWITCHES = ("--multi-latent-attention", "--moe-router-enable-expert-bias", "--swiglu", "--disable-bias-linear",
-            "--untie-embeddings-and-output-weights")
+            "--untie-embeddings-and-output-weights", "--qk-layernorm")  # MLA's q_a / kv_a latent norms
 FIXED = {"--normalization": "RMSNorm", "--moe-router-score-function": "sigmoid", "--position-embedding-type": "rope"}
 # glm5_next has no rotary part anywhere in its text model (KDA, NoPE MLA): Megatron's "none"
 HYBRID_FIXED = FIXED | {"--position-embedding-type": "none"}
