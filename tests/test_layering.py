@@ -28,12 +28,6 @@ USER_NAMESPACE_DIRS = ("slime/rollout/rm_hub/",)
 # Arrows that close a circle when imports inside functions count, each with why it is there and what removes it.
 # The list only shrinks: an arrow no longer in the code fails test_allowed_arrows_are_still_needed (delete it).
 ALLOWED_BACK_ARROWS = {
-    # the model-family conformance work edits these files now; install() can find MoE layers by their
-    # replay_layer attribute instead of by class
-    ("slime.utils.routing_replay", "slime_plugins.models.common.model"): "routing_replay.install finds decoder "
-                                                                         "models by class (model family owner)",
-    ("slime.utils.routing_replay", "slime_plugins.models.common.moe"): "routing_replay.install finds MoE layers by "
-                                                                       "class (model family owner)",
     # GLM-5's MTP block is built from the decoder's layer spec, and its weight maps from the decoder's
     ("slime_plugins.models.glm5.model", "slime_plugins.models.glm5.mtp"): "the decoder builds its MTP block, which "
                                                                           "reuses its layer_spec (GLM-5 model owner)",

@@ -147,20 +147,3 @@ class RoutingReplay:
 
 
 REPLAY = RoutingReplay()
-
-
-def install(model: Any) -> int:
-    """Give each decoder MoE layer its global layer index (`replay_layer`, the engine's layer numbering);
-    returns how many there are. MTP layers keep None: they route by themselves."""
-    from slime_plugins.models.common.moe import MoELayer
-    from slime_plugins.models.common.model import DecoderModel
-
-    count = 0
-    for module in model.modules():
-        if not isinstance(module, DecoderModel):
-            continue
-        for layer in module.decoder.layers:
-            if isinstance(getattr(layer, "mlp", None), MoELayer):  # TransformerLayer, or glm5_next's own layer
-                layer.mlp.replay_layer = int(layer.layer_number) - 1  # megatron's layer_number: global, from 1
-                count += 1
-    return count

@@ -180,8 +180,9 @@ class MegatronTrainRayActor:
         from megatron.core import parallel_state as mpu
 
         from slime.utils import routing_replay
+        from slime_plugins.models.common.model import install_routing_replay
 
-        if routing_replay.install(self.model) == 0 and mpu.get_pipeline_model_parallel_world_size() == 1:
+        if install_routing_replay(self.model) == 0 and mpu.get_pipeline_model_parallel_world_size() == 1:
             raise ValueError("--use-routing-replay / --use-rollout-routing-replay: the model has no MoE layer to "
                              "replay routes in; drop the flag")
         from slime.backends.megatron.hf_export import unwrap

@@ -205,3 +205,20 @@ def build_model(arch, attention: type, tp: int = 1, ep: int = 1, pp: int = 1, dt
     set_selective_recompute(model, config)
     mark_tensor_parallel_params(model)  # megatron sets them only when it initialises weights itself
     return model.to(get_accelerator().device())
+
+
+def install_routing_replay(model: torch.nn.Module) -> int:
+    """Give each decoder MoE layer its global layer index (`replay_layer`, the engine's layer numbering; read by
+    slime.utils.routing_replay's REPLAY); returns how many there are. MTP layers keep None: they route by
+    themselves."""
+    from slime_plugins.models.common.moe import MoELayer
+
+    count = 0
+    for module in model.modules():
+        if not isinstance(module, DecoderModel):
+            continue
+        for layer in module.decoder.layers:
+            if isinstance(getattr(layer, "mlp", None), MoELayer):  # TransformerLayer, or glm5_next's own layer
+                layer.mlp.replay_layer = int(layer.layer_number) - 1  # megatron's layer_number: global, from 1
+                count += 1
+    return count

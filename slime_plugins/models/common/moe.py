@@ -67,7 +67,7 @@ class MoELayer(KeepsFloat32, MegatronModule):
     when `arch.router_dtype_float32` (GLM, as transformers keeps it), else follows the model dtype (Qwen)."""
 
     bound_arch = None
-    replay_layer: int | None = None  # global decoder layer index under routing replay (routing_replay.install)
+    replay_layer: int | None = None  # global decoder layer index under routing replay (model.install_routing_replay)
 
     @classmethod
     def bound_to(cls, arch) -> type["MoELayer"]:
