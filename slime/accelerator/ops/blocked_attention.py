@@ -20,7 +20,7 @@ __all__ = ["BLOCK_ELEMENTS", "SCORE_ELEMENTS_LIMIT", "blocked_attention", "needs
 
 # Above this many scores per sequence ([heads, queries, keys]) the reference works in blocks of query rows.
 SCORE_ELEMENTS_LIMIT = 1 << 25  # 128 MB of float32 scores
-BLOCK_ELEMENTS = 1 << 21  # scores of one block (8 MB in float32)
+BLOCK_ELEMENTS = 1 << 20  # scores of one block (4 MB in float32)
 
 
 def needs_blocks(cq: list[int], ck: list[int], heads: int) -> bool:
