@@ -13,34 +13,6 @@ def _gather(t: torch.Tensor, group) -> list[torch.Tensor]:
     return out
 
 
-def _build(ckpt: str, tp: int, ep: int, pp: int, mixers: str):
-    """The rank's model: the family's own (load_hf_model) or, with mixers="transformers", transformers' KDA / DSA
-    modules as token mixers (tp 1 only; the core's layouts)."""
-    if mixers != "transformers":
-        from slime.backends.megatron import load_hf_model
-
-        return load_hf_model(ckpt, tp=tp, ep=ep, pp=pp)
-    import json
-    import os
-
-    import pytest
-    from glm5_next_helpers import hf_reference, load_state, use_transformers_mixers
-    from safetensors.torch import load_file
-
-    from slime.backends.megatron.parallel import init_parallel
-    from slime_plugins.models.glm5_next.config import from_hf
-    from slime_plugins.models.glm5_next.model import build_model
-
-    assert tp == 1
-    tensors = use_transformers_mixers(pytest.MonkeyPatch(), hf_reference())  # the test's reference, rebuilt (seeded)
-    with open(os.path.join(ckpt, "config.json")) as f:
-        arch = from_hf(json.load(f))
-    init_parallel(tp, ep, pp, seed=1, cp=None)
-    model = build_model(arch, tp, ep, pp)
-    load_state(model, load_file(os.path.join(ckpt, "model.safetensors")) | tensors)
-    return model
-
-
 def _forward_backward(ddp, ids, pos, weight):
     """Logits (last stage; None elsewhere) after one forward / backward through megatron's schedule."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -60,13 +32,13 @@ def _forward_backward(ddp, ids, pos, weight):
     return seen.get("logits")
 
 
-def run(rank: int, world: int, port: int, ckpt: str, ref_path: str, mixers: str, layouts: list) -> None:
+def run(rank: int, world: int, port: int, ckpt: str, ref_path: str, layouts: list) -> None:
     from glm5_helpers import init_rank
     from glm5_next_helpers import grads_by_hf_name
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import finalize_model_grads
 
-    from slime.backends.megatron import build_optimizer
+    from slime.backends.megatron import build_optimizer, load_hf_model
     from slime_plugins.models.common import weights as W
 
     init_rank(rank, world, port)
@@ -74,7 +46,7 @@ def run(rank: int, world: int, port: int, ckpt: str, ref_path: str, mixers: str,
     ids, pos, weight = ref["ids"], ref["pos"], ref["weight"]
     for tp, ep, pp in layouts:
         name = f"tp{tp} ep{ep} pp{pp}"
-        model = _build(ckpt, tp, ep, pp, mixers)
+        model = load_hf_model(ckpt, tp=tp, ep=ep, pp=pp)
         ddp, _ = build_optimizer(model, lr=1e-3, clip_grad=0.0)
         ddp.zero_grad_buffer()
         logits = _forward_backward(ddp, ids, pos, weight)
