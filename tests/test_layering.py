@@ -28,11 +28,6 @@ USER_NAMESPACE_DIRS = ("slime/rollout/rm_hub/",)
 # Arrows that close a circle when imports inside functions count, each with why it is there and what removes it.
 # The list only shrinks: an arrow no longer in the code fails test_allowed_arrows_are_still_needed (delete it).
 ALLOWED_BACK_ARROWS = {
-    # GLM-5's MTP block is built from the decoder's layer spec, and its weight maps from the decoder's
-    ("slime_plugins.models.glm5.model", "slime_plugins.models.glm5.mtp"): "the decoder builds its MTP block, which "
-                                                                          "reuses its layer_spec (GLM-5 model owner)",
-    ("slime_plugins.models.glm5.weights", "slime_plugins.models.glm5.mtp"): "the weight map adds the MTP maps, which "
-                                                                            "reuse the layer maps (GLM-5 model owner)",
     # Accelerator.apply_patches / revert_patches are the device's entry to its patch set; the patch registry
     # looks accelerator classes up in the accelerator registry, which holds Accelerator subclasses
     ("slime.accelerator.base", "slime.accelerator.patches"): "Accelerator.apply_patches delegates to the patch "

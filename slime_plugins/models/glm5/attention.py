@@ -22,6 +22,7 @@ from slime.accelerator import get_accelerator
 from slime_plugins.models.common.context_parallel import gather_sequence, key_rows
 from slime_plugins.models.common.layers import (KeepsFloat32, ReplicatedLinear, RMSNorm, column_parallel, from_thd,
                                                 row_parallel, to_thd)
+from slime_plugins.models.common import spec
 from slime_plugins.models.common.rope import ForwardContext
 from slime_plugins.models.glm5.config import GlmConfig
 
@@ -170,3 +171,9 @@ class MLASelfAttention(MegatronModule):
         out = from_thd(out.reshape(out.shape[0], -1), ctx.seq_len, ctx.batch)
         out, _ = self.o_proj(out)
         return out, None
+
+
+def layer_spec(glm: GlmConfig, layer_index: int):
+    """The GLM-5 decoder layer's megatron spec (MLA attention; the shared norms, MLP and MoE): the main decoder's
+    and the MTP block's (slime_plugins.models.glm5.model, .mtp)."""
+    return spec.layer_spec(glm, layer_index, MLASelfAttention)

@@ -5,13 +5,8 @@ from __future__ import annotations
 import torch
 
 from slime_plugins.models.common import model as common
-from slime_plugins.models.common import spec
-from slime_plugins.models.glm5.attention import MLASelfAttention
+from slime_plugins.models.glm5.attention import MLASelfAttention, layer_spec  # noqa: F401 (also this module's API)
 from slime_plugins.models.glm5.config import GlmConfig
-
-
-def layer_spec(glm: GlmConfig, layer_index: int):
-    return spec.layer_spec(glm, layer_index, MLASelfAttention)
 
 
 def build_model(glm: GlmConfig, tp: int = 1, ep: int = 1, pp: int = 1, dtype: torch.dtype = torch.float32,

@@ -21,7 +21,8 @@ from megatron.core.transformer.spec_utils import build_module
 
 from slime_plugins.models.common.layers import ReplicatedLinear, RMSNorm
 from slime_plugins.models.glm5.config import GlmConfig
-from slime_plugins.models.glm5.model import layer_spec
+from slime_plugins.models.glm5.attention import layer_spec
+from slime_plugins.models.glm5.weights import mtp_maps  # noqa: F401 (also this module's API)
 
 
 def shift_within_sequences(input_ids: torch.Tensor, k: int, cu_seqlens: torch.Tensor, pad_id: int = 0) -> torch.Tensor:
@@ -98,24 +99,6 @@ class MtpBlock(MegatronModule):
 
 def mtp_hf_names(glm: GlmConfig) -> list[str]:
     return [n for m in mtp_maps(glm, 0, 1) for n in m.hf]
-
-
-def mtp_maps(glm: GlmConfig, ep_rank: int, ep: int):
-    """Weight maps of the MTP block (the per-layer embed_tokens / shared_head.head copies are handled
-    by the loader/exporter as aliases of the main embedding / output layer)."""
-    from slime_plugins.models.common import weights as W
-    from slime_plugins.models.glm5.weights import layer_maps
-
-    maps = []
-    for d in range(glm.mtp_num_layers):
-        layer = glm.num_hidden_layers + d
-        p, hp = f"mtp.layers.{d}", f"model.layers.{layer}"
-        maps += [W.WeightMap(f"{p}.enorm.weight", (f"{hp}.enorm.weight",), W.REPLICATED),
-                 W.WeightMap(f"{p}.hnorm.weight", (f"{hp}.hnorm.weight",), W.REPLICATED),
-                 W.WeightMap(f"{p}.eh_proj.weight", (f"{hp}.eh_proj.weight",), W.REPLICATED),
-                 W.WeightMap(f"{p}.final_layernorm.weight", (f"{hp}.shared_head.norm.weight",), W.REPLICATED)]
-        maps += layer_maps(glm, layer, f"{p}.transformer_layer", hp, ep_rank, ep)
-    return maps
 
 
 def mtp_alias_names(glm: GlmConfig) -> dict[str, str]:

@@ -52,10 +52,25 @@ def maps_for_model(model) -> list[WeightMap]:
     offset, n, pre, post, ep_rank, ep = stage_of(model)
     maps = model_maps(model.arch, layer_maps, offset, n, pre, post, ep_rank, ep)
     if getattr(model, "mtp", None) is not None:
-        from slime_plugins.models.glm5.mtp import mtp_maps
-
         maps += mtp_maps(model.arch, ep_rank, ep)
         if model.holds_embedding_copy:  # MTP under PP: the last stage's embedding, under its MTP layer's HF name
             first_mtp = f"model.layers.{model.arch.num_hidden_layers}"
             maps.append(WeightMap("embedding.weight", (f"{first_mtp}.embed_tokens.weight",), TP_ROWS))
+    return maps
+
+
+def mtp_maps(glm, ep_rank: int, ep: int) -> list[WeightMap]:
+    """Weight maps of the MTP block (the per-layer embed_tokens / shared_head.head copies are handled
+    by the loader/exporter as aliases of the main embedding / output layer)."""
+    from slime_plugins.models.common import weights as W
+
+    maps = []
+    for d in range(glm.mtp_num_layers):
+        layer = glm.num_hidden_layers + d
+        p, hp = f"mtp.layers.{d}", f"model.layers.{layer}"
+        maps += [W.WeightMap(f"{p}.enorm.weight", (f"{hp}.enorm.weight",), W.REPLICATED),
+                 W.WeightMap(f"{p}.hnorm.weight", (f"{hp}.hnorm.weight",), W.REPLICATED),
+                 W.WeightMap(f"{p}.eh_proj.weight", (f"{hp}.eh_proj.weight",), W.REPLICATED),
+                 W.WeightMap(f"{p}.final_layernorm.weight", (f"{hp}.shared_head.norm.weight",), W.REPLICATED)]
+        maps += layer_maps(glm, layer, f"{p}.transformer_layer", hp, ep_rank, ep)
     return maps
