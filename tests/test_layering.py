@@ -48,6 +48,18 @@ def _modules(repo: str, roots=ROOTS) -> dict[str, str]:
     return out
 
 
+def _parse(path: str) -> ast.Module:
+    """One parse per file version for all the checks here."""
+    st = os.stat(path)
+    return _parse_version(path, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=None)
+def _parse_version(path: str, mtime_ns: int, size: int) -> ast.Module:
+    with open(path, encoding="utf-8") as f:
+        return ast.parse(f.read())
+
+
 def _imported(node: ast.AST, package: str) -> list[str]:
     if isinstance(node, ast.Import):
         return [a.name for a in node.names]
@@ -88,8 +100,7 @@ def _imports(path: str, name: str, inside_functions: bool = False) -> list[list[
             elif isinstance(node, ast.Import):
                 found.extend([a.name] for a in node.names)
 
-    with open(path, encoding="utf-8") as f:
-        walk(ast.parse(f.read()).body)
+    walk(_parse(path).body)
     return found
 
 
@@ -220,8 +231,7 @@ def test_components_never_import_the_configuration():
         rel = _relpath(path)
         if name.startswith("slime.config") or rel in CONFIG_USERS:
             continue
-        with open(path, encoding="utf-8") as f:
-            tree = ast.parse(f.read())
+        tree = _parse(path)
         package = name if path.endswith("__init__.py") else name.rsplit(".", 1)[0]
         for node in ast.walk(tree):
             if any(t == "slime.config" or t.startswith("slime.config.") for t in _imported(node, package)):
