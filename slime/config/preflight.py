@@ -39,6 +39,9 @@ def add_preflight_arguments(parser: argparse.ArgumentParser) -> None:
     if "--overwrite-output" not in parser._option_string_actions:
         g.add_argument("--overwrite-output", action="store_true",
                        help="allow writing into an output/--save dir that holds another run's metrics or checkpoints")
+    from slime.config.device_kernels import add_device_kernel_arguments
+
+    add_device_kernel_arguments(g, parser)  # --require-device-kernels (checked in run_preflight)
 
 
 # ------------------------------------------------------------------ model
@@ -322,4 +325,14 @@ def run_preflight(args: Any) -> PreflightReport:
         if value:
             check_writable(value.replace("{rollout_id}", "0"), "--" + flag.replace("_", "-"))
     check_no_overwrite(args, report)
+    _print_op_table(args)
     return report
+
+
+def _print_op_table(args: Any) -> None:
+    """Which kernel or reference serves each of the model's ops here; --require-device-kernels refuses fallbacks."""
+    from slime.config.device_kernels import check_device_kernels
+    from slime.config.preflight_inputs import check_accelerator
+
+    for line in check_device_kernels(args, check_accelerator(args)):
+        print(line, flush=True)
