@@ -107,7 +107,8 @@ def upstream_name(arch, key: str) -> str | None:
     renames = dict(_MLA_RENAMES if is_mla(arch) else _GQA_RENAMES)
     if getattr(arch, "full_width_qk_norm", False):  # upstream's own q_norm / k_norm modules (MiniMax-M2's spec)
         renames = {k: v for k, v in renames.items() if not k.startswith(("self_attention.q_norm", "self_attention.k_norm"))}
-    if layer < arch.num_hidden_layers and getattr(arch, "layer_types", None) and arch.is_linear(layer):
+    linear = layer < arch.num_hidden_layers and bool(getattr(arch, "layer_types", None)) and arch.is_linear(layer)
+    if linear:
         # upstream's Gated DeltaNet layers (slime_plugins/models/qwen3_next.py there) hold their input norm
         renames["input_layernorm.weight"] = "self_attention.input_layernorm.weight"
     if arch.mlp_type(layer) == "dense":
@@ -116,7 +117,9 @@ def upstream_name(arch, key: str) -> str | None:
         renames.update(_MOE_RENAMES)
     if rest in renames:
         return prefix + renames[rest]
-    if rest in _INDEXER_PERMUTED or rest in _EXPERTS or _QKV.match(rest):
+    # q/k/v rows fuse into attention's linear_qkv; a linear-attention layer's own q/k/v projections (GLM-5.3-Flash's
+    # KDA) keep their names
+    if rest in _INDEXER_PERMUTED or rest in _EXPERTS or (_QKV.match(rest) and not linear):
         return None
     for old, new in {**_MODULE_RENAMES, **(_MLA_MODULES if is_mla(arch) else {})}.items():
         if rest.startswith(old):
