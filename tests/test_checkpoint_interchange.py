@@ -18,13 +18,6 @@ FAMILIES = list(RECORDED["families"])
 LAYOUT = {"tp": 1, "pp": 1, "ep": 1, "world_size": 1}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _clean_megatron_state():
-    from glm5_helpers import megatron_state_cleanup
-
-    yield from megatron_state_cleanup()
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """model_type -> its tiny HF checkpoint (the recorded one: seed 0, the recorded config overrides)."""

@@ -17,13 +17,6 @@ from slime.accelerator.ops import reference as ref
 F64 = torch.float64
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _clean_megatron_state():
-    from glm5_helpers import megatron_state_cleanup
-
-    yield from megatron_state_cleanup()
-
-
 def _cu(lengths):
     return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
 

@@ -17,13 +17,6 @@ from slime.accelerator.ops import reference as ref
 LINEAR_PATCHES = ("linear_without_communication", "tp_copy_identity_one_rank", "tp_reduce_identity_one_rank")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _clean_megatron_state():
-    from glm5_helpers import megatron_state_cleanup
-
-    yield from megatron_state_cleanup()
-
-
 def _recording_original(calls):
     def original(*args, **kwargs):
         calls.append((args, kwargs))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from glm5_helpers import hf_grads_by_checkpoint_name, hf_model, megatron_grads_by_hf_name, megatron_state_cleanup, random_batch
+from glm5_helpers import hf_grads_by_checkpoint_name, hf_model, megatron_grads_by_hf_name, random_batch
 
 VOCAB = 512
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
@@ -38,11 +38,6 @@ UPSTREAM_MODEL_ARGS = {  # scripts/models/<name>.sh MODEL_ARGS at THUDM/slime 62
     "llama3.2-3B-Instruct": ["--num-layers", "28", "--hidden-size", "3072", "--ffn-hidden-size", "8192",
                              "--num-attention-heads", "24", *_COMMON, "--rotary-scaling-factor", "32.0"],
 }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _clean_megatron_state():
-    yield from megatron_state_cleanup()
 
 
 def test_llama3_scaled_rope_matches_transformers(accel, tmp_path):

@@ -11,18 +11,12 @@ import torch
 from packaging.specifiers import SpecifierSet
 from importlib import metadata
 
-from glm5_helpers import megatron_state_cleanup
 
 from slime.accelerator import get_accelerator, patches
 from slime.accelerator.megatron_patches import common_patches
 from slime.accelerator.megatron_patches.device_shim import with_accelerator_torch
 
 MEGATRON_VERSION = metadata.version("megatron-core")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _clean_megatron_state():
-    yield from megatron_state_cleanup()
 
 
 # The one patch that adds an attribute (add_if_missing): a module global megatron binds only when

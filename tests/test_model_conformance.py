@@ -6,8 +6,8 @@ transformers' model of the same tiny random checkpoint, float32:
   packed attention), on cpu and on the Ascend path against the torch_npu simulator;
 - export_hf gives the checkpoint back bit for bit, in several buckets; save_hf writes it and its config.json back
   (only dtype may differ), and transformers' logits on the saved checkpoint are identical;
-- packed sequences (THD: every row of those shapes and a 1-token sequence in one forward; DSA's drop keys beyond
-  index_topk) equal each sequence run unpacked (elementwise 1e-5 + 1e-5 relative);
+- packed sequences (THD: every row of those shapes and a 1-token sequence in one forward; GLM-5's rows are long
+  enough for DSA to drop keys) equal each sequence run unpacked (elementwise 1e-5 + 1e-5 relative);
 - the embedded engine's sampled log-probs equal the trainer's teacher-forced ones (5e-5: KV-cached decode against
   a full pass) before and after a weight sync of the exported tensors (MTP layers left out, as weight sync sends
   them to an engine without a draft), which lands on every engine tensor bit for bit;

@@ -13,16 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from glm5_helpers import megatron_state_cleanup
 
 from slime.accelerator import CpuAccelerator, get_accelerator, set_accelerator
 from slime.accelerator.megatron_patches import moe, rng
 from slime.accelerator.megatron_patches.device_shim import with_accelerator_torch
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _clean_megatron_state():
-    yield from megatron_state_cleanup()
 
 
 class RecordingStream:

@@ -28,13 +28,6 @@ def ckpts(tmp_path_factory):
             "teacher": write_tiny_checkpoint(str(d / "teacher"), seed=1), "roles": str(roles), "dir": d}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _clean_megatron_state():
-    from glm5_helpers import megatron_state_cleanup
-
-    yield from megatron_state_cleanup()
-
-
 @pytest.fixture(scope="module")
 def actor_and_args(ckpts):
     from slime.backends.megatron.actor import MegatronTrainRayActor

@@ -19,13 +19,6 @@ RECOMPUTE = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _clean_megatron_state():
-    from glm5_helpers import megatron_state_cleanup
-
-    yield from megatron_state_cleanup()
-
-
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     return add_mtp_layer(write_checkpoint(tmp_path_factory.mktemp("ckpt") / "glm5", "glm_moe_dsa", seed=4), seed=4)

@@ -17,13 +17,6 @@ def tiny_ckpt(tmp_path_factory):
     return write_tiny_checkpoint(str(tmp_path_factory.mktemp("ckpt") / "glm5"))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _clean_megatron_state():
-    from glm5_helpers import megatron_state_cleanup
-
-    yield from megatron_state_cleanup()
-
-
 @pytest.fixture(scope="module")
 def actor(tiny_ckpt):
     from slime.backends.megatron.actor import MegatronTrainRayActor
