@@ -160,7 +160,7 @@ def not_yet_honored(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     placeholders = {a.dest: a for grp in parser._action_groups if grp.title == "parallel and memory (accepted)"
                     for a in grp._group_actions}
     return [placeholders[d].option_strings[0] for d in OWNED_ELSEWHERE
-            if d in placeholders and getattr(args, d, None) not in (None, False)]
+            if d in placeholders and getattr(args, d) not in (None, False)]
 
 
 # implementation flag -> (is the flag's value asking for it, op whose device implementation honors it, what runs instead)

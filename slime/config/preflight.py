@@ -110,11 +110,11 @@ def _read_config(config_path: str, flag: str) -> Any:
 # ------------------------------------------------------------------ prompts and reward
 def check_prompts(args: Any, report: PreflightReport) -> None:
     path = args.prompt_data
-    input_key, label_key = args.input_key, getattr(args, "label_key", None)
+    input_key, label_key = args.input_key, args.label_key
     from slime.rollout.rewards import BUILTIN
 
-    base = _reward_base(getattr(args, "rm_type", None))
-    rule_reward = not getattr(args, "custom_rm_path", None) and base in BUILTIN and base not in UNLABELLED_REWARDS
+    base = _reward_base(args.rm_type)
+    rule_reward = not args.custom_rm_path and base in BUILTIN and base not in UNLABELLED_REWARDS
     from slime.rollout.prompt_files import PromptFileError, read_records
 
     count = labelled = 0
@@ -136,7 +136,7 @@ def check_prompts(args: Any, report: PreflightReport) -> None:
 
 
 def check_reward(args: Any) -> None:
-    custom = getattr(args, "custom_rm_path", None)
+    custom = args.custom_rm_path
     if custom:
         import importlib.util
 
@@ -151,7 +151,7 @@ def check_reward(args: Any) -> None:
         return
     from slime.rollout.rewards import BUILTIN
 
-    rm_type = getattr(args, "rm_type", None)
+    rm_type = args.rm_type
     if rm_type is not None and _reward_base(rm_type) not in BUILTIN:
         raise PreflightError(f"--rm-type {rm_type!r} is unknown; choose one of {', '.join(sorted(BUILTIN))} (or a "
                              "boxed_ prefix) or pass --custom-rm-path module.fn")
@@ -263,7 +263,7 @@ def check_load(args: Any, report: PreflightReport) -> None:
                 json.load(f)
         except (OSError, ValueError) as e:
             raise PreflightError(f"--load file {meta} is unreadable ({e}); restore it") from e
-    if not getattr(args, "finetune", False) and found.iteration != -1:  # a release checkpoint starts at rollout 0
+    if not args.finetune and found.iteration != -1:  # a release checkpoint starts at rollout 0
         report.resume_iteration = found.iteration
         report.resume_root = os.path.dirname(os.path.normpath(d))
 
@@ -284,7 +284,7 @@ def check_checkpoint_keys(args: Any, report: PreflightReport, hf_config: dict) -
 
 def check_no_overwrite(args: Any, report: PreflightReport) -> None:
     """Refuse to write into another run's output or checkpoint dir (unless resuming it or told to)."""
-    if getattr(args, "overwrite_output", False):
+    if args.overwrite_output:
         return
     resuming = report.resume_iteration is not None
     metrics = os.path.join(args.output_dir, METRICS_FILE) if args.output_dir else None
@@ -297,7 +297,7 @@ def check_no_overwrite(args: Any, report: PreflightReport) -> None:
             return
         raise PreflightError(f"--output-dir {args.output_dir} holds another run's {METRICS_FILE}; resume it with "
                              "--load CKPT_DIR, pass --overwrite-output, or choose a fresh --output-dir")
-    save = getattr(args, "save", None)
+    save = args.save
     if save and _read_tracker(save) is not None:
         same = resuming and os.path.realpath(report.resume_root) == os.path.realpath(save)
         if not same:
@@ -313,15 +313,15 @@ def run_preflight(args: Any) -> PreflightReport:
     # config.json as validation read it (args.hf_config): not read again
     hf_config = check_hf_checkpoint(args.hf_checkpoint, config=args.hf_config) if args.hf_checkpoint else None
     check_reward(args)
-    if getattr(args, "prompt_data", None):
+    if args.prompt_data:
         check_prompts(args, report)
     check_data_inputs(args, report)  # eval sets, --rollout-max-prompt-len, training-flag warnings
-    if getattr(args, "load", None):
+    if args.load:
         check_load(args, report)
     if hf_config is not None:
         check_checkpoint_keys(args, report, hf_config)
     for flag in ("output_dir", "save", "save_hf"):
-        value = getattr(args, flag, None)
+        value = getattr(args, flag)
         if value:
             check_writable(value.replace("{rollout_id}", "0"), "--" + flag.replace("_", "-"))
     check_no_overwrite(args, report)

@@ -26,8 +26,8 @@ from slime.config.preflight_report import UNLABELLED_REWARDS, PreflightError, Pr
 def _rule_reward(args: Any) -> bool:
     from slime.rollout.rewards import BUILTIN
 
-    base = _reward_base(getattr(args, "rm_type", None))
-    return not getattr(args, "custom_rm_path", None) and base in BUILTIN and base not in UNLABELLED_REWARDS
+    base = _reward_base(args.rm_type)
+    return not args.custom_rm_path and base in BUILTIN and base not in UNLABELLED_REWARDS
 
 
 def check_accelerator(args: Any):
@@ -45,7 +45,7 @@ def check_accelerator(args: Any):
 
 
 def check_rollout_engine(args: Any, acc: Any) -> None:
-    if getattr(args, "rollout_engine", None) != "sglang":
+    if args.rollout_engine != "sglang":
         return
     if importlib.util.find_spec("sglang") is None:
         raise PreflightError("--rollout-engine sglang: SGLang is not installed; install it (docs/rollout.md) or use "
@@ -56,12 +56,12 @@ def check_rollout_engine(args: Any, acc: Any) -> None:
 
 
 def check_resources(args: Any, acc: Any, report: PreflightReport) -> None:
-    num_cpus = getattr(args, "num_cpus", None)
+    num_cpus = args.num_cpus
     if num_cpus is not None and num_cpus < 1:
         raise PreflightError(f"--num-cpus {num_cpus}: Ray could place no trainer rank or engine; pass at least 1, or "
                              "leave it out for all cores")
     cores = num_cpus or os.cpu_count() or 1
-    world = int(getattr(args, "world_size", 1) or 1)
+    world = args.world_size  # validation set it
     if acc.ray_resource is None and world > cores:  # ranks are CPU bundles: they share the host's cores
         report.warnings.append(f"{world} trainer ranks (--actor-num-nodes x --actor-num-gpus-per-node) on {cores} CPU "
                                f"cores: on CPU each rank is a worker slot and they share the cores (slow); use at "
@@ -74,10 +74,10 @@ def check_eval_prompts(args: Any) -> None:
     from slime.rollout.settings import eval_datasets
     from slime.rollout.prompt_files import PromptFileError, read_records
 
-    flag_keys = (getattr(args, "eval_input_key", None) or args.input_key,
-                 getattr(args, "eval_label_key", None) or getattr(args, "label_key", None))
+    flag_keys = (args.eval_input_key or args.input_key,
+                 args.eval_label_key or args.label_key)
     rule_reward = _rule_reward(args)
-    keys = {d.name: (d.input_key, d.label_key) for d in getattr(args, "eval_datasets", None) or []}  # --eval-config
+    keys = {d.name: (d.input_key, d.label_key) for d in args.eval_datasets or []}  # --eval-config
     for name, path in eval_datasets(args):
         flag = f"--eval-prompt-data {name}"
         input_key, label_key = keys.get(name, flag_keys)
@@ -131,15 +131,15 @@ def check_prompt_lengths(args: Any, report: PreflightReport) -> None:
 
 
 def check_training_flags(args: Any, report: PreflightReport) -> None:
-    if getattr(args, "use_kl_loss", False):
-        if not getattr(args, "kl_loss_coef", 0):
+    if args.use_kl_loss:
+        if not args.kl_loss_coef:
             report.warnings.append("--use-kl-loss with --kl-loss-coef 0 adds no KL term and loads no reference model; "
                                    "set --kl-loss-coef > 0 (e.g. 0.01)")
-        elif getattr(args, "ref_load", None) in (None, args.hf_checkpoint):
+        elif args.ref_load in (None, args.hf_checkpoint):
             report.warnings.append(f"--use-kl-loss without --ref-load: the reference model is --hf-checkpoint "
                                    f"{args.hf_checkpoint} (upstream slime requires --ref-load)")
-    budget = getattr(args, "max_tokens_per_gpu", None)
-    if getattr(args, "use_dynamic_batch_size", False) and budget:
+    budget = args.max_tokens_per_gpu
+    if args.use_dynamic_batch_size and budget:
         sample = (report.shortest_prompt or 1) + 1  # a prompt and one response token, at the least
         if budget < sample + args.rollout_max_response_len - 1:
             report.warnings.append(f"--max-tokens-per-gpu {budget} is below one sample (a {report.shortest_prompt or 'n'}-"
@@ -150,9 +150,9 @@ def check_training_flags(args: Any, report: PreflightReport) -> None:
 
 def check_not_model_dir(args: Any) -> None:
     """--save / --output-dir must not be the HF model directory: iter_*/, a tracker or metrics would go into it."""
-    hf = getattr(args, "hf_checkpoint", None)
+    hf = args.hf_checkpoint
     for flag in ("save", "output_dir"):
-        value = getattr(args, flag, None)
+        value = getattr(args, flag)
         if not value:
             continue
         name = "--" + flag.replace("_", "-")
@@ -173,9 +173,9 @@ def check_inputs(args: Any, report: PreflightReport):
 
 def check_data_inputs(args: Any, report: PreflightReport) -> None:
     """After --prompt-data passed its check: eval sets, prompt lengths, then the training-flag warnings."""
-    if getattr(args, "prompt_data", None) and getattr(args, "rollout_max_prompt_len", None) is not None \
-            and getattr(args, "hf_checkpoint", None):
+    if args.prompt_data and args.rollout_max_prompt_len is not None \
+            and args.hf_checkpoint:
         check_prompt_lengths(args, report)
-    if getattr(args, "eval_prompt_data", None):
+    if args.eval_prompt_data:
         check_eval_prompts(args)
     check_training_flags(args, report)

@@ -32,7 +32,7 @@ class PreflightReport:
 
     def lines(self, args: Any) -> list[str]:
         out = list(self.checkpoints)
-        if getattr(args, "prompt_data", None):
+        if args.prompt_data:
             out.append(f"prompts: {self.prompts} in {args.prompt_data} ({self.labelled} with a label)")
         if self.resume_iteration is not None:
             out.append(f"resuming from {args.load} after rollout {self.resume_iteration}")

@@ -242,7 +242,7 @@ def sglang_passthrough(args: argparse.Namespace) -> list[str]:
 
     out += server_option_tokens(args, skip=SGLANG_FLAGS + tuple(SGLANG_PASSTHROUGH))
     out += shlex.split(args.sglang_server_args or "")
-    if getattr(args, "use_rollout_routing_replay", False):  # SGLang records the routers' choices only when told
+    if args.use_rollout_routing_replay:  # SGLang records the routers' choices only when told
         out.append("--enable-return-routed-experts")
     return out
 
@@ -277,7 +277,7 @@ def _need(cond: bool, msg: str) -> None:
 def validate_rollout_args(args: argparse.Namespace) -> argparse.Namespace:
     """Check the rollout flags before Ray or any engine starts (raises RolloutArgumentError)."""
     need = _need
-    if getattr(args, "custom_config_path", None):
+    if args.custom_config_path:
         apply_custom_config(args)
     if not args.rollout_global_dataset:
         need(bool(args.rollout_function_path) and args.rollout_function_path != "slime.rollout.sglang_rollout."
@@ -288,7 +288,7 @@ def validate_rollout_args(args: argparse.Namespace) -> argparse.Namespace:
     if args.prompt_data:
         need(args.rollout_batch_size is not None and args.rollout_batch_size >= 1,
              "--rollout-batch-size is required (prompts per rollout, >= 1)")
-        need(bool(args.rm_type or args.custom_rm_path) or getattr(args, "loss_type", None) == "sft_loss",  # SFT: none
+        need(bool(args.rm_type or args.custom_rm_path) or args.loss_type == "sft_loss",  # SFT: none
              "no reward: pass --rm-type (e.g. deepscaler, dapo, math) or --custom-rm-path module.fn")
     need(args.n_samples_per_prompt >= 1, f"--n-samples-per-prompt must be >= 1, got {args.n_samples_per_prompt}")
     need(args.rollout_max_response_len >= 1,

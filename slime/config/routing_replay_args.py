@@ -29,9 +29,9 @@ def _route_generation_in_process(args: argparse.Namespace) -> None:
     return_routed_experts: behind it the engines never get the flag (measured: the answers carry no
     routed_experts). With --use-rollout-routing-replay generation requests therefore go to the engines
     directly (--rollout-router in-process); a router of one's own (--sglang-router-ip) is used as given."""
-    if getattr(args, "sglang_router_ip", None):
+    if args.sglang_router_ip:
         return
-    if getattr(args, "rollout_router", "auto") == "sglang-router":
+    if args.rollout_router == "sglang-router":
         raise ArgumentError("--use-rollout-routing-replay with --rollout-router sglang-router: sglang-router 0.3 drops "
                             "return_routed_experts from /generate requests, so no routes would reach the rollout; use "
                             "--rollout-router in-process (auto picks it with this flag)")
