@@ -11,9 +11,9 @@ saved by transformers' Glm5NextForConditionalGeneration (with a one-block vision
   selective recompute give the same grads; the HF names are the on-disk names (per-expert tensors, hc_attn_fn, ...);
 - end to end with the family's KDA and DSA: load_hf_model's logits within 1e-4 of transformers' (the issue's bound;
   measured 2.4e-6 at 70 tokens), grads within 1e-4 (measured up to 5.1e-5, the mHC scale / base grads: sums over
-  every token and stream); export_hf / save_hf give the checkpoint back bit
-  for bit, vision tower included; packed sequences equal separate ones; tp2 (sequence parallel), ep2 and pp2 (all
-  streams across the stage boundary) equal the single process (logits 1e-5, grads 5e-5).
+  every token and stream); export_hf / save_hf give the checkpoint back bit for bit, vision tower included; packed
+  sequences equal separate ones; dp2, tp2 (sequence parallel), ep2, cp2 and pp2 (all streams across the stage
+  boundary) equal the single process (logits 1e-5, grads 5e-5); a torch_dist checkpoint round trip at one layout.
 Grads are compared with the published swiglu_limit (SMOOTH below), logits with the tiny one that clamps.
 """
 
