@@ -38,10 +38,10 @@ def check_device_kernels(args: Any, acc: Any) -> list[str]:
     naming the ops) when --require-device-kernels is set and any op would fall back."""
     from slime.accelerator import op_report
 
-    family = model_family(getattr(args, "hf_config", None))
+    family = model_family(args.hf_config)  # config.json as validation read it
     rows = op_report.op_rows(acc.ops, op_report.model_ops(family))
     lines = op_report.format_table(acc.name, family, rows)
-    if getattr(args, "require_device_kernels", False):
+    if args.require_device_kernels:
         refused = op_report.refusal(acc.name, family, rows)
         if refused:
             print("\n".join(lines), file=sys.stderr, flush=True)

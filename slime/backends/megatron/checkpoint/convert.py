@@ -81,7 +81,7 @@ def hf_to_torch_dist(argv: list[str] | None = None) -> str:
     overrides = {}
     for flag, key in (("decoder_first_pipeline_num_layers", "num_layers_in_first_pipeline_stage"),
                       ("decoder_last_pipeline_num_layers", "num_layers_in_last_pipeline_stage")):
-        if getattr(args, flag, None):
+        if getattr(args, flag):
             overrides[key] = getattr(args, flag)
     # MODEL_ARGS with --mtp-num-layers (upstream's MiMo, GLM-5 scripts): the MTP layers go in, as upstream's tool
     # writes them
