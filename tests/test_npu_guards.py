@@ -79,7 +79,9 @@ def test_probe_runs_once_per_op_and_process(monkeypatch):
         for _ in range(3):
             build_op_table(acc)
     # one probe per op and mode: rotary in "half" and "interleave"
-    assert sorted(calls) == sorted([*npu_ops.MAPPINGS, "sparse_attention_absorbed", "apply_rotary"])
+    # (plus the sgl-kernel-npu KDA mappings, slime/accelerator/ascend/kda_ops.py)
+    assert sorted(calls) == sorted([*npu_ops.MAPPINGS, *npu_ops.kda_ops.MAPPINGS, "sparse_attention_absorbed",
+                                    "apply_rotary"])
 
 
 def test_probe_rejects_non_finite_results_and_kernels_it_did_not_reach(caplog):

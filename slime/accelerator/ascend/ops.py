@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from slime.accelerator.ascend import probes
+from slime.accelerator.ascend import kda_ops, probes
 from slime.accelerator.ascend.support import (
     documented_on, is_950, release_key, release_of, requirement, soc_of,
 )
@@ -625,6 +625,10 @@ def resolve(op_name: str, acc) -> DeviceOp | None:
     """Provider hook for slime.accelerator.ops: the Ascend implementation of `op_name`, or why not.
     Order: torch_npu imports; its release is at least the mapping's `since`; the kernels exist; the
     one-time probe passes on this SoC."""
+    if op_name in kda_ops.OPS:  # GLM-5.3-Flash's KDA ops: sgl-kernel-npu kernels or the reference (kda_ops.py)
+        if not _SOC:
+            _SOC.append(soc_of(acc.device_name()))
+        return kda_ops.resolve(op_name, current_soc(), lambda op, fn, kernel: _probe_kda(op, fn, acc, kernel))
     mapping = MAPPINGS.get(op_name)
     if mapping is None:
         return None  # no fused kernel worth it (token_log_probs: the chunked torch reference)
@@ -655,6 +659,12 @@ def resolve(op_name: str, acc) -> DeviceOp | None:
     if not documented_on(kernel, soc):
         log_once(f"ops[npu].{op_name}: torch_npu.{kernel} is not documented for {soc}; its probe passed, using it")
     return DeviceOp(IMPLEMENTATIONS[op_name], "torch_npu." + kernel)
+
+
+def _probe_kda(op_name: str, fn: Callable, acc, kernel: str) -> str:
+    if op_name not in _PROBED:
+        _PROBED[op_name] = probes.probe(op_name, fn, acc.device(), kda_ops.KERNEL_CALLS, kernel)
+    return _PROBED[op_name]
 
 
 def probe_results() -> tuple[dict[str, str], list[str]]:

@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from slime.accelerator.ops import reference
+from slime.accelerator.ops import reference, reference_op
 
 BF16 = torch.bfloat16
 # (rtol, atol) forward, (rtol, atol) backward. bfloat16 has 8 significant bits (relative spacing 2**-7):
@@ -39,6 +39,8 @@ TOLERANCES: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {
     "moe_permute": ((0.0, 0.0), (2e-2, 2e-2)),  # a copy: exact; the gradient sums bfloat16 copies
     "moe_unpermute": ((2e-2, 2e-2), (5e-2, 5e-2)),
     "grouped_matmul": ((2e-2, 2e-2), (5e-2, 5e-2)),
+    "causal_conv1d": ((2e-2, 2e-2), (5e-2, 5e-2)),  # bfloat16 x; the float32 weight goes in as bfloat16
+    "kda_gate": ((1e-2, 1e-3), (1e-2, 1e-3)),  # bfloat16 f, float32 math and output
 }
 # The modes each op is probed in (ops.py runs one probe per mode and switches a failing mode off).
 MODES: dict[str, tuple[str, ...]] = {
@@ -89,6 +91,10 @@ def _inputs(op: str, mode: str, device: torch.device) -> tuple[tuple, dict]:
         return (randn(4, 8), torch.tensor([[0, 1], [2, 1], [3, 0], [1, 2]], dtype=torch.int32, device=device)), {}
     if op == "moe_unpermute":
         return (randn(8, 8), ints(5, 0, 3, 1, 7, 2, 6, 4), randn(4, 2, dtype=torch.float32)), {}
+    if op == "causal_conv1d":  # [T, C] with a float32 [C, K] weight (the model keeps it float32), K = 4
+        return (randn(8, 64), randn(64, 4, dtype=torch.float32), cu), {"activation": "silu"}
+    if op == "kda_gate":  # f [T, H, D]; A_log [H], dt_bias [H*D] float32; GLM-5.3-Flash's lower bound
+        return (randn(8, 2, 16), randn(2, dtype=torch.float32), randn(32, dtype=torch.float32), -5.0), {}
     if op == "grouped_matmul":
         return (randn(6, 8), randn(3, 8, 4), torch.tensor([2, 0, 4], dtype=torch.int64, device=device)), {}
     raise KeyError(op)
@@ -180,7 +186,7 @@ def probe(op: str, fn: Callable, device: torch.device, calls: dict[str, int], ke
     else why not. `calls` counts kernel calls by name (ops._kernel updates it)."""
     try:
         args, kwargs = _inputs(op, mode, device)
-        ref_fn = getattr(reference, op.replace("_absorbed", ""))
+        ref_fn = reference_op(op.replace("_absorbed", ""))
         (rtol, atol), (grtol, gatol) = TOLERANCES[op]
         before = calls.get(kernel, 0)
         with torch.enable_grad():

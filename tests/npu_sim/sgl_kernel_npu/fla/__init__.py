@@ -1,0 +1,1 @@
+"""SIMULATED sgl_kernel_npu.fla (tests only)."""
