@@ -37,6 +37,7 @@ LAYOUTS = {"dp2": (1, 1, 1), "tp2": (2, 1, 1), "ep2": (1, 2, 1), "pp2": (1, 1, 2
 
 def run(rank: int, world: int, port: int, ckpt: str, ref_path: str, layouts: list) -> None:
     from glm5_helpers import init_rank
+    from glm5_parallel_worker import check_tensor_parallel_attributes
     from glm5_next_helpers import grads_by_hf_name
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import finalize_model_grads
@@ -47,6 +48,7 @@ def run(rank: int, world: int, port: int, ckpt: str, ref_path: str, layouts: lis
     init_rank(rank, world, port)
     ref = torch.load(ref_path)
     ids, pos, weight = ref["ids"], ref["pos"], ref["weight"]
+    grad_norms: dict[str, float] = {}
     for name in layouts:
         if name == "cp2":  # the conformance suite's runner: the rows' chunks over 2 CP ranks, logits gathered back
             from model_conformance_worker import _context_parallel
@@ -55,7 +57,7 @@ def run(rank: int, world: int, port: int, ckpt: str, ref_path: str, layouts: lis
             continue
         tp, ep, pp = LAYOUTS[name]
         model = load_hf_model(ckpt, tp=tp, ep=ep, pp=pp)
-        ddp, _ = build_optimizer(model, lr=1e-3, clip_grad=0.0)
+        ddp, opt = build_optimizer(model, lr=1e-3, clip_grad=0.0)
         ddp.zero_grad_buffer()
         logits = _forward_backward(ddp, ids, pos, weight)
         finalize_model_grads([ddp])
@@ -80,5 +82,11 @@ def run(rank: int, world: int, port: int, ckpt: str, ref_path: str, layouts: lis
                 assert not g.any(), f"{name}: {hf_name} has a grad"
                 continue
             assert float((g - want).abs().max()) <= ref["grad_tol"] * float(want.abs().max()) + 1e-7, f"{name}: {hf_name}"
+        check_tensor_parallel_attributes(ddp.module, tp, ep)  # else megatron's grad norm counts shards wrongly
+        ok, grad_norm, _ = opt.step()  # megatron's own grad norm: the same on both ranks and at every layout
+        norms = _gather(torch.tensor([float(grad_norm)], dtype=torch.float64), None)
+        assert ok and norms[0] == norms[1], f"{name}: grad norms {norms}"
+        base = grad_norms.setdefault("first", float(grad_norm))
+        assert abs(float(grad_norm) - base) <= 1e-5 * base, f"{name}: grad norm {grad_norm} != {base}"
     dist.barrier()
     dist.destroy_process_group()

@@ -298,6 +298,10 @@ def test_load_hf_model_equals_transformers(family_ready, reference, ckpts, smoot
             ids, pos = _batch(batch, seq, seed)
             assert _rel(model(ids, pos), _transformers_logits(reference, ids)) < 1e-4, seq
     if model_type == "glm5_next_text":  # the same text model under other names: grads checked on glm5_next
+        from slime.utils import routing_replay
+
+        assert routing_replay.install(model) == 4  # routing replay finds the MoE layers of our decoder layers
+        assert [layer.mlp.replay_layer for layer in model.decoder.layers[1:]] == [1, 2, 3, 4]
         return
     model, reference = load_hf_model(smooth_ckpts[model_type]), smooth_reference
     prefix = "model.language_model."
@@ -374,7 +378,8 @@ def test_parallel_layouts_equal_the_single_process(family_ready, smooth_ckpts, t
     streams split by sequence like any hidden state), ep2, cp2 (KDA over whole gathered sequences, the indexer's
     keys gathered; tests/model_conformance_worker.py's runner), pp2 (all streams sent across the stage boundary):
     logits within 1e-5, grads after megatron DDP's reduction within 5e-5 of each tensor's max (the ranks run one
-    thread, the reference several: float32 sums round differently)."""
+    thread, the reference several: float32 sums round differently); every TP shard carries megatron's
+    tensor-parallel attributes; megatron's grad norm is the same on both ranks and at every layout (1e-5)."""
     from glm5_helpers import spawn_ranks
     from glm5_next_parallel_worker import run
 
