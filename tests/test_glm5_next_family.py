@@ -298,9 +298,9 @@ def test_load_hf_model_equals_transformers(family_ready, reference, ckpts, smoot
             ids, pos = _batch(batch, seq, seed)
             assert _rel(model(ids, pos), _transformers_logits(reference, ids)) < 1e-4, seq
     if model_type == "glm5_next_text":  # the same text model under other names: grads checked on glm5_next
-        from slime.utils import routing_replay
+        from slime_plugins.models.common.model import install_routing_replay
 
-        assert routing_replay.install(model) == 4  # routing replay finds the MoE layers of our decoder layers
+        assert install_routing_replay(model) == 4  # routing replay finds the MoE layers of our decoder layers
         assert [layer.mlp.replay_layer for layer in model.decoder.layers[1:]] == [1, 2, 3, 4]
         return
     model, reference = load_hf_model(smooth_ckpts[model_type]), smooth_reference
