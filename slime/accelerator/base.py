@@ -257,6 +257,11 @@ class Accelerator(ABC):
     def worker_env(self, device_ids: Sequence[int]) -> dict[str, str]:
         """Environment a worker process needs to use exactly `device_ids`."""
 
+    def colocated_env(self) -> dict[str, str]:
+        """Extra environment for the processes of a colocated run (trainer ranks and engines sharing devices:
+        several communicators per device and host); a value the user set wins. None needed by default."""
+        return {}
+
     # --- IPC ------------------------------------------------------------------------------
     @abstractmethod
     def reduce_tensor(self, t: torch.Tensor) -> tuple[Any, tuple]:

@@ -71,6 +71,8 @@ class DeviceSlots:
 
         acc = get_accelerator()
         env = {k: str(v) for k, v in acc.worker_env(device_ids or self.bundle_device_ids(i)).items()}
+        if self.share < 1:  # colocated: trainer and engine share the devices (engines inherit this env)
+            env.update(acc.colocated_env())
         env.update(extra_env or {})
         amount = self.share * self.devices_per_bundle
         return {

@@ -110,6 +110,18 @@ class AscendAccelerator(DeviceModuleAccelerator):
             "PYTORCH_NPU_ALLOC_CONF": os.environ.get("PYTORCH_NPU_ALLOC_CONF", "expandable_segments:True"),
         }
 
+    def colocated_env(self) -> dict[str, str]:
+        # Trainer ranks, engine ranks and the weight-sync group each open HCCL communicators on the same
+        # devices and hosts; with HCCL's fixed default ports the second group to bind fails (EJ0003 / EI0019).
+        # CANN documents "auto" (the OS picks a free host port) for HCCL_HOST_SOCKET_PORT_RANGE and advises
+        # setting it when several processes share one NPU; the device-side listener takes an explicit range
+        # (verl's Ascend RL recipes use 61000-61050: one port per process sharing a device, 51 is ample).
+        # Not set outside colocated runs: Atlas A2 refuses the host range in networks with MC2 fused ops.
+        return {
+            "HCCL_HOST_SOCKET_PORT_RANGE": os.environ.get("HCCL_HOST_SOCKET_PORT_RANGE", "auto"),
+            "HCCL_NPU_SOCKET_PORT_RANGE": os.environ.get("HCCL_NPU_SOCKET_PORT_RANGE", "61000-61050"),
+        }
+
     def deterministic_env(self) -> dict[str, str]:
         # CANN's switch for deterministic reduction collectives (AllReduce, ReduceScatter, Reduce): the same
         # output for the same input on the same hardware; slower. Documented for Atlas A2 / A3.
