@@ -45,7 +45,7 @@ def test_help_groups():
 
 
 @pytest.mark.parametrize("extra, needle", [
-    (["--actor-num-gpus-per-node", "3", "--tensor-model-parallel-size", "2"], "not divisible by TP*PP"),
+    (["--actor-num-gpus-per-node", "3", "--tensor-model-parallel-size", "2"], "do not divide into TP"),
     (["--global-batch-size", "6", "--actor-num-gpus-per-node", "4"], "not divisible by data-parallel size"),
     (["--use-dynamic-batch-size"], "--max-tokens-per-gpu"),
     (["--eps-clip-c", "0.5"], "must be > 1"),

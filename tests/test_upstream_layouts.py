@@ -62,7 +62,9 @@ def test_upstream_glm5_744b_dry_run_prints_its_stages(tmp_path, capsys):
     (["--decoder-last-pipeline-num-layers", "17"], None,
      "pipeline stages do not split 78 decoder layers: last 17 leave 61 layers for 3 other stage(s)"),
     (["--pipeline-model-parallel-size", "3"], None,
-     "trainer world size 256 is not divisible by TP*PP*CP=24; change --actor-num-gpus-per-node or the parallel sizes"),
+     "the 256 trainer device(s) (--actor-num-nodes 32 x --actor-num-gpus-per-node 8) do not divide into TP 4 x PP 3 x "
+     "CP 2 = 24; valid sizes, the other two as given: --tensor-model-parallel-size none; "
+     "--pipeline-model-parallel-size 1, 2, 4, 8, 16, 32; --context-parallel-size none"),
     (["--expert-model-parallel-size", "128"], None,
      "--expert-model-parallel-size 128 x --pipeline-model-parallel-size 4 = 512 to divide the 256 trainer devices"),
     (["--rollout-num-gpus", "240", "--rollout-num-gpus-per-engine", "12"], None,

@@ -68,6 +68,9 @@ def _resolve_parallel_layout(args: argparse.Namespace) -> None:
     _limit(args, etp == 1,
            f"--expert-tensor-parallel-size {etp}: the GLM model keeps each routed expert "
            "whole on one rank (expert-TP 1); use 1 and shard experts with --expert-model-parallel-size")
+    from slime.config.parallel_sizes import check_parallel_sizes
+
+    check_parallel_sizes(args)  # heads, groups, vocab, FFN by TP, experts by EP, layers by PP, the world: valid sizes named
     _require(world % (tp * pp * cp) == 0,
              f"trainer world size {world} is not divisible by TP*PP*CP={tp * pp * cp}; change "
              "--actor-num-gpus-per-node or the parallel sizes")

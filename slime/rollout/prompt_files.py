@@ -39,10 +39,25 @@ def _jsonl(path: str, flag: str) -> Iterator[tuple[str, Any]]:
                 try:
                     yield f"{path}:{lineno}", json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise PromptFileError(f"{path}:{lineno} is not valid JSON ({e.msg}); write one JSON object per "
-                                          "line") from e
+                    raise PromptFileError(f"{path}:{lineno} is not valid JSON ({_json_reason(e, line)}); write one "
+                                          "JSON object per line") from e
         except UnicodeDecodeError as e:
             raise PromptFileError(f"{flag} {path} is not UTF-8 text ({e.reason}); pass a .jsonl or .parquet file") from e
+
+
+def _json_reason(e: json.JSONDecodeError, line: str) -> str:
+    """json's whole reason: its message alone can end mid-sentence ("Invalid control character at"), so the
+    column and the character there complete it."""
+    text = line.rstrip("\r\n")
+    char = repr(text[e.pos]) if e.pos < len(text) else "the end of the line"
+    if e.msg.endswith(" at"):
+        message = e.msg[:-3]
+        reason = f"{message} {char} at column {e.colno}"
+    else:
+        message, reason = e.msg, f"{e.msg} at column {e.colno}, found {char}"
+    if message == "Invalid control character":
+        reason += "; escape tabs and newlines inside strings as \\t and \\n"
+    return reason
 
 
 def _parquet(path: str, flag: str) -> Iterator[tuple[str, Any]]:
