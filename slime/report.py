@@ -39,6 +39,39 @@ def eval_names(evals: list[dict]) -> list[str]:
     return sorted({k.split("/")[1] for r in evals for k in r if k.startswith("eval/") and k.endswith("/reward_mean")})
 
 
+def reward_levels(records: list[dict], evals: list[dict] | None = None, k: int = 5) -> dict[str, float]:
+    """The numbers a reward curve is read by: the prior's reward (rollout 0, before any update), the means of the
+    first and last `k` rollouts, and per eval set its reward before training (eval step 0) and at the end."""
+    rewards = [r["rollout/reward_mean"] for r in records if "rollout/reward_mean" in r]
+    out = {"prior": rewards[0] if rewards else float("nan"),
+           "first": statistics.fmean(rewards[:k]) if rewards else float("nan"),
+           "last": statistics.fmean(rewards[-k:]) if rewards else float("nan")}
+    for name in eval_names(evals or []):
+        points = [r for r in evals or [] if f"eval/{name}/reward_mean" in r]
+        out[f"{name}/before"] = points[0][f"eval/{name}/reward_mean"]
+        out[f"{name}/after"] = points[-1][f"eval/{name}/reward_mean"]
+    return out
+
+
+def _plot_rewards(ax, records: list[dict], evals: list[dict]) -> None:
+    """Train reward (mean ± std by rollout), each eval set's held-out reward by rollouts trained, and the
+    prior's level (rollout 0's reward, before any update) as a dashed line: how far the updates took it."""
+    ids = [r["rollout_id"] for r in records]
+    mean = [r.get("rollout/reward_mean", float("nan")) for r in records]
+    std = [r.get("rollout/reward_std", 0.0) for r in records]
+    ax.plot(ids, mean, marker="o", markersize=3, label="train reward mean")
+    ax.fill_between(ids, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2,
+                    label="± std")
+    for name in eval_names(evals):
+        points = [(r["eval_step"], r[f"eval/{name}/reward_mean"]) for r in evals if f"eval/{name}/reward_mean" in r]
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="s", label=f"held-out {name}")
+    ax.axhline(reward_levels(records)["prior"], color="gray", linestyle="--", label="prior (rollout 0)")
+    ax.set_xlabel("rollout")
+    ax.set_ylabel("reward")
+    ax.set_title("reward")
+    ax.legend(fontsize=8)
+
+
 def plot(records: list[dict], out_png: str, title: str = "", evals: list[dict] | None = None) -> None:
     import matplotlib
 
@@ -51,15 +84,7 @@ def plot(records: list[dict], out_png: str, title: str = "", evals: list[dict] |
     ax1, ax2 = axes[0], axes[1]
     if title:
         fig.suptitle(title)
-    mean = [r.get("rollout/reward_mean", float("nan")) for r in records]
-    std = [r.get("rollout/reward_std", 0.0) for r in records]
-    ax1.plot(ids, mean, marker="o", label="reward mean")
-    ax1.fill_between(ids, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2,
-                     label="± std")
-    ax1.set_xlabel("rollout")
-    ax1.set_ylabel("reward")
-    ax1.set_title("reward")
-    ax1.legend()
+    _plot_rewards(ax1, records, evals)
     bottom = [0.0] * len(ids)
     for phase in PHASES:
         values = [r.get(phase, 0.0) for r in records]
@@ -111,6 +136,11 @@ def summary(records: list[dict], run_dir: str, evals: list[dict] | None = None) 
                 "train/entropy", "train/clip_frac", "train/grad_norm", "train_rollout_logprob_abs_diff"):
         if key in first:
             lines.append(f"| {key} | {first[key]:.4g} | {last.get(key, float('nan')):.4g} |")
+    levels = reward_levels(records, evals)
+    lines += ["", f"Reward: prior (rollout 0) {levels['prior']:.3f}, first 5 rollouts {levels['first']:.3f}, "
+              f"last 5 {levels['last']:.3f} ({levels['last'] - levels['first']:+.3f})."]
+    lines += [f"Held-out {n[:-7]}: {levels[n]:.3f} before training, {levels[n[:-7] + '/after']:.3f} at the end "
+              f"({levels[n[:-7] + '/after'] - levels[n]:+.3f})." for n in levels if n.endswith("/before")]
     lines += ["", "| phase | mean seconds |", "|---|---|"]
     for key in PHASES + ("time/iteration",):
         lines.append(f"| {key.split('/')[1]} | {_mean(records, key):.3f} |")

@@ -1,5 +1,6 @@
 """A verifiable task for RL on a tiny random-init model: copy (or reverse) a short string over a
-5-letter alphabet.
+5-letter alphabet; the "answer" task is the copy paid only in the answer format (`task_reward`), the quick
+start's task.
 
     python -m slime.rollout.synthetic --out data.jsonl            # {"prompt": "copy : c a d =", "label": "c a d"}
     train.py ... --prompt-data data.jsonl --apply-chat-template --rm-type synthetic --rollout-max-response-len 8
@@ -38,15 +39,20 @@ import random
 from typing import Any
 
 ALPHABET = ("a", "b", "c", "d", "e")
-TASKS = ("copy", "reverse")
+TASKS = ("copy", "reverse", "answer")
 W_ALPHABET, W_POSITION, W_STOP = 0.2, 0.7, 0.1
+# The "answer" task ("answer : c a d =" -> "answer c a d"): a copy that the reward pays only in the answer format,
+# the word `answer` first. The quick start's warm-up teaches both forms for these prompts, one half each
+# (warmup.py), so the prior answers in the paid format about half the time and GRPO has to select it.
+FORMAT_TASK = "answer"
+FORMAT_WORD = "answer"
 
 
 def make_example(rng: random.Random, task: str, min_len: int = 3, max_len: int = 5) -> dict[str, Any]:
     if task not in TASKS:
         raise ValueError(f"unknown synthetic task {task!r}; choose one of {TASKS}")
     symbols = [rng.choice(ALPHABET) for _ in range(rng.randint(min_len, max_len))]
-    target = symbols if task == "copy" else symbols[::-1]
+    target = symbols[::-1] if task == "reverse" else symbols  # "answer": a copy, in the answer format
     return {"prompt": f"{task} : {' '.join(symbols)} =", "label": " ".join(target), "metadata": {"task": task}}
 
 
@@ -72,6 +78,21 @@ def score(response: str, label: str) -> float:
     return W_ALPHABET * alphabet + W_POSITION * position + W_STOP * stop
 
 
+def task_reward(response: str, label: str, task: str | None, stopped: bool) -> float:
+    """The reward of a response (its EOS already removed) to a prompt of `task`: the shaped score, less the stop
+    credit for an answer of the right length that did not stop (hit the length limit); for the "answer" task
+    0 unless the response starts with the answer word, then the shaped score of what follows it."""
+    if task == FORMAT_TASK:
+        words = response.split()
+        if not words or words[0] != FORMAT_WORD:
+            return 0.0
+        response = " ".join(words[1:])
+    r = score(response, label)
+    if not stopped and len(response.split()) == len(str(label).split()):
+        r -= W_STOP
+    return r
+
+
 EOS_TEXT = "<eos>"  # the tiny tokenizer's EOS (slime.utils.tiny_tokenizer)
 
 
@@ -87,10 +108,8 @@ def synthetic_reward(args: Any, sample: Any) -> float:
         words = response.split()
         if words and words[-1] == EOS_TEXT:
             response = " ".join(words[:-1])
-    r = score(response, sample.label)
-    if sample.status == SampleStatus.TRUNCATED and len(response.split()) == len(str(sample.label).split()):
-        r -= W_STOP
-    return r
+    task = (sample.metadata or {}).get("task")
+    return task_reward(response, sample.label, task, sample.status != SampleStatus.TRUNCATED)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -98,11 +117,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--num", type=int, default=4096)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--tasks", default="copy", help="comma-separated: copy,reverse")
+    ap.add_argument("--tasks", default="copy", help="comma-separated: copy,reverse,answer")
     ap.add_argument("--min-len", type=int, default=3)
     ap.add_argument("--max-len", type=int, default=5)
+    ap.add_argument("--exclude", default=None,
+                    help="a JSONL of this task (e.g. the held-out eval set) whose prompts are left out of this one")
     a = ap.parse_args(argv)
     rows = make_dataset(a.num, a.seed, tuple(t.strip() for t in a.tasks.split(",") if t.strip()), a.min_len, a.max_len)
+    if a.exclude:
+        with open(a.exclude, encoding="utf-8") as f:
+            held_out = {json.loads(line)["prompt"] for line in f if line.strip()}
+        rows = [r for r in rows if r["prompt"] not in held_out]
     with open(a.out, "w", encoding="utf-8") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")

@@ -7,7 +7,8 @@ renders them (`--apply-chat-template`), Adam, CPU, seeded.
 
 A task spec is `task[:min-max][@noise]` (lengths of the string, default 3-5; the probability that an answer
 symbol is replaced by a random letter, default 0), e.g. `reverse`, `copy:1-2` or `copy@0.5`; the batches
-cycle through the specs. A short warm-up leaves the model partly competent: at temperature 1 it copies
+cycle through the specs. The `answer` task's examples take either of its two forms, one half each: the bare
+copy or the copy after the word `answer` (the one its reward pays), the quick start's prior. A short warm-up leaves the model partly competent: at temperature 1 it copies
 some symbols and stops at about the right length, so GRPO's groups have variance in the prompt-conditional
 part of the reward from the first rollout (docs/training.md, "What the quick start learns", has the
 measurements of each warm-up tried).
@@ -59,10 +60,10 @@ def prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
 
 
 def _batch(tokenizer: Any, rng: random.Random, task: tuple[str, int, int, float], batch_size: int):
-    """One batch of one task and one string length (so no padding): ids [B, T] and a mask of answer tokens."""
+    """One batch of one task and one string length: ids [B, T] and a mask of answer tokens."""
     import torch
 
-    from slime.rollout.synthetic import ALPHABET, make_example
+    from slime.rollout.synthetic import ALPHABET, FORMAT_TASK, FORMAT_WORD, make_example
 
     name, lo, hi, noise = task
     n = rng.randint(lo, hi)
@@ -71,9 +72,14 @@ def _batch(tokenizer: Any, rng: random.Random, task: tuple[str, int, int, float]
     for r in rows:
         p = prompt_ids(tokenizer, r["prompt"])
         label = " ".join(rng.choice(ALPHABET) if noise and rng.random() < noise else s for s in r["label"].split())
+        if name == FORMAT_TASK and rng.random() < 0.5:  # the task's two forms, one half each: the prior's choice
+            label = f"{FORMAT_WORD} {label}"
         a = tokenizer(label, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         seqs.append(p + a)
         masks.append([0] * len(p) + [1] * len(a))
+    width = max(map(len, seqs))  # the answer task's two forms differ in length: right-pad, outside the mask
+    seqs = [q + [tokenizer.pad_token_id] * (width - len(q)) for q in seqs]
+    masks = [m + [0] * (width - len(m)) for m in masks]
     return torch.tensor(seqs), torch.tensor(masks, dtype=torch.bool)
 
 
@@ -115,20 +121,20 @@ def mean_reward(model: Any, tokenizer: Any, rows: list[dict[str, Any]], temperat
     at `temperature` (0: greedy) over the whole vocabulary, as the quick start's rollouts are."""
     import torch
 
-    from slime.rollout.synthetic import W_STOP, score
+    from slime.rollout.synthetic import task_reward
 
     gen = torch.Generator().manual_seed(seed)
-    by_len: dict[int, list[tuple[list[int], str]]] = {}
+    by_len: dict[int, list[tuple[list[int], str, str | None]]] = {}
     for r in rows:
         p = prompt_ids(tokenizer, r["prompt"])
-        by_len.setdefault(len(p), []).append((p, r["label"]))
+        by_len.setdefault(len(p), []).append((p, r["label"], r.get("metadata", {}).get("task")))
     total = 0.0
     model.eval()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     with torch.no_grad():
         for group in by_len.values():
-            ids = torch.tensor([p for p, _ in group])
+            ids = torch.tensor([p for p, _, _ in group])
             out = torch.empty(len(group), 0, dtype=torch.long)
             done = torch.zeros(len(group), dtype=torch.bool)
             for _ in range(max_new_tokens):
@@ -142,11 +148,7 @@ def mean_reward(model: Any, tokenizer: Any, rows: list[dict[str, Any]], temperat
                 out = torch.cat([out, nxt[:, None]], 1)
                 if bool(done.all()):
                     break
-            for (_, label), row, stopped in zip(group, out.tolist(), done.tolist()):
-                text = tokenizer.decode(row, skip_special_tokens=True)
-                r = score(text, label)
-                if not stopped and len(text.split()) == len(label.split()):
-                    r -= W_STOP  # truncated at the limit: no stop credit (synthetic_reward's rule)
-                total += r
+            for (_, label, task), row, stopped in zip(group, out.tolist(), done.tolist()):
+                total += task_reward(tokenizer.decode(row, skip_special_tokens=True), label, task, stopped)
     torch.set_num_threads(threads)
     return total / len(rows)
