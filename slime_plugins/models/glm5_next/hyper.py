@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 from slime_plugins.models.common.layers import KeepsFloat32, RMSNorm
 
@@ -56,6 +57,17 @@ class HyperConnection(KeepsFloat32, torch.nn.Module):
 
     def forward(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """streams [..., hc, H] -> (post [..., hc] float32, comb [..., hc, hc] float32, block input [..., H])."""
+        if torch.is_grad_enabled():
+            # Recomputed in backward: autograd would keep the float32 normalised streams (4 x a float32 hidden state
+            # per token, twice per layer) and every Sinkhorn step; recomputing costs one [hc*H, (2+hc)*hc] matmul.
+            pre, post, comb = torch.utils.checkpoint.checkpoint(self._weights, streams, use_reentrant=False)
+        else:
+            pre, post, comb = self._weights(streams)
+        collapsed = (pre.unsqueeze(-1) * streams).sum(dim=-2).to(streams.dtype)
+        return post, comb, collapsed
+
+    def _weights(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(pre [..., hc], post [..., hc], comb [..., hc, hc]), float32."""
         hc = self.hc
         flat = streams.flatten(-2).float()
         flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + self.norm_eps)
@@ -66,9 +78,7 @@ class HyperConnection(KeepsFloat32, torch.nn.Module):
         post = 2 * torch.sigmoid(post_w * post_s + post_b)
         comb_w = comb_w.view(*comb_w.shape[:-1], hc, hc)
         comb = torch.softmax(comb_w * comb_s + comb_b.view(hc, hc), dim=-1) + self.hc_eps
-        comb = sinkhorn(comb, self.iterations, self.hc_eps)
-        collapsed = (pre.unsqueeze(-1) * streams).sum(dim=-2).to(streams.dtype)
-        return post, comb, collapsed
+        return pre, post, sinkhorn(comb, self.iterations, self.hc_eps)
 
 
 def merge_streams(block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
