@@ -78,16 +78,14 @@ def test_chunked_delta_rule_matches_the_token_recurrence(length):
 
 def test_vision_language_checkpoint_trains_its_text_model(ckpts):
     """Qwen3.5 as published (Qwen3_5MoeForConditionalGeneration): the text model under model.language_model. is
-    the trained model (transformers' text model's logits), the vision tower is kept unchanged."""
+    the trained model, the vision tower is kept unchanged (its logits against transformers' text model: the
+    conformance suite's qwen3_5_moe case)."""
     path = ckpts["qwen3_5_moe"]
     names = load_file(os.path.join(path, "model.safetensors")).keys()
     assert any(n.startswith("model.visual.") for n in names)
     model = load_hf_model(path)
     assert model.arch.hf_prefix == "model.language_model" and model.arch.n_routed_experts == 4
     assert set(model.passthrough_hf) == {n for n in names if n.startswith("model.visual.")}
-    ids, pos = random_batch(2, 9, VOCAB, 2)
-    with torch.no_grad():
-        assert _rel_max(model(ids, pos), hf_model(path)(ids, position_ids=pos).logits) <= 1e-5
 
 
 @pytest.mark.parametrize("config,family,moe", [("qwen3-next-80B-A3B", "qwen3_next", True),
