@@ -53,8 +53,8 @@ class Glm5NextDecoderLayer(MegatronModule):
         super().__init__(config=config)
         from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-        pp_rank = pg_collection.pp.rank() if pg_collection is not None and getattr(pg_collection, "pp", None) else (
-            ps.get_pipeline_model_parallel_rank())
+        pp_group = getattr(pg_collection, "pp", None)  # megatron's TransformerBlock passes its groups
+        pp_rank = pp_group.rank() if pp_group is not None else ps.get_pipeline_model_parallel_rank()
         self.layer_number = layer_number + get_transformer_layer_offset(config, vp_stage, pp_rank)  # global, 1-based
         self.layer_index = self.layer_number - 1
         self.arch, self.hc = arch, arch.hc_mult
