@@ -8,7 +8,8 @@
 #   bash scripts/run-glm5.3-flash-300B.sh             # on the head node: start Ray, submit the job
 #   bash scripts/run-glm5.3-flash-300B.sh --worker    # on every other node: join the head's Ray cluster
 #
-# Environment: MASTER_ADDR (head IP), HF_CHECKPOINT, PROMPT_DATA, SAVE_DIR, OUTPUT_DIR, PYTHON;
+# Environment: MASTER_ADDR (head IP), HF_CHECKPOINT, PROMPT_DATA, SAVE_DIR, OUTPUT_DIR, PYTHON (default: the
+# project's .venv, else python3);
 # SLIME_PROFILE=<name> forces a profile (e.g. to --dry-run another cluster's plan on a laptop); any profile
 # variable (TP, EP, NUM_NODES, MAX_TOKENS_PER_GPU, ...) can be overridden. See docs/ascend.md.
 set -euo pipefail
@@ -26,7 +27,11 @@ done
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$SCRIPT_DIR/.." && pwd)"
 cd "$ROOT"
-PYTHON=${PYTHON:-python3}
+# the project's venv (scripts/setup-venv.sh; SLIME_VENV) unless PYTHON names another interpreter
+if [ -z "${PYTHON:-}" ]; then
+  PYTHON=python3
+  [ -x "${SLIME_VENV:-$ROOT/.venv}/bin/python" ] && PYTHON="${SLIME_VENV:-$ROOT/.venv}/bin/python"
+fi
 die() { echo "run-glm5.3-flash-300B.sh: $*" >&2; exit 2; }
 
 # --- accelerator -> profile -------------------------------------------------------------------
