@@ -11,6 +11,7 @@ MODEL_ARGS=(
    --ffn-hidden-size 10240
    --num-attention-heads 20
    --multi-latent-attention
+   --qk-layernorm  # MLA: RMSNorm on the q and kv latents (q_a_layernorm, kv_a_layernorm)
    --q-lora-rank 768
    --kv-lora-rank 512
    --qk-head-dim 192

@@ -12,6 +12,7 @@ MODEL_ARGS=(
    --ffn-hidden-size 128
    --num-attention-heads 4
    --multi-latent-attention
+   --qk-layernorm  # MLA: RMSNorm on the q and kv latents (q_a_layernorm, kv_a_layernorm)
    --q-lora-rank 32
    --kv-lora-rank 16
    --qk-head-dim 16

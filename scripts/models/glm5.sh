@@ -12,6 +12,7 @@ MODEL_ARGS=(
    --ffn-hidden-size 12288
    --num-attention-heads 64
    --multi-latent-attention
+   --qk-layernorm  # MLA: RMSNorm on the q and kv latents (q_a_layernorm, kv_a_layernorm)
    --q-lora-rank 2048
    --kv-lora-rank 512
    --qk-head-dim 192
