@@ -80,3 +80,34 @@ def test_a_wrong_switch_is_caught():
     argv = [a for a in _model_args("glm5-tiny") if a != "--qk-layernorm"]
     assert model_arg_mismatches(build_parser().parse_args(argv), _config("tiny")) == [
         "--qk-layernorm absent: config.json says q/k norms"]
+
+
+def test_tiny_checkpoint_directory_has_the_umask_mode(tmp_path):
+    """The written model directory is readable like any other (0777 less the umask), not mkdtemp's 0700."""
+    from slime_plugins.models.common.tiny import write_tiny_checkpoint
+
+    old = os.umask(0o022)
+    try:
+        out = write_tiny_checkpoint(str(tmp_path / "m"), "qwen2", seed=0)
+    finally:
+        os.umask(old)
+    assert os.stat(out).st_mode & 0o777 == 0o755
+
+
+@pytest.mark.parametrize("flags, quiet", [([], "-q"), (["-q"], ""), (["-v"], "")])
+def test_test_sh_adds_q_only_when_no_verbosity_is_given(tmp_path, flags, quiet):
+    """scripts/test.sh -q runs pytest with one -q (pytest's summary line stays), not -qq."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path}/argv\n')
+    (venv / "bin" / "python").chmod(0o755)
+    (venv / ".slime-installed").write_text("")  # not the stamp: setup-venv.sh is bypassed below
+    script = (open(os.path.join(ROOT, "scripts", "test.sh")).read()
+              .replace('bash "$ROOT/scripts/setup-venv.sh"', ":"))
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "test.sh").write_text(script)
+    env = dict(os.environ, SLIME_VENV=str(venv), SLIME_TEST_WORKERS="0")
+    subprocess.run(["bash", str(tmp_path / "scripts" / "test.sh"), *flags], env=env, check=True)
+    argv = (tmp_path / "argv").read_text().split()
+    assert argv[:2] == ["-m", "pytest"] and argv.count("-q") == (1 if quiet or flags == ["-q"] else 0)
+    assert "-qq" not in argv

@@ -38,7 +38,6 @@ def write_tiny_checkpoint(out_dir: str, model_type: str = "glm_moe_dsa", seed: i
     """Write a random-init tiny HF checkpoint to `out_dir` (atomically: temp dir, then rename); with
     `warmup_steps` > 0, after `warmup_steps` supervised steps on `warmup_tasks` (common/warmup.py)."""
     import shutil
-    import tempfile
 
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
@@ -64,7 +63,7 @@ def write_tiny_checkpoint(out_dir: str, model_type: str = "glm_moe_dsa", seed: i
         warmup(model, build_tokenizer(config.vocab_size), warmup_steps, seed=seed, tasks=warmup_tasks or DEFAULT_TASKS)
     parent = os.path.dirname(os.path.abspath(out_dir)) or "."
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-ckpt-", dir=parent)
+    tmp = mkdtemp_like_makedirs(prefix=".tmp-ckpt-", dir=parent)
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         save_tokenizer(tmp, config.get_text_config().vocab_size)
@@ -75,6 +74,18 @@ def write_tiny_checkpoint(out_dir: str, model_type: str = "glm_moe_dsa", seed: i
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def mkdtemp_like_makedirs(prefix: str, dir: str) -> str:
+    """tempfile.mkdtemp, with the mode os.makedirs would give (0777 less the umask) instead of mkdtemp's 0700:
+    the directory is renamed into the checkpoint, which other users and containers of the machine read."""
+    import tempfile
+
+    tmp = tempfile.mkdtemp(prefix=prefix, dir=dir)
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(tmp, 0o777 & ~mask)
+    return tmp
 
 
 def transformers_config(model_type: str, base: dict[str, Any], overrides: dict[str, Any]):

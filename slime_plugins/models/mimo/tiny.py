@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 
 import torch
 
@@ -40,11 +39,11 @@ def write_tiny_mimo_checkpoint(out_dir: str, seed: int = 0, mtp_layers: int = 1,
     """A tiny qwen2 checkpoint plus `mtp_layers` MTP layers, as MiMo (written atomically: temp dir, then rename)."""
     from safetensors.torch import load_file, save_file
 
-    from slime_plugins.models.common.tiny import write_tiny_checkpoint
+    from slime_plugins.models.common.tiny import mkdtemp_like_makedirs, write_tiny_checkpoint
 
     parent = os.path.dirname(os.path.abspath(out_dir)) or "."
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-mimo-", dir=parent)
+    tmp = mkdtemp_like_makedirs(prefix=".tmp-mimo-", dir=parent)
     try:
         ckpt = write_tiny_checkpoint(os.path.join(tmp, "ckpt"), "qwen2", seed=seed,
                                      **({"tie_word_embeddings": False} | overrides))
