@@ -133,7 +133,13 @@ def run_ops(acc, s: Section, a) -> None:
 
     from slime.accelerator.ops import OP_NAMES, reference_op
 
+    from slime.accelerator import op_report
+
     size = SIZES["small" if a.size == "tiny" else "large"]
+    # GLM-5.3-Flash's ops first: which of them a run of glm5_next here would serve on the reference.
+    rows = op_report.op_rows(acc.ops, op_report.model_ops("glm5_next"))
+    s.lines += [f"glm5_next ops on the reference here (--require-device-kernels would refuse): "
+                f"{', '.join(op_report.fallbacks(rows)) or 'none'}", ""]
     _header(s, "op", "dtype", "implementation", "fwd err", "bwd err", "tol", "ref ms", "dev ms", "speed-up")
     cases = _cases()
     for name in [o for o in OP_NAMES if not a.ops or o in a.ops.split(",")]:
