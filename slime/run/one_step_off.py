@@ -36,7 +36,7 @@ def run(session: RunSession) -> list[dict[str, Any]]:
         waited = time.perf_counter() - t0
         # the data source's position after rollout k, read before k+1 takes its prompts: a resume from this
         # iteration's checkpoint generates rollout k+1 again
-        data_state = session.data_state_to_save(rollout_id)
+        save_point = session.save_point(rollout_id)
         # The next generation starts now, on the engines' current weights, and runs while this one trains.
         upcoming = session.rollout.generate.remote(rollout_id + 1) if rollout_id + 1 < args.num_rollout else None
         generated = result.get("metrics", {})
@@ -56,7 +56,7 @@ def run(session: RunSession) -> list[dict[str, Any]]:
             metrics["weight_sync/version"] = float(trainer_version)
         if args.offload_train:
             session.actor.offload()
-        session.save(rollout_id, data_state, metrics)
+        session.save(save_point, metrics)
         session.close_iteration(metrics)
         if rollout_id + 1 in session.evals and upcoming is not None and not isinstance(upcoming, dict):
             upcoming = get(upcoming)  # evaluated on the engines' current weights, after the rollout in flight

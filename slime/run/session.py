@@ -65,6 +65,15 @@ def wait_with_progress(ref, rollout, total: int, after_s: float = 2.0):
     return get(ref)
 
 
+@dataclass(frozen=True)
+class SavePoint:
+    """A checkpoint due after `rollout_id`, with the data source's position at that point (None: no data source,
+    e.g. rollouts replayed from files)."""
+
+    rollout_id: int
+    data_state: dict[str, Any] | None
+
+
 @dataclass
 class RunSession:
     """One run. `slots` is the placement (slime.ray.placement_group); `actor` the trainer group (RayTrainGroup,
@@ -80,7 +89,8 @@ class RunSession:
     log: Any = None  # MetricsLogger: OUTPUT_DIR/metrics.jsonl
     tracker: Any = None  # wandb / tensorboard, as configured
     evals: set[int] = field(default_factory=set)  # rollouts trained after which the engines are evaluated
-    _clock: tuple[float, float] = (0.0, 0.0)  # the open iteration's wall clock and loop-thread CPU time
+    # the open iteration's wall clock and loop-thread CPU time (begin_iteration)
+    _clock: tuple[float, float] = field(default=(0.0, 0.0), init=False, repr=False)
 
     @property
     def engines(self) -> bool:
@@ -224,21 +234,23 @@ class RunSession:
             return
         raise AssertionError("unreachable")
 
-    def data_state_to_save(self, rollout_id: int) -> dict[str, Any] | None:
-        """The data source's position, when a checkpoint is due after this rollout (else None): what a resume
-        from that checkpoint continues from."""
+    def save_point(self, rollout_id: int) -> SavePoint | None:
+        """When a checkpoint is due after this rollout: the data source's position now, which a resume from that
+        checkpoint continues from (read before the next rollout takes its prompts); else None."""
         import ray
 
         args = self.args
         last = rollout_id == args.num_rollout - 1
-        due = args.save and (last or (args.save_interval is not None and (rollout_id + 1) % args.save_interval == 0))
-        return ray.get(self.rollout.state.remote()) if due else None
+        if not args.save or not (last or (args.save_interval is not None and (rollout_id + 1) % args.save_interval == 0)):
+            return None
+        return SavePoint(rollout_id, ray.get(self.rollout.state.remote()))
 
-    def save(self, rollout_id: int, data_state: dict[str, Any] | None, metrics: dict[str, Any]) -> None:
-        """A checkpoint after this rollout when one is due (data_state from data_state_to_save)."""
+    def save(self, point: SavePoint | None, metrics: dict[str, Any]) -> None:
+        """The checkpoint of a save point (none: nothing is due)."""
         metrics["time/save"] = 0.0
-        if data_state is not None:
-            metrics.update(self.actor.save(rollout_id, {"data_source": data_state, "rollout_id": rollout_id}))
+        if point is not None:
+            extra = {"data_source": point.data_state, "rollout_id": point.rollout_id}
+            metrics.update(self.actor.save(point.rollout_id, extra))
 
     def close_iteration(self, metrics: dict[str, Any]) -> None:
         """End one rollout's record: its times, metrics.jsonl, the tracker and the console line."""

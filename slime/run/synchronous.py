@@ -45,7 +45,7 @@ def run(session: RunSession) -> list[dict[str, Any]]:
         metrics["time/weight_sync_call"] = time.perf_counter() - t_call
         if args.offload_train:
             session.actor.offload()
-        session.save(rollout_id, session.data_state_to_save(rollout_id), metrics)
+        session.save(session.save_point(rollout_id), metrics)
         session.close_iteration(metrics)
         session.evaluate_if_due(rollout_id + 1)  # on the weights just synced to the engines
     return session.finish()
