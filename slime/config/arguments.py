@@ -21,7 +21,7 @@ from slime.config.validation import (  # noqa: F401 (also this module's API)
 from slime.utils.help_format import DefaultsOnceFormatter
 from slime.utils.mask_utils import LOSS_MASK_TYPES
 
-ADVANTAGE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
+ADVANTAGE_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
 KL_LOSS_TYPES = ("k1", "k2", "k3", "low_var_kl")
 UPDATE_WEIGHT_MODES = ("auto", "ipc", "distributed")
 CKPT_FORMATS = ("torch_dist",)

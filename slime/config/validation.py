@@ -160,7 +160,11 @@ def _validate_algorithm(args: argparse.Namespace) -> None:
     """The policy loss's clips, KL and importance-sampling terms, the optimizer, and data balancing."""
     if args.eps_clip_high is None:
         args.eps_clip_high = args.eps_clip
-    _require(0 < args.eps_clip < 1, f"--eps-clip must be in (0, 1), got {args.eps_clip}")
+    # CISPO's canonical setting is --eps-clip 1.0 or more: no lower bound on the (stop-gradient) ratio
+    if args.advantage_estimator == "cispo":
+        _require(args.eps_clip > 0, f"--eps-clip must be > 0, got {args.eps_clip}")
+    else:
+        _require(0 < args.eps_clip < 1, f"--eps-clip must be in (0, 1), got {args.eps_clip}")
     _require(args.eps_clip_high > 0, f"--eps-clip-high must be > 0, got {args.eps_clip_high}")
     if args.eps_clip_c is not None:
         _require(args.eps_clip_c > 1.0, f"--eps-clip-c (dual clip) must be > 1, got {args.eps_clip_c}")

@@ -7,6 +7,7 @@ each sample's response length in order (segments of the flat tensor). Pure torch
 
 from __future__ import annotations
 
+from argparse import Namespace
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -149,15 +150,15 @@ def compute_advantages(estimator: str, rewards: torch.Tensor, lengths: Sequence[
                        opd: OnPolicyDistillation | None = None) -> torch.Tensor:
     """Per-token advantages (flat over response tokens) for one rollout batch.
 
-    grpo / gspo: the group-normalised sample advantage on every token.
+    grpo / gspo / cispo: the group-normalised sample advantage on every token.
     reinforce_plus_plus: discounted returns of KL-shaped token rewards, whitened over the batch.
     reinforce_plus_plus_baseline: (reward - group mean) - kl_coef * kl per token, whitened over the batch.
     ppo: GAE (gamma, lambd) of ppo_token_rewards against the critic's `values` (flat, these samples').
     opd (--use-opd): the estimator's advantage minus opd.kl_coef * (student - teacher log-prob), before
     any whitening (upstream's order).
-    normalize (--normalize-advantages): grpo / gspo / ppo advantages whitened over the batch too (upstream's
+    normalize (--normalize-advantages): grpo / gspo / cispo / ppo advantages whitened over the batch too (upstream's
     masked whitening; the reinforce_plus_plus estimators always are, as upstream requires the flag for them).
-    group_normalize=False (--disable-rewards-normalization): grpo / gspo / the baseline use the raw rewards.
+    group_normalize=False (--disable-rewards-normalization): grpo / gspo / cispo / the baseline use the raw rewards.
 
     A data-parallel share: `rewards` are the whole rollout's, `sample_index` the samples computed here
     (`lengths`, `loss_mask`, `kl`, `values` are theirs); `all_reduce` sums the whitening statistics over the shares.
@@ -170,7 +171,7 @@ def compute_advantages(estimator: str, rewards: torch.Tensor, lengths: Sequence[
     if kl is None:
         kl = torch.zeros(sum(lengths))
     whiten = normalize
-    if estimator in ("grpo", "gspo"):
+    if estimator in ("grpo", "gspo", "cispo"):
         per_sample = (grpo_advantages(rewards, group_size, std_normalization) if group_normalize else rewards)[index]
         adv = torch.repeat_interleave(per_sample, rep)
     elif estimator == "ppo":
@@ -225,6 +226,17 @@ def policy_loss(log_ratio: torch.Tensor, advantages: torch.Tensor, eps_clip: flo
     return loss, clip_frac
 
 
+def cispo_loss(log_ratio: torch.Tensor, log_probs: torch.Tensor, advantages: torch.Tensor, eps_clip: float,
+               eps_clip_high: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """CISPO's per-token loss (MiniMax-M1, arXiv 2506.13585, eq. 4-5) and clip indicator:
+    -sg(clip(ratio, 1 - eps_clip, 1 + eps_clip_high)) * A * log_prob. The clipped ratio is a constant weight,
+    so clipped tokens still pass their gradient through log_prob (PPO's clip zeroes it); eps_clip >= 1
+    removes the lower bound (the canonical setting). The indicator is 1 where the clip changed the ratio."""
+    ratio = torch.exp(log_ratio.float())
+    clipped = ratio.clamp(1.0 - eps_clip, 1.0 + eps_clip_high)
+    return -clipped.detach() * advantages.float() * log_probs.float(), (clipped != ratio).float()
+
+
 def tis_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, clip: float,
                 clip_low: float = 0.0) -> torch.Tensor:
     """Truncated importance weights pi_train_old / pi_rollout, clamped to [clip_low, clip] (no gradient)."""
@@ -267,3 +279,144 @@ def opsm_keep(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: 
         dropped = off.float()
         frac = sum(float(d.sum()) / max(float(c), 1.0) for d, c in zip(dropped.split(list(lengths)), counts))
         return 1.0 - dropped, frac
+
+
+# --- upstream's names ---------------------------------------------------------------------
+# Upstream slime's names, signatures and semantics over the formulas above, for custom loss / advantage
+# functions written for upstream. Shapes follow upstream: the GAE / discounted-return helpers take padded
+# [B, T] batches, the per-sample helpers lists of 1-D tensors, calculate_log_probs_and_entropy gives
+# log-probs [T, 1] and entropy [T]. Context parallelism is the trainer's business here: whole responses only.
+
+def compute_approx_kl(log_probs: torch.Tensor, log_probs_base: torch.Tensor, kl_loss_type: str,
+                      importance_ratio: torch.Tensor | None = None) -> torch.Tensor:
+    """k1 / k2 / k3 / low_var_kl of log_probs against log_probs_base; weighted by importance_ratio when given
+    (DeepSeek-V3.2's unbiased estimate), the low_var_kl clamp to [-10, 10] applied after the weighting."""
+    if kl_loss_type not in ("k1", "k2", "k3", "low_var_kl"):
+        raise ValueError(f"Unknown kl_loss_type: {kl_loss_type}")
+    kl = approx_kl(log_probs, log_probs_base, "k3" if kl_loss_type == "low_var_kl" else kl_loss_type)
+    if importance_ratio is not None:
+        kl = importance_ratio * kl
+    return kl.clamp(-10, 10) if kl_loss_type == "low_var_kl" else kl
+
+
+def compute_policy_loss(ppo_kl: torch.Tensor, advantages: torch.Tensor, eps_clip: float, eps_clip_high: float,
+                        eps_clip_c: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped loss per token from ppo_kl = old - new log-prob; the clip fraction marks the tokens where
+    the ratio clip is active (upstream's: before the dual clip's cap)."""
+    if eps_clip_c is not None and not eps_clip_c > 1.0:
+        raise ValueError(f"The lower bound of the clip_ratio_c for dual-clip PPO should be greater than 1.0, "
+                         f"but get the value: {eps_clip_c}.")
+    loss, clipfrac = policy_loss(-ppo_kl, advantages, eps_clip, eps_clip_high)
+    if eps_clip_c is not None:
+        loss, _ = policy_loss(-ppo_kl, advantages, eps_clip, eps_clip_high, eps_clip_c)
+    return loss, clipfrac
+
+
+def compute_cispo_loss(ppo_kl: torch.Tensor, log_probs: torch.Tensor, advantages: torch.Tensor, eps_clip: float,
+                       eps_clip_high: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """CISPO (MiniMax-M1): -sg(clip(ratio, 1 - eps_clip, 1 + eps_clip_high)) * A * log_prob per token."""
+    return cispo_loss(-ppo_kl, log_probs, advantages, eps_clip, eps_clip_high)
+
+
+def compute_opsm_mask(args: Namespace, full_log_probs: list[torch.Tensor], full_old_log_probs: list[torch.Tensor],
+                      advantages: list[torch.Tensor], loss_masks: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Off-policy sequence masking over per-sample lists: (flat keep mask, summed masked share) with
+    args.opsm_delta."""
+    lengths = [int(x.numel()) for x in full_log_probs]
+    keep, frac = opsm_keep(torch.cat(full_log_probs), torch.cat(full_old_log_probs), torch.cat(advantages),
+                           torch.cat(loss_masks), lengths, args.opsm_delta)
+    return keep, torch.tensor(frac, device=advantages[0].device)
+
+
+def compute_gspo_kl(full_log_probs: list[torch.Tensor], full_old_log_probs: list[torch.Tensor],
+                    local_log_probs: list[torch.Tensor], loss_masks: list[torch.Tensor]) -> torch.Tensor:
+    """Each sample's masked mean of old - new log-prob, on every one of its tokens (flat)."""
+    per_sample = [((old - new) * m).sum() / torch.clamp_min(m.sum(), 1)
+                  for new, old, m in zip(full_log_probs, full_old_log_probs, loss_masks)]
+    return torch.cat([kl.expand_as(local) for kl, local in zip(per_sample, local_log_probs)])
+
+
+def get_grpo_returns(rewards: torch.Tensor, kl: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The sample's (already normalised) reward on each of its tokens."""
+    return [torch.ones_like(k) * r for r, k in zip(rewards, kl)]
+
+
+def get_reinforce_plus_plus_baseline_advantages(rewards: torch.Tensor, kl: list[torch.Tensor],
+                                                loss_masks: list[torch.Tensor], kl_coef: float) -> list[torch.Tensor]:
+    """Unwhitened REINFORCE++-baseline advantages: reward (group mean already taken off) - kl_coef * kl."""
+    return [torch.ones_like(k) * r - kl_coef * k for k, r in zip(kl, rewards)]
+
+
+def vanilla_gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lambd: float):
+    """GAE over [B, T] (the value after the last position is 0): (advantages, returns = advantages + values)."""
+    batch, length = rewards.shape
+    adv, ret = gae(rewards.reshape(-1), values.reshape(-1), [length] * batch, gamma, lambd)
+    return adv.view(batch, length).to(rewards.dtype), ret.view(batch, length).to(rewards.dtype)
+
+
+def chunked_gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lambd: float, chunk_size: int = 128):
+    """Upstream's chunked-scan GAE: the same values as vanilla_gae (chunk_size only sets upstream's work split)."""
+    if rewards.ndim != 2 or values.shape != rewards.shape:
+        raise ValueError(f"rewards and values must both be [B, T], got {tuple(rewards.shape)} and {tuple(values.shape)}")
+    return vanilla_gae(rewards, values, gamma, lambd)
+
+
+def chunked_discounted_returns(rewards: torch.Tensor, discount: float, chunk_size: int = 128) -> torch.Tensor:
+    """[B, T] returns G_t = r_t + discount * G_{t+1} (GAE with zero values and lambda 1)."""
+    if rewards.ndim != 2:
+        raise ValueError(f"rewards must be [B, T], got {tuple(rewards.shape)}")
+    batch, length = rewards.shape
+    returns, _ = gae(rewards.reshape(-1), torch.zeros(batch * length), [length] * batch, discount, 1.0)
+    return returns.view(batch, length).to(rewards.dtype)
+
+
+def get_reinforce_plus_plus_returns(rewards: torch.Tensor, kl: list[torch.Tensor], loss_masks: list[torch.Tensor],
+                                    response_lengths: list[int], total_lengths: list[int], kl_coef: float,
+                                    gamma: float) -> list[torch.Tensor]:
+    """REINFORCE++ returns per sample: token rewards -kl_coef * kl on kept tokens plus the reward on the last
+    kept token, discounted by gamma over every response token (masked ones carry the return through)."""
+    out = []
+    for i, (reward, k, mask) in enumerate(zip(rewards, kl, loss_masks)):
+        if not mask.sum().item() > 0:
+            raise ValueError(f"Sequence at index {i} is fully masked.")
+        token_rewards = -kl_coef * (k * mask)
+        token_rewards[mask.nonzero(as_tuple=True)[0][-1]] += reward
+        out.append(chunked_discounted_returns(token_rewards.view(1, -1), gamma)[0])
+    return out
+
+
+def get_advantages_and_returns_batch(total_lengths, response_lengths, values_list, rewards_list, gamma, lambd,
+                                     chunked: bool = True):
+    """Per-sample GAE: (advantages, returns), lists like values_list."""
+    with torch.no_grad():
+        lengths = [int(n) for n in response_lengths]
+        adv, ret = gae(torch.cat([r[:n] for r, n in zip(rewards_list, lengths)]),
+                       torch.cat([v[:n] for v, n in zip(values_list, lengths)]), lengths, gamma, lambd)
+        dtype = values_list[0].dtype
+        return list(adv.to(dtype).split(lengths)), list(ret.to(dtype).split(lengths))
+
+
+def calculate_log_probs_and_entropy(logits, tokens, tp_group, with_entropy: bool = False, chunk_size: int = -1,
+                                    log_prob_keep_mask=None, with_entropy_grad: bool = True):
+    """logits [T, V], tokens [T] -> (log-probs [T, 1], entropy [T] or None), with the accelerator's
+    token_log_probs. log_prob_keep_mask [T, V] (top-k / top-p sampling): log-probs over the kept vocabulary
+    (the target always kept), entropy over the whole one. Vocab-parallel logits (a tp_group of several ranks)
+    are gathered by the trainer before this point here, so they are refused."""
+    from slime.accelerator import get_accelerator
+
+    if tp_group is not None and torch.distributed.is_initialized() and torch.distributed.get_world_size(tp_group) > 1:
+        raise ValueError("calculate_log_probs_and_entropy: vocab-parallel logits (tp_group of "
+                         f"{torch.distributed.get_world_size(tp_group)} ranks) are not supported; pass whole-vocab logits")
+    if logits.size(0) == 0:
+        return logits.new_zeros((0,)), (logits.new_zeros((0,)) if with_entropy else None)
+    score = get_accelerator().ops.token_log_probs
+    chunk = chunk_size if chunk_size > 0 else None
+    log_prob, entropy = score(logits.contiguous(), tokens, chunk)
+    if log_prob_keep_mask is not None:
+        keep = log_prob_keep_mask.clone()
+        keep[torch.arange(tokens.numel()), tokens.long()] = True
+        masked = logits.float().masked_fill(~keep, float("-inf"))
+        log_prob = masked.gather(-1, tokens.long().view(-1, 1)).squeeze(-1) - masked.logsumexp(-1)
+    if not with_entropy:
+        return log_prob.unsqueeze(-1), None
+    return log_prob.unsqueeze(-1), (entropy if with_entropy_grad else entropy.detach())

@@ -126,7 +126,11 @@ def rl_loss(cfg: LossConfig, log_probs: torch.Tensor, entropy: torch.Tensor, old
         log_ratio = ppo_utils.gspo_log_ratio(log_probs, old_log_probs, lengths, mask)
     else:
         log_ratio = log_probs - old_log_probs
-    pg_loss, clip_frac = ppo_utils.policy_loss(log_ratio, advantages, cfg.eps_clip, cfg.eps_clip_high, cfg.eps_clip_c)
+    if cfg.advantage_estimator == "cispo":  # upstream's --advantage-estimator cispo: the CISPO loss
+        pg_loss, clip_frac = ppo_utils.cispo_loss(log_ratio, log_probs, advantages, cfg.eps_clip, cfg.eps_clip_high)
+    else:
+        pg_loss, clip_frac = ppo_utils.policy_loss(log_ratio, advantages, cfg.eps_clip, cfg.eps_clip_high,
+                                                   cfg.eps_clip_c)
     opsm_frac = None
     if cfg.use_opsm:  # before TIS, as upstream's
         keep_opsm, opsm_frac = ppo_utils.opsm_keep(log_probs, old_log_probs, advantages, mask, lengths, cfg.opsm_delta)

@@ -188,7 +188,7 @@ def _custom_advantages(args, batch: RolloutBatch, indices: list[int], lengths: l
     from slime.utils.misc import load_function
 
     rewards = torch.tensor(batch.rewards, dtype=torch.float32)
-    if _group_normalize(args) and args.advantage_estimator in ("grpo", "gspo", "reinforce_plus_plus_baseline"):
+    if _group_normalize(args) and args.advantage_estimator in ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline"):
         rewards = ppo_utils.grpo_advantages(rewards, args.n_samples_per_prompt or 1,
                                             std_normalization=args.advantage_estimator != "reinforce_plus_plus_baseline"
                                             and not args.disable_grpo_std_normalization)
