@@ -126,7 +126,8 @@ def test_hook_results_are_checked_and_list_shape_kept():
     from types import SimpleNamespace
 
     args = SimpleNamespace(rollout_sample_hook_path=["tests.test_upstream_rollout_flags:not_a_sample"])
-    with pytest.raises(SampleHookError, match="not_a_sample returned dict"):
+    with pytest.raises(SampleHookError, match=r"^Rollout sample hook 'tests.test_upstream_rollout_flags:not_a_sample' "
+                                              r"returned dict, expected Sample or None\.$"):
         asyncio.run(apply_rollout_sample_hooks(args, Sample(index=0)))
     args.rollout_sample_hook_path = ["tests.test_upstream_rollout_flags:record_call"]
     nested = [Sample(index=0), [Sample(index=1), Sample(index=2)]]

@@ -55,20 +55,22 @@ async def _one(args: Any, sample: Sample, paths: list[str], kwargs: dict[str, An
         if out is None:
             continue
         if not isinstance(out, Sample):
-            raise SampleHookError(f"--rollout-sample-hook-path {path} returned {type(out).__name__}; a hook returns "
-                                  "the Sample (or None to keep the one it was given)")
+            # upstream's words, which plugins' tests match
+            raise SampleHookError(f"Rollout sample hook {path!r} returned {type(out).__name__}, expected Sample or None.")
         sample = out
     return sample
 
 
 async def apply_rollout_sample_hooks(args: Any, value: Any, *, paths: list[str] | None = None,
-                                     rollout_id: int | None = None, evaluation: bool = False) -> Any:
+                                     rollout_id: int | None = None, evaluation: bool = False, **extra: Any) -> Any:
     """The hooks applied to a Sample, or to every Sample of a (nested) list, whose shape is kept.
-    paths: default args.rollout_sample_hook_path."""
+    paths: default args.rollout_sample_hook_path. Other keywords reach the hooks that name them (as upstream's
+    `apply_rollout_sample_hooks(args, value, **kwargs)`)."""
     paths = list(args.rollout_sample_hook_path or []) if paths is None else list(paths)
     if not paths:
         return value
-    kwargs = {"rollout_id": current_rollout_id() if rollout_id is None else rollout_id, "evaluation": evaluation}
+    kwargs = {**extra, "rollout_id": current_rollout_id() if rollout_id is None else rollout_id,
+              "evaluation": evaluation}
     return await _apply(args, value, paths, kwargs)
 
 
@@ -77,7 +79,7 @@ async def _apply(args: Any, value: Any, paths: list[str], kwargs: dict[str, Any]
         return await _one(args, value, paths, kwargs)
     if isinstance(value, list):
         return [await _apply(args, item, paths, kwargs) for item in value]
-    raise SampleHookError(f"rollout sample hooks take a Sample or a list of them, got {type(value).__name__}")
+    raise SampleHookError(f"Rollout sample hooks expected Sample or list, got {type(value).__name__}.")
 
 
 def apply_in_place(args: Any, sample: Sample, evaluation: bool = False) -> None:
