@@ -194,6 +194,8 @@ class EmbeddedEngine(WeightControl):
     def _load_model(self) -> torch.nn.Module:
         from transformers import AutoModelForCausalLM
 
+        from slime_plugins.models.common.hf_classes import checkpoint_class
+
         kwargs: dict[str, Any] = {"dtype": self._torch_dtype()}
         if self.cfg.attn_implementation:
             kwargs["attn_implementation"] = self.cfg.attn_implementation
@@ -201,7 +203,9 @@ class EmbeddedEngine(WeightControl):
         if config is not None:
             model = config.model_class.from_pretrained(self.cfg.model_path, config=config.config, **kwargs)
         else:
-            model = AutoModelForCausalLM.from_pretrained(self.cfg.model_path, **kwargs)
+            # GLM-5.3-Flash: a model_type AutoModelForCausalLM does not load (common/hf_classes.py)
+            model_class = checkpoint_class(self.cfg.model_path) or AutoModelForCausalLM
+            model = model_class.from_pretrained(self.cfg.model_path, **kwargs)
         return _aligned(model.to(self.device))
 
     def _load_tokenizer(self) -> Any:
@@ -400,9 +404,16 @@ class EmbeddedEngine(WeightControl):
         from transformers import DynamicCache
 
         try:
-            return DynamicCache(config=self.model.config)
+            cache = DynamicCache(config=self.model.config.get_text_config())
         except TypeError:
             return DynamicCache()
+        for layer in cache.layers:
+            # transformers 5.24's recurrent-state layers (KDA, Gated DeltaNet: LinearAttentionLayer) have no
+            # batch_select_indices, which the scheduler calls when rows finish; their reorder_cache keeps the
+            # same rows (index_select on the batch dim of the conv and recurrent states). Remove once they have it.
+            if not hasattr(layer, "batch_select_indices") and hasattr(layer, "reorder_cache"):
+                layer.batch_select_indices = layer.reorder_cache
+        return cache
 
     def _check_interrupts(self) -> bool:
         """Between steps: honour abort and in-place pause. True = abort every row."""

@@ -52,6 +52,15 @@ def _simple_pattern(p: str) -> bool:
     return isinstance(p, str) and not re.search(r"[\^$()\[\]\\|+?{}]", p)
 
 
+def _module_path(pattern: Any) -> str | None:
+    """A rename pattern as the literal module path it matches (escaped dots read as dots, surrounding dots
+    dropped), or None for a real regex."""
+    if not isinstance(pattern, str):
+        return None
+    literal = pattern.replace("\\.", ".")
+    return literal.strip(".") or None if _simple_pattern(literal) and "*" not in literal else None
+
+
 class WeightNameMap:
     """Resolves external weight names to live tensors (views) of `model`."""
 
@@ -139,12 +148,15 @@ class WeightNameMap:
             sources, targets = list(conv.source_patterns), list(conv.target_patterns)
             if len(sources) != 1 or len(targets) != 1:
                 continue
-            src, tgt = sources[0], targets[0]
-            if not all(_simple_pattern(p) and p.startswith(".") for p in (src, tgt)):
+            src, tgt = _module_path(sources[0]), _module_path(targets[0])
+            if src is None or tgt is None:
                 continue
+            # whole name components only (GLM-5.3-Flash: "hc_attn_fn" -> "attn_hc.fn", "self_attn\.A_log" ->
+            # "self_attn.forget_gate.A_log")
+            at_tgt, at_src = (re.compile(rf"(?:^|(?<=\.)){re.escape(p)}(?=\.|$)") for p in (tgt, src))
             for name, slot in list(self._slots.items()):
-                if tgt in name and src not in name:
-                    alias = name.replace(tgt, src)
+                if at_tgt.search(name) and not at_src.search(name):
+                    alias = at_tgt.sub(src, name)
                     self._slots.setdefault(alias, slot)
                     self._renamed.add(name)
                     if name in self._fused:  # a fused runtime tensor is listed by its parts only
