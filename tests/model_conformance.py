@@ -72,6 +72,10 @@ MODEL_TYPE_TRAITS: dict[str, dict[str, Any]] = {
     # bit: test_model_families.py), so logits / grads and packed sequences are the deepseek_v3 case's; what the name
     # changes is the round trip (config.json keeps kimi_k2) and the engine's choice of class.
     "kimi_k2": dict(write="renamed:deepseek_v3", reference_type="deepseek_v3", checks=("export", "engine")),
+    # The dense Qwen3.5 vision-language checkpoint: its text model is qwen3_5_text's, and the vision-language wrapper
+    # (text model under model.language_model., vision tower passed through) is the same code as qwen3_5_moe's, whose
+    # case runs the logits / grads; what this one adds is its own round trip and engine.
+    "qwen3_5": dict(checks=("export", "engine")),
 }
 
 
