@@ -91,6 +91,7 @@ class RunSession:
     evals: set[int] = field(default_factory=set)  # rollouts trained after which the engines are evaluated
     # the open iteration's wall clock and loop-thread CPU time (begin_iteration)
     _clock: tuple[float, float] = field(default=(0.0, 0.0), init=False, repr=False)
+    _trained: bool = field(default=False, init=False, repr=False)  # a training step ran (the first one is announced)
 
     @property
     def engines(self) -> bool:
@@ -103,14 +104,18 @@ class RunSession:
         """The trainer group (its ranks recorded, so that the next run of this output dir frees what a killed one
         leaves) and its init: the model, optimizer and, on resume, the checkpoint. Sets and returns `start`.
         First: in colocated mode the engines then start on devices the trainer already holds."""
-        if self.actor is None:
-            from slime.ray.actor_group import RayTrainGroup
-            from slime.utils.run_identity import record_processes
+        from slime.utils.stages import stage
 
-            self.actor = RayTrainGroup(self.args, self.slots["actor"])
-            record_processes(self.args.output_dir, self.actor.pids, "trainer")
-            TRAINER_PIDS[:] = self.actor.pids
-        self.start = self.actor.init("actor", with_ref=self.args.use_ref_model)
+        with stage(f"starting the trainer: {self.args.world_size} rank(s) build the model and the optimizer"
+                   + (" and load the checkpoint" if self.args.load else "")):
+            if self.actor is None:
+                from slime.ray.actor_group import RayTrainGroup
+                from slime.utils.run_identity import record_processes
+
+                self.actor = RayTrainGroup(self.args, self.slots["actor"])
+                record_processes(self.args.output_dir, self.actor.pids, "trainer")
+                TRAINER_PIDS[:] = self.actor.pids
+            self.start = self.actor.init("actor", with_ref=self.args.use_ref_model)
         if self.args.start_rollout_id is not None:  # upstream's --start-rollout-id overrides the resumed position
             self.start = self.args.start_rollout_id
         return self.start
@@ -121,7 +126,10 @@ class RunSession:
 
         import slime.ray.rollout as rollout_module  # by module: tests stand a manager in for create_rollout_manager
 
-        self.rollout = rollout_module.create_rollout_manager(self.args, self.slots["rollout"])
+        from slime.utils.stages import stage
+
+        with stage(f"starting the rollout engines ({self.args.rollout_engine_kind})"):
+            self.rollout = rollout_module.create_rollout_manager(self.args, self.slots["rollout"])
         if self.start > 0 and self.actor is not None:
             extra = self.actor.load_extra_state() or {}
             if extra.get("data_source") is not None:
@@ -197,7 +205,14 @@ class RunSession:
         if wall_clock:
             metrics["train/start_time"] = time.time()
         t_call = time.perf_counter()
-        metrics.update(self.actor.train_rollout(rollout_id, result["data"], reuse))
+        if self._trained:
+            metrics.update(self.actor.train_rollout(rollout_id, result["data"], reuse))
+        else:  # the first step also allocates the optimizer state and the kernels' workspaces: the slow one
+            from slime.utils.stages import stage
+
+            with stage(f"training on rollout {rollout_id} (the first training step of this run)"):
+                metrics.update(self.actor.train_rollout(rollout_id, result["data"], reuse))
+            self._trained = True
         # log-probs + advantages + train, plus Ray and data transfer
         metrics["time/train_call"] = time.perf_counter() - t_call
         if wall_clock:

