@@ -1,6 +1,6 @@
-"""The embedded engine serves GLM-5.3-Flash: the multimodal `glm5_next` checkpoint through transformers'
-Glm5NextForConditionalGeneration (vision tower loaded, never synced, left unchanged) and a flat `glm5_next_text`
-one through slime_plugins/models/glm5_next/causal_lm.py. One batched wave of prompts of different lengths whose
+"""GLM-5.3-Flash served by the embedded engine, and written by common/tiny.py. The engine runs the multimodal
+`glm5_next` checkpoint through transformers' Glm5NextForConditionalGeneration (vision tower loaded, never synced,
+left unchanged) and a flat `glm5_next_text` one through slime_plugins/models/glm5_next/causal_lm.py. One batched wave of prompts of different lengths whose
 rows finish at different steps (the KDA recurrent / conv states and the DSA indexer cache drop rows mid-wave):
 its sampled log-probs equal the trainer's teacher-forced ones before and after a weight sync of what the trainer
 sends (5e-5, as the conformance suite: KV-cached decode against a full pass; measured <= 1e-5), and the sync
@@ -62,3 +62,29 @@ def test_engine_logprobs_match_the_trainer_before_and_after_a_sync(checkpoints, 
         assert all(torch.equal(engine.name_map.resolve(n), t) for n, t in vision.items())
     finally:
         engine.shutdown()
+
+
+def test_tiny_writer_flat_and_multimodal(tmp_path):
+    """common/tiny.py writes both checkpoint kinds by transformers' save_pretrained under the on-disk names: the
+    flat one holds the multimodal one's text tensors under `model.` (no vision tower), and its logits under
+    Glm5NextTextForCausalLM equal the trainer's (1e-5 of max |logit|)."""
+    import json
+
+    from safetensors.torch import load_file
+    from transformers import AutoModelForImageTextToText
+
+    from slime_plugins.models.common.tiny import write_tiny_checkpoint
+    from slime_plugins.models.glm5_next.causal_lm import Glm5NextTextForCausalLM
+
+    paths = {t: write_tiny_checkpoint(str(tmp_path / t), t, seed=3) for t in ("glm5_next", "glm5_next_text")}
+    multimodal, flat = (set(load_file(f"{paths[t]}/model.safetensors")) for t in ("glm5_next", "glm5_next_text"))
+    assert {n.replace("model.language_model.", "model.") for n in multimodal if ".visual." not in n} == flat
+    assert {"model.layers.0.hc_attn_fn", "model.layers.0.self_attn.q_conv1d.weight"} <= flat
+    assert json.load(open(f"{paths['glm5_next_text']}/config.json"))["model_type"] == "glm5_next_text"
+    ids = torch.randint(3, 512, (2, 11), generator=torch.Generator().manual_seed(1))
+    pos = torch.arange(11).expand(2, -1)
+    for t, cls in (("glm5_next_text", Glm5NextTextForCausalLM), ("glm5_next", AutoModelForImageTextToText)):
+        ref = cls.from_pretrained(paths[t], dtype=torch.float32)
+        with torch.no_grad():
+            want, ours = ref(input_ids=ids, position_ids=pos).logits, load_hf_model(paths[t])(ids, pos)
+        assert float((ours - want).abs().max() / want.abs().max()) <= 1e-5, t

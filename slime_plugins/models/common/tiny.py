@@ -1,7 +1,7 @@
 """A random-initialised tiny HF checkpoint of any registered model_type (tests, quick start):
 config.json + model.safetensors + an offline tokenizer, written by transformers, loadable by
-AutoModelForCausalLM and by slime's Megatron loader. Each family supplies its tiny config
-(`ModelFamily.tiny_config`).
+AutoModelForCausalLM (or common/hf_classes.py's class) and by slime's Megatron loader. Each family supplies its
+tiny config (`ModelFamily.tiny_config`).
 
     python -m slime_plugins.models.common.tiny OUT_DIR --model-type qwen3 [--override '{"tie_word_embeddings": true}']
 
@@ -43,12 +43,18 @@ def write_tiny_checkpoint(out_dir: str, model_type: str = "glm_moe_dsa", seed: i
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     from slime.utils.tiny_tokenizer import save_tokenizer
+    from slime_plugins.models.common.hf_classes import causal_lm_class
 
     config = tiny_config(model_type, **overrides)
     torch.manual_seed(seed)
-    # a vision-language type (Qwen3.5) is written as its published checkpoints are: text model and vision tower
-    auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
-    model = auto.from_config(config, dtype=getattr(torch, dtype))
+    # a vision-language type (Qwen3.5, GLM-5.3-Flash) is written as its published checkpoints are: text model and
+    # vision tower; a text-only type without a transformers causal-LM class (glm5_next_text): hf_classes.py's class
+    model_class = causal_lm_class(model_type) if getattr(config, "vision_config", None) is None else None
+    if model_class is not None:
+        model = model_class._from_config(config, dtype=getattr(torch, dtype))
+    else:
+        auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
+        model = auto.from_config(config, dtype=getattr(torch, dtype))
     # Random-init e_score_correction_bias is zeros; give it values so the bias path is exercised.
     with torch.no_grad():
         for name, b in model.named_buffers():
@@ -58,9 +64,9 @@ def write_tiny_checkpoint(out_dir: str, model_type: str = "glm_moe_dsa", seed: i
         from slime.utils.tiny_tokenizer import build_tokenizer
         from slime_plugins.models.common.warmup import DEFAULT_TASKS, warmup
 
-        if auto is not AutoModelForCausalLM or dtype != "float32":
-            raise ValueError(f"--warmup-steps needs a float32 text-only model; {model_type} {dtype} is not")
-        warmup(model, build_tokenizer(config.vocab_size), warmup_steps, seed=seed, tasks=warmup_tasks or DEFAULT_TASKS)
+        if dtype != "float32":
+            raise ValueError(f"--warmup-steps needs a float32 model; {model_type} {dtype} is not")
+        warmup(model, build_tokenizer(config.get_text_config().vocab_size), warmup_steps, seed=seed, tasks=warmup_tasks or DEFAULT_TASKS)
     parent = os.path.dirname(os.path.abspath(out_dir)) or "."
     os.makedirs(parent, exist_ok=True)
     tmp = mkdtemp_like_makedirs(prefix=".tmp-ckpt-", dir=parent)
