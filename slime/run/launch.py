@@ -24,7 +24,9 @@ def launch(args, loop: Loop) -> list[dict[str, Any]]:
     from slime.utils import exits, run_identity
 
     get_accelerator().check_and_update_config(args)  # device policy (CPU: each worker's share of the cores)
-    with exits.library_signal_handlers_reclaimed():  # ray.init replaces the SIGTERM handler
+    from slime.utils.stages import stage
+
+    with stage("starting Ray"), exits.library_signal_handlers_reclaimed():  # ray.init replaces the SIGTERM handler
         init_ray(args.num_cpus)
     raylet = exits.local_ray_node_pids().get("raylet")
     if raylet:  # a SIGKILLed driver leaves its agents behind: the next run of this dir stops them
