@@ -1,6 +1,6 @@
-"""One line for each slow stage of a run (the trainer's and the engines' start-up, the first training step, a
-model's download and conversion), then a line every `every_s` seconds while it lasts and one with its time when
-it ends: a run never sits silent for minutes.
+"""One line for each slow stage of a run (Ray's, the trainer's and the engines' start-up, the first training
+step, a model's download and conversion), then a line every `every_s` (8) seconds while it lasts, so that no
+gap reaches 10 s even on a loaded machine, and one with its time when it ends.
 
     with stage("starting the trainer: 4 ranks build the model and the optimizer"):
         ...
@@ -22,7 +22,7 @@ def _log(line: str) -> None:
 
 
 @contextmanager
-def stage(what: str, every_s: float = 10.0, say: Callable[[str], None] = _log) -> Iterator[None]:
+def stage(what: str, every_s: float = 8.0, say: Callable[[str], None] = _log) -> Iterator[None]:
     """`what ...` now, `still what (N s)` every `every_s` seconds meanwhile, `what: done in N s` at the end (not
     after an error, which says for itself what happened)."""
     start = time.perf_counter()
