@@ -33,7 +33,6 @@ NOT_YET = {
     "slime.observability.rollout_metrics": ALL,
     "slime.observability.rollout_data_utils": ALL,
     "slime.observability.train_data_utils": ALL,
-    "slime.observability.metric_utils": ALL,
     "slime.rollout.sglang_rollout": ["eval_rollout_single_dataset"],
     "slime.utils.async_utils": ["AsyncLoopThread", "get_async_loop"],
     "slime.utils.http_utils": ["get_host_info", "run_router", "terminate_process"],
