@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# Quick start: GRPO on a tiny GLM-5 (glm_moe_dsa: MLA + DSA + MoE) that learns to copy a short string.
-# The checkpoint is random init plus a short supervised warm-up (a few seconds on CPU) that leaves it
-# partly competent, the prior RL post-training starts from; GRPO trains on from there
-# (docs/training.md, "What the quick start learns"). Trainer (Megatron) and rollout engine are colocated
-# under Ray; weights go to the engine through IPC after every step. On a CPU machine (~2 cores, a few
-# minutes): the embedded engine and shared-memory IPC. The same script, unchanged, runs on a GPU or NPU
-# machine: the accelerator is detected (SLIME_ACCELERATOR overrides), the engine is SGLang where
-# installed, and the weight-sync transport is the device's (IPC, or a collective broadcast where the
-# device has no IPC).
+# Quick start: GRPO on a tiny GLM-5 (glm_moe_dsa: MLA + DSA + MoE) that learns to answer in the format its
+# reward pays for. The task: "answer : c a d =" is answered by a copy of the string, and the reward pays only
+# for the copy after the word `answer` ("answer c a d"), 0 for the bare copy. The checkpoint is random init plus
+# a short supervised warm-up that teaches both forms, one half each, so the prior is paid about half the time
+# and GRPO has to select the paid form (docs/training.md, "What the quick start learns"). Trainer (Megatron)
+# and rollout engine are colocated under Ray; weights go to the engine through IPC after every step. On a CPU
+# machine (~2 cores, a few minutes): the embedded engine and shared-memory IPC. The same script, unchanged,
+# runs on a GPU or NPU machine: the accelerator is detected (SLIME_ACCELERATOR overrides), the engine is
+# SGLang where installed, and the weight-sync transport is the device's (IPC, or a collective broadcast where
+# the device has no IPC).
 #
 # Environment knobs: RUN_DIR (outputs, default outputs/glm5-tiny), NUM_ROLLOUT (default 60), WARMUP_STEPS
-# (supervised steps of the checkpoint, default 600; 0 is the random-init model, which plateaus at ~0.35).
-# Extra arguments are passed to train.py (e.g. --num-rollout 10; --eval-interval 2 evaluates greedily on 32
-# prompts of another seed before training and every 2 rollouts: eval records in metrics.jsonl and report.png).
+# (supervised steps of the checkpoint, default 1000; 0 is the random-init model).
+# Held-out reward: 32 prompts of another seed, left out of the training prompts, 2 samples each at temperature
+# 1, before training and every 5 rollouts (eval records in metrics.jsonl, the held-out curve in report.png).
+# Extra arguments are passed to train.py (e.g. --num-rollout 10).
 # Checkpoints are written in the background (--async-save) while the next rollouts run, and published once written.
 # Re-running resumes from RUN_DIR/ckpt (train.py says so); re-run before the first checkpoint (rollout 19),
 # the same command restarts from rollout 0 (its unsaved records discarded, said so). A RUN_DIR holding
@@ -27,17 +29,19 @@ export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
 
 RUN_DIR="${RUN_DIR:-$ROOT/outputs/glm5-tiny}"
 NUM_ROLLOUT="${NUM_ROLLOUT:-60}"
-WARMUP_STEPS="${WARMUP_STEPS:-600}"
+WARMUP_STEPS="${WARMUP_STEPS:-1000}"
 ACCELERATOR="$("$PY" -m slime.accelerator --name)"
 echo "accelerator: $ACCELERATOR   run dir: $RUN_DIR"
 mkdir -p "$RUN_DIR"
 
-# 1. The tiny GLM-5 checkpoint (random init, seed 0, then WARMUP_STEPS supervised steps on the copy task;
-#    offline tokenizer) and the synthetic copy task.
+# 1. The tiny GLM-5 checkpoint (random init, seed 0, then WARMUP_STEPS supervised steps on the answer task's
+#    two forms; offline tokenizer), the held-out prompts and the training prompts without them.
 [ -f "$RUN_DIR/model/config.json" ] || "$PY" -m slime_plugins.models.glm5.tiny "$RUN_DIR/model" \
-  --warmup-steps "$WARMUP_STEPS" --warmup-tasks copy
-[ -f "$RUN_DIR/data.jsonl" ] || "$PY" -m slime.rollout.synthetic --out "$RUN_DIR/data.jsonl" --num 4096 --seed 0
-[ -f "$RUN_DIR/eval.jsonl" ] || "$PY" -m slime.rollout.synthetic --out "$RUN_DIR/eval.jsonl" --num 32 --seed 1
+  --warmup-steps "$WARMUP_STEPS" --warmup-tasks answer:2-4
+[ -f "$RUN_DIR/eval.jsonl" ] || "$PY" -m slime.rollout.synthetic --out "$RUN_DIR/eval.jsonl" --num 32 --seed 1 \
+  --tasks answer --min-len 2 --max-len 4
+[ -f "$RUN_DIR/data.jsonl" ] || "$PY" -m slime.rollout.synthetic --out "$RUN_DIR/data.jsonl" --num 4096 --seed 0 \
+  --tasks answer --min-len 2 --max-len 4 --exclude "$RUN_DIR/eval.jsonl"
 
 # 2. GRPO: 8 prompts x 8 samples per rollout, one optimizer step per rollout.
 # Only --num-cpus is host-specific: CPU slots Ray may use (ignored by device placement on GPU/NPU).
@@ -54,8 +58,9 @@ mkdir -p "$RUN_DIR"
   --update-weight-mode auto --update-weight-buffer-size $((64 * 1024 * 1024)) \
   --save "$RUN_DIR/ckpt" --load "$RUN_DIR/ckpt" --save-interval 20 --async-save \
   --output-dir "$RUN_DIR/run" --num-cpus "$(nproc)" \
-  --eval-prompt-data copy "$RUN_DIR/eval.jsonl" --n-samples-per-eval-prompt 1 --eval-temperature 0 \
+  --eval-prompt-data answer "$RUN_DIR/eval.jsonl" --n-samples-per-eval-prompt 2 --eval-temperature 1.0 \
+  --eval-interval 5 \
   "$@"
 
-# 3. Plot and summary: reward curve and time per phase.
+# 3. Plot and summary: train and held-out reward curves (the prior's level marked) and time per phase.
 "$PY" -m slime.report "$RUN_DIR/run"

@@ -42,8 +42,9 @@ ALPHABET = ("a", "b", "c", "d", "e")
 TASKS = ("copy", "reverse", "answer")
 W_ALPHABET, W_POSITION, W_STOP = 0.2, 0.7, 0.1
 # The "answer" task ("answer : c a d =" -> "answer c a d"): a copy that the reward pays only in the answer format,
-# the word `answer` first. The quick start's warm-up teaches both forms for these prompts, one half each
-# (warmup.py), so the prior answers in the paid format about half the time and GRPO has to select it.
+# the word `answer` first. The quick start's warm-up teaches both forms for these prompts (the paid one in 40%
+# of its examples, warmup.py), so the prior answers in the paid format less than half the time and GRPO has to
+# select it.
 FORMAT_TASK = "answer"
 FORMAT_WORD = "answer"
 
