@@ -56,3 +56,32 @@ class MultiTurnLossMaskGenerator:
 
     def get_response_lengths(self, loss_masks: list[list[int]]) -> list[int]:
         return get_response_lengths(loss_masks)
+
+    def get_text_from_loss_mask(self, token_ids: list[int], loss_masks: list[int]) -> list[str]:
+        """The decoded text of each run of consecutive trained tokens, in order (upstream's check of a mask)."""
+        texts, run = [], []
+        for token, trained in zip(token_ids, loss_masks):
+            if trained == 1:
+                run.append(token)
+            elif run:
+                texts.append(self.tokenizer.decode(run))
+                run = []
+        if run:
+            texts.append(self.tokenizer.decode(run))
+        return texts
+
+    def get_loss_mask_with_multimodal_alignment(self, messages: list[dict], input_ids: list[int],
+                                                tools: list | None = None) -> tuple[list[int], list[int]]:
+        """The processor's input_ids with the text-only conversation's mask aligned to their end (a message's
+        list content becomes its text parts joined by spaces; the processor's extra media tokens come first)."""
+        def text_of(content):
+            return " ".join(part.get("text", "") if isinstance(part, dict) else part for part in content
+                            if isinstance(part, str) or (isinstance(part, dict) and part.get("type") == "text"))
+
+        text_only = [{"role": m["role"], "content": text_of(m["content"])} if isinstance(m.get("content"), list)
+                     else m for m in messages]
+        _, mask = self.get_loss_mask(text_only, tools=tools)
+        if len(input_ids) < len(mask):
+            raise ValueError(f"input_ids (length={len(input_ids)}) is shorter than text loss_mask "
+                             f"(length={len(mask)}); check that the processor and tokenizer tokenize alike")
+        return input_ids, [0] * (len(input_ids) - len(mask)) + mask
