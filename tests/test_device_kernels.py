@@ -30,6 +30,7 @@ def test_cpu_table_names_every_op_of_the_family_as_reference():
         assert ops == list(op_report.MODEL_OPS["glm5_next"])
         assert "kda" in ops and "apply_rotary" not in ops  # NoPE MLA: no rotary
         assert "by design" in next(line for line in lines if "token_log_probs" in line)
+        assert "FALLBACK: cpu has no device kernels" in next(line for line in lines if " kda " in line)
         with pytest.raises(PreflightError, match=r"^--require-device-kernels: on cpu, model family glm5_next would "
                                                  r"run rms_norm, attention, sparse_attention, kpool_indexer, kda"):
             check_device_kernels(_args("glm5_next", True), acc)

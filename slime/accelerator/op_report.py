@@ -67,13 +67,16 @@ def fallbacks(rows: list[OpRow]) -> list[str]:
     return [r.op for r in rows if r.falls_back]
 
 
-def format_table(device: str, family: str | None, rows: list[OpRow]) -> list[str]:
-    """The table as printed at start: a header line, then `op  -> source` per op (a fallback says so)."""
+def format_table(device: str, family: str | None, rows: list[OpRow], has_kernels: bool = True) -> list[str]:
+    """The table as printed at start: a header line, then `op  -> source` per op (a fallback says so).
+    `has_kernels`: the accelerator has a kernel provider at all (the CPU has none: every op is the reference)."""
     width = max((len(r.op) for r in rows), default=0)
     lines = [f"ops on {device} for model family {family or 'unknown'} (op -> implementation):"]
+    fallback = ("reference (FALLBACK: no device kernel; see the ops[...] log line for why)" if has_kernels
+                else f"reference (FALLBACK: {device} has no device kernels)")
     for r in rows:
         if r.falls_back:
-            what = "reference (FALLBACK: no device kernel; see the ops[...] log line for why)"
+            what = fallback
         elif r.source == REFERENCE:
             what = "reference (by design on every device)"
         else:

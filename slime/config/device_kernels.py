@@ -40,7 +40,7 @@ def check_device_kernels(args: Any, acc: Any) -> list[str]:
 
     family = model_family(args.hf_config)  # config.json as validation read it
     rows = op_report.op_rows(acc.ops, op_report.model_ops(family))
-    lines = op_report.format_table(acc.name, family, rows)
+    lines = op_report.format_table(acc.name, family, rows, has_kernels=type(acc).op_provider is not None)
     if args.require_device_kernels:
         refused = op_report.refusal(acc.name, family, rows)
         if refused:
