@@ -5,14 +5,17 @@ the `<|im_start|>assistant\\n` header are not trained. A message with `"step_los
 
 The mask comes from rendering prefixes of the conversation: turn i's tokens are
 render(messages[:i+1]) minus render(messages[:i]) (with the generation prompt for an assistant turn), which
-holds for any template whose rendering of a prefix is a prefix of the whole. Templates that rewrite earlier
-turns (Qwen3's thinking template drops past `<think>` blocks) break that; such a conversation is refused in
-one line naming the turn rather than trained with a shifted mask.
+holds for any template whose rendering of a prefix is a prefix of the whole (types qwen and distill_qwen).
+Templates that rewrite earlier turns (Qwen3's thinking template drops past `<think>` blocks) break that; such a
+conversation is refused in one line naming the turn rather than trained with a shifted mask. Types qwen3 and
+qwen3_5 compute upstream's masks instead (slime.utils.multiturn_masks), which need no such property.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from slime.utils import multiturn_masks
 
 LOSS_MASK_TYPES = ("qwen", "qwen3", "qwen3_5", "distill_qwen")
 
@@ -27,6 +30,26 @@ class MultiTurnLossMaskGenerator:
         if tokenizer_type not in LOSS_MASK_TYPES:
             raise ValueError(f"--loss-mask-type {tokenizer_type!r}: choose one of {', '.join(LOSS_MASK_TYPES)}")
         self.tokenizer, self.tokenizer_type = tokenizer, tokenizer_type
+        self.system_message_length = self.gen_token_length = 0
+        if tokenizer_type == "qwen3":
+            self.system_message_length, self.gen_token_length = self._probe_turn_lengths()
+
+    def _probe_turn_lengths(self) -> tuple[int, int]:
+        """(tokens before the first turn's header: a default system prompt; tokens of the generation prompt),
+        measured from two rendered user turns holding a probe text (upstream's calibration)."""
+        probe = "FOR TESTING ONLY"
+        two_turns = [{"role": "user", "content": probe}] * 2
+        raw = self.tokenizer(probe, add_special_tokens=False)["input_ids"]
+        text = self.tokenizer.apply_chat_template(two_turns, add_special_tokens=False, tokenize=False)
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        starts = [i for i in range(len(ids) - len(raw) + 1) if ids[i:i + len(raw)] == raw]
+        if len(starts) != 2:
+            raise ValueError(f"--loss-mask-type qwen3: the probe text appears {len(starts)} times in two rendered "
+                             "turns (expected 2); this tokenizer's chat template is not Qwen-like")
+        footer = len(ids) - len(raw) - starts[1]
+        header = (starts[1] - starts[0]) - len(raw) - footer
+        with_prompt = self._render(two_turns, None, generation_prompt=True)
+        return starts[0] - header, len(with_prompt) - len(ids)
 
     def _render(self, messages: list[dict], tools: list | None, generation_prompt: bool) -> list[int]:
         if not messages:
@@ -39,6 +62,10 @@ class MultiTurnLossMaskGenerator:
         """(token ids of the whole conversation, 1 for each trained token)."""
         if not messages:
             raise ValueError("an SFT sample needs at least one message")
+        if self.tokenizer_type == "qwen3":
+            return multiturn_masks.per_turn_mask(self, messages, tools)
+        if self.tokenizer_type == "qwen3_5":
+            return multiturn_masks.rendered_text_mask(self.tokenizer, messages, tools)
         tokens: list[int] = []
         mask: list[int] = []
         for i, message in enumerate(messages):
