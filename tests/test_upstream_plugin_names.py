@@ -28,7 +28,6 @@ NOT_YET = {
     "slime.utils.eval_config": ALL,
     "slime.utils.processing_utils": ALL,
     "slime.backends.megatron_utils.cp_utils": ["prepare_routed_experts_for_routing_replay"],
-    "slime.rollout.fully_async_rollout": ALL,
     "slime.observability.trace_utils": ALL,
     "slime.observability.rollout_metrics": ALL,
     "slime.observability.rollout_data_utils": ALL,
