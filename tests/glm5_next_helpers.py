@@ -56,8 +56,13 @@ def hf_grads_on_disk(model) -> dict[str, torch.Tensor]:
     """transformers' grads under the checkpoint's on-disk names (conversion_mapping.py "glm5_next" reversed)."""
     from glm5_helpers import hf_grads_by_checkpoint_name
 
+    return on_disk_names(hf_grads_by_checkpoint_name(model))
+
+
+def on_disk_names(grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Grads under transformers' in-memory names (experts split) -> under the checkpoint's on-disk names."""
     out = {}
-    for name, grad in hf_grads_by_checkpoint_name(model).items():
+    for name, grad in grads.items():
         name = re.sub(r"\.(attn|ffn)_hc\.(fn|base|scale)$", r".hc_\1_\2", name)
         name = name.replace(".self_attn.forget_gate.", ".self_attn.")
         if name.endswith(".self_attn.conv1d.weight"):

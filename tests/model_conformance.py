@@ -64,6 +64,13 @@ FAMILY_TRAITS: dict[str, dict[str, Any]] = {
     "mimo": dict(write="mimo", reference_type="qwen2"),
     # MiniMax-M2 checkpoints name experts Mixtral's way (block_sparse_moe.experts.{e}.w1 / w3 / w2).
     "minimax_m2": dict(grad_names="minimax_m2"),
+    # GLM-5.3-Flash: DSA keeps index_topk = 8 keys per query (19 tokens drop keys); checkpoint names of the mHC,
+    # KDA forget gate and causal convs are transformers' renames reversed (tests/glm5_next_helpers.py). The published
+    # swiglu_limit (10; the tiny config's 0.15 clamps, and a value at the clamp edge flips its grad between the two
+    # op orders). Grads 1e-4, as test_glm5_next_family.py (measured there up to 5.1e-5): the mHC base / scale grads
+    # sum over every token and stream.
+    "glm5_next": dict(shapes=((2, 5), (1, 19)), grad_names="glm5_next", overrides=dict(swiglu_limit=10.0),
+                      grad_tol=1e-4),
 }
 
 MODEL_TYPE_TRAITS: dict[str, dict[str, Any]] = {
@@ -88,16 +95,7 @@ def _variants() -> list[Case]:
 
 
 # model_type -> why it has no case. A registered model_type that is neither a case nor here fails the suite.
-EXEMPT: dict[str, str] = {
-    # transformers 5.24 builds GLM-5.3-Flash only as Glm5NextForConditionalGeneration (no CausalLM class of either
-    # type), and a flat glm5_next_text checkpoint has no transformers class at all: common/tiny.py's writer and
-    # AutoModelForCausalLM serve neither. tests/test_glm5_next_family.py covers the family meanwhile. To join: a
-    # FAMILY_TRAITS["glm5_next"] entry naming a writer, a reference and the grad names as "module:function"
-    # (tests/glm5_next_helpers.py has all three: hf_reference, save_checkpoints, hf_grads_on_disk), and these two
-    # lines deleted.
-    "glm5_next": "no transformers CausalLM class (Glm5NextForConditionalGeneration only)",
-    "glm5_next_text": "no transformers class for the flat text-only checkpoint",
-}
+EXEMPT: dict[str, str] = {}
 
 # Multi-rank layouts per family: (the model_type that runs them, its layouts, checkpoint overrides). A family not
 # listed runs every layout of LAYOUTS on its first model_type (ep2 only where it has routed experts). A tied
@@ -118,6 +116,8 @@ FAMILY_LAYOUTS: dict[str, tuple[str, tuple[str, ...], dict]] = {
     "qwen3_moe": ("qwen3_moe", (), {}),
     # tests/test_glm5_parallel.py: tp2, ep2 and pp2 with an MTP layer, on cpu and npu-sim, an idle expert rank.
     "glm5": ("glm_moe_dsa", (), {}),
+    # tests/test_glm5_next_family.py: tp2, ep2, pp2 (streams across the boundary), cp2, the torch_dist round trip.
+    "glm5_next": ("glm5_next", (), {}),
 }
 
 
@@ -199,7 +199,11 @@ def reference_model(case: Case, path):
     if case.reference_type:
         raw = json.load(open(os.path.join(str(path), "config.json")))
         config = AutoConfig.for_model(case.reference_type, **{k: v for k, v in raw.items() if k != "model_type"})
-    return AutoModelForCausalLM.from_pretrained(str(path), config=config, dtype=torch.float32).train()
+    from slime_plugins.models.common.hf_classes import causal_lm_class
+
+    # GLM-5.3-Flash: a class AutoModelForCausalLM lacks (the multimodal one, or the project's text-only head)
+    model_class = causal_lm_class(json.load(open(os.path.join(str(path), "config.json")))["model_type"])
+    return (model_class or AutoModelForCausalLM).from_pretrained(str(path), config=config, dtype=torch.float32).train()
 
 
 def _minimax_names(grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -212,7 +216,14 @@ def _minimax_names(grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-GRAD_NAMES: dict[str, Callable[[dict], dict]] = {"checkpoint": lambda grads: grads, "minimax_m2": _minimax_names}
+def _glm5_next_names(grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    from glm5_next_helpers import on_disk_names
+
+    return on_disk_names(grads)
+
+
+GRAD_NAMES: dict[str, Callable[[dict], dict]] = {"checkpoint": lambda grads: grads, "minimax_m2": _minimax_names,
+                                                 "glm5_next": _glm5_next_names}
 
 
 def reference_grads(case: Case, model, hf_prefix: str = "model") -> dict[str, torch.Tensor]:
@@ -224,7 +235,9 @@ def reference_grads(case: Case, model, hf_prefix: str = "model") -> dict[str, to
     grads = rename(hf_grads_by_checkpoint_name(model))
     if hf_prefix == "model":
         return grads
-    return {(hf_prefix + name[len("model"):] if name.startswith("model.") else name): g for name, g in grads.items()}
+    # a reference that is the multimodal class itself (GLM-5.3-Flash) names the text model by the prefix already
+    return {(hf_prefix + name[len("model"):] if name.startswith("model.") and not name.startswith(hf_prefix + ".")
+             else name): g for name, g in grads.items()}
 
 
 def rel_max(ours: torch.Tensor, ref: torch.Tensor) -> float:
