@@ -64,7 +64,8 @@ def test_identity_attributes(cls):
 
 def test_interface_size_is_small():
     public = [n for n in dir(Accelerator) if not n.startswith("_")]
-    assert 25 <= len(public) <= 42, public
+    # 43 since colocated_env (HCCL port ranges for devices shared by trainer and engine communicators).
+    assert 25 <= len(public) <= 43, public
 
 
 def test_detection_order_prefers_npu_then_cuda_then_cpu():
