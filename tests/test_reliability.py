@@ -110,8 +110,10 @@ def quick_start_inputs(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("inputs")
     write_tiny_checkpoint(str(d / "model"), "glm_moe_dsa", 0)
-    synthetic.main(["--out", str(d / "data.jsonl"), "--num", "4096", "--seed", "0"])
-    synthetic.main(["--out", str(d / "eval.jsonl"), "--num", "32", "--seed", "1"])
+    task = ["--tasks", "answer", "--min-len", "2", "--max-len", "4"]
+    synthetic.main(["--out", str(d / "eval.jsonl"), "--num", "32", "--seed", "1", *task])
+    synthetic.main(["--out", str(d / "data.jsonl"), "--num", "4096", "--seed", "0", *task,
+                    "--exclude", str(d / "eval.jsonl")])
     return d
 
 
