@@ -106,6 +106,20 @@ class KimiDeltaAttention(KeepsFloat32, MegatronModule):
         for param in (*(getattr(self, conv).weight for conv in CONVS), self.dt_bias, self.A_log):
             mark_tensor_parallel(param, 0)
 
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
+        """megatron's distributed-checkpoint view. The projections are megatron's parallel layers (their own TP
+        axes); the convolutions, dt_bias and A_log hold this rank's rows, which megatron's default would store as
+        replicas (TP rank 0's rows as the whole tensor): here they are split on their first axis over TP like a
+        column-parallel weight, so the checkpoint holds every head and loads at any TP size."""
+        from megatron.core.utils import make_tp_sharded_tensor_for_checkpoint
+
+        state = super().sharded_state_dict(prefix, sharded_offsets, metadata)
+        for name in self.float32_names:
+            key = f"{prefix}{name}"
+            state[key] = make_tp_sharded_tensor_for_checkpoint(state[key].data, key, tp_axis=0,
+                                                               prepend_offsets=sharded_offsets)
+        return state
+
     def _heads(self, projection, x: torch.Tensor) -> torch.Tensor:
         out, _ = projection(x)
         return out.view(x.shape[0], self.heads, -1)
