@@ -12,8 +12,9 @@
 # every architecture detail. KDA's layer pattern and sizes use Megatron's linear-attention flags.
 #
 # slime style: source this file to get MODEL_ARGS (Megatron flag names). train.py reads the
-# architecture from --hf-checkpoint's config.json; run scripts verify MODEL_ARGS against it with
-# `python -m slime.plan.model_args`.
+# architecture from --hf-checkpoint's config.json and checks MODEL_ARGS against it when they are passed
+# (`python train.py "${MODEL_ARGS[@]}" --hf-checkpoint ...`); the planner checks them too
+# (`python -m slime.plan.model_args`).
 
 MODEL_ARGS=(
    --num-layers 45

@@ -65,6 +65,11 @@ def _mla(cfg: dict) -> bool:
     return cfg.get("model_type") in MLA_MODEL_TYPES or "kv_lora_rank" in cfg
 
 
+def _nope(cfg: dict) -> bool:
+    """No position embedding anywhere: MLA without a rotary part (glm5_next, whose other layers are KDA)."""
+    return _mla(cfg) and cfg.get("qk_rope_head_dim") == 0
+
+
 def _num_experts(cfg: dict) -> int | None:
     return cfg.get("n_routed_experts", cfg.get("num_experts", cfg.get("num_local_experts")))  # last: Mixtral-style
 
@@ -74,6 +79,8 @@ def moe_layer_pattern(cfg: dict) -> list[int] | None:
     n = cfg.get("num_hidden_layers")
     if not _num_experts(cfg) or n is None:
         return None
+    if cfg.get("mlp_layer_types"):  # glm5_next: "dense" / "sparse" per layer
+        return [int(t == "sparse") for t in cfg["mlp_layer_types"]]
     if "first_k_dense_replace" in cfg:
         k = int(cfg["first_k_dense_replace"])
         return [0] * k + [1] * (n - k)
@@ -81,9 +88,21 @@ def moe_layer_pattern(cfg: dict) -> list[int] | None:
     return [int(i not in dense and (i + 1) % step == 0) for i in range(n)]
 
 
-def parse_layer_freq(text: str, num_layers: int | None) -> list[int]:
-    """Megatron's --moe-layer-freq: an int N (every N-th layer is MoE) or a list expression such as
-    '[0]*3+[1]*75' or '[1, 1, 0]'. Evaluated over a literal-only grammar (lists, ints, + and *)."""
+def linear_attention_pattern(cfg: dict) -> list[int] | None:
+    """1 per linear-attention layer (glm5_next's KDA, Qwen3-Next's Gated DeltaNet), 0 per softmax-attention one,
+    from the config (None without linear attention). Megatron's --linear-attention-freq uses the same 1/0."""
+    types = cfg.get("layer_types")
+    if not types and cfg.get("full_attention_interval") and cfg.get("num_hidden_layers"):
+        step = int(cfg["full_attention_interval"])  # older Qwen3-Next configs state the interval alone
+        types = ["full_attention" if (i + 1) % step == 0 else "linear_attention" for i in range(cfg["num_hidden_layers"])]
+    if not types or "linear_attention" not in types:
+        return None
+    return [int(t == "linear_attention") for t in types]
+
+
+def _layer_list(text: str, flag: str, example: str) -> Any:
+    """A Megatron per-layer pattern flag's value: an int or a list expression, evaluated over a literal-only
+    grammar (lists, ints, + and *)."""
     def ev(node: ast.AST) -> Any:
         if isinstance(node, ast.Constant) and isinstance(node.value, int):
             return node.value
@@ -92,18 +111,40 @@ def parse_layer_freq(text: str, num_layers: int | None) -> list[int]:
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
             a, b = ev(node.left), ev(node.right)
             return a + b if isinstance(node.op, ast.Add) else a * b
-        raise ModelArgsError(f"--moe-layer-freq {text!r}: use an int or a list expression like '[0]*3+[1]*75'")
+        raise ModelArgsError(f"{flag} {text!r}: use an int or a list expression like '{example}'")
 
     try:
         value = ev(ast.parse(text.strip(), mode="eval").body)
     except SyntaxError as e:
-        raise ModelArgsError(f"--moe-layer-freq {text!r} is not an expression ({e.msg})") from e
+        raise ModelArgsError(f"{flag} {text!r} is not an expression ({e.msg})") from e
+    if isinstance(value, list) and any(v not in (0, 1) for v in value):
+        raise ModelArgsError(f"{flag} {text!r} must give a list of 0 and 1 per layer, like '{example}'")
+    if isinstance(value, int) and value < 1:
+        raise ModelArgsError(f"{flag} {value} must be >= 1")
+    if not isinstance(value, (int, list)):
+        raise ModelArgsError(f"{flag} {text!r}: use an int or a list expression like '{example}'")
+    return value
+
+
+def parse_layer_freq(text: str, num_layers: int | None) -> list[int]:
+    """Megatron's --moe-layer-freq: an int N (layers 0, N, 2N, ... are MoE) or a list expression such as
+    '[0]*3+[1]*75' or '[1, 1, 0]' (1 = MoE, 0 = dense)."""
+    value = _layer_list(text, "--moe-layer-freq", "[0]*3+[1]*75")
     if isinstance(value, int):
-        if num_layers is None or value < 1:
-            raise ModelArgsError(f"--moe-layer-freq {value} needs --num-layers and a value >= 1")
+        if num_layers is None:
+            raise ModelArgsError(f"--moe-layer-freq {value} needs --num-layers")
         return [int(i % value == 0) for i in range(num_layers)]
-    if not isinstance(value, list) or any(v not in (0, 1) for v in value):
-        raise ModelArgsError(f"--moe-layer-freq {text!r} must give a list of 0 (dense) and 1 (MoE) per layer")
+    return value
+
+
+def parse_linear_attention_freq(text: str, num_layers: int | None) -> list[int]:
+    """Megatron's --linear-attention-freq: an int N (every N-th layer softmax attention, the N-1 before it linear)
+    or a list expression such as '[1,1,1,0]*11+[1]' (1 = linear attention, 0 = softmax attention)."""
+    value = _layer_list(text, "--linear-attention-freq", "[1,1,1,0]*11+[1]")
+    if isinstance(value, int):
+        if num_layers is None:
+            raise ModelArgsError(f"--linear-attention-freq {value} needs --num-layers")
+        return [int((i + 1) % value != 0) for i in range(num_layers)]
     return value
 
 
@@ -169,7 +210,19 @@ VALUE_FLAGS: dict[str, tuple[type, Getter, str]] = {
     "--mscale": (float, lambda c: _yarn(c, "mscale", 1.0), "rope_scaling.mscale"),
     "--mscale-all-dim": (float, lambda c: _yarn(c, "mscale_all_dim", 0.0), "rope_scaling.mscale_all_dim"),
     "--normalization": (str, lambda c: "RMSNorm", "RMSNorm (every supported family)"),
-    "--position-embedding-type": (str, lambda c: "rope", "rope (every supported family)"),
+    "--position-embedding-type": (str, lambda c: "none" if _nope(c) else "rope",
+                                  "position embedding (none: NoPE MLA, qk_rope_head_dim 0)"),
+    # Megatron's linear-attention sizes (Gated DeltaNet's names); glm5_next's KDA has one head count and one
+    # head dim for q, k and v
+    "--linear-num-key-heads": (int, lambda c: c.get("linear_num_key_heads", c.get("linear_num_heads")),
+                               "linear_num_key_heads/linear_num_heads"),
+    "--linear-num-value-heads": (int, lambda c: c.get("linear_num_value_heads", c.get("linear_num_heads")),
+                                 "linear_num_value_heads/linear_num_heads"),
+    "--linear-key-head-dim": (int, lambda c: c.get("linear_key_head_dim", c.get("linear_head_dim")),
+                              "linear_key_head_dim/linear_head_dim"),
+    "--linear-value-head-dim": (int, lambda c: c.get("linear_value_head_dim", c.get("linear_head_dim")),
+                                "linear_value_head_dim/linear_head_dim"),
+    "--linear-conv-kernel-dim": (int, lambda c: c.get("linear_conv_kernel_dim"), "linear_conv_kernel_dim"),
 }
 # switches compared both ways (absent = Megatron's default) once any architecture flag is given
 SWITCHES: dict[str, tuple[Getter, str]] = {
@@ -211,6 +264,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         _add(g, parser, flag, type=typ, default=None, help=f"must equal config.json's {key}")
     _add(g, parser, "--moe-layer-freq", type=str, default=None,
          help="MoE layer pattern, e.g. '[0]*3+[1]*75'; must match config.json's dense/MoE layers")
+    _add(g, parser, "--linear-attention-freq", type=str, default=None,
+         help="Megatron's linear/softmax attention pattern: N (every N-th layer softmax attention) or a list "
+              "expression of 1 (linear) and 0 (softmax) per layer; must match config.json's layer_types "
+              "(without --spec, leaving it out means no linear-attention layers)")
+    _add(g, parser, "--activation-func-clamp-value", type=float, default=None,
+         help="Megatron's clamped SwiGLU (gate <= v, -v <= up <= v); must equal config.json's swiglu_limit, "
+              "and is required when the config states one")
     for flag, (_, meaning) in SWITCHES.items():
         _add(g, parser, flag, action="store_true", default=None, help=f"must agree with config.json ({meaning})")
     for flag in PLAIN_SWITCHES:
@@ -231,7 +291,7 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def model_args_given(args: argparse.Namespace) -> bool:
-    flags = list(VALUE_FLAGS) + ["--moe-layer-freq"]
+    flags = list(VALUE_FLAGS) + ["--moe-layer-freq", "--linear-attention-freq", "--activation-func-clamp-value"]
     return any(getattr(args, _dest(f), None) is not None for f in flags)
 
 
@@ -264,6 +324,7 @@ def model_arg_mismatches(args: argparse.Namespace, cfg: dict) -> list[str]:
         elif mine != want:
             out.append(f"--moe-layer-freq {args.moe_layer_freq}: config.json has {want.count(0)} dense and "
                        f"{want.count(1)} MoE layers in the pattern {_pattern_text(want)}")
+    out += _linear_attention_mismatches(args, cfg) + _clamp_mismatches(args, cfg)
     if model_args_given(args):
         for flag, (get, meaning) in SWITCHES.items():
             have = get(cfg)
@@ -272,6 +333,48 @@ def model_arg_mismatches(args: argparse.Namespace, cfg: dict) -> list[str]:
                 out.append(f"{flag} {'given' if mine else 'absent'}: config.json says "
                            f"{'' if have else 'not '}{meaning}")
     return out
+
+
+def _linear_attention_mismatches(args: argparse.Namespace, cfg: dict) -> list[str]:
+    """--linear-attention-freq against layer_types, both ways. Without it Megatron builds softmax attention in
+    every layer, unless a --spec builds the layers: upstream's Qwen3-Next / Qwen3.5 MODEL_ARGS leave the pattern
+    out and their run scripts pass such a --spec, so those families may leave it out."""
+    want, given = linear_attention_pattern(cfg), args.linear_attention_freq
+    if given is None:
+        if want is None or not model_args_given(args) or args.spec or cfg.get("model_type") in HYBRID_QWEN:
+            return []
+        return [f"--linear-attention-freq absent: config.json's layer_types have {want.count(1)} linear-attention "
+                f"layers; add --linear-attention-freq {_linear_freq_text(want)}"]
+    mine = parse_linear_attention_freq(given, args.num_layers or cfg.get("num_hidden_layers"))
+    if want is None:
+        return [f"--linear-attention-freq {given}: config.json has no linear-attention layers (layer_types)"]
+    if mine != want:
+        return [f"--linear-attention-freq {given}: config.json's layer_types have {want.count(1)} linear-attention "
+                f"and {want.count(0)} softmax-attention layers, i.e. --linear-attention-freq {_linear_freq_text(want)}"]
+    return []
+
+
+def _linear_freq_text(pattern: list[int]) -> str:
+    """The shortest --linear-attention-freq value giving the pattern: N where it is periodic, else the list."""
+    for n in range(1, len(pattern) + 1):
+        if pattern == [int((i + 1) % n != 0) for i in range(len(pattern))]:
+            return str(n)
+    return f"'{_pattern_text(pattern)}'"
+
+
+def _clamp_mismatches(args: argparse.Namespace, cfg: dict) -> list[str]:
+    """--activation-func-clamp-value against swiglu_limit, both ways (absent: Megatron's SwiGLU is unclamped)."""
+    want, given = cfg.get("swiglu_limit"), args.activation_func_clamp_value
+    if given is None:
+        if want is None or not model_args_given(args):
+            return []
+        return [f"--activation-func-clamp-value absent: config.json says swiglu_limit={want}; "
+                f"add --activation-func-clamp-value {want:g}"]
+    if want is None:
+        return [f"--activation-func-clamp-value {given:g}: config.json has no swiglu_limit (an unclamped SwiGLU)"]
+    if not _same(float(want), given):
+        return [f"--activation-func-clamp-value {given:g}: config.json says swiglu_limit={want}"]
+    return []
 
 
 def _model_name_mismatch(name: str, cfg: dict) -> list[str]:
