@@ -3,6 +3,7 @@ rl_iteration, bucketing / subsets / shared-buffer packing of weight_sync, py-spy
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import sys
@@ -150,6 +151,27 @@ def test_profile_summary_counts_inclusive_samples_once_per_stack(tmp_path):
     assert " 75.0%  f (a.py)" in text  # recursion (two frames of f) counted once
     assert "process 7 slime.backends.embedded" in text
     assert "1 samples in stacks containing 'g ('" in summary.summarize(stacks, "g (", 5)
+
+
+def test_glm5_next_train_step_benchmark_sides_agree(capsys):
+    """A 4-layer (KDA, KDA, DSA full, DSA shared) hidden-32 model on 16 tokens (> index_topk 8): both sides load
+    the same checkpoint, their logits agree and the ratio line is printed (times are not asserted)."""
+    bench = _load("glm5_next_train_step")
+    r = bench.run(argparse.Namespace(seq=16, batch=1, steps=1, hidden=32, layers=4, no_memory=True))
+    assert r["rel"] < 1e-4
+    assert all(t > 0 for t in r["wall"] + r["cpu"])
+    assert "ratio transformers/megatron: wall" in capsys.readouterr().out
+
+
+def test_mhc_benchmark_sides_agree(capsys):
+    """The family's HyperConnection and transformers' on 64 tokens of 3 streams: outputs and grads (weights and
+    streams) agree; the ratio line is printed."""
+    bench = _load("mhc")
+    r = bench.run(argparse.Namespace(tokens=64, hidden=48, hc=3, repeats=1, no_memory=True))
+    assert r["rel"]["outputs"] < 1e-6 and r["rel"]["grads"] < 1e-5
+    assert r["held"][0] < r["held"][1]  # ours recomputes the float32 normalised streams in backward
+    assert all(t > 0 for t in r["wall"] + r["cpu"])
+    assert "ratio transformers/ours: wall" in capsys.readouterr().out
 
 
 if __name__ == "__main__":  # pragma: no cover
