@@ -5,7 +5,8 @@ like megatron's column-parallel weights, so a checkpoint holds every head whatev
   ranks): every exported HF tensor equal, bit for bit; saved at TP2 and loaded at TP1: the same;
 - tools/convert_hf_to_torch_dist.py at TP2 (2 ranks) then tools/convert_torch_dist_to_hf.py (with -a for the
   multimodal checkpoint's vision tower, which torch_dist does not hold): the flat and the multimodal HF
-  checkpoints back bit for bit (names, dtypes, shapes, bytes).
+  checkpoints back bit for bit (names, dtypes, shapes, bytes);
+- weights and Adam moments through DP2 -> PP2 -> TP2 / EP2 (distributed optimizer) -> DP2: bit-identical.
 """
 
 from __future__ import annotations
@@ -75,3 +76,16 @@ def test_torch_dist_checkpoints_load_at_other_layouts_and_convert_back_bit_exact
         out = str(tmp_path / f"{model_type}_hf")
         torch_dist_to_hf(["--input-dir", str(converted), "--output-dir", out, "--origin-hf-dir", hf, "-a"])
         assert _digest(out) == _digest(hf), model_type
+
+
+@pytest.mark.timeout(400)
+def test_weights_and_adam_moments_round_trip_bit_exact_through_tp2_ep2_pp2(ckpts, tmp_path):
+    """tests/checkpoint_reshard_worker.py's chain on the flat checkpoint: one Adam step at DP2, then DP2 -> PP2 ->
+    TP2 and EP2 x DP2 (distributed optimizer) -> DP2, each loading the previous checkpoint and saving it again:
+    weights and Adam moments (KDA's TP-split ones included) stay bit-identical."""
+    from checkpoint_reshard_worker import run_chain
+    from rank_spawn import spawn
+
+    from slime.utils.net import free_port
+
+    spawn(run_chain, args=(free_port(), ckpts["glm5_next_text"], str(tmp_path)), nprocs=2, join=True)
