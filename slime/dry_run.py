@@ -32,6 +32,22 @@ def missing_paths(args: argparse.Namespace) -> list[str]:
     return out
 
 
+def prompt_file_problem(args: argparse.Namespace) -> str | None:
+    """What the run's preflight would refuse in --prompt-data (keys, labels, JSON), when the file is here: a dry
+    run elsewhere (a laptop, a login node) only warns that it does not exist yet."""
+    from slime.config.preflight import check_prompts
+    from slime.config.preflight_report import PreflightError, PreflightReport
+
+    path = (args.prompt_data or "").split("@[")[0]
+    if not path or not os.path.exists(path):
+        return None
+    try:
+        check_prompts(args, PreflightReport())
+    except PreflightError as e:
+        return str(e)
+    return None
+
+
 def pipeline_split(args: argparse.Namespace, num_layers: int) -> list[int]:
     """Decoder layers per pipeline stage (first/last stages as given, the rest even): the trainer's split."""
     from slime.backends.megatron.pipeline import stage_layer_counts
@@ -173,6 +189,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None,
         out(f"warning: {w}")
     for line in lines:
         out(f"checkpoint: {line}")
+    problem = prompt_file_problem(args)
+    if problem:
+        out(f"train.py: error: {problem}")
+        return 2
     try:
         stages = pipeline_split(args, int(text.get("num_hidden_layers", 0)))
     except ValueError as e:

@@ -120,3 +120,22 @@ def test_prompt_json_error_gives_the_whole_reason(tmp_path):
     with pytest.raises(PromptFileError) as e:
         list(read_records(str(bad)))
     assert "(Expecting property name enclosed in double quotes at column 16, found '}')" in str(e.value)
+
+
+def test_dry_run_refuses_a_prompt_file_the_run_would_refuse(tmp_path, capsys):
+    """The dry run reads --prompt-data when it exists (keys, labels), as the run's preflight does."""
+    from slime.train import _main
+
+    model = _checkpoint(tmp_path / "model")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"question": "What is 2+3?", "answer": "5"}\n')
+    out = tmp_path / "out"
+    out.mkdir()
+    base = _argv(model, out, 1) + ["--prompt-data", str(prompts), "--label-key", "answer", "--rm-type", "math",
+                                   "--dry-run"]
+    assert _main(base + ["--input-key", "prompt"]) == 2
+    captured = capsys.readouterr()
+    assert "has no key 'prompt'; set --input-key to the prompt's key" in captured.out + captured.err
+    assert "dry run OK" not in captured.out
+    assert _main(base + ["--input-key", "question"]) == 0
+    assert "dry run OK" in capsys.readouterr().out
