@@ -37,6 +37,17 @@ def test_warmup_is_deterministic_for_a_seed(tokenizer):
     assert not all(torch.equal(sa[k], sc[k]) for k in sa)  # another seed, other batches
 
 
+def test_warmup_prints_progress_and_a_summary(tokenizer, capsys, monkeypatch):
+    """The quick start writes its model before Ray starts: the warm-up says where it is (stderr) while it runs."""
+    from slime_plugins.models.common import warmup as warmup_module
+
+    monkeypatch.setattr(warmup_module, "PROGRESS_EVERY_S", 0.0)
+    losses = warmup_module.warmup(_model(), tokenizer, 3, seed=0, batch_size=4)
+    err = capsys.readouterr().err.splitlines()
+    assert [line.split(",")[0].strip() for line in err[:2]] == ["warm-up step 1/3", "warm-up step 2/3"]
+    assert err[-1].strip().startswith("warm-up: 3 steps in") and f"{losses[-1]:.3f}" in err[-1]
+
+
 def test_warmed_model_scores_above_random_init_on_held_out_prompts(tokenizer):
     """60 steps of the default warm-up (the quick start runs 150) lift the greedy `--rm-type synthetic` reward
     on 32 held-out copy prompts (another data seed) from ~0 (random init: no letters) by more than 0.2."""

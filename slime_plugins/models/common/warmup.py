@@ -17,9 +17,12 @@ measurements of each warm-up tried).
 from __future__ import annotations
 
 import random
+import sys
+import time
 from typing import Any
 
 DEFAULT_TASKS = "copy"
+PROGRESS_EVERY_S = 5.0  # warm-up progress lines to stderr: no silent minute while the quick start writes its model
 # The share of the answer task's warm-up examples in the paid form: the prior's reward at RL's start is about
 # this times its copy accuracy. At one half, GRPO's first steps lifted the mean of the first 5 rollouts to
 # 0.53-0.61 in three seeds; 0.4 starts it lower, so that the curve shows what RL added.
@@ -102,8 +105,13 @@ def warmup(model: Any, tokenizer: Any, steps: int, seed: int = 0, tasks: str = D
     # 2-4 s with two threads and 0.06 s with one), and a fixed thread count keeps the result reproducible.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    start = last_line = time.perf_counter()
     try:
         for step in range(steps):
+            if losses and time.perf_counter() - last_line >= PROGRESS_EVERY_S:  # a line every few seconds
+                last_line = time.perf_counter()
+                print(f"  warm-up step {step}/{steps}, loss {losses[-1]:.3f} ({last_line - start:.0f} s)",
+                      file=sys.stderr, flush=True)
             ids, mask = _batch(tokenizer, rng, specs[step % len(specs)], batch_size)
             logits = model(input_ids=ids).logits[:, :-1].float()
             target = ids[:, 1:].masked_fill(~mask[:, 1:], -100)
@@ -115,6 +123,9 @@ def warmup(model: Any, tokenizer: Any, steps: int, seed: int = 0, tasks: str = D
             losses.append(loss.item())
     finally:
         torch.set_num_threads(threads)
+    if steps:
+        print(f"  warm-up: {steps} steps in {time.perf_counter() - start:.0f} s, last loss {losses[-1]:.3f}",
+              file=sys.stderr, flush=True)
     model.eval()
     return losses
 
