@@ -30,7 +30,6 @@ NOT_YET = {
     "slime.backends.megatron_utils.cp_utils": ["prepare_routed_experts_for_routing_replay"],
     "slime.observability.trace_utils": ALL,
     "slime.observability.rollout_metrics": ALL,
-    "slime.observability.rollout_data_utils": ALL,
     "slime.observability.train_data_utils": ALL,
     "slime.rollout.sglang_rollout": ["eval_rollout_single_dataset"],
     "slime.utils.async_utils": ["AsyncLoopThread", "get_async_loop"],
