@@ -65,6 +65,11 @@ fi
 START=$SECONDS
 step() { echo "[setup $((SECONDS - START))s] $*"; }
 step "installing into $VENV: about 2.1 GB on CPU (more with a CUDA torch), typically 2-4 minutes on a fresh machine (a status line shows what pip is doing)"
+# A line every 8 s while the install runs (minutes on a fresh machine; pip -q itself is silent for long stretches).
+heartbeat() { while sleep 8 >/dev/null 2>&1; do echo "  [setup $((SECONDS - START))s] still installing ..."; done; }
+heartbeat &
+HEARTBEAT=$!
+trap 'kill "$HEARTBEAT" 2>/dev/null || true' EXIT
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
@@ -123,4 +128,5 @@ if [ "$MACHINE" = cpu ] && [ "${#SGLANG_TEST[@]}" -gt 0 ] && [ -n "${SGLANG_TEST
   "${PIP[@]}" install --no-deps -c "$CONSTRAINTS" "${SGLANG_TEST[@]}"
 fi
 echo "$WANT" > "$STAMP"
+kill "$HEARTBEAT" 2>/dev/null || true
 step "done: $VENV"
