@@ -27,7 +27,7 @@ NOT_YET = {
     "slime.utils.data": ["Dataset"],
     "slime.backends.megatron_utils.cp_utils": ["prepare_routed_experts_for_routing_replay"],
     "slime.observability.trace_utils": ALL,
-    "slime.observability.rollout_metrics": ALL,
+    "slime.observability.rollout_metrics": ["log_eval_rollout_data", "log_rollout_data"],
     "slime.observability.train_data_utils": ["save_debug_train_data"],
     "slime.rollout.sglang_rollout": ["eval_rollout_single_dataset"],
     "slime.utils.async_utils": ["AsyncLoopThread", "get_async_loop"],
