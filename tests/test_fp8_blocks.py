@@ -195,32 +195,29 @@ def test_load_hf_model_and_save_hf_on_an_fp8_checkpoint(tmp_path):
     """--hf-checkpoint's loader gives the model it gives for the float32 copy of the dequantized weights, bit for
     bit; save_hf writes them dequantized, with no quantization_config; the FP8 names are recorded for an FP8
     engine, and re-quantizing the exported experts reproduces the checkpoint's values within one e4m3 rounding."""
-    from glm5_helpers import megatron_state_cleanup, write_checkpoint
+    from glm5_helpers import write_checkpoint
 
     from slime.backends.megatron import export_hf, load_hf_model, save_hf
 
     src = write_checkpoint(tmp_path / "src", "glm_moe_dsa", seed=6)
     expected = _fp8_copy(src, str(tmp_path / "fp8"), str(tmp_path / "ref"))
-    try:
-        model, ref = load_hf_model(str(tmp_path / "fp8")), load_hf_model(str(tmp_path / "ref"))
-        ours, theirs = model.state_dict(), ref.state_dict()
-        assert ours.keys() == theirs.keys()
-        assert all(torch.equal(ours[k], theirs[k]) for k in ours if not k.endswith("_extra_state"))
-        assert set(model.hf_fp8) == set(expected)
-        exported = {n: t for bucket in export_hf(model) for n, t in bucket}
-        sent = dict(quantize_named(exported.items(), set(model.hf_fp8), Fp8BlockFormat(BLOCK)))
-        for name, want in expected.items():
-            assert torch.equal(exported[name], want.float())  # the float64 value, rounded once
-            _within_e4m3(dequantize(sent[name], sent[scale_name(name)], BLOCK, dtype=torch.float64), want,
-                         sent[scale_name(name)], BLOCK)
-        out = save_hf(model, str(tmp_path / "out"))
-        cfg = json.load(open(os.path.join(out, "config.json")))
-        assert "quantization_config" not in cfg
-        written = load_file(os.path.join(out, "model.safetensors"))
-        assert not any(n.endswith("_scale_inv") for n in written)
-        assert all(torch.equal(written[n], want.float()) for n, want in expected.items())
-    finally:
-        megatron_state_cleanup()
+    model, ref = load_hf_model(str(tmp_path / "fp8")), load_hf_model(str(tmp_path / "ref"))
+    ours, theirs = model.state_dict(), ref.state_dict()
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours if not k.endswith("_extra_state"))
+    assert set(model.hf_fp8) == set(expected)
+    exported = {n: t for bucket in export_hf(model) for n, t in bucket}
+    sent = dict(quantize_named(exported.items(), set(model.hf_fp8), Fp8BlockFormat(BLOCK)))
+    for name, want in expected.items():
+        assert torch.equal(exported[name], want.float())  # the float64 value, rounded once
+        _within_e4m3(dequantize(sent[name], sent[scale_name(name)], BLOCK, dtype=torch.float64), want,
+                     sent[scale_name(name)], BLOCK)
+    out = save_hf(model, str(tmp_path / "out"))
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    assert "quantization_config" not in cfg
+    written = load_file(os.path.join(out, "model.safetensors"))
+    assert not any(n.endswith("_scale_inv") for n in written)
+    assert all(torch.equal(written[n], want.float()) for n, want in expected.items())
 
 
 def test_weight_sync_sends_sglang_the_checkpoints_fp8_format(tmp_path):

@@ -26,13 +26,6 @@ modeling = pytest.importorskip("transformers.models.glm5_next.modeling_glm5_next
 F64, F32 = torch.float64, torch.float32
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _clean_megatron_state():
-    from glm5_helpers import megatron_state_cleanup
-
-    yield from megatron_state_cleanup()
-
-
 @pytest.fixture(autouse=True)
 def _single_rank():
     from slime.backends.megatron.parallel import init_parallel

@@ -17,13 +17,6 @@ pytest.importorskip("transformers.models.glm5_next.modeling_glm5_next")
 npu_sim = pytest.importorskip("npu_sim")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _clean_megatron_state():
-    from glm5_helpers import megatron_state_cleanup
-
-    yield from megatron_state_cleanup()
-
-
 def _run(module, x, lengths):
     from slime_plugins.models.common.rope import ForwardContext
 
