@@ -6,6 +6,7 @@ failure shows the tail of its output instead of pytest's one-line repr of a Time
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 import pytest
@@ -24,3 +25,18 @@ def run_logged(cmd: list[str], *, timeout: float, env: dict[str, str] | None = N
         pytest.fail(f"{os.path.basename(cmd[1]) if len(cmd) > 1 else cmd[0]} still running after {timeout:.0f} s "
                     f"(killed)\n--- stdout tail ---\n{out[-4000:]}\n--- stderr tail (stacks) ---\n{err[-TAIL_CHARS:]}",
                     pytrace=False)
+
+
+def run_failure(proc: subprocess.CompletedProcess, tail: int = 4000) -> str:
+    """What a failed whole run printed, as one string (pytest shortens a tuple's repr to a few hundred
+    characters): its stdout and stderr tails, then the tail of every Ray actor log its error lines name
+    ("(actor log: PATH)"), which is where an actor that died mid-run wrote why."""
+    text = f"exit {proc.returncode}\n--- stdout tail ---\n{(proc.stdout or '')[-tail:]}\n" \
+           f"--- stderr tail ---\n{(proc.stderr or '')[-tail:]}"
+    for path in dict.fromkeys(re.findall(r"\(actor log: ([^)\s]+)\)", (proc.stdout or "") + (proc.stderr or ""))):
+        try:
+            with open(path, errors="replace") as f:
+                text += f"\n--- {path} (tail) ---\n{f.read()[-tail:]}"
+        except OSError as e:
+            text += f"\n--- {path}: unreadable ({e}) ---"
+    return text

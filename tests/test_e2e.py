@@ -23,7 +23,7 @@ import shutil
 import sys
 
 import pytest
-from logged_run import run_logged
+from logged_run import run_failure, run_logged
 
 from slime.utils.metrics import REQUIRED_KEYS, read_metrics
 
@@ -88,7 +88,7 @@ def test_e2e_simulated_npu(assets, tmp_path):
     out = str(tmp_path / "run_npu_sim")
     cmd = [sys.executable, os.path.join(ROOT, "train.py"), *_argv(assets, out, "--colocate", "--num-rollout", "2")]
     proc = run_logged(cmd, env=env, cwd=ROOT, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, run_failure(proc)
     records = read_metrics(out)
     _check_run(records, 2)
     assert "weight sync mode" in proc.stderr

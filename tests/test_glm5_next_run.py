@@ -12,7 +12,7 @@ import os
 import sys
 
 import pytest
-from logged_run import run_logged
+from logged_run import run_failure, run_logged
 
 from slime.utils.metrics import read_metrics
 
@@ -39,7 +39,7 @@ def test_three_rollouts_colocated_glm5_next(tmp_path):
            "--max-tokens-per-gpu", "256", "--lr", "5e-3", "--entropy-coef", "0.01", "--num-cpus", "2",
            "--colocate", "--num-rollout", "3", "--output-dir", out]
     proc = run_logged(cmd, env=env, cwd=ROOT, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, run_failure(proc)
     records = read_metrics(out)
     family, arch = parse_hf_config(json.load(open(os.path.join(model, "config.json"))))
     text_tensors = len(family.call("hf_names", arch))  # no vision tower, no MTP

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from logged_run import run_logged
+from logged_run import run_failure, run_logged
 from test_e2e import ROOT, _argv, assets  # noqa: F401 - the quick start's tiny model and data
 
 from slime.utils.metrics import REQUIRED_KEYS, read_metrics
@@ -98,7 +98,7 @@ def test_one_step_off_policy(assets, ray_session, tmp_path, lr, interval, genera
 def test_dry_run_and_colocate_refused(assets, tmp_path):  # noqa: F811
     proc = _run(*_argv(assets, str(tmp_path / "dry"), "--rollout-num-gpus", "1", "--num-rollout", "4", "--dry-run"),
                 timeout=120)
-    assert proc.returncode == 0 and "would fail" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 0 and "would fail" not in proc.stdout + proc.stderr, run_failure(proc)
     proc = _run(*_argv(assets, str(tmp_path / "co"), "--colocate", "--num-rollout", "4"), timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         "train_async.py: error: --colocate is not supported: the engines generate while the trainer trains, so they "

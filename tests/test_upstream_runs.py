@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from logged_run import run_logged
+from logged_run import run_failure, run_logged
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ROOT / "tests/data/upstream_train_commands.json"
@@ -99,7 +99,7 @@ def test_upstream_script_arguments_run_two_iterations_from_a_converted_checkpoin
                SLIME_CPU_THREADS="1")
     r = run_logged([sys.executable, str(ROOT / "train.py"), *argv, "--num-cpus", str(spec["ranks"] + 1),
                     "--output-dir", str(out)], env=env, timeout=840)
-    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    assert r.returncode == 0, run_failure(r)
     assert "torch_dist checkpoint (upstream (Megatron-core TE names)" in r.stdout + r.stderr  # the dry check's line
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     train = [x for x in records if x.get("kind", "train") == "train"]
