@@ -19,6 +19,10 @@ MODULES = [
     "slime.rollout.rm_hub", "slime.backends.megatron_utils.cp_utils", "slime.observability.trace_utils",
     "slime.observability.rollout_metrics", "slime.observability.rollout_data_utils",
     "slime.observability.train_data_utils", "slime.observability.metric_utils",
+    "slime.agent.parsing", "slime.agent.trajectory", "slime.agent.sandbox", "slime.agent.aiohttp_threaded",
+    "slime.agent.adapters.common", "slime.agent.adapters.anthropic",
+    "slime.agent.adapters.openai", "slime.agent.harness.common",
+    "slime.agent.harness.claude_code", "slime.agent.harness.codex",
 ]
 
 
