@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from slime.accelerator.ascend import hccl_buffer, host_checks
 from slime.accelerator.ascend.support import soc_of
 from slime.accelerator.base import Capabilities
 from slime.accelerator.device_module import DeviceModuleAccelerator
@@ -46,6 +47,8 @@ class AscendAccelerator(DeviceModuleAccelerator):
     patch_sets = {"megatron": "slime.accelerator.ascend.megatron_patches", "transformers": "slime.accelerator.transformers_patches:register"}
 
     _import_error: str | None = None
+    simulated = False  # tests/npu_sim's accelerator: no driver, CANN or RoCE ports to check
+    host_root = "/"  # where the host checks look for /usr/local/Ascend (tests: a fake tree)
 
     def _module(self) -> Any:
         import_torch_npu()
@@ -108,7 +111,23 @@ class AscendAccelerator(DeviceModuleAccelerator):
             "TASK_QUEUE_ENABLE": os.environ.get("TASK_QUEUE_ENABLE", "2"),
             # expandable_segments is the one allocator option every Ascend generation (incl. 950DT) takes.
             "PYTORCH_NPU_ALLOC_CONF": os.environ.get("PYTORCH_NPU_ALLOC_CONF", "expandable_segments:True"),
+            # Sized for the run by check_and_update_config (hccl_buffer.py), or the user's value; CANN's default
+            # (200 MB) where neither is set.
+            **({hccl_buffer.ENV: os.environ[hccl_buffer.ENV]} if os.environ.get(hccl_buffer.ENV) else {}),
         }
+
+    def check_and_update_config(self, args: Any) -> None:
+        super().check_and_update_config(args)
+        # Before Ray: the host's driver / CANN versions and, across nodes, the RoCE links (one line each, exit 2);
+        # a simulated NPU has no host stack to check.
+        if not self.simulated:
+            facts = host_checks.HostFacts(root=self.host_root)
+            host_checks.check_versions(facts, str(getattr(import_torch_npu(), "__version__", "")))
+            if args.actor_num_nodes > 1:
+                ids = host_checks.visible_device_ids(args.actor_num_gpus_per_node)
+                host_checks.check_links(facts, ids)
+        # Workers inherit it through _device_env (worker_env); the value the user exported is kept.
+        os.environ.update(hccl_buffer.buffsize_env(args))
 
     def colocated_env(self) -> dict[str, str]:
         # Trainer ranks, engine ranks and the weight-sync group each open HCCL communicators on the same
