@@ -3,7 +3,8 @@ wheels (tests/data/torch_npu_facts.json, written by scripts/npu-wheel-facts.py; 
 installed). Not hardware: these checks say the calls match the schemas and docstrings, nothing about the
 kernels' numerics on an NPU.
 
-- every kernel call in slime/accelerator/ascend/ops.py against the schema of the pinned and the newest wheel
+- every kernel call of ops.py's op groups (slime/accelerator/ascend/dense_ops.py, attention_ops.py, moe_ops.py)
+  against the schema of the pinned and the newest wheel
   (argument names, order, keyword-only arguments, required arguments, how many results are used);
 - the arguments each mapping hands its kernel on the inputs the model gives it (ranks, layouts, dtypes,
   limits, length conventions) against the docstrings;
@@ -35,6 +36,9 @@ from slime.accelerator.ascend import support  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FACTS = npu_sim_facts()  # tests/data/torch_npu_facts.json, parsed once with the simulator
 OPS_PY = os.environ.get("SLIME_NPU_OPS_PY") or os.path.join(REPO, "slime", "accelerator", "ascend", "ops.py")
+# the modules whose functions call the kernels (ops.py imports the op implementations from them)
+KERNEL_CALLERS = [OPS_PY] if os.environ.get("SLIME_NPU_OPS_PY") else [
+    os.path.join(REPO, "slime", "accelerator", "ascend", f) for f in ("dense_ops.py", "attention_ops.py", "moe_ops.py")]
 WHEELS = [FACTS["pinned"], FACTS["newest"]]
 
 
@@ -107,13 +111,13 @@ def _kernel_calls(tree: ast.AST) -> list[tuple[str, ast.Call, ast.AST | None]]:
     return list({id(c): (n, c, p) for n, c, p in out}.values())
 
 
-def _call_site_problems(source: str, wheel: str) -> list[str]:
+def _call_site_problems(source: str, wheel: str, label: str = "ops.py") -> list[str]:
     tree = ast.parse(source)
     problems = []
     calls = list(_kernel_calls(tree))
     assert calls, "no kernel calls found"
     for name, call, parent in calls:
-        where = f"ops.py:{call.lineno} {name}"
+        where = f"{label}:{call.lineno} {name}"
         s = schema(name, wheel)
         if s is None:
             problems.append(f"{where}: not in torch_npu {wheel}")
@@ -154,15 +158,17 @@ def _call_site_problems(source: str, wheel: str) -> list[str]:
                 caught = [e.id for e in ([h.type] if isinstance(h.type, ast.Name) else getattr(h.type, "elts", []))
                           if isinstance(e, ast.Name)]
                 if "TypeError" in caught and inner & call_ids:
-                    problems.append(f"ops.py:{h.lineno}: except TypeError around a kernel call; torch.ops raise "
+                    problems.append(f"{label}:{h.lineno}: except TypeError around a kernel call; torch.ops raise "
                                     f"RuntimeError for a schema mismatch")
     return problems
 
 
 @pytest.mark.parametrize("wheel", WHEELS)
 def test_every_kernel_call_matches_the_wheel_schema(wheel):
-    with open(OPS_PY, encoding="utf-8") as f:
-        problems = _call_site_problems(f.read(), wheel)
+    problems = []
+    for path in KERNEL_CALLERS:
+        with open(path, encoding="utf-8") as f:
+            problems += _call_site_problems(f.read(), wheel, os.path.basename(path))
     assert not problems, "\n".join(problems)
 
 

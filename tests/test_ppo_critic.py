@@ -126,10 +126,10 @@ def test_critic_checkpoint_resumes(actor_and_args):
     actor, args = actor_and_args
     actor.save(4, {})
     saved = host_copy(actor.critic.model)
-    resumed = Critic(actor, SimpleNamespace(**{**vars(args), "load": args.save}))
+    resumed = Critic(actor.policy, SimpleNamespace(**{**vars(args), "load": args.save}))
     assert all(torch.equal(v, saved[k]) for k, v in host_copy(resumed.model).items())
     assert resumed.lr_scheduler.num_steps == 5  # rollout 5 is next: the schedule continues there
-    fresh = Critic(actor, SimpleNamespace(**{**vars(args), "load": None}))
+    fresh = Critic(actor.policy, SimpleNamespace(**{**vars(args), "load": None}))
     assert any(not torch.equal(v, saved[k]) for k, v in host_copy(fresh.model).items())
 
 

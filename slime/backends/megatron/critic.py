@@ -71,34 +71,35 @@ def critic_checkpoint_dir(args, which: str) -> str | None:
 
 
 class Critic:
-    """Value model, optimizer and schedule of one trainer rank; `actor` packs and shards the batch."""
+    """Value model, optimizer and schedule of one trainer rank; `policy` (the actor's PolicyModel) packs and
+    shards the batch."""
 
-    def __init__(self, actor, args) -> None:
+    def __init__(self, policy, args) -> None:
         from slime.backends.megatron.checkpoint import torch_dist as ckpt
         from slime.backends.megatron import model_setup
 
-        self.actor, self.args = actor, args.critic_args
+        self.policy, self.args = policy, args.critic_args
         model = build_value_model(self.args)
         self.model, self.optimizer = model_setup.wrap_and_build_optimizer(self.args, model)
         start = 0
         load = critic_checkpoint_dir(args, "load")
         found = ckpt.find_checkpoint(load) if load and os.path.isdir(load) else None
         if found is not None and found.kind == ckpt.TORCH_DIST:
-            start = ckpt.load(load, self.model, self.optimizer, actor.rank, actor._layout(),
+            start = ckpt.load(load, self.model, self.optimizer, policy.rank, policy.layout(),
                               ckpt.LoadOptions.from_args(self.args)).start_rollout_id
         self.lr_scheduler = model_setup.build_lr_scheduler(self.args, self.optimizer, start)
 
     def save(self, args, rollout_id: int) -> None:
         from slime.backends.megatron.checkpoint import torch_dist as ckpt
 
-        ckpt.save(critic_checkpoint_dir(args, "save"), rollout_id, self.model, self.optimizer, self.actor.rank,
-                  self.actor._layout(), {"rollout_id": rollout_id}, vocab_divisible_by=self.args.make_vocab_size_divisible_by)
+        ckpt.save(critic_checkpoint_dir(args, "save"), rollout_id, self.model, self.optimizer, self.policy.rank,
+                  self.policy.layout(), {"rollout_id": rollout_id}, vocab_divisible_by=self.args.make_vocab_size_divisible_by)
 
     def _forward(self, micro_batches, on_values, forward_only: bool) -> None:
         from slime.backends.megatron import model_setup
         from slime.backends.megatron.pipeline import forward_backward
 
-        device = self.actor.device
+        device = self.policy.device
 
         def on_logits(mb, out):
             flat = out.reshape(-1)  # [T]: one value per packed position
@@ -111,7 +112,7 @@ class Critic:
     def values_of(self, batch: D.RolloutBatch, indices: list[int]) -> dict[int, torch.Tensor]:
         """Per-sample values of the response tokens of `indices`, on every pipeline stage."""
         out: dict[int, torch.Tensor] = {}
-        zero = torch.zeros((), device=self.actor.device)
+        zero = torch.zeros((), device=self.policy.device)
 
         def on_values(mb, values):
             for i, part in zip(mb.sample_indices, D.split_per_sample(values.float().cpu(), mb.response_lengths)):
@@ -119,13 +120,13 @@ class Critic:
             return zero.clone()
 
         self.model.eval()
-        mbs = [self.actor._pack(batch, m) for m in self.actor._micro_batches(batch, indices)]
+        mbs = [self.policy.pack(batch, m) for m in self.policy.micro_batches(batch, indices)]
         self._forward(mbs, on_values, forward_only=True)
-        if self.actor.pp_size == 1 or not indices:
+        if self.policy.pp_size == 1 or not indices:
             return out
         lengths = [batch.response_lengths[i] for i in indices]
-        flat = torch.cat([out[i] for i in indices]) if self.actor.last_stage else torch.empty(sum(lengths))
-        (flat,) = self.actor._from_last_stage(flat)
+        flat = torch.cat([out[i] for i in indices]) if self.policy.last_stage else torch.empty(sum(lengths))
+        (flat,) = self.policy.from_last_stage(flat)
         return dict(zip(indices, D.split_per_sample(flat.float(), lengths)))
 
     def returns_of(self, batch: D.RolloutBatch, indices: list[int]) -> dict[int, torch.Tensor]:
@@ -155,16 +156,16 @@ class Critic:
         from slime.backends.megatron import model_setup
 
         t0 = time.perf_counter()
-        args, actor = self.args, self.actor
+        args, policy = self.args, self.policy
         self.model.train()
         sums = torch.zeros(4, dtype=torch.float64)  # value loss, clip fraction, samples, loss tokens
         grad_norms = []
         for step in D.step_indices(len(batch), args.global_batch_size):
-            shard = actor._dp_shard(batch, step)
+            shard = policy.dp_shard(batch, step)
             if args.calculate_per_token_loss:
                 total = torch.tensor([sum(float(sum(batch.loss_masks[i])) for i in shard)], dtype=torch.float64)
-                dist.all_reduce(total, group=actor.dp_group)
-                normalizer = max(float(total.item()) / actor.dp_size, 1.0)
+                dist.all_reduce(total, group=policy.dp_group)
+                normalizer = max(float(total.item()) / policy.dp_size, 1.0)
             else:
                 normalizer = float(len(shard))
             self.model.zero_grad_buffer()
@@ -186,14 +187,14 @@ class Critic:
                                         float(mask.sum())], dtype=torch.float64))
                 return total / normalizer  # noqa: B023 (runs within this step)
 
-            mbs = [actor._pack(batch, m) for m in actor._micro_batches(batch, shard)]
+            mbs = [policy.pack(batch, m) for m in policy.micro_batches(batch, shard)]
             self._forward(mbs, on_values, forward_only=False)
             lr = float(self.optimizer.param_groups[0]["lr"])
             grad_norms.append(model_setup.finish_step(self.model, self.optimizer, self.lr_scheduler,
                                                       args.check_for_nan_in_loss_and_grad))
         model_setup.sync_params(self.model)
-        dist.all_reduce(sums, group=actor.dp_group)
-        (sums,) = actor._from_last_stage(sums)
+        dist.all_reduce(sums, group=policy.dp_group)
+        (sums,) = policy.from_last_stage(sums)
         loss_sum, clip_sum, n_samples, n_tokens = sums.tolist()
         denom = max(n_tokens if args.calculate_per_token_loss else n_samples, 1.0)
         return {"critic/value_loss": loss_sum / denom, "critic/value_clipfrac": clip_sum / denom,

@@ -110,18 +110,10 @@ def _mismatch_metrics(cfg: "LossConfig", log_probs, old_log_probs, rollout_log_p
     return out
 
 
-def rl_loss(cfg: LossConfig, log_probs: torch.Tensor, entropy: torch.Tensor, old_log_probs: torch.Tensor,
-            advantages: torch.Tensor, loss_mask: torch.Tensor, lengths: Sequence[int], normalizer: float,
-            ref_log_probs: torch.Tensor | None = None,
-            rollout_log_probs: torch.Tensor | None = None, hooks: LossHooks | None = None,
-            total_lengths: Sequence[int] | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-    """Loss (scaled by 1/normalizer) and metric sums for flat per-response-token tensors. hooks: upstream's
-    TIS/RS and pg-loss reducer functions (total_lengths, prompt + response per sample, are passed to them)."""
-    if normalizer <= 0:
-        raise ValueError(f"loss normalizer must be > 0, got {normalizer}")
-    mask = loss_mask.to(torch.float32)
-    lengths = [int(n) for n in lengths]
-
+def _policy_gradient(cfg: LossConfig, log_probs: torch.Tensor, old_log_probs: torch.Tensor,
+                     advantages: torch.Tensor, mask: torch.Tensor, lengths: list[int]):
+    """Per-token policy-gradient loss of the estimator (PPO clip, GSPO's sequence ratio, CISPO), with OPSM's
+    rejection: (pg_loss, clip_frac, opsm clip fraction or None)."""
     if cfg.advantage_estimator == "gspo":
         log_ratio = ppo_utils.gspo_log_ratio(log_probs, old_log_probs, lengths, mask)
     else:
@@ -135,21 +127,53 @@ def rl_loss(cfg: LossConfig, log_probs: torch.Tensor, entropy: torch.Tensor, old
     if cfg.use_opsm:  # before TIS, as upstream's
         keep_opsm, opsm_frac = ppo_utils.opsm_keep(log_probs, old_log_probs, advantages, mask, lengths, cfg.opsm_delta)
         pg_loss = pg_loss * keep_opsm
+    return pg_loss, clip_frac, opsm_frac
 
+
+def _importance_sampling(cfg: LossConfig, hooks: LossHooks | None, pg_loss: torch.Tensor,
+                         old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor | None, mask: torch.Tensor,
+                         lengths: list[int], total_lengths: Sequence[int] | None):
+    """--use-tis (or a custom TIS/RS function): (weighted pg_loss, the tokens kept in the numerators, the TIS
+    weights or None). A custom TIS/RS may reject tokens; the denominators stay the loss mask's."""
+    if not cfg.use_tis:
+        return pg_loss, mask, None
+    if rollout_log_probs is None:
+        raise ValueError("--use-tis needs rollout log-probs from the engine (return_logprob)")
+    if hooks is not None and hooks.tis_function is not None:
+        pg_loss, kept, tis_metrics = _custom_tis(hooks, pg_loss, old_log_probs, rollout_log_probs, mask,
+                                                 lengths, total_lengths)
+        return pg_loss, kept, tis_metrics.get("tis")
+    tis = ppo_utils.tis_weights(old_log_probs, rollout_log_probs, cfg.tis_clip, cfg.tis_clip_low)
+    return pg_loss * tis, mask, tis
+
+
+def _kl(cfg: LossConfig, log_probs: torch.Tensor, old_log_probs: torch.Tensor,
+        ref_log_probs: torch.Tensor) -> torch.Tensor:
+    """Per-token KL to the reference (--kl-loss-type; --use-unbiased-kl: upstream's, DeepSeek-V3.2's estimate,
+    weighted by pi_theta / pi_old, then clamped)."""
+    if not cfg.use_unbiased_kl:
+        return ppo_utils.approx_kl(log_probs, ref_log_probs, cfg.kl_loss_type)
+    raw = "k3" if cfg.kl_loss_type == "low_var_kl" else cfg.kl_loss_type
+    kl = torch.exp(log_probs.float() - old_log_probs.float()) * ppo_utils.approx_kl(log_probs, ref_log_probs, raw)
+    return kl.clamp(-10, 10) if cfg.kl_loss_type == "low_var_kl" else kl
+
+
+def rl_loss(cfg: LossConfig, log_probs: torch.Tensor, entropy: torch.Tensor, old_log_probs: torch.Tensor,
+            advantages: torch.Tensor, loss_mask: torch.Tensor, lengths: Sequence[int], normalizer: float,
+            ref_log_probs: torch.Tensor | None = None,
+            rollout_log_probs: torch.Tensor | None = None, hooks: LossHooks | None = None,
+            total_lengths: Sequence[int] | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Loss (scaled by 1/normalizer) and metric sums for flat per-response-token tensors. hooks: upstream's
+    TIS/RS and pg-loss reducer functions (total_lengths, prompt + response per sample, are passed to them)."""
+    if normalizer <= 0:
+        raise ValueError(f"loss normalizer must be > 0, got {normalizer}")
+    mask = loss_mask.to(torch.float32)
+    lengths = [int(n) for n in lengths]
+    pg_loss, clip_frac, opsm_frac = _policy_gradient(cfg, log_probs, old_log_probs, advantages, mask, lengths)
     if hooks is not None and hooks.any and total_lengths is None:
         raise ValueError("loss hooks need total_lengths (prompt + response tokens per sample)")
-    tis = None
-    kept = mask  # tokens in the numerators; a custom TIS/RS may reject some (denominators stay the loss mask's)
-    if cfg.use_tis:
-        if rollout_log_probs is None:
-            raise ValueError("--use-tis needs rollout log-probs from the engine (return_logprob)")
-        if hooks is not None and hooks.tis_function is not None:
-            pg_loss, kept, tis_metrics = _custom_tis(hooks, pg_loss, old_log_probs, rollout_log_probs, mask,
-                                                     lengths, total_lengths)
-            tis = tis_metrics.get("tis")
-        else:
-            tis = ppo_utils.tis_weights(old_log_probs, rollout_log_probs, cfg.tis_clip, cfg.tis_clip_low)
-            pg_loss = pg_loss * tis
+    pg_loss, kept, tis = _importance_sampling(cfg, hooks, pg_loss, old_log_probs, rollout_log_probs, mask, lengths,
+                                              total_lengths)
 
     def reduce(values: torch.Tensor, over: torch.Tensor | None = None) -> torch.Tensor:
         over = kept if over is None else over
@@ -171,14 +195,7 @@ def rl_loss(cfg: LossConfig, log_probs: torch.Tensor, entropy: torch.Tensor, old
         loss = loss - cfg.entropy_coef * entropy_sum
     kl_sum = None
     if ref_log_probs is not None:
-        if cfg.use_unbiased_kl:  # upstream's (DeepSeek-V3.2's) estimate: weighted by pi_theta / pi_old, then clamped
-            raw = "k3" if cfg.kl_loss_type == "low_var_kl" else cfg.kl_loss_type
-            kl = torch.exp(log_probs.float() - old_log_probs.float()) * ppo_utils.approx_kl(log_probs, ref_log_probs, raw)
-            if cfg.kl_loss_type == "low_var_kl":
-                kl = kl.clamp(-10, 10)
-        else:
-            kl = ppo_utils.approx_kl(log_probs, ref_log_probs, cfg.kl_loss_type)
-        kl_sum = reduce(kl)
+        kl_sum = reduce(_kl(cfg, log_probs, old_log_probs, ref_log_probs))
         if cfg.use_kl_loss and cfg.kl_loss_coef:
             loss = loss + cfg.kl_loss_coef * kl_sum
 

@@ -219,6 +219,46 @@ def _indexer_perm(arch, rest: str, n: int) -> torch.Tensor:
     return (head[None, :] + d * torch.arange(heads)[:, None]).reshape(-1)
 
 
+def _translate_extra_state(state: dict, tr: Translation, arch, path, sh, opt: str, key: str, loading: bool) -> None:
+    """A linear layer's extra state (a ShardedObject): dropped when loading (Megatron's linear layers ignore it),
+    else renamed to upstream's key (one for the fused q/k/v projection, under linear_qkv)."""
+    if loading:
+        _pop(state, path)
+        tr.dropped.append(path)
+        return
+    base = upstream_name(arch, key[: -len(EXTRA_STATE)] + ".weight")
+    lm = _LAYER_KEY.match(key)
+    if lm and _QKV.match(lm.group(4)[: -len(EXTRA_STATE)] + ".weight"):
+        if lm.group(4).startswith("self_attention.q_proj"):
+            sh.key = opt + lm.group(1) + "self_attention.linear_qkv" + EXTRA_STATE
+        else:
+            _pop(state, path)  # one extra state for the fused projection
+        return
+    if base is not None:
+        sh.key = opt + base[: -len(".weight")] + EXTRA_STATE
+
+
+def _vocab_padded(sh, opt: str, key: str, tp_rank: int, loading: bool, saved_shapes: dict[str, tuple] | None,
+                  vocab_divisible_by: int):
+    """An embedding or output layer as upstream saves it: whole, with Megatron's vocab padding (loading: a
+    buffer of the checkpoint's padded size). Returns (the ShardedTensor, its inverse to this rank's rows)."""
+    from megatron.core import parallel_state as ps
+
+    frag = sh.axis_fragmentations[0]
+    chunk = sh.global_offset[0] // sh.local_shape[0]
+    vocab = sh.global_shape[0]
+    if loading:
+        padded = (saved_shapes or {}).get(_VOCAB[key], (vocab,))[0]
+        full = torch.empty(padded, *sh.local_shape[1:], dtype=sh.dtype, device=sh.data.device)
+    else:
+        from slime.backends.megatron.hf_export import gather_shards
+
+        full = torch.cat(gather_shards(sh.data, ps.get_tensor_model_parallel_group() if frag > 1 else None))
+        pad = padded_vocab_size(vocab, vocab_divisible_by, frag) - vocab
+        full = torch.cat([full, full.new_zeros(pad, *full.shape[1:])]) if pad else full
+    return _whole(sh, opt + _VOCAB[key], full, tp_rank), lambda t, v=vocab, f=frag, c=chunk: [t[:v].chunk(f)[c]]
+
+
 def translate(state: dict, arch, *, loading: bool, saved_shapes: dict[str, tuple] | None = None,
               vocab_divisible_by: int = 128) -> Translation:
     """Give the ShardedTensors of `state` (its "model" and "optimizer" entries) upstream's keys, in place.
@@ -244,20 +284,7 @@ def translate(state: dict, arch, *, loading: bool, saved_shapes: dict[str, tuple
         m = _OPT_PREFIX.match(sh.key)
         opt, key = (m.group(1), m.group(2)) if m else ("", sh.key)
         if key.endswith(EXTRA_STATE) and isinstance(sh, ShardedObject):
-            if loading:
-                _pop(state, path)
-                tr.dropped.append(path)
-                continue
-            base = upstream_name(arch, key[: -len(EXTRA_STATE)] + ".weight")
-            lm = _LAYER_KEY.match(key)
-            if lm and _QKV.match(lm.group(4)[: -len(EXTRA_STATE)] + ".weight"):
-                if lm.group(4).startswith("self_attention.q_proj"):
-                    sh.key = opt + lm.group(1) + "self_attention.linear_qkv" + EXTRA_STATE
-                else:
-                    _pop(state, path)  # one extra state for the fused projection
-                continue
-            if base is not None:
-                sh.key = opt + base[: -len(".weight")] + EXTRA_STATE
+            _translate_extra_state(state, tr, arch, path, sh, opt, key, loading)
             continue
         new = upstream_name(arch, key)
         if new is not None:
@@ -266,21 +293,7 @@ def translate(state: dict, arch, *, loading: bool, saved_shapes: dict[str, tuple
         if not isinstance(sh, ShardedTensor) or sh.flattened_range is not None:
             raise ValueError(f"cannot translate {sh.key!r} to upstream's layout ({type(sh).__name__})")
         if key in _VOCAB:
-            up = opt + _VOCAB[key]
-            frag = sh.axis_fragmentations[0]
-            chunk = sh.global_offset[0] // sh.local_shape[0]
-            vocab = sh.global_shape[0]
-            if loading:
-                padded = (saved_shapes or {}).get(_VOCAB[key], (vocab,))[0]
-                full = torch.empty(padded, *sh.local_shape[1:], dtype=sh.dtype, device=sh.data.device)
-            else:
-                from slime.backends.megatron.hf_export import gather_shards
-
-                full = torch.cat(gather_shards(sh.data, ps.get_tensor_model_parallel_group() if frag > 1 else None))
-                pad = padded_vocab_size(vocab, vocab_divisible_by, frag) - vocab
-                full = torch.cat([full, full.new_zeros(pad, *full.shape[1:])]) if pad else full
-            move([path], _whole(sh, up, full, tp_rank),
-                 lambda t, v=vocab, f=frag, c=chunk: [t[:v].chunk(f)[c]])
+            move([path], *_vocab_padded(sh, opt, key, tp_rank, loading, saved_shapes, vocab_divisible_by))
             continue
         lm = _LAYER_KEY.match(key)
         prefix, rest = lm.group(1), lm.group(4)
