@@ -154,3 +154,30 @@ def grads_by_hf_name(model, gather=None) -> dict[str, torch.Tensor]:
             shards = gather(grad, m.kind) if gather else [grad]
             out.update(zip(m.hf_names_after_gather(model.arch.n_routed_experts), m.to_hf(shards)))
     return out
+
+
+def add_mtp_layer(path, seed: int = SEED) -> str:
+    """Give a tiny glm5_next checkpoint (multimodal or flat) its MTP layer as the published one is stored: layer
+    `num_hidden_layers` under the text prefix with enorm / hnorm / eh_proj / shared_head.norm and one DSA (NoPE MLA
+    + k-pool indexer) MoE decoder layer without hc_* (the tensors of layer 2, a full DSA MoE layer, perturbed), and
+    `num_nextn_predict_layers: 1` in the text config."""
+    path = str(path)
+    file = os.path.join(path, "model.safetensors")
+    tensors, config = load_file(file), json.load(open(os.path.join(path, "config.json")))
+    text = config.get("text_config") or config
+    n, h = text["num_hidden_layers"], text["hidden_size"]
+    prefix = "model.language_model.layers." if "text_config" in config else "model.layers."
+    g = torch.Generator().manual_seed(seed)
+    src, dst = f"{prefix}2.", f"{prefix}{n}."
+    for name in [k for k in tensors if k.startswith(src) and ".hc_" not in k]:
+        t = tensors[name]
+        noise = 0.05 * torch.randn(t.shape, generator=g) * t.float().std().clamp(min=1e-3) if t.numel() > 1 else 0
+        tensors[dst + name[len(src):]] = (t + noise).to(t.dtype)
+    for name in ("enorm.weight", "hnorm.weight", "shared_head.norm.weight"):
+        tensors[dst + name] = 1 + 0.3 * torch.randn(h, generator=g)
+    tensors[dst + "eh_proj.weight"] = 0.2 * torch.randn(h, 2 * h, generator=g)
+    save_file(tensors, file, metadata={"format": "pt"})
+    text["num_nextn_predict_layers"] = 1
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    return path

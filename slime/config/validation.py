@@ -246,7 +246,9 @@ def _validate_pipeline(args: argparse.Namespace) -> None:
     if hf is None:
         return  # the loader reports the missing config.json
     from slime.backends.megatron.pipeline import stage_layer_counts
+    from slime.config.model_args import text_model_config
 
+    hf = text_model_config(hf)  # a vision-language config.json (GLM-5.3-Flash, Qwen3.5) keeps these in text_config
     layers = hf.get("num_hidden_layers")
     _require(pp == 1 or not hf.get("tie_word_embeddings"),
              f"{config}: tie_word_embeddings=true needs the embedding and the output layer on one stage: use "

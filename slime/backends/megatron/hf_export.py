@@ -2,7 +2,9 @@
 
 export_hf is collective over the tensor- and expert-parallel groups: every rank of a model replica must
 iterate it in step. Every rank then receives the full tensors of its own pipeline stage (with pp = 1 the
-whole model): weight sync picks what it needs on any rank; save_hf writes from one rank per stage.
+whole model): weight sync picks what it needs on any rank; save_hf writes from one rank per stage. With
+all_stages=True (collective over the pipeline group too) every rank, rank 0 included, receives the whole model:
+each stage's buckets in stage order, broadcast over the pipeline group.
 """
 
 from __future__ import annotations
@@ -39,13 +41,19 @@ def gather_shards(t: torch.Tensor, group) -> list[torch.Tensor]:
     return out
 
 
-def export_hf(model, bucket_bytes: int = 1 << 28, dtype: torch.dtype | None = None
+def export_hf(model, bucket_bytes: int = 1 << 28, dtype: torch.dtype | None = None, all_stages: bool = False
               ) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Yield buckets (lists of (hf_name, full tensor on the accelerator)) of about `bucket_bytes` each,
     in checkpoint order. Tensors that need no gather are views of the parameters (WeightMap.to_hf), valid
     until the next optimizer step. dtype: cast on the way out (default: the parameters' own, so the router weight
-    and expert bias stay float32). Collective over TP and EP (see module docstring)."""
+    and expert bias stay float32). Collective over TP and EP (see module docstring); all_stages: every pipeline
+    stage's tensors on every rank (collective over PP as well)."""
     from megatron.core import parallel_state as ps
+
+    if all_stages and ps.get_pipeline_model_parallel_world_size() > 1:
+        yield from _every_stage(export_hf(model, bucket_bytes, dtype), ps.get_pipeline_model_parallel_group(),
+                                ps.get_pipeline_model_parallel_rank())
+        return
 
     from slime_plugins.models.common import weights as W
 
@@ -63,6 +71,8 @@ def export_hf(model, bucket_bytes: int = 1 << 28, dtype: torch.dtype | None = No
 
     def entries():
         for m in maps:
+            if m.param == "embedding.weight" and model.holds_embedding_copy and not W.is_mtp_name(model.arch, m.hf[0]):
+                continue  # the last stage's copy (MTP under PP) of the embedding the first stage exports
             local = state[m.param].detach()
             if m.kind in (W.TP_ROWS, W.TP_COLS, W.TP_GATE_UP, W.TP_GATE_UP_FUSED):
                 shards = gather_shards(local, tp_group)
@@ -80,6 +90,33 @@ def export_hf(model, bucket_bytes: int = 1 << 28, dtype: torch.dtype | None = No
 
     named = entries() if dtype is None else ((name, t.to(dtype)) for name, t in entries())
     yield from bucketed(named, bucket_bytes)
+
+
+def _every_stage(own: Iterator[list[tuple[str, torch.Tensor]]], group, stage: int
+                 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Each stage's buckets in stage order, broadcast from that stage's rank of the pipeline `group`: the bucket's
+    names, shapes and dtypes first (None ends the stage), then its tensors, bit for bit. A name an earlier stage
+    gave already is not repeated."""
+    from slime.accelerator import get_accelerator
+
+    device = get_accelerator().device()
+    seen: set[str] = set()
+    for source_stage, source in enumerate(dist.get_process_group_ranks(group)):
+        mine = source_stage == stage
+        while True:
+            bucket = next(own, None) if mine else None
+            header = [None if bucket is None else [(n, tuple(t.shape), t.dtype) for n, t in bucket]] if mine else [None]
+            dist.broadcast_object_list(header, src=source, group=group, device=device)
+            if header[0] is None:
+                break
+            tensors = ([t.contiguous() for _, t in bucket] if mine else
+                       [torch.empty(shape, dtype=dt, device=device) for _, shape, dt in header[0]])
+            for t in tensors:
+                dist.broadcast(t, src=source, group=group)
+            out = [(name, t) for (name, _, _), t in zip(header[0], tensors) if name not in seen]
+            seen.update(name for name, _ in out)
+            if out:
+                yield out
 
 
 def _stage_aliases(aliases: dict[str, str], own: set[str]) -> dict[str, str]:

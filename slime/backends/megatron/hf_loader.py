@@ -37,18 +37,18 @@ def _expected_full_shape(kind: str, local: tuple[int, ...], tp: int) -> tuple[in
 
 
 def _check_names(ckpt: HFCheckpoint, family, arch, load_mtp: bool) -> None:
-    from slime_plugins.models.common.weights import is_mtp_name
+    from slime_plugins.models.common.weights import is_mtp_layer_name, is_mtp_name
 
     expected = set(family.call("hf_names", arch))
     available = ckpt.names()
     mtp = {n for n in available if is_mtp_name(arch, n)}
     missing = expected - available
     unused = available - expected - mtp
-    if load_mtp:
+    if load_mtp:  # the MTP layers' tensors are the MTP block's; other kept ones (a vision tower) stay kept
         names, aliases = family.call("mtp_names", arch)
         wanted_mtp = set(names) | set(aliases)
         missing |= wanted_mtp - available
-        unused |= mtp - wanted_mtp
+        unused |= {n for n in mtp - wanted_mtp if is_mtp_layer_name(arch, n)}
     problems = []
     if missing:
         problems.append(f"missing tensors: {name_list(missing)}")
@@ -113,7 +113,7 @@ def load_hf_model(hf_dir: str, tp: int = 1, ep: int = 1, pp: int = 1, *, dtype: 
     from megatron.core import parallel_state as ps
 
     from slime.backends.megatron.parallel import init_parallel
-    from slime_plugins.models.common.weights import is_mtp_name
+    from slime_plugins.models.common.weights import is_mtp_layer_name, is_mtp_name
     from slime_plugins.models.registry import UnsupportedModelError, parse_hf_config
 
     ckpt = HFCheckpoint(hf_dir)
@@ -135,8 +135,10 @@ def load_hf_model(hf_dir: str, tp: int = 1, ep: int = 1, pp: int = 1, *, dtype: 
     staged = _stage(model, ckpt, family.call("weight_maps", model), ps.get_tensor_model_parallel_rank(), tp)
     if load_mtp:
         _check_mtp_aliases(ckpt, family, arch)
-    elif model.post_process:  # MTP tensors not trained here are written back unchanged by export_hf / save_hf
-        model.passthrough_hf = {n: ckpt.get(n) for n in sorted(ckpt.names()) if is_mtp_name(arch, n)}
+    if model.post_process:  # kept tensors not trained here (untrained MTP layers, a vision tower) are written back
+        # unchanged by export_hf / save_hf
+        model.passthrough_hf = {n: ckpt.get(n) for n in sorted(ckpt.names())
+                                if is_mtp_name(arch, n) and not (load_mtp and is_mtp_layer_name(arch, n))}
     targets = model.state_dict(keep_vars=True)
     with torch.no_grad():
         for name, value in staged.items():

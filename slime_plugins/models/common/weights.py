@@ -166,6 +166,12 @@ def is_mtp_name(arch, name: str) -> bool:
     return index.isdigit() and int(index) >= arch.num_hidden_layers
 
 
+def is_mtp_layer_name(arch, name: str) -> bool:
+    """A tensor of an MTP layer itself: a kept tensor (is_mtp_name) outside the vision tower that a family names
+    in `arch.vision_hf_prefixes` (GLM-5.3-Flash keeps both; the vision tower is never trained)."""
+    return is_mtp_name(arch, name) and not name.startswith(tuple(getattr(arch, "vision_hf_prefixes", ())))
+
+
 def stage_of(model) -> tuple[int, int, bool, bool, int, int]:
     """(layer offset, local layers, pre_process, post_process, ep rank, ep) of this rank's model shard."""
     from megatron.core import parallel_state as ps

@@ -12,6 +12,7 @@ FAMILY = ModelFamily(
     build_model="slime_plugins.models.glm5_next.model:build_model",
     weight_maps="slime_plugins.models.glm5_next.weights:maps_for_model",
     hf_names="slime_plugins.models.glm5_next.weights:hf_names",
+    mtp_names="slime_plugins.models.glm5_next.mtp:mtp_names",
     tiny_config="slime_plugins.models.glm5_next.tiny:tiny_config",
     transformers_class="Glm5NextForConditionalGeneration",
     description="KDA + DSA (NoPE MLA, k-pool indexer) hybrid with mHC streams, clamped-SwiGLU MoE; vision tower kept",

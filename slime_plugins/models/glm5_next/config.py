@@ -84,6 +84,11 @@ class Glm5NextConfig(ArchConfig):
         return self.model_type == "glm5_next"
 
     @property
+    def vision_hf_prefixes(self) -> tuple[str, ...]:
+        """The vision tower's tensors: kept unchanged, never trained nor stored in a torch_dist checkpoint."""
+        return ("model.visual.",) if self.multimodal else ()
+
+    @property
     def num_key_value_heads(self) -> int:  # MLA: every head has its own key and value
         return self.num_attention_heads
 

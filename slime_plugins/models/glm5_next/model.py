@@ -25,10 +25,14 @@ class Glm5NextLayers:
 def build_model(arch, tp: int = 1, ep: int = 1, pp: int = 1, dtype: torch.dtype = torch.float32,
                 perform_initialization: bool = False, gather_logits: bool = True, mtp: bool = False,
                 **config_overrides) -> common.DecoderModel:
-    """This rank's model shard on the accelerator (megatron model parallel must be initialized)."""
+    """This rank's model shard on the accelerator (megatron model parallel must be initialized); mtp=True also
+    builds the checkpoint's MTP layer(s) (slime_plugins/models/glm5_next/mtp.py)."""
+    mtp_block = None
     if mtp:
-        raise ValueError(f"{arch.model_type}: MTP training is not implemented for glm5_next; its MTP layers are kept "
-                         "unchanged (load without load_mtp / --enable-mtp-training)")
+        from slime_plugins.models.glm5_next.mtp import Glm5NextMtpBlock
+
+        mtp_block = Glm5NextMtpBlock
+        config_overrides.setdefault("mtp_num_layers", arch.mtp_num_layers)
     return common.build_model(arch, Glm5NextLayers, tp, ep, pp, dtype=dtype,
                               perform_initialization=perform_initialization, gather_logits=gather_logits,
-                              **config_overrides)
+                              mtp_block=mtp_block, **config_overrides)

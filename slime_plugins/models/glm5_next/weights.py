@@ -1,8 +1,8 @@
 """GLM-5.3-Flash HF names <-> megatron parameters, under the checkpoint's on-disk names: per-expert tensors,
 `hc_attn_fn` / `hc_attn_base` / `hc_attn_scale` and `hc_ffn_*` per layer, the text model under `model.` (flat
 `glm5_next_text`) or `model.language_model.` (the multimodal `glm5_next`, whose vision tower `model.visual.*`
-and MTP layers are kept unchanged: `arch.kept_hf_prefixes`). The token mixers' maps come from their modules
-(kda.py, attention.py)."""
+and untrained MTP layers are kept unchanged: `arch.kept_hf_prefixes`; trained MTP layers: mtp.py). The token
+mixers' maps come from their modules (kda.py, attention.py)."""
 
 from __future__ import annotations
 
@@ -55,5 +55,13 @@ def hf_names(arch) -> list[str]:
 
 
 def maps_for_model(model) -> list[WeightMap]:
+    """Maps of this rank's model shard (its pipeline stage and expert-parallel rank), MTP block included."""
     offset, n, pre, post, ep_rank, ep = stage_of(model)
-    return _text_prefixed(model.arch, model_maps(model.arch, layer_maps, offset, n, pre, post, ep_rank, ep))
+    maps = _text_prefixed(model.arch, model_maps(model.arch, layer_maps, offset, n, pre, post, ep_rank, ep))
+    if getattr(model, "mtp", None) is not None:
+        from slime_plugins.models.glm5_next.mtp import embedding_copy_map, mtp_maps
+
+        maps += mtp_maps(model.arch, ep_rank, ep)  # under the text prefix already
+        if model.holds_embedding_copy:
+            maps.append(embedding_copy_map(model.arch))
+    return maps
