@@ -3,9 +3,9 @@
 like megatron's column-parallel weights, so a checkpoint holds every head whatever TP size wrote it.
 - the flat text-only checkpoint saved at TP1 (weights moved off the HF values), loaded at TP2, EP2 and PP2 (2 gloo
   ranks): every exported HF tensor equal, bit for bit; saved at TP2 and loaded at TP1: the same;
-- tools/convert_hf_to_torch_dist.py at TP2 (2 ranks) then tools/convert_torch_dist_to_hf.py (with -a for the
-  multimodal checkpoint's vision tower, which torch_dist does not hold): the flat and the multimodal HF
-  checkpoints back bit for bit (names, dtypes, shapes, bytes);
+- tools/convert_hf_to_torch_dist.py at TP2 (2 ranks) then tools/convert_torch_dist_to_hf.py with no extra flag
+  (the multimodal checkpoint's vision tower, which torch_dist does not hold, comes back from --origin-hf-dir): the
+  flat and the multimodal HF checkpoints back bit for bit (names, dtypes, shapes, bytes);
 - weights and Adam moments through DP2 -> PP2 -> TP2 / EP2 (distributed optimizer) -> DP2: bit-identical.
 """
 
@@ -71,10 +71,10 @@ def test_torch_dist_checkpoints_load_at_other_layouts_and_convert_back_bit_exact
         converted = tmp_path / f"{model_type}_td"
         common = torch.load(str(converted / "release" / "common.pt"), weights_only=False)
         assert common["args"].tensor_model_parallel_size == 2
-        # -a: the vision tower is not in the torch_dist checkpoint (the trainer keeps it frozen, as upstream's
-        # converter does for Qwen3.5's): it comes back from the origin checkpoint
+        # no -a: the vision tower is in no torch_dist checkpoint (the trainer never trains it); it comes back from
+        # the origin checkpoint all the same, so the converted checkpoint is the model it came from
         out = str(tmp_path / f"{model_type}_hf")
-        torch_dist_to_hf(["--input-dir", str(converted), "--output-dir", out, "--origin-hf-dir", hf, "-a"])
+        torch_dist_to_hf(["--input-dir", str(converted), "--output-dir", out, "--origin-hf-dir", hf])
         assert _digest(out) == _digest(hf), model_type
 
 

@@ -116,7 +116,8 @@ def torch_dist_to_hf_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the HF checkpoint it came from: config.json (the architecture), tokenizer and other files")
     p.add_argument("-f", "--force", action="store_true", help="overwrite --output-dir if it exists")
     p.add_argument("-a", "--add-missing-from-origin-hf", action="store_true",
-                   help="also write --origin-hf-dir tensors the torch_dist checkpoint lacks (e.g. MTP layers)")
+                   help="also write --origin-hf-dir tensors the torch_dist checkpoint lacks (e.g. MTP layers; a "
+                        "never-trained vision tower, GLM-5.3-Flash's, is written back without it)")
     p.add_argument("--chunk-size", type=int, default=5 * 1024 ** 3, help="bytes per safetensors shard")
     p.add_argument("--vocab-size", type=int, default=None,
                    help="rows of the embedding / output layer kept (Megatron's padding removed)")
@@ -137,6 +138,7 @@ def torch_dist_to_hf(argv: list[str] | None = None) -> str:
     from slime.backends.megatron.hf_export import save_hf
     from slime.backends.megatron.hf_io import HFCheckpoint
     from slime.backends.megatron.hf_loader import load_hf_model
+    from slime_plugins.models.common.weights import is_mtp_layer_name
 
     args = torch_dist_to_hf_args(argv)
     try:
@@ -160,7 +162,9 @@ def torch_dist_to_hf(argv: list[str] | None = None) -> str:
     dtype = _stored_dtype(saved)
     model = load_hf_model(args.origin_hf_dir, dtype=dtype, load_mtp=any(k.startswith("mtp.") for k in saved))
     origin = dict(model.passthrough_hf)
-    model.passthrough_hf = {}
+    # A vision tower the trainer never trains (GLM-5.3-Flash's) is in no torch_dist checkpoint: it always comes back
+    # from the origin, so the converted checkpoint loads as the model it came from; -a adds the rest (MTP layers)
+    model.passthrough_hf = {n: t for n, t in origin.items() if not is_mtp_layer_name(model.arch, n)}
     with torch.no_grad():
         for p in model.parameters():
             p.fill_(float("nan"))  # any weight the checkpoint does not set shows up, never the origin's
