@@ -103,6 +103,9 @@ def _cases() -> dict[str, Case]:
         f = torch.randn(s["t"], s["heads"], 128, device=dev, dtype=dt)
         return (f, torch.rand(s["heads"], device=dev), torch.randn(s["heads"] * 128, device=dev), -5.0), {}
 
+    def fp8_quantize(dev, dt, s):  # an expert's weight with partial [128, 128] blocks, as the weight sync sends it
+        return (torch.randn(s["h"] + 64, s["h"] // 2 + 32, device=dev, dtype=dt), (128, 128)), {}
+
     def swiglu(dev, dt, s):
         return (torch.randn(s["t"], 2 * s["h"], device=dev, dtype=dt),), {}
 
@@ -144,6 +147,7 @@ def _cases() -> dict[str, Case]:
         "kda": Case(kda, (0, 1, 2, 3, 4)),
         "causal_conv1d": Case(causal_conv1d, (0, 1)),
         "kda_gate": Case(kda_gate, (0, 1, 2)),
+        "fp8_block_quantize": Case(fp8_quantize),
     }
 
 

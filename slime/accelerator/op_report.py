@@ -43,9 +43,15 @@ MODEL_OPS: dict[str, tuple[str, ...]] = {
 }
 
 
-def model_ops(family: str | None) -> tuple[str, ...]:
-    """The ops family `family` calls (every op of the table for a family not in MODEL_OPS)."""
-    return MODEL_OPS.get(family or "", OP_NAMES)
+# A block-FP8 checkpoint (GLM-5.3-Flash's experts): the weight sync re-quantizes those weights for the engine.
+FP8_CHECKPOINT_OPS = ("fp8_block_quantize",)
+
+
+def model_ops(family: str | None, fp8_checkpoint: bool = False) -> tuple[str, ...]:
+    """The ops family `family` calls (every op of the table for a family not in MODEL_OPS), plus the block-FP8
+    quantization when the checkpoint stores weights in block FP8."""
+    ops = MODEL_OPS.get(family or "", OP_NAMES)
+    return ops + tuple(o for o in FP8_CHECKPOINT_OPS if o not in ops) if fp8_checkpoint else ops
 
 
 @dataclass(frozen=True)

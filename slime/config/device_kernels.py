@@ -33,13 +33,23 @@ def model_family(hf_config: dict | None) -> str | None:
         return None
 
 
+def fp8_checkpoint(hf_config: dict | None) -> bool:
+    """config.json states block-FP8 weights (quantization_config quant_method "fp8")."""
+    from slime.utils.fp8_blocks import Fp8BlockFormat, Fp8FormatError
+
+    try:
+        return bool(hf_config) and Fp8BlockFormat.from_config(hf_config) is not None
+    except Fp8FormatError:  # a format the reader refuses: validation reports it
+        return False
+
+
 def check_device_kernels(args: Any, acc: Any) -> list[str]:
     """The op table of this run's model on `acc` as lines (printed by the caller); PreflightError (one line
     naming the ops) when --require-device-kernels is set and any op would fall back."""
     from slime.accelerator import op_report
 
     family = model_family(args.hf_config)  # config.json as validation read it
-    rows = op_report.op_rows(acc.ops, op_report.model_ops(family))
+    rows = op_report.op_rows(acc.ops, op_report.model_ops(family, fp8_checkpoint(args.hf_config)))
     lines = op_report.format_table(acc.name, family, rows, has_kernels=type(acc).op_provider is not None)
     if args.require_device_kernels:
         refused = op_report.refusal(acc.name, family, rows)

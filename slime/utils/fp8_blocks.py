@@ -21,9 +21,11 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
+from slime.accelerator.ops.fp8 import E4M3_MAX as E4M3_MAX  # re-exported: the checkpoint format's bound
+from slime.accelerator.ops.fp8 import expand_blocks, fp8_block_quantize
+
 SCALE_SUFFIX = "_scale_inv"  # X.weight -> X.weight_scale_inv
 DEFAULT_BLOCK = (128, 128)
-E4M3_MAX = 448.0  # largest finite float8_e4m3fn value
 
 
 class Fp8FormatError(ValueError):
@@ -64,12 +66,6 @@ def scale_shape(shape: tuple[int, ...] | torch.Size, block: tuple[int, int] = DE
     return (*lead, math.ceil(rows / block[0]), math.ceil(cols / block[1]))
 
 
-def _expand(scale: torch.Tensor, rows: int, cols: int, block: tuple[int, int]) -> torch.Tensor:
-    """One scale per element: each block's scale repeated over its block, the partial last blocks cropped."""
-    full = scale.repeat_interleave(block[0], dim=-2).repeat_interleave(block[1], dim=-1)
-    return full[..., :rows, :cols]
-
-
 def dequantize(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int] = DEFAULT_BLOCK,
                dtype: torch.dtype = torch.float32, name: str = "weight") -> torch.Tensor:
     """w = q * scale_inv per block, in `dtype` (float32: exact products of e4m3 values and float32 scales
@@ -82,37 +78,39 @@ def dequantize(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, 
                              f"{tuple(weight.shape)} weight in {list(block)} blocks needs {want}")
     compute = torch.float64 if dtype == torch.float64 else torch.float32
     rows, cols = weight.shape[-2:]
-    out = weight.to(compute) * _expand(scale_inv.to(compute), rows, cols, block)
+    out = weight.to(compute) * expand_blocks(scale_inv.to(compute), rows, cols, block)
     return out.to(dtype)
 
 
 def quantize(weight: torch.Tensor, block: tuple[int, int] = DEFAULT_BLOCK,
              dtype: torch.dtype = torch.float8_e4m3fn) -> tuple[torch.Tensor, torch.Tensor]:
     """(q, scale_inv) in the checkpoint's format: per block scale_inv = amax / 448 (1 for an all-zero block, so
-    it dequantizes to zeros), q = w / scale_inv rounded to e4m3. Computed in float32 (float64 input: float64)."""
+    it dequantizes to zeros), q = w / scale_inv rounded to e4m3. Computed in float32 (float64 input: float64).
+    The pure-torch reference of the op table's `fp8_block_quantize` (slime/accelerator/ops/fp8.py)."""
     if weight.dim() < 2:
         raise Fp8FormatError(f"block FP8 needs a weight of at least 2 dimensions, got {tuple(weight.shape)}")
-    *lead, rows, cols = weight.shape
-    nr, nc = math.ceil(rows / block[0]), math.ceil(cols / block[1])
-    compute = torch.float64 if weight.dtype == torch.float64 else torch.float32
-    padded = torch.zeros(*lead, nr * block[0], nc * block[1], dtype=compute, device=weight.device)
-    padded[..., :rows, :cols] = weight.to(compute)
-    blocks = padded.reshape(*lead, nr, block[0], nc, block[1])
-    amax = blocks.abs().amax(dim=(-3, -1))
-    scale_inv = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
-    q = (weight.to(compute) / _expand(scale_inv, rows, cols, block)).clamp(-E4M3_MAX, E4M3_MAX).to(dtype)
-    return q, scale_inv.to(torch.float32)
+    return fp8_block_quantize(weight, tuple(block), dtype)
+
+
+def _device_quantize(tensor: torch.Tensor, fmt: Fp8BlockFormat) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op table's fp8_block_quantize (e4m3, the only format it serves), else the reference here."""
+    if tensor.dim() < 2 or fmt.dtype != torch.float8_e4m3fn:
+        return quantize(tensor, fmt.block, fmt.dtype)
+    from slime.accelerator import get_accelerator
+
+    return get_accelerator().ops.fp8_block_quantize(tensor, tuple(fmt.block))
 
 
 def quantize_named(named: Iterable[tuple[str, torch.Tensor]], fp8_names: set[str] | frozenset[str],
                    fmt: Fp8BlockFormat = Fp8BlockFormat()) -> Iterator[tuple[str, torch.Tensor]]:
     """Weights for an FP8 engine in the checkpoint's format: each tensor the checkpoint stores in FP8 becomes
     (name, e4m3 q) and (name + "_scale_inv", float32 scales), quantized as that one checkpoint tensor (never
-    merged with its gate/up partner first); every other tensor passes unchanged."""
+    merged with its gate/up partner first), on the device where the op table has a kernel for it (Ascend 950:
+    torch_npu.npu_dynamic_block_quant); every other tensor passes unchanged."""
     for name, tensor in named:
         if name not in fp8_names:
             yield name, tensor
             continue
-        q, scale_inv = quantize(tensor, fmt.block, fmt.dtype)
+        q, scale_inv = _device_quantize(tensor, fmt)
         yield name, q
         yield scale_name(name), scale_inv

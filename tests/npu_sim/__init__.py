@@ -24,9 +24,10 @@ __all__ = ["SimulatedAscendAccelerator", "activate", "fake_sgl_kernel_npu", "fak
 
 def forget_probes() -> None:
     """Drop slime's once-per-process op probe results and SoC (another simulated release/SoC follows)."""
-    from slime.accelerator.ascend import ops
+    from slime.accelerator.ascend import fp8_ops, ops
 
     ops.forget_probes()
+    fp8_ops.forget_probes()
 
 
 _PROBE_CACHE: dict[tuple, tuple] = {}

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from slime.accelerator.ascend import kda_ops, probes
+from slime.accelerator.ascend import fp8_ops, kda_ops, probes
 from slime.accelerator.ascend.support import (
     documented_on, release_key, release_of, requirement, soc_of,
 )
@@ -160,6 +160,8 @@ def resolve(op_name: str, acc) -> DeviceOp | None:
         if not _SOC:
             _SOC.append(soc_of(acc.device_name()))
         return kda_ops.resolve(op_name, current_soc(), lambda op, fn, kernel: _probe_kda(op, fn, acc, kernel))
+    if op_name in fp8_ops.OPS:  # block-FP8 weight quantization for an FP8 engine (fp8_ops.py)
+        return fp8_ops.resolve(op_name, acc)
     mapping = MAPPINGS.get(op_name)
     if mapping is None:
         return None  # no fused kernel worth it (token_log_probs: the chunked torch reference)

@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping
 
-from slime.accelerator.ops import kda, kpool_indexer, reference
+from slime.accelerator.ops import fp8, kda, kpool_indexer, reference
 
 if TYPE_CHECKING:  # pragma: no cover
     from slime.accelerator.base import Accelerator
@@ -46,9 +46,11 @@ OP_NAMES = (
     "kda",
     "causal_conv1d",
     "kda_gate",
+    "fp8_block_quantize",
 )
 # Ops whose reference lives in a module of its own (the others' is the function of that name in reference.py).
-REFERENCE_MODULES = {"kpool_indexer": kpool_indexer, "kda": kda, "causal_conv1d": kda, "kda_gate": kda}
+REFERENCE_MODULES = {"kpool_indexer": kpool_indexer, "kda": kda, "causal_conv1d": kda, "kda_gate": kda,
+                     "fp8_block_quantize": fp8}
 REFERENCE = "reference"
 MODES = (REFERENCE, "auto")
 

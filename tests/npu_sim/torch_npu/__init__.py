@@ -30,6 +30,7 @@ from ._moe import (
     npu_moe_token_unpermute,
 )
 from . import _nn
+from ._quant import npu_dynamic_block_quant
 from ._nn import npu_rms_norm, npu_rotary_mul, npu_swiglu
 
 SIMULATED = True
@@ -47,6 +48,7 @@ _RELEASE_OF = {
     "npu_lightning_indexer": "7.3.0",
     "npu_sparse_flash_attention": "7.3.0",
     "npu_moe_gating_top_k_backward": "26.1.0",
+    "npu_dynamic_block_quant": "7.2.0",  # in the 2.7.1 / 2.8.0 wheels (tests/data/npu_fp8_facts.json)
 }
 _OPS = {
     "npu_rms_norm": npu_rms_norm,
@@ -59,6 +61,7 @@ _OPS = {
     "npu_moe_token_unpermute": npu_moe_token_unpermute,
     "npu_lightning_indexer": npu_lightning_indexer,
     "npu_sparse_flash_attention": npu_sparse_flash_attention,
+    "npu_dynamic_block_quant": npu_dynamic_block_quant,
 }
 
 

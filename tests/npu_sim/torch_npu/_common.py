@@ -144,6 +144,8 @@ def doc(op: str) -> dict:
 def schema(op: str) -> str | None:
     """`op`'s schema in the simulated release's wheel; None when that wheel was not read (older releases)."""
     w = RELEASE_WHEELS[_release[0]]
+    if op not in facts()["ops"]:  # recorded in a facts file of its own (npu_fp8_facts.json): its signature binds
+        return None
     return _of(facts()["ops"][op]["schema"], w) if w in facts()["wheels"] else None
 
 
