@@ -3,8 +3,6 @@ the rollout function gets groups of empty, numbered Samples from the data source
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from slime.config.rollout_args import RolloutArgumentError, rollout_defaults, validate_rollout_args
@@ -66,13 +64,13 @@ def test_plugin_rollout_runs_on_the_functions_own_data():
 
 
 def test_rollout_manager_makes_no_prompt_source():
-    from slime.ray.rollout_manager import RolloutManager
+    from slime.rollout.data_path import global_prompt_source
 
-    fake = SimpleNamespace(args=_args(), tokenizer=object())
-    assert RolloutManager._make_data_source(fake) is None  # would read (and fail on) the missing file otherwise
-    fake.args.rollout_global_dataset = True
+    args = _args()
+    assert global_prompt_source(args, object()) is None  # would read (and fail on) the missing file otherwise
+    args.rollout_global_dataset = True
     with pytest.raises(Exception, match="nonexistent"):
-        RolloutManager._make_data_source(fake)
+        global_prompt_source(args, object())
 
 
 @pytest.mark.parametrize("overrides, needle", [

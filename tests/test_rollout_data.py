@@ -160,16 +160,20 @@ def _to_train_data(args, samples):
 
 def _manager(args, samples):
     """The rollout manager's generate() over given samples (no engines, no Ray)."""
+    import contextlib
+
     from slime.ray.rollout_manager import RolloutManager
+    from slime.rollout.data_path import RolloutDataPath
 
     for s in samples:
         s.weight_versions = ["3"]
     manager = RolloutManager.__new__(RolloutManager)
     manager.args = args
-    manager._generate = lambda rollout_id: (samples, {"rollout/generate_time": 1.0})
+    manager.data = RolloutDataPath.__new__(RolloutDataPath)
+    manager.data.args = args
+    manager.data.rollout = lambda rollout_id, fleet: (samples, {"rollout/generate_time": 1.0})
     manager._ray = lambda: SimpleNamespace(put=lambda x: x)
-    manager.engines = lambda: []
-    manager._serving, manager.health_monitor = 0, None
+    manager.fleet = SimpleNamespace(serving=contextlib.nullcontext, engines=lambda: [])
     return manager
 
 

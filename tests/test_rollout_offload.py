@@ -23,9 +23,9 @@ class _Actor:
 
 
 def _manager(memory_is_host: bool, calls: list):
-    from slime.ray.rollout_manager import RolloutManager
+    from slime.ray.engine_fleet import RolloutEngines
 
-    m = RolloutManager.__new__(RolloutManager)
+    m = RolloutEngines.__new__(RolloutEngines)
     m.memory_is_host = memory_is_host
     m.n, m._down, m.health_monitor = 2, set(), None
     m.clients = [_Client(calls) for _ in range(2)]

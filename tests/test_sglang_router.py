@@ -84,14 +84,15 @@ def _manager_stub(**args):
 
 
 def test_without_the_router_package_requests_are_routed_in_process(monkeypatch, caplog):
-    from slime.ray.rollout_manager import RolloutError, RolloutManager
+    from slime.ray.engine_fleet import RolloutEngines
+    from slime.ray.rollout_manager import RolloutError
     from slime.rollout import sglang_router
 
     monkeypatch.setattr(sglang_router, "router_available", lambda: False)
-    with caplog.at_level(logging.INFO, logger="slime.ray.rollout_manager"):
-        assert RolloutManager._start_router(_manager_stub(rollout_router="auto")) is None
+    with caplog.at_level(logging.INFO, logger="slime.ray.engine_fleet"):
+        assert RolloutEngines._start_router(_manager_stub(rollout_router="auto")) is None
     assert any("routed in-process (the sglang-router package is not installed)" in r.getMessage()
                for r in caplog.records)
     with pytest.raises(RolloutError, match="sglang-router package is not installed"):
-        RolloutManager._start_router(_manager_stub(rollout_router="sglang-router"))
-    assert RolloutManager._start_router(_manager_stub(rollout_router="in-process")) is None
+        RolloutEngines._start_router(_manager_stub(rollout_router="sglang-router"))
+    assert RolloutEngines._start_router(_manager_stub(rollout_router="in-process")) is None

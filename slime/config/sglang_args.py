@@ -20,7 +20,7 @@ from typing import Any, Sequence
 from slime.config.sglang_options import (RENAMED, RESERVED, SGLANG_FLAGS, SGLANG_PASSTHROUGH, given_server_options,
                                          server_surface)
 
-# options the embedded engine reads (slime/ray/rollout_manager.py)
+# options the embedded engine reads (slime/ray/engine_fleet.py)
 EMBEDDED_HONORED = ("max-running-requests", "context-length", "dtype", "random-seed", "enable-deterministic-inference")
 WORKER_TYPES = ("regular", "prefill", "decode", "placeholder", "encoder")
 

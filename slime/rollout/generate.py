@@ -19,23 +19,22 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any
 
 from slime.rollout.data_source import make_samples
+from slime.rollout.errors import RolloutError
 from slime.rollout.rewards import RewardFn, compute_group_rewards, compute_reward, compute_rewards
 from slime.rollout.sample import Sample, SampleStatus
 from slime.rollout.sample_hooks import apply_in_place
-from slime.rollout.settings import request_concurrency  # --sglang-server-concurrency x engines, within --max-concurrency
+# request_concurrency: --sglang-server-concurrency x engines, within --max-concurrency
+from slime.rollout.settings import STREAMING_FLAGS, request_concurrency
 from slime.utils.http_client import EngineClient, EngineError, EngineUnreachable
 
 MAX_FAILED_ATTEMPTS = 8  # per sample: engine failures it may survive
 MAX_ABORTS = 50  # per sample: pauses it may be caught in
 
 
-class RolloutError(RuntimeError):
-    """The rollout cannot complete. One line: which sample/engine and why (plus the engine's log tail)."""
-
-
 class EngineFleet:
-    """The engines as generate_rollout sees them (RolloutManager is one; tests fake one). Every method a
-    caller uses is declared here, the optional ones with their default, so no caller probes with getattr."""
+    """The engines as generate_rollout sees them (slime.ray.engine_fleet.RolloutEngines is one; tests fake one).
+    Every method a caller uses is declared here, the optional ones with their default, so no caller probes
+    with getattr."""
 
     def acquire(self) -> int:
         """An engine index to send the next request to (blocks while all are busy)."""
@@ -253,6 +252,173 @@ class _Attempts:
         self.failures, self.aborts, self.last_error = 0, 0, None
 
 
+class _WorkQueue:
+    """The samples not done yet: workers take runs of pending ones, lost or aborted ones come back, finished
+    ones are counted off. `stop` ends the taking (the first unrecoverable failure sets it)."""
+
+    def __init__(self, samples: list[Sample], chunk: int, seeded_runs_of: Any = None) -> None:
+        """seeded_runs_of: the args whose sample seeds a run must follow consecutively (behind sglang-router),
+        or None (any run of pending samples)."""
+        self.pending: deque[Sample] = deque(samples)
+        self.unfinished = len(samples)
+        self.chunk, self.seeded_runs_of = chunk, seeded_runs_of
+        self.cond = threading.Condition()
+        self.stop = threading.Event()
+
+    def take(self) -> list[Sample]:
+        """Up to `chunk` pending samples; [] once every sample is done (or the rollout stops). Behind
+        sglang-router, whose requests carry one sampling_params object, only a run of samples with consecutive
+        seeds (consecutive indices: a GRPO group, a whole rollout) that the engine seeds item by item."""
+        args = self.seeded_runs_of
+        with self.cond:
+            while not self.pending and self.unfinished and not self.stop.is_set():
+                self.cond.wait(0.5)  # in-flight samples may come back (lost or aborted)
+            if self.stop.is_set() or not self.unfinished:
+                return []
+            out = [self.pending.popleft()]
+            while len(out) < self.chunk and self.pending and (
+                    args is None or sample_seed(args, self.pending[0].index) == sample_seed(args, out[-1].index) + 1):
+                out.append(self.pending.popleft())
+            return out
+
+    def retry(self, batch: list[Sample]) -> None:
+        with self.cond:
+            self.pending.extend(batch)
+            self.cond.notify_all()
+
+    def done(self, n: int) -> None:
+        with self.cond:
+            self.unfinished -= n
+            self.cond.notify_all()
+
+    def halt(self) -> None:
+        self.stop.set()  # the first failure stops new requests at once
+        with self.cond:
+            self.cond.notify_all()
+
+
+class _Sender:
+    """Sends a worker's run of samples to one engine and puts the answers on them (finished and scored); what
+    the engine lost or aborted goes back to the queue. Raises RolloutError on an unrecoverable failure."""
+
+    def __init__(self, args: Any, fleet: EngineFleet, queue: _WorkQueue, custom: Any, behind_router: bool,
+                 tokenizer: Any, reward_fn: RewardFn | None, counters: _Counters, engine_times: EngineTimes | None,
+                 evaluation: bool, extra_params: dict[str, Any] | None) -> None:
+        """custom: the --custom-generate-function-path function (or None); behind_router: generation goes
+        through sglang-router (fleet.behind_router())."""
+        self.args, self.fleet, self.queue, self.custom, self.behind_router = args, fleet, queue, custom, behind_router
+        self.tokenizer, self.reward_fn = tokenizer, reward_fn
+        self.counters, self.engine_times, self.evaluation = counters, engine_times, evaluation
+        self.extra_params = extra_params or {}
+        self.timeout = float(args.rollout_request_timeout)
+        # --use-rollout-routing-replay: the engines return each sample's routed experts
+        self.routed = {"return_routed_experts": True} if args.use_rollout_routing_replay else {}
+        self.attempts = {s.index: _Attempts() for s in queue.pending}
+
+    def send(self, batch: list[Sample]) -> None:
+        for s in batch:
+            a = self.attempts[s.index]
+            if a.failures >= MAX_FAILED_ATTEMPTS:
+                raise RolloutError(f"sample {s.index} failed on {a.failures} engine attempts; last error: {a.last_error}")
+            if a.aborts >= MAX_ABORTS:
+                raise RolloutError(f"sample {s.index} was aborted {a.aborts} times (engines kept pausing)")
+        fleet, args = self.fleet, self.args
+        fleet.wait_unpaused()
+        idx = fleet.acquire()
+        if self.engine_times is not None:
+            self.engine_times.first_use(idx)
+        gen = fleet.generation(idx)
+        for s in batch:
+            s.attempts += 1
+        params = [dict(sampling_params(args, sample_seed(args, s.index)), **self.extra_params) for s in batch]
+        if self.custom is not None:
+            self._send_custom(batch[0], idx, gen, params[0])
+        else:
+            self._send_batch(batch, idx, gen, params)
+
+    def _lost(self, batch: list[Sample], idx: int, gen: int, error: EngineError) -> None:
+        """The request never came back: the fleet restarts the engine (or raises RolloutError), then re-issue."""
+        self.fleet.release(idx, served=False)
+        for s in batch:
+            self.attempts[s.index].failures += 1
+            self.attempts[s.index].last_error = error
+        self.counters.add(reissued=len(batch))
+        self.fleet.report_failure(idx, gen, error)
+        self.queue.retry(batch)
+
+    def _send_custom(self, sample: Sample, idx: int, gen: int, params: dict[str, Any]) -> None:
+        """--custom-generate-function-path: one sample per call, to the engine chosen for it."""
+        try:
+            _custom_generate(self.custom, self.args, self.fleet.client(idx), sample, params)
+        except EngineUnreachable as e:
+            self._lost([sample], idx, gen, e)
+            return
+        except BaseException:
+            self.fleet.release(idx, served=False)
+            raise
+        self.fleet.release(idx, served=True)
+        apply_in_place(self.args, sample, self.evaluation)
+        if self.reward_fn is not None and not self.args.group_rm:
+            sample.reward = compute_reward(self.reward_fn, self.args, sample)
+        self.counters.add(done=1)
+        self.queue.done(1)
+
+    def _send_batch(self, batch: list[Sample], idx: int, gen: int, params: list[dict[str, Any]]) -> None:
+        """One /generate request for the run (a list of prompts; a single prompt when it is one)."""
+        try:
+            client = self.fleet.generation_client(idx)  # the sglang-router, when in front
+            if len(batch) == 1:
+                outs = [client.generate(batch[0].prompt_tokens, params[0], return_logprob=True, timeout=self.timeout,
+                                        **self.routed)]
+            else:
+                outs = client.generate([s.prompt_tokens for s in batch], params[0] if self.behind_router else params,
+                                       return_logprob=True, timeout=self.timeout, **self.routed)
+        except EngineUnreachable as e:
+            self._lost(batch, idx, gen, e)
+            return
+        except EngineError as e:
+            if not (self.behind_router and e.status >= 500):
+                self.fleet.release(idx, served=False)
+                raise RolloutError(f"engine {idx} rejected sample {batch[0].index}: {e.message}") from e
+            # sglang-router's 5xx: the engine it chose died (it retries live ones first); the fleet restarts
+            # dead engines, or raises when every engine is up (then the error is the engine's own)
+            self._lost(batch, idx, gen, e)
+            return
+        self.fleet.release(idx, served=True)
+        if not isinstance(outs, list) or len(outs) != len(batch):
+            raise RolloutError(f"engine {idx} answered {len(batch)} prompts with "
+                               f"{len(outs) if isinstance(outs, list) else type(outs).__name__} results")
+        self._take_answers(batch, idx, outs)
+
+    def _take_answers(self, batch: list[Sample], idx: int, outs: list[dict[str, Any]]) -> None:
+        args = self.args
+        again: list[Sample] = []
+        finished: list[Sample] = []
+        for s, out in zip(batch, outs):
+            finish = out["meta_info"]["finish_reason"]
+            if finish["type"] == "abort":
+                if str(finish.get("message", "")).startswith("engine error"):
+                    # A failing forward pass fails again on retry: report it instead of looping.
+                    raise RolloutError(f"engine {idx} failed on sample {s.index}: {finish['message']}")
+                self.attempts[s.index].aborts += 1
+                self.counters.add(aborted=1)
+                again.append(s)
+                continue
+            self.fleet.note_version(idx, out["meta_info"].get("weight_version"))
+            _finish_sample(s, out, idx, self.tokenizer, bool(args.rollout_skip_special_tokens),
+                           args if self.routed else None)
+            apply_in_place(args, s, self.evaluation)
+            finished.append(s)
+        if self.reward_fn is not None and not args.group_rm and finished:  # the request's samples scored together
+            for s, reward in zip(finished, compute_rewards(self.reward_fn, args, finished)):
+                s.reward = reward
+        if finished:
+            self.counters.add(done=len(finished))
+            self.queue.done(len(finished))
+        if again:
+            self.queue.retry(again)
+
+
 def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer: Any, reward_fn: RewardFn | None,
                 progress: _Counters | None = None, engine_times: EngineTimes | None = None,
                 evaluation: bool = False, extra_params: dict[str, Any] | None = None) -> _Counters:
@@ -264,145 +430,22 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
     (a list of prompts; a single prompt when it is one); lost or aborted samples go back to the queue.
     At most --max-concurrency samples are in flight."""
     counters = progress or _Counters()
-    stop = threading.Event()
-    timeout = float(args.rollout_request_timeout)
     custom = load_generate_function(args)
     chunk = 1 if custom is not None else samples_per_request(args, fleet, len(samples))
     behind_router = bool(fleet.behind_router())
-    # --use-rollout-routing-replay: the engines return each sample's routed experts
-    routed = {"return_routed_experts": True} if args.use_rollout_routing_replay else {}
-    attempts = {s.index: _Attempts() for s in samples}
-    pending: deque[Sample] = deque(samples)
-    unfinished = [len(samples)]
-    cond = threading.Condition()
-
-    def take() -> list[Sample]:
-        """Up to `chunk` pending samples; [] once every sample is done (or the rollout stops). Behind
-        sglang-router, whose requests carry one sampling_params object, only a run of samples with consecutive
-        seeds (consecutive indices: a GRPO group, a whole rollout) that the engine seeds item by item."""
-        with cond:
-            while not pending and unfinished[0] and not stop.is_set():
-                cond.wait(0.5)  # in-flight samples may come back (lost or aborted)
-            if stop.is_set() or not unfinished[0]:
-                return []
-            out = [pending.popleft()]
-            while len(out) < chunk and pending and (
-                    not behind_router or sample_seed(args, pending[0].index) == sample_seed(args, out[-1].index) + 1):
-                out.append(pending.popleft())
-            return out
-
-    def retry(batch: list[Sample]) -> None:
-        with cond:
-            pending.extend(batch)
-            cond.notify_all()
-
-    def done(n: int) -> None:
-        with cond:
-            unfinished[0] -= n
-            cond.notify_all()
-
-    def lost(batch: list[Sample], idx: int, gen: int, error: EngineError) -> None:
-        """The request never came back: the fleet restarts the engine (or raises RolloutError), then re-issue."""
-        fleet.release(idx, served=False)
-        for s in batch:
-            attempts[s.index].failures += 1
-            attempts[s.index].last_error = error
-        counters.add(reissued=len(batch))
-        fleet.report_failure(idx, gen, error)
-        retry(batch)
-
-    def send(batch: list[Sample]) -> None:
-        for s in batch:
-            a = attempts[s.index]
-            if a.failures >= MAX_FAILED_ATTEMPTS:
-                raise RolloutError(f"sample {s.index} failed on {a.failures} engine attempts; last error: {a.last_error}")
-            if a.aborts >= MAX_ABORTS:
-                raise RolloutError(f"sample {s.index} was aborted {a.aborts} times (engines kept pausing)")
-        fleet.wait_unpaused()
-        idx = fleet.acquire()
-        if engine_times is not None:
-            engine_times.first_use(idx)
-        gen = fleet.generation(idx)
-        for s in batch:
-            s.attempts += 1
-        params = [dict(sampling_params(args, sample_seed(args, s.index)), **(extra_params or {})) for s in batch]
-        if custom is not None:
-            try:
-                _custom_generate(custom, args, fleet.client(idx), batch[0], params[0])
-            except EngineUnreachable as e:
-                lost(batch, idx, gen, e)
-                return
-            except BaseException:
-                fleet.release(idx, served=False)
-                raise
-            fleet.release(idx, served=True)
-            s = batch[0]
-            apply_in_place(args, s, evaluation)
-            if reward_fn is not None and not args.group_rm:
-                s.reward = compute_reward(reward_fn, args, s)
-            counters.add(done=1)
-            done(1)
-            return
-        try:
-            client = fleet.generation_client(idx)  # the sglang-router, when in front
-            if len(batch) == 1:
-                outs = [client.generate(batch[0].prompt_tokens, params[0], return_logprob=True, timeout=timeout,
-                                        **routed)]
-            else:
-                outs = client.generate([s.prompt_tokens for s in batch], params[0] if behind_router else params,
-                                       return_logprob=True, timeout=timeout,
-                                       **routed)
-        except EngineUnreachable as e:
-            lost(batch, idx, gen, e)
-            return
-        except EngineError as e:
-            if not (behind_router and e.status >= 500):
-                fleet.release(idx, served=False)
-                raise RolloutError(f"engine {idx} rejected sample {batch[0].index}: {e.message}") from e
-            # sglang-router's 5xx: the engine it chose died (it retries live ones first); the fleet restarts
-            # dead engines, or raises when every engine is up (then the error is the engine's own)
-            lost(batch, idx, gen, e)
-            return
-        fleet.release(idx, served=True)
-        if not isinstance(outs, list) or len(outs) != len(batch):
-            raise RolloutError(f"engine {idx} answered {len(batch)} prompts with "
-                               f"{len(outs) if isinstance(outs, list) else type(outs).__name__} results")
-        again: list[Sample] = []
-        finished: list[Sample] = []
-        for s, out in zip(batch, outs):
-            finish = out["meta_info"]["finish_reason"]
-            if finish["type"] == "abort":
-                if str(finish.get("message", "")).startswith("engine error"):
-                    # A failing forward pass fails again on retry: report it instead of looping.
-                    raise RolloutError(f"engine {idx} failed on sample {s.index}: {finish['message']}")
-                attempts[s.index].aborts += 1
-                counters.add(aborted=1)
-                again.append(s)
-                continue
-            fleet.note_version(idx, out["meta_info"].get("weight_version"))
-            _finish_sample(s, out, idx, tokenizer, bool(args.rollout_skip_special_tokens), args if routed else None)
-            apply_in_place(args, s, evaluation)
-            finished.append(s)
-        if reward_fn is not None and not args.group_rm and finished:  # the request's samples scored together
-            for s, reward in zip(finished, compute_rewards(reward_fn, args, finished)):
-                s.reward = reward
-        if finished:
-            counters.add(done=len(finished))
-            done(len(finished))
-        if again:
-            retry(again)
+    queue = _WorkQueue(samples, chunk, args if behind_router else None)
+    sender = _Sender(args, fleet, queue, custom, behind_router, tokenizer, reward_fn, counters, engine_times,
+                     evaluation, extra_params)
 
     def worker() -> None:
         try:
             while True:
-                batch = take()
+                batch = queue.take()
                 if not batch:
                     return
-                send(batch)
+                sender.send(batch)
         except BaseException:
-            stop.set()  # the first failure stops new requests at once
-            with cond:
-                cond.notify_all()
+            queue.halt()
             raise
 
     count = fleet.num_engines()
@@ -416,7 +459,7 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
             finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
             errors = [f.exception() for f in finished if f.exception() is not None]
             if errors:
-                stop.set()  # in-flight requests finish; nothing new is sent
+                queue.stop.set()  # in-flight requests finish; nothing new is sent
                 raise errors[0]
     missing = [s.index for s in samples if s.status == SampleStatus.PENDING]
     if missing:
@@ -450,8 +493,6 @@ def generate_rollout(args: Any, fleet: EngineFleet, data_source: Any, tokenizer:
     over-sampling and partial rollout are upstream's rollout loop, which the rollout manager runs for them
     (slime.rollout.sglang_rollout; settings.STREAMING_FLAGS): not this one. health: the engines'
     /health replies read just before (EngineTimes starts from them)."""
-    from slime.rollout.settings import STREAMING_FLAGS
-
     given = [f"--{name.replace('_', '-')}" for name in STREAMING_FLAGS if getattr(args, name)]
     if given:
         raise RolloutError(f"{', '.join(given)}: run by slime.rollout.sglang_rollout.generate_rollout (the rollout "

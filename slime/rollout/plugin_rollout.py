@@ -22,16 +22,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from slime.rollout.base_types import RolloutFnTrainOutput, call_rollout_fn
-from slime.rollout.generate import RolloutError
-from slime.rollout.settings import STREAMING_FLAGS  # noqa: F401 (also this module's API)
+from slime.rollout.errors import RolloutError
+from slime.rollout.settings import PLUGIN_FLAGS, STREAMING_FLAGS  # the flag tables (also this module's names)
 from slime.utils.http_utils import init_http_client
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
 
 DEFAULT_ROLLOUT_FUNCTION = "slime.rollout.sglang_rollout.generate_rollout"
-
-
-PLUGIN_FLAGS = ("rollout_function_path", "data_source_path", "custom_generate_function_path")
 
 
 def uses_plugin_rollout(args: Any) -> bool:

@@ -8,6 +8,8 @@ from typing import Any
 # Flags whose meaning is upstream's rollout loop (streaming groups, first finished kept, the rest aborted and,
 # with --partial-rollout, resumed later): a built-in run that sets one runs that loop (sglang_rollout) too.
 STREAMING_FLAGS = ("dynamic_sampling_filter_path", "over_sampling_batch_size", "partial_rollout")
+# Flags that name upstream's plugin contracts (slime.rollout.plugin_rollout runs them).
+PLUGIN_FLAGS = ("rollout_function_path", "data_source_path", "custom_generate_function_path")
 
 
 def eval_datasets(args: Any) -> list[tuple[str, str]]:
