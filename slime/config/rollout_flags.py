@@ -288,7 +288,10 @@ def validate_rollout_args(args: argparse.Namespace) -> argparse.Namespace:
     if args.prompt_data:
         need(args.rollout_batch_size is not None and args.rollout_batch_size >= 1,
              "--rollout-batch-size is required (prompts per rollout, >= 1)")
-        need(bool(args.rm_type or args.custom_rm_path) or args.loss_type == "sft_loss",  # SFT: none
+        # SFT needs none; a custom generate function may set the rewards itself (upstream's coding-agent example
+        # passes neither flag); a sample it leaves without one fails the rollout with the same "no reward" line
+        need(bool(args.rm_type or args.custom_rm_path or args.custom_generate_function_path)
+             or args.loss_type == "sft_loss",
              "no reward: pass --rm-type (e.g. deepscaler, dapo, math) or --custom-rm-path module.fn")
     need(args.n_samples_per_prompt >= 1, f"--n-samples-per-prompt must be >= 1, got {args.n_samples_per_prompt}")
     need(args.rollout_max_response_len >= 1,
