@@ -44,6 +44,7 @@ class Case:
     grad_tol: float = 1e-5  # per tensor: max |ours - transformers| <= grad_tol * max |grad| + 1e-7
     grad_names: str = "checkpoint"  # transformers' grads -> checkpoint names: a key of GRAD_NAMES or "module:function"
     npu_sim: bool = True  # the logits test also on the Ascend path (the torch_npu simulator)
+    npu_sim_logits_tol: float | None = None  # the logits bound there, where it differs from logits_tol (measured)
     checks: tuple = CHECKS  # the single-process tests it runs
     layouts: tuple = ()  # the multi-rank layouts (only the family's representative case has any)
     layout_overrides: dict = field(default_factory=dict)  # tiny-config overrides of the layouts' checkpoint
@@ -55,9 +56,14 @@ FAMILY_TRAITS: dict[str, dict[str, Any]] = {
     "glm5": dict(shapes=((2, 5), (1, 19), (2, 13))),
     # 70 tokens: two chunks of the chunked delta rule. Grads 1e-4 (measured up to 7e-5): every grad below a DeltaNet
     # layer comes back through float32 chunk products summed in another order than transformers' token loop.
-    # On npu-sim the logits are 2.4e-5 of max |logit| off transformers' (bound 1e-5): the simulator's fused ops
-    # round differently over 70 tokens; not yet bounded, so the hybrids run on cpu only (as before the suite).
-    "qwen3_next": dict(shapes=((2, 70),), grad_tol=1e-4, npu_sim=False),
+    # On npu-sim the logits are 2.41e-5 of max |logit| off transformers' (cpu: 9.0e-6): all of it from the
+    # DeltaNet's gated RMSNorm on the simulated npu_rms_norm, which computes in float64 and rounds once (0.5 ulp of
+    # the float64 result; transformers' and the reference's float32 normalisation are 1 ulp off it). Those ulps,
+    # amplified ~100x by two DeltaNet layers of the tiny checkpoint, are the gap: the same model with that one op
+    # computed in float32 is 8.9e-6 off. No op is wrong; the bound there is the measured rounding. qwen3_5 (the same
+    # DeltaNet code) stays on cpu: on npu-sim the same rounding puts its embedding grad 2.05e-4 of max off (bound
+    # 1e-4), and qwen3_next's case already runs that code on the Ascend path.
+    "qwen3_next": dict(shapes=((2, 70),), grad_tol=1e-4, npu_sim_logits_tol=5e-5),
     "qwen3_5": dict(shapes=((2, 70),), grad_tol=1e-4, npu_sim=False),
     # transformers ships no mimo type: the checkpoint is a Qwen2 plus MTP layers (slime_plugins/models/mimo/tiny.py),
     # its main model's reference is transformers' Qwen2 of the same tensors (the MTP layer: test_mimo_family.py).

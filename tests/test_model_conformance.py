@@ -102,7 +102,8 @@ def test_logits_and_grads_match_transformers(accel, checkpoint, case):
         ref.zero_grad(set_to_none=True)
         logits = model(ids.to(accel.device()), pos.to(accel.device())).cpu()
         ref_logits = ref(ids, position_ids=pos).logits
-        assert rel_max(logits, ref_logits) <= case.logits_tol, (seed, rel_max(logits, ref_logits))
+        tol = case.npu_sim_logits_tol if getattr(accel, "simulated", False) and case.npu_sim_logits_tol else case.logits_tol
+        assert rel_max(logits, ref_logits) <= tol, (seed, rel_max(logits, ref_logits))
         (logits * weight).sum().backward()
         (ref_logits * weight).sum().backward()
         assert_grads_match(megatron_grads_by_hf_name(model), reference_grads(case, ref, hf_prefix), case.grad_tol,
