@@ -32,7 +32,7 @@ class AnthropicAdapter(BaseAdapter):
         app.router.add_post("/v1/messages/count_tokens", _count_tokens)
 
     def _session_id(self, request: web.Request, body: dict) -> str:
-        return sid_from_bearer(request) or (request.headers.get("X-Api-Key") or "").strip() or "default"
+        return _request_session_id(request)
 
     def _preprocess_body(self, body: dict) -> None:
         _fold_mid_list_system_into_user(body)
@@ -131,6 +131,11 @@ def _build_reply_parts(parsed: ParsedModelOutput, finish: str) -> tuple[list[dic
         blocks.append({"type": "text", "text": ""})
     stop = "tool_use" if parsed.tool_uses else ("max_tokens" if finish == "length" else "end_turn")
     return blocks, stop, recorded
+
+
+def _request_session_id(request: web.Request) -> str:
+    """The bearer token, else X-Api-Key (Messages bodies carry no session hint)."""
+    return sid_from_bearer(request) or (request.headers.get("X-Api-Key") or "").strip() or "default"
 
 
 def _render_response(body: dict, blocks: list[dict], stop_reason: str, in_tok: int, out_tok: int) -> dict:

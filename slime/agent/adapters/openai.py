@@ -31,7 +31,7 @@ class OpenAIAdapter(BaseAdapter):
         app.router.add_post("/v1/chat/completions", self._run_turn)
 
     def _session_id(self, request: web.Request, body: dict) -> str:
-        return sid_from_bearer(request) or sid_from_body(body) or "default"
+        return _request_session_id(request, body)
 
     def _translate(self, body: dict) -> tuple[list[dict], list[dict] | None]:
         messages = body.get("messages") or []
@@ -141,6 +141,11 @@ def _build_reply_parts(parsed: ParsedModelOutput, finish: str) -> tuple[dict[str
         recorded["tool_calls"] = [{"type": "function", "function": {"name": name, "arguments": arguments}}]
     wire_finish = "tool_calls" if parsed.tool_uses else ("length" if finish == "length" else "stop")
     return wire, recorded, wire_finish
+
+
+def _request_session_id(request: web.Request, body: dict) -> str:
+    """The bearer token (where OpenAI clients put their API key), else metadata.session_id / user."""
+    return sid_from_bearer(request) or sid_from_body(body) or "default"
 
 
 def _usage(in_tok: int, out_tok: int) -> dict[str, int]:
