@@ -188,3 +188,82 @@ def test_named_parser_without_sglang_is_refused_in_one_line():
         pytest.skip("SGLang is installed: its parsers run")
     with pytest.raises(ValueError, match="--sglang-tool-call-parser qwen25: these are SGLang's parsers"):
         OpenAIAdapter(tokenizer=None, sglang_url="http://127.0.0.1:1", tool_parser="qwen25")
+
+
+def _fake_e2b(monkeypatch, create_failures):
+    """A stand-in `e2b` package (AsyncSandbox.create, commands.run, files, kill) with scripted failures."""
+    import sys
+    import types
+
+    class ReadError(Exception):
+        pass
+
+    class CommandExitException(Exception):
+        def __init__(self, exit_code, stdout, stderr):
+            super().__init__("exit")
+            self.exit_code, self.stdout, self.stderr = exit_code, stdout, stderr
+
+    calls = {"create": [], "run": [], "killed": 0}
+
+    class Commands:
+        async def run(self, cmd, **kw):
+            calls["run"].append(cmd)
+            if cmd == "flaky":
+                raise ReadError("severed")
+            if cmd == "fail":
+                raise CommandExitException(2, "o", "e")
+            return types.SimpleNamespace(exit_code=0, stdout=cmd.upper(), stderr=None)
+
+    class Files:
+        async def read(self, path, user):
+            raise ReadError("gone") if path == "missing" else None
+
+    class AsyncSandbox:
+        sandbox_id = "sbx-123456789"
+        commands, files = Commands(), Files()
+
+        @classmethod
+        async def create(cls, timeout, metadata):
+            calls["create"].append((timeout, metadata))
+            if len(calls["create"]) <= create_failures:
+                raise ReadError("connect")
+            return cls()
+
+        async def kill(self):
+            calls["killed"] += 1
+
+    e2b = types.ModuleType("e2b")
+    e2b.AsyncSandbox = AsyncSandbox
+    handle = types.ModuleType("e2b.sandbox.commands.command_handle")
+    handle.CommandExitException = CommandExitException
+    for name, mod in (("e2b", e2b), ("e2b.sandbox", types.ModuleType("e2b.sandbox")),
+                      ("e2b.sandbox.commands", types.ModuleType("e2b.sandbox.commands")),
+                      ("e2b.sandbox.commands.command_handle", handle)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    return calls
+
+
+def test_e2b_sandbox_retries_transient_failures_only(monkeypatch):
+    for name in sandbox.E2BSandbox.image_metadata_key_env + sandbox.E2BSandbox.size_env:
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(RuntimeError, match="SLIME_AGENT_SANDBOX_IMAGE_METADATA_KEY is not set"):
+        asyncio.run(sandbox.E2BSandbox("img").__aenter__())
+    monkeypatch.setenv("SWE_SANDBOX_IMAGE_METADATA_KEY", "gw.io/image")  # the legacy name is read too
+    monkeypatch.setattr(sandbox.E2BSandbox, "rpc_backoff_base_sec", 0.0)
+    calls = _fake_e2b(monkeypatch, create_failures=2)
+
+    async def go():
+        async with sandbox.E2BSandbox("img", timeout=60, rpc_retries=3) as sb:
+            out = [sb.sandbox_id, await sb.exec("ls"), await sb.exec("fail"), await sb.read_file("missing")]
+            with pytest.raises(RuntimeError, match=r"e2b exec failed \(exit=2\)"):
+                await sb.exec("fail", check=True)
+            with pytest.raises(Exception, match="severed"):
+                await sb.exec("flaky", idempotent=False)
+            runs = len(calls["run"])
+            with pytest.raises(Exception, match="severed"):
+                await sb.exec("flaky")
+            return out, runs
+    out, runs = asyncio.run(go())
+    assert calls["create"] == [(60, {"gw.io/image": "img", "gw.io/size": "md"})] * 3  # two transient failures
+    assert out == ["sbx-123456789", (0, "LS", ""), (2, "o", "e"), ""] and calls["killed"] == 1
+    assert calls["run"].count("flaky") == 1 + 3 and runs == 4  # not retried when not idempotent; else 3 tries
