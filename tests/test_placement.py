@@ -5,6 +5,9 @@ multi-device engine actor really holds every device of its bundle."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -133,3 +136,28 @@ def test_init_ray_starts_a_sized_local_cluster_unless_joining_one(monkeypatch, a
     placement_group.init_ray(num_cpus=3)
     assert placement_group.joins_ray_cluster() is joins
     assert len(calls) == 1 and ("num_cpus" not in calls[0] if joins else calls[0]["num_cpus"] == 3), calls
+    assert joins or calls[0]["address"] == "local", calls  # never the cluster Ray's temp dir records
+
+
+@pytest.mark.slow
+def test_init_ray_starts_its_own_cluster_when_ray_records_another():
+    """Without RAY_ADDRESS a run starts its own cluster even when Ray's temp dir records one (a `ray start` head
+    or another test's cluster on this machine): a bare ray.init() would join the recorded address and then
+    refuse --num-cpus. The recorded address here is a dead port, so joining it cannot succeed."""
+    import tempfile
+
+    # A short temp dir: Ray's socket paths under it must stay within AF_UNIX's 107 bytes (pytest's tmp_path does not).
+    with tempfile.TemporaryDirectory(prefix="ray") as short:
+        _run_init_ray_beside_a_recorded_cluster(Path(short))
+
+
+def _run_init_ray_beside_a_recorded_cluster(ray_tmp: Path) -> None:
+    (ray_tmp / "ray").mkdir(parents=True)
+    (ray_tmp / "ray" / "ray_current_cluster").write_text("127.0.0.1:9")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(RAY_TMPDIR=str(ray_tmp), RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
+               PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    code = ("import ray\nfrom slime.ray.placement_group import init_ray\ninit_ray(num_cpus=1)\n"
+            "print(ray.cluster_resources()['CPU'])\nray.shutdown()\n")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "1.0", r.stderr[-3000:]

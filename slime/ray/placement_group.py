@@ -248,7 +248,11 @@ def init_ray(num_cpus: int | None = None) -> None:
         # A local cluster declares this node's devices under the accelerator's resource name (Ray
         # detects GPUs itself; other devices, e.g. NPUs, are declared explicitly).
         resources = {acc.ray_resource: float(acc.device_count())}
+    # address="local": a new cluster even when Ray's temp dir records one (`ray start` or another run's
+    # cluster_utils head on this machine). A bare ray.init() joins that one and then refuses num_cpus ("When
+    # connecting to an existing cluster, num_cpus and num_gpus must not be provided"); joining is what
+    # RAY_ADDRESS asks for (above).
     # No idle workers prestarted for the driver: every slime process is an actor or task with its own resources,
     # started when it is created, so the prestarted ones only cost their start-up (~0.7 core-s per run on 2 cores).
-    ray.init(num_cpus=num_cpus, resources=resources, include_dashboard=False, log_to_driver=True,
+    ray.init(address="local", num_cpus=num_cpus, resources=resources, include_dashboard=False, log_to_driver=True,
              _system_config={"prestart_worker_first_driver": False})
