@@ -29,9 +29,11 @@ def _setup_logging() -> None:
 def train(args) -> list[dict[str, Any]]:
     """Run train.py's loop (the synchronous one; --debug-rollout-only: rollouts only); returns the per-iteration
     metric records (also in OUTPUT_DIR/metrics.jsonl)."""
+    from slime.config.device_policy import apply_device_policy
     from slime.run import rollout_only, synchronous
     from slime.run.launch import launch
 
+    apply_device_policy(args)  # a no-op after main()'s preparation; args handed in directly get it here
     return launch(args, rollout_only.run if args.debug_rollout_only else synchronous.run)
 
 
@@ -118,10 +120,11 @@ def _prepare(argv: Sequence[str] | None, refuse: Refusal | None):
     _start_run(args, preflight)
     for line in runtime_warnings(args, build_parser()):
         logger.warning(line)
-    from slime.accelerator import DeviceConfigError, get_accelerator
+    from slime.accelerator import DeviceConfigError
+    from slime.config.device_policy import apply_device_policy
 
-    try:  # after the warnings: it also turns off what the device lacks (SGLang graph capture)
-        get_accelerator().check_and_update_config(args)
+    try:  # once per run (launch finds it applied); after the warnings, which name the flags as given
+        apply_device_policy(args)
     except DeviceConfigError as e:
         print(f"train.py: error: {e}", file=sys.stderr, flush=True)
         return 2

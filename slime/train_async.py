@@ -24,11 +24,13 @@ def colocate_refused(args) -> str | None:
 def train(args) -> list[dict[str, Any]]:
     """Run the loop (--debug-rollout-only: rollouts only); returns the per-iteration metric records (also in
     OUTPUT_DIR/metrics.jsonl)."""
+    from slime.config.device_policy import apply_device_policy
     from slime.run import one_step_off, rollout_only
     from slime.run.launch import launch
 
     if args.colocate:
         raise ValueError(COLOCATE_REFUSED.split("error: ", 1)[1])
+    apply_device_policy(args)  # a no-op after main()'s preparation; args handed in directly get it here
     return launch(args, rollout_only.run if args.debug_rollout_only else one_step_off.run)
 
 

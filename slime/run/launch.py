@@ -18,12 +18,11 @@ Loop = Callable[[RunSession], list[dict[str, Any]]]
 
 def launch(args, loop: Loop) -> list[dict[str, Any]]:
     """Ray (started here unless this process already joined a session or a cluster), the placement, the loop, and
-    the clean-up; with --async-save the last checkpoint is published before the run ends."""
-    from slime.accelerator import get_accelerator
+    the clean-up; with --async-save the last checkpoint is published before the run ends. `args` carry the
+    device policy (slime.config.device_policy, applied by the entry point: e.g. each CPU worker's share of the
+    cores, read by the accelerator's worker_env)."""
     from slime.ray.placement_group import create_placement_groups, init_ray
     from slime.utils import exits, run_identity
-
-    get_accelerator().check_and_update_config(args)  # device policy (CPU: each worker's share of the cores)
     from slime.utils.stages import stage
 
     with stage("starting Ray"), exits.library_signal_handlers_reclaimed():  # ray.init replaces the SIGTERM handler
