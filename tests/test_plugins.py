@@ -143,10 +143,15 @@ def test_tool_calling_generate_async_reward_custom_data_source(env):
     assert [x["first_group"] for x in log if x["kind"] == "get_samples"][:2] == [0, 2]  # file order, 2 a rollout
 
 
-def test_custom_rollout_function_group_rm_dynamic_filter_custom_loss(env):
+def test_custom_rollout_function_group_rm_dynamic_filter_custom_loss_text_generate(env):
     """Also --loss-type custom_loss: upstream's fn(args, batch, logits, sum_of_sample_mean) trains the model;
-    its log-probs from get_log_probs_and_entropy equal the trainer's old log-probs (same weights)."""
+    its log-probs from get_log_probs_and_entropy equal the trainer's old log-probs (same weights). The generate
+    function posts text as upstream's search-r1 example does (text_tool_calling_generate): the tiny word-level
+    tokenizer re-splits the conversation's text differently from the ids the plugin assembles, and the engine
+    must still condition each turn on those ids (slime/backends/embedded/text_continuations.py), or the
+    trainer/engine log-probs of the second turn disagree (1e-2 and more)."""
     records, log = _run(env, "rollout", "--rollout-function-path", "tests.upstream_plugins.custom_rollout",
+                        "--custom-generate-function-path", "tests.upstream_plugins.text_tool_calling_generate",
                         "--custom-rm-path", "tests.upstream_plugins.batched_reward", "--group-rm",
                         "--over-sampling-batch-size", "3", "--dynamic-sampling-filter-path",
                         "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std_with_fallback",
@@ -163,4 +168,11 @@ def test_custom_rollout_function_group_rm_dynamic_filter_custom_loss(env):
     assert [r["rollout/custom_fn_rollout_id"] for r in records] == [0.0, 1.0, 2.0]
     batches = [x["indices"] for x in log if x["kind"] == "batched_reward"]
     assert batches and all(len(b) == 4 for b in batches)  # one call per prompt group
+    # the text path: every turn's engine input as long as the assembled ids, and the case re-tokenizes differently
+    gens = [x for x in log if x["kind"] == "text_generate"]
+    assert len(gens) >= 3 * 2 * 4 and any(g["retokenized_differs"] for g in gens)
+    assert all(engine == assembled for g in gens for engine, assembled in g["engine_lengths"])
+    assert all(0 in g["loss_mask"] and g["loss_mask"][0] == 1 for g in gens)
+    assert all(r["train_rollout_logprob_abs_diff"] <= 1e-4 for r in records), \
+        [r["train_rollout_logprob_abs_diff"] for r in records]
 

@@ -138,3 +138,24 @@ def test_smollm2_tool_generate_async_reward(env):
     assert _Tool.calls == len(gens)
     rewarded = sorted(x["index"] for x in log if x["kind"] == "reward")  # each sample once
     assert rewarded == sorted(g["index"] for g in gens)
+
+
+def test_smollm2_text_generate_trains_on_the_engines_log_probs(env):
+    """Upstream's search-r1 way of writing the multi-turn generate (tests.upstream_plugins.text_tool_calling_generate:
+    text to /generate each turn, ids and log-probs from meta_info.output_token_logprobs, the observation tokenized
+    alone with loss mask 0 and log-prob 0.0). SmolLM2's BPE merges a turn's last token with the observation's
+    '.\\n\\n' when the joined text is tokenized afresh; the engine conditions each turn on the assembled ids
+    instead, so trainer and engine agree as on the token-id path (re-tokenizing gave 3e-3..1.6e-2 per rollout)."""
+    _Tool.calls = 0
+    records, log = _run(env, "text", "--custom-generate-function-path", "tests.upstream_plugins.text_tool_calling_generate",
+                        "--data-source-path", "tests.upstream_plugins.FileOrderDataSource",
+                        "--custom-rm-path", "tests.upstream_plugins.async_addition_reward")
+    _check_records(records)
+    gens = [x for x in log if x["kind"] == "text_generate"]
+    assert len(gens) == ROLLOUTS * PROMPTS * SAMPLES == _Tool.calls
+    assert any(g["retokenized_differs"] for g in gens), "no sample re-tokenizes differently: the case checks nothing"
+    assert all(engine == assembled for g in gens for engine, assembled in g["engine_lengths"])
+    assert all(0 in g["loss_mask"] and g["loss_mask"][0] == g["loss_mask"][-1] == 1 for g in gens)
+    diffs = [r["train_rollout_logprob_abs_diff"] for r in records]
+    print("smollm2 text generate: trainer/engine |dlp| per rollout", diffs)
+    assert max(diffs) <= 1e-4, diffs

@@ -184,3 +184,45 @@ async def async_addition_reward(args, sample: Sample, **kwargs) -> float:
     await asyncio.sleep(0)
     _log("reward", index=sample.index)
     return addition_score(sample.response, sample.label) + 0.01 * (sample.index % 2)
+
+
+# --custom-generate-function-path: upstream's search-r1 / retool way: each turn posts the *text* so far, keeps the
+# ids and log-probs of meta_info.output_token_logprobs, tokenizes each observation alone (loss mask 0, log-prob
+# 0.0) and assembles the sample at the end
+async def text_tool_calling_generate(args, sample: Sample, sampling_params: dict, evaluation: bool = False) -> Sample:
+    state = GenerateState(args)
+    url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate"
+    prompt_ids = state.tokenizer(sample.prompt, add_special_tokens=False)["input_ids"]
+    response, response_ids, loss_mask, log_probs, engine_lengths, differs = "", [], [], [], [], False
+    for turn in range(2):
+        # the text sent, tokenized afresh: where that differs from the assembled ids, an engine that re-tokenized
+        # each turn's text would condition on other tokens than the trainer trains on
+        differs = differs or state.tokenizer(sample.prompt + response, add_special_tokens=False)["input_ids"] != \
+            prompt_ids + response_ids
+        output = await post(url, {"text": sample.prompt + response, "return_logprob": True,
+                                  "sampling_params": dict(sampling_params, max_new_tokens=3)})
+        engine_lengths.append([output["meta_info"]["prompt_tokens"], len(prompt_ids) + len(response_ids)])
+        if output["meta_info"]["finish_reason"]["type"] == "abort":
+            sample.status = Sample.Status.ABORTED
+            return sample
+        pairs = output["meta_info"]["output_token_logprobs"]
+        response += output["text"]
+        response_ids += [p[1] for p in pairs]
+        log_probs += [p[0] for p in pairs]
+        loss_mask += [1] * len(pairs)
+        if turn == 0:
+            result = await post(os.environ["SLIME_TOOL_URL"], {"query": output["text"]})
+            observation = f".\n\n<information>{result['text']}</information>"
+            ids = state.tokenizer(observation, add_special_tokens=False)["input_ids"]
+            response += observation
+            response_ids += ids
+            log_probs += [0.0] * len(ids)
+            loss_mask += [0] * len(ids)
+    sample.tokens = prompt_ids + response_ids
+    sample.response_length, sample.response, sample.loss_mask = len(response_ids), response, loss_mask
+    sample.rollout_log_probs = log_probs
+    sample.status = {"length": Sample.Status.TRUNCATED, "stop": Sample.Status.COMPLETED}.get(
+        output["meta_info"]["finish_reason"]["type"], sample.status)
+    _log("text_generate", index=sample.index, evaluation=evaluation, engine_lengths=engine_lengths,
+         retokenized_differs=differs, loss_mask=loss_mask, response_length=sample.response_length)
+    return sample

@@ -38,6 +38,7 @@ from slime.accelerator import get_accelerator
 from slime.backends.embedded.errors import BadRequest
 from slime.backends.embedded.sampling import SamplingParams, apply_penalties, choose_tokens
 from slime.backends.embedded.engine_weights import WeightControl
+from slime.backends.embedded.text_continuations import TextContinuations
 from slime.backends.embedded.weights import WeightNameMap, parse_dtype
 
 logger = logging.getLogger(__name__)
@@ -120,6 +121,7 @@ class Request:
     return_routed_experts: bool = False
     routed_experts_start_len: int = 0
     routed: torch.Tensor | None = None  # int32 [tokens fed so far, num_layers, top_k]: the routers' choices
+    input_text: str | None = None  # a text request's text (text_continuations.py)
 
 
 _ALIGN = 64  # bytes: torch's CPU allocator aligns every allocation to this
@@ -147,6 +149,7 @@ class EmbeddedEngine(WeightControl):
         self.model = model if model is not None else self._load_model()
         self.model.eval()
         self.tokenizer = tokenizer if tokenizer is not None else self._load_tokenizer()
+        self.continuations = TextContinuations()
         config = self.model.config
         self.vocab_size = int(getattr(config, "vocab_size", 0) or self.model.get_output_embeddings().weight.shape[0])
         self.context_length = int(cfg.context_length or getattr(config, "max_position_embeddings", 0) or 1 << 30)
@@ -232,12 +235,13 @@ class EmbeddedEngine(WeightControl):
                      rid: str | None = None, text: str | None = None, return_routed_experts: bool = False,
                      routed_experts_start_len: int = 0) -> Request:
         """Validate one request (BadRequest on any problem)."""
+        text = text if input_ids is None else None  # input_ids win; text is then not the request's input
         if input_ids is None and text is not None:
             if self.tokenizer is None:
                 raise BadRequest("text input needs a tokenizer, and none was loaded; send input_ids")
             if not isinstance(text, str):
                 raise BadRequest("text must be a string")
-            input_ids = self.tokenizer(text)["input_ids"]
+            input_ids = self.continuations.tokenize(text, self.tokenizer)
         if not isinstance(input_ids, list) or not input_ids:
             raise BadRequest("input_ids must be a non-empty list of token ids")
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in input_ids):
@@ -263,7 +267,8 @@ class EmbeddedEngine(WeightControl):
             raise BadRequest(f"routed_experts_start_len must be an integer in [0, {len(input_ids)}] (the prompt "
                              f"length), got {start!r}")
         req = Request(list(input_ids), params, return_logprob, rid=str(rid) if rid is not None else uuid.uuid4().hex,
-                      return_routed_experts=return_routed_experts, routed_experts_start_len=start)
+                      return_routed_experts=return_routed_experts, routed_experts_start_len=start,
+                      input_text=text)
         if params.sampling_seed is not None:
             req.generator = torch.Generator().manual_seed(params.sampling_seed)
         return req
@@ -309,6 +314,8 @@ class EmbeddedEngine(WeightControl):
             matched = reason.get("matched")
             if isinstance(matched, str) and not req.params.no_stop_trim:
                 req.text = req.text[: req.text.find(matched)] if matched in req.text else req.text
+            if req.input_text is not None:
+                self.continuations.remember(req.input_text + req.text, req.input_ids + req.output_ids)
         req.finished_at = time.perf_counter()
         req.done.set()
 
