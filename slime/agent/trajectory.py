@@ -90,11 +90,14 @@ class DriftKind(enum.Enum):
     FORK = "fork"  # anything else: a new sample
 
 
-def _shared_prefix(a: list[int], b: list[int]) -> int:
+def _common_prefix_len(a: list[int], b: list[int], chunk: int = 4096) -> int:
+    """How many leading ids `a` and `b` share (compared a chunk at a time: long agent contexts mostly agree)."""
     n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    return next(i for i in range(n) if a[i] != b[i])
+    for start in range(0, n, chunk):
+        end = min(start + chunk, n)
+        if a[start:end] != b[start:end]:
+            return next(i for i in range(start, end) if a[i] != b[i])
+    return n
 
 
 class _SampleBuilder:
@@ -109,7 +112,7 @@ class _SampleBuilder:
         self.first_prompt_len = 0
 
     def drift(self, turn: TurnRecord) -> DriftKind:
-        agree = _shared_prefix(self.tokens, turn.prompt_ids)
+        agree = _common_prefix_len(self.tokens, turn.prompt_ids)
         if agree == len(self.tokens):
             return DriftKind.CLEAN
         start = self.last_response_start
