@@ -8,6 +8,7 @@ MTP layer added as the published one is stored (tests/glm5_next_helpers.add_mtp_
   its tensor's max |grad| (measured 1.3e-6 on the MTP layer, 1.2e-5 on the main model's mHC scales). Not float64
   to the last bit: transformers' RMSNorms and router compute in float32 inside a float64 model, and our mHC
   parameters stay float32 (as transformers keeps them);
+- full recompute gives the same MTP logits and grads, bit for bit;
 - load_mtp keeps the vision tower and gives every tensor back bit for bit (export_hf); an MTP layer with
   tensors the layer does not have (hc_*) is refused in one line;
 - 2 gloo ranks (tests/glm5_next_mtp_worker.py): tp2 and pp2 (the MTP block on the last stage with its copy of the
@@ -207,3 +208,20 @@ def test_mtp_and_the_all_stages_export_at_tp2_and_pp2_equal_the_single_process(c
     torch.save(dict(ids=ids, pos=pos, logits=logits, mtp=mtp, grads=grads_by_hf_name(model), export=export),
                tmp_path / "ref.pt")
     spawn_ranks(run, 2, ckpt, str(tmp_path / "ref.pt"), ["tp2", "pp2"])
+
+
+def test_full_recompute_gives_the_same_mtp_logits_and_grads(ckpts):
+    """megatron's full-layer recompute (the MTP layer checkpointed with its indexer selection recomputed) gives the
+    plain forward's MTP logits and grads exactly."""
+    from slime.backends.megatron import load_hf_model
+
+    ids, pos = _batch(11)
+    results = []
+    for overrides in ({}, dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)):
+        model = load_hf_model(ckpts["glm5_next_text"], load_mtp=True, **overrides)
+        _, (mtp,) = model(ids, pos, mtp_logits=True)
+        (mtp * mtp.detach()).sum().backward()
+        results.append((mtp.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (a, ga), (b, gb) = results
+    assert torch.equal(a, b) and ga.keys() == gb.keys() and all(torch.equal(ga[n], gb[n]) for n in ga)
+    assert any(n.startswith("mtp.") for n in ga)
