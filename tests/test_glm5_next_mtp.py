@@ -10,7 +10,8 @@ MTP layer added as the published one is stored (tests/glm5_next_helpers.add_mtp_
   parameters stay float32 (as transformers keeps them);
 - full recompute gives the same MTP logits and grads, bit for bit;
 - load_mtp keeps the vision tower and gives every tensor back bit for bit (export_hf); an MTP layer with
-  tensors the layer does not have (hc_*) is refused in one line;
+  tensors the layer does not have (hc_*) is refused in one line; a torch_dist checkpoint with the MTP layer converts
+  back to the multimodal checkpoint bit for bit without -a (vision tower from --origin-hf-dir);
 - 2 gloo ranks (tests/glm5_next_mtp_worker.py): tp2 and pp2 (the MTP block on the last stage with its copy of the
   embedding) give the single process's MTP logits (1e-5) and grads (5e-5) through megatron's schedule, and
   export_hf(all_stages=True) gives every rank the single-process export, bit for bit, in its order.
@@ -225,3 +226,21 @@ def test_full_recompute_gives_the_same_mtp_logits_and_grads(ckpts):
     (a, ga), (b, gb) = results
     assert torch.equal(a, b) and ga.keys() == gb.keys() and all(torch.equal(ga[n], gb[n]) for n in ga)
     assert any(n.startswith("mtp.") for n in ga)
+
+
+def test_torch_dist_round_trip_with_the_mtp_layer_needs_no_extra_flag(ckpts, tmp_path):
+    """A torch_dist checkpoint of the model with its MTP layer (the MTP tensors under megatron's `mtp.` names)
+    converts back to the multimodal HF checkpoint bit for bit with convert_torch_dist_to_hf's plain flags: the MTP
+    layer from the checkpoint, the vision tower from --origin-hf-dir."""
+    from test_checkpoint_interchange import _digest
+
+    from slime.backends.megatron import load_hf_model
+    from slime.backends.megatron.checkpoint import torch_dist as C
+    from slime.backends.megatron.checkpoint.convert import torch_dist_to_hf
+
+    src = ckpts["glm5_next"]
+    C.save(str(tmp_path / "td"), 0, load_hf_model(src, load_mtp=True), None, 0,
+           {"world_size": 1, "tp": 1, "ep": 1, "pp": 1}, {})
+    out = str(tmp_path / "hf")
+    torch_dist_to_hf(["--input-dir", str(tmp_path / "td"), "--output-dir", out, "--origin-hf-dir", src])
+    assert _digest(out) == _digest(src)
