@@ -2,18 +2,26 @@
 (`compute_metrics_from_samples`, logged under rollout/) and its timing (`compute_perf_metrics_from_samples`,
 under perf/), over this project's metric_utils, for custom rollout-log functions written against upstream.
 
-Upstream's log_rollout_data / log_eval_rollout_data are not here: this project's rollout manager logs its own
-metrics (slime.rollout.plugin_rollout.log_rollout / log_eval honor the custom log-function flags)."""
+`log_rollout_data` / `log_eval_rollout_data` are upstream's loggers, for plugin code that calls them: the custom
+log-function flags first, then upstream's record (extra metrics, rollout/ or eval/ metrics, perf/, the step) sent
+to this process's trackers (`send_to_trackers`). This project's own runs do not call them: its rollout manager
+returns a rollout's metrics to the driver, which records them in metrics.jsonl and the trackers
+(slime.rollout.plugin_rollout.log_rollout / log_eval honor the same flags)."""
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from typing import Any
 
 import torch
 
-from slime.observability.metric_utils import compute_statistics, dict_add_prefix, has_repetition
+from slime.observability.metric_utils import (compute_pass_rate, compute_rollout_step, compute_statistics,
+                                              dict_add_prefix, has_repetition)
+from slime.utils.misc import load_function
 from slime.utils.types import Sample
+
+logger = logging.getLogger(__name__)
 
 # metric -> the key of an SGLang request's profile in a "sglang_generate" span_end event of `sample.trace`
 # (upstream's trace_utils writes them; request timing, then PD-disaggregation prefill and decode timing)
@@ -157,3 +165,71 @@ def compute_perf_metrics_from_samples(args: Any, samples: list[Sample], rollout_
     _token_perf(args, out, [s.effective_response_length for s in samples], non_generation, rollout_time, "effective_")
     out |= _sglang_request_perf(samples)
     return out
+
+
+def log_rollout_data(rollout_id, args, samples, rollout_extra_metrics, rollout_time):
+    """Upstream's rollout logger: `--custom-rollout-log-function-path` first (True: it logged the rollout); nothing
+    for a rollout replayed from `--load-debug-rollout-data`; else the extra metrics, rollout/ and perf/ metrics of
+    the samples and `rollout/step`, sent to the trackers."""
+    if args.custom_rollout_log_function_path is not None and load_function(args.custom_rollout_log_function_path)(
+            rollout_id, args, samples, rollout_extra_metrics, rollout_time):
+        return
+    if args.load_debug_rollout_data:
+        return
+    record = {**(rollout_extra_metrics or {})}
+    record |= dict_add_prefix(compute_metrics_from_samples(args, samples), "rollout/")
+    record |= dict_add_prefix(compute_perf_metrics_from_samples(args, samples, rollout_time), "perf/")
+    logger.info(f"perf {rollout_id}: {record}")
+    record["rollout/step"] = compute_rollout_step(args, rollout_id)
+    send_to_trackers(args, record, "rollout/step")
+
+
+def log_eval_rollout_data(rollout_id, args, data, extra_metrics: dict[str, Any] | None = None):
+    """Upstream's evaluation logger: `--custom-eval-rollout-log-function-path` first (True: it logged; None is
+    returned); else per eval set its mean reward (`eval/<set>`), the samples' metrics, the truncated ratio and,
+    with `--log-passrate`, pass@k over groups of `--n-samples-per-eval-prompt`, plus `eval/step`, added to
+    `extra_metrics` itself when given (as upstream does), sent to the trackers and returned."""
+    if args.custom_eval_rollout_log_function_path is not None and load_function(
+            args.custom_eval_rollout_log_function_path)(rollout_id, args, data, extra_metrics):
+        return None
+    record = extra_metrics or {}
+    for name, result in data.items():
+        rewards = result["rewards"]
+        record[f"eval/{name}"] = sum(rewards) / len(rewards)
+        if result.get("samples") is not None:
+            record |= dict_add_prefix(compute_metrics_from_samples(args, result["samples"]), f"eval/{name}/")
+        if "truncated" in result:
+            record[f"eval/{name}-truncated_ratio"] = sum(result["truncated"]) / len(result["truncated"])
+        if args.log_passrate:
+            record |= dict_add_prefix(compute_pass_rate(flat_rewards=rewards,
+                                                        group_size=args.n_samples_per_eval_prompt), f"eval/{name}-")
+    logger.info(f"eval {rollout_id}: {record}")
+    record["eval/step"] = compute_rollout_step(args, rollout_id)
+    send_to_trackers(args, record, "eval/step")
+    return record
+
+
+_TENSORBOARD_WRITERS: dict[str, Any] = {}
+
+
+def send_to_trackers(args, record: dict[str, Any], step_key: str) -> None:
+    """`record` to W&B when a run is active in this process (`--use-wandb`) and to TensorBoard (`--use-tensorboard`,
+    a writer per directory in this process, in the run's TensorBoard directory) at `record[step_key]`."""
+    import importlib.util
+    import sys
+
+    if args.use_wandb and "wandb" in sys.modules and sys.modules["wandb"].run is not None:
+        sys.modules["wandb"].log(record)
+    if args.use_tensorboard and importlib.util.find_spec("tensorboard") is not None:
+        from slime.utils.tracking import tensorboard_dir
+
+        path = tensorboard_dir(args)
+        if path not in _TENSORBOARD_WRITERS:
+            from torch.utils.tensorboard import SummaryWriter
+
+            _TENSORBOARD_WRITERS[path] = SummaryWriter(log_dir=path)
+        writer = _TENSORBOARD_WRITERS[path]
+        for key, value in record.items():
+            if key != step_key and isinstance(value, (int, float)):
+                writer.add_scalar(key, value, record[step_key])
+        writer.flush()

@@ -26,6 +26,11 @@ def tracking_warnings(args: Any) -> list[str]:
     return out
 
 
+def tensorboard_dir(args: Any) -> str:
+    return args.tensorboard_dir or os.path.join(args.output_dir, "tensorboard", args.tb_project_name or "",
+                                                args.tb_experiment_name or "")
+
+
 class Tracker:
     """Forwards each metrics record to the trackers that are enabled and installed."""
 
@@ -50,9 +55,7 @@ class Tracker:
         if args.use_tensorboard and _installed("tensorboard"):
             from torch.utils.tensorboard import SummaryWriter
 
-            path = args.tensorboard_dir or os.path.join(args.output_dir, "tensorboard", args.tb_project_name or "",
-                                                        args.tb_experiment_name or "")
-            self.tb = SummaryWriter(log_dir=path)
+            self.tb = SummaryWriter(log_dir=tensorboard_dir(args))
 
     def step_of(self, rollouts_done: int) -> int:
         """The tracker step of a record made after `rollouts_done` rollouts."""
