@@ -23,7 +23,7 @@ from slime.utils.mask_utils import LOSS_MASK_TYPES
 
 ADVANTAGE_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
 KL_LOSS_TYPES = ("k1", "k2", "k3", "low_var_kl")
-UPDATE_WEIGHT_MODES = ("auto", "ipc", "distributed")
+UPDATE_WEIGHT_MODES = ("auto", "ipc", "distributed", "disk")
 CKPT_FORMATS = ("torch_dist",)
 
 
@@ -217,7 +217,13 @@ def _add_weight_sync_arguments(parser: argparse.ArgumentParser) -> None:
          help="bytes per exported weight bucket")
     _add(g, parser, "--update-weight-mode", choices=UPDATE_WEIGHT_MODES, default="auto",
          help="ipc: shared device memory (colocated); distributed: broadcast over a collective group; "
-              "auto: ipc when colocated and the device supports it")
+              "disk: a complete HF checkpoint per sync under --update-weight-disk-dir, which the engines load "
+              "(upstream's --update-weight-transport disk); auto: ipc when colocated and the device supports it")
+    _add(g, parser, "--update-weight-disk-dir", default=None,
+         help="--update-weight-mode disk: the directory each sync writes its checkpoint to (weight_v{N:06d}), on "
+              "a filesystem the trainer and every engine see at the same path")
+    _add(g, parser, "--update-weight-disk-keep-files", action="store_true",
+         help="--update-weight-mode disk: keep each sync's checkpoint after the engines loaded it")
     _add(g, parser, "--check-weight-sync", type=int, choices=(0, 1), default=1,
          help="compare a weight checksum on trainer and engine after every sync (1 = on)")
     _add(g, parser, "--check-weight-update-equal", action="store_true",

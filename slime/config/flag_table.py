@@ -19,15 +19,15 @@ DOC = os.path.join(ROOT, "docs", "flags.md")
 BEGIN, END = "<!-- upstream-flags:begin (python -m slime.config.flag_table) -->", "<!-- upstream-flags:end -->"
 
 _HOOK = "upstream's customization hook; not built here yet"
-_SYNC = "weight updates go trainer -> engines by IPC or a broadcast group (--update-weight-mode); upstream's " \
-        "disk / delta transport is not built"
+_SYNC = "weight updates go trainer -> engines by IPC, a broadcast group or a checkpoint on disk " \
+        "(--update-weight-mode ipc / distributed / disk); upstream's delta transport is not built"
 _DEBUG = "upstream's forge rollout replay is not built (--load-debug-rollout-data replays saved rollouts)"
 _BUFFER = "upstream's external rollout buffer service is not built"
 _DEEPGEMM = "DeepGEMM kernels are not integrated"
 REFUSED: dict[str, str] = {
     "--qwen-gdn-backend": "Gated DeltaNet runs this project's chunked torch rule on every device; upstream's fla / "
                           "flashqla kernels are not integrated",
-    "--update-weight-transport": _SYNC, "--update-weight-disk-dir": _SYNC, "--update-weight-disk-keep-files": _SYNC,
+    "--update-weight-transport": _SYNC,
     "--update-weight-delta-encoding": _SYNC, "--update-weight-delta-checksum": _SYNC,
     "--custom-update-weight-post-write-path": _SYNC, "--update-weight-local-checkpoint-dir": _SYNC,
     "--release-train": "releasing the train actors between rollouts is not built (--offload-train offloads them)",

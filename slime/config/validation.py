@@ -192,6 +192,9 @@ def _validate_saving_and_sync(args: argparse.Namespace) -> None:
         args.check_weight_sync = 1
     if args.update_weight_mode == "ipc":
         _require(args.colocate, "--update-weight-mode ipc needs --colocate (engines must share the trainer's host devices)")
+    if args.update_weight_mode == "disk":
+        _require(args.update_weight_disk_dir, "--update-weight-mode disk needs --update-weight-disk-dir DIR (a "
+                 "directory the trainer and every engine see at the same path)")
 
 
 def _resolve_reference_and_replay(args: argparse.Namespace) -> None:

@@ -8,11 +8,13 @@ flush and resume, verify; all or nothing) drives one transport per mode:
 - tensor_handles.py (ipc, otherwise): flat shared buffers (shared_buckets.py) posted as SGLang's
   `/update_weights_from_tensor` with `load_format: "flattened_bucket"`.
 - broadcast.py (distributed): a collective group with the engines, `/update_weights_from_distributed`.
+- disk.py (disk): a complete safetensors checkpoint per sync under --update-weight-disk-dir, loaded by every
+  engine through `/update_weights_from_disk`.
 
 factory.py builds a rank's WeightSync from the run's flags (auto: ipc when colocated and the device
 supports IPC, else distributed). Upstream slime keeps the same parts under
-`slime/backends/megatron_utils/update_weight/` (update_weight_from_tensor.py, update_weight_from_distributed.py);
-its disk transport (--update-weight-disk-dir) is not built here.
+`slime/backends/megatron_utils/update_weight/` (update_weight_from_tensor.py, update_weight_from_distributed.py,
+update_weight_from_disk.py); its delta transports are not built here.
 """
 
 from slime.backends.megatron.weight_sync.common import (GROUP_NAME, EngineEndpoint, StageRole, WeightSyncError,

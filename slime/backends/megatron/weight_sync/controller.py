@@ -30,6 +30,7 @@ from slime.accelerator import get_accelerator
 from slime.backends.megatron.weight_sync.broadcast import BroadcastTransport
 from slime.backends.megatron.weight_sync.common import (EngineEndpoint, StageRole, SyncRound, WeightSyncError,
                                                         check_reply, default_get, default_post, first_line)
+from slime.backends.megatron.weight_sync.disk import DiskTransport
 from slime.backends.megatron.weight_sync.tensor_handles import PayloadExchange, TensorHandleTransport
 from slime.backends.megatron.weight_sync.weight_sets import WeightSetTransport
 from slime.utils import weight_checksum
@@ -67,7 +68,8 @@ class WeightSync:
 
     mode "ipc" (colocated): through the engine's weight sets where one embedded engine offers them
     (weight_sets.py), else through shared buffers and tensor handles (tensor_handles.py); mode "distributed":
-    broadcast over a collective group (broadcast.py)."""
+    broadcast over a collective group (broadcast.py); mode "disk": a checkpoint under `disk_dir` the engines
+    load (disk.py)."""
 
     def __init__(self, mode: str, export: Callable[[], Iterable[list[tuple[str, torch.Tensor]]]],
                  engines: list[EngineEndpoint], rank: int, check: bool = True,
@@ -75,7 +77,8 @@ class WeightSync:
                  get: Callable[..., dict[str, Any]] = default_get, buffer_bytes: int = 64 << 20,
                  world_size: int = 1, timeout_s: float = 600.0, exchange: PayloadExchange | None = None,
                  role: StageRole | None = None, expert_layout: str = "in_out",
-                 host: Callable[[], str] = node_ip) -> None:
+                 host: Callable[[], str] = node_ip, disk_dir: str | None = None,
+                 disk_keep_files: bool = False) -> None:
         self.mode, self.export, self.engines, self.rank = mode, export, engines, rank
         self.role = role or StageRole(sender=rank == 0)
         self.controller = rank == 0  # pauses, resumes and verifies the engines
@@ -89,6 +92,7 @@ class WeightSync:
         self.tensor_handles = TensorHandleTransport(self, buffer_bytes, exchange)
         self.weight_sets = WeightSetTransport(self, expert_layout)
         self.broadcast = BroadcastTransport(self, host)
+        self.disk = DiskTransport(self, disk_dir, disk_keep_files)
 
     @property
     def group(self) -> Any:
@@ -133,6 +137,7 @@ class WeightSync:
         self.weight_sets.close()
         self.tensor_handles.close()
         self.broadcast.close()
+        self.disk.close()
 
     # --- what the engines offer ---------------------------------------------------------------
     def engine_info(self, engine: EngineEndpoint) -> dict[str, Any]:
@@ -187,6 +192,11 @@ class WeightSync:
         self.role.barrier()  # every stage sends only once the engines are paused
         outcome = self._stage(rnd, times)
         outcome = self._gather(rnd, outcome)
+        if self.mode == "disk" and self.controller and outcome.error is None:  # every stage has written
+            try:
+                self.disk.publish(rnd)
+            except BaseException as e:  # noqa: BLE001 - raised by _resume, after every engine is resumed
+                outcome.error = e
         self._resume(outcome.error, times)
         metrics = {"weight_sync/bytes": float(outcome.sent_bytes)}
         if self.controller and self.check:
@@ -211,6 +221,8 @@ class WeightSync:
         try:
             for engine in self.engines:
                 check_reply(self.post(engine, "/pause_generation", {}), "/pause_generation")
+            if self.mode == "disk":  # before any stage writes (they start after the barrier)
+                self.disk.prepare(rnd)
         except BaseException as e:  # noqa: BLE001 - raised after the gather
             rnd.fail(e)
         times.control += time.perf_counter() - t0
@@ -220,6 +232,8 @@ class WeightSync:
         an ipc rank colocated with no engine rank)."""
         if self.mode == "distributed":
             return self.broadcast.begin(rnd) if self.role.sender else None
+        if self.mode == "disk":
+            return self.disk.begin(rnd) if self.role.sender else None
         if not (self.role.sender or self.tensor_handles.feeds(self.rank)):
             return None
         engine = self._weight_set_engine()

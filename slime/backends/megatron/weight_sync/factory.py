@@ -14,7 +14,10 @@ logger = logging.getLogger(__name__)
 
 
 def resolve_mode(requested: str, colocate: bool, ipc_capable: bool) -> str:
-    """--update-weight-mode: auto is ipc when colocated and the device supports IPC, else distributed (logged)."""
+    """--update-weight-mode: auto is ipc when colocated and the device supports IPC, else distributed (logged);
+    disk is taken as asked (any device, colocated or not)."""
+    if requested == "disk":
+        return "disk"
     if requested == "ipc":
         if not ipc_capable:
             raise WeightSyncError("--update-weight-mode ipc: this device cannot share tensors across processes; "
@@ -105,7 +108,8 @@ def create_weight_sync(args: Any, model: Any, engines: list[dict[str, Any]], ran
 
     return WeightSync(mode, export, endpoints, rank, check=bool(args.check_weight_sync),
                       buffer_bytes=args.update_weight_buffer_size, world_size=world, timeout_s=timeout,
-                      exchange=exchange, role=stage_role(rank))
+                      exchange=exchange, role=stage_role(rank), disk_dir=args.update_weight_disk_dir,
+                      disk_keep_files=args.update_weight_disk_keep_files)
 
 
 def stage_role(rank: int) -> StageRole:
