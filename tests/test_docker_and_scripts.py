@@ -102,10 +102,10 @@ def test_dry_run_cuda_and_a3_profiles():
     assert _opt(args, "--recompute-granularity") == "full" and _opt(args, "--recompute-method") == "uniform"
     assert (_opt(args, "--expert-tensor-parallel-size"), _opt(args, "--context-parallel-size")) == ("1", "1")
     # the A3 branch of the npu profile, plus an override from the environment reaching command and plan
-    out, args = _dry_run(SLIME_PROFILE="npu", PLAN_DEVICE="a3", MAX_TOKENS_PER_GPU="65536")
+    out, args = _dry_run(SLIME_PROFILE="npu", PLAN_DEVICE="a3", MAX_TOKENS_PER_GPU="262144")  # too many even with full recompute
     assert (_opt(args, "--actor-num-nodes"), _opt(args, "--actor-num-gpus-per-node"),
             _opt(args, "--tensor-model-parallel-size"), _opt(args, "--rollout-num-gpus-per-engine")) == ("16", "16", "16", "16")
-    assert _opt(args, "--max-tokens-per-gpu") == "65536" and "Atlas A3" in out and "DOES NOT FIT" in out
+    assert _opt(args, "--max-tokens-per-gpu") == "262144" and "Atlas A3" in out and "DOES NOT FIT" in out
 
 
 def _profile(name: str, **env: str) -> dict[str, str]:

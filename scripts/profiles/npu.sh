@@ -43,9 +43,11 @@ esac
 PP=${PP:-1}
 CP=${CP:-1}
 ETP=${ETP:-1}                                     # the trainer runs expert-TP 1
-# Distributed optimizer always (the trainer's default); recompute and CPU offload off, as these layouts
-# were sized before the trainer had them (python -m slime.plan --fewest 950dt,950pr,a3 gives smaller ones).
-RECOMPUTE=${RECOMPUTE:-none}
+# Distributed optimizer always (the trainer's default); CPU offload off. Deviation: full recompute. KDA (34 of the
+# 45 layers) has no NPU kernel on any SoC and its pure-torch reference keeps its float32 chunk intermediates for
+# backward; the planner counts them (slime/plan/fallbacks.py): without recompute the 950DT layout needs 178 of 128.5
+# GB usable and the A3 one 74.5 of 54.9; with it one layer at a time holds them (peaks 116.3 / 93.4 / 51.2 GB).
+RECOMPUTE=${RECOMPUTE:-full}
 OPTIMIZER_CPU_OFFLOAD=${OPTIMIZER_CPU_OFFLOAD:-0}
 
 if [ "$PLAN_DEVICE" = "950dt" ]; then

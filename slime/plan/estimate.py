@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from slime.plan.devices import GB, TB, DeviceProfile
+from slime.plan.fallbacks import fallback_ops
 from slime.plan.layout import Layout, RolloutSettings, TrainSettings
 from slime.plan.memory import TrainMemory, micro_batches_per_step, stage_layer_ranges, train_memory
 from slime.plan.model import ModelShape
@@ -179,6 +180,8 @@ def plan(model: ModelShape, layout: Layout, device: DeviceProfile, ts: TrainSett
     ts, rs = ts or TrainSettings(), rs or RolloutSettings()
     if ts.longest_sample is None:
         ts = replace(ts, longest_sample=rs.max_prompt_len + rs.max_response_len)
+    if ts.fallback_ops is None:
+        ts = replace(ts, fallback_ops=fallback_ops(device.key, model.model_type))
     problems = layout.problems(model)
     if problems:
         raise ValueError(f"layout {layout.short()} cannot run {model.name}: {'; '.join(problems)}")

@@ -88,6 +88,9 @@ class TrainSettings:
     # Tokens of the longest sample (prompt + max response): one longer than a micro-batch's budget
     # (max_tokens_per_gpu x cp) is a micro-batch of its own, split over CP. None: not considered.
     longest_sample: int | None = None
+    # Ops that run on the pure-torch reference on the planned device (slime/plan/fallbacks.py); None: derived from
+    # the device and model by plan(), () for none.
+    fallback_ops: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.recompute not in ("none", "full"):

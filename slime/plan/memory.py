@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from slime.plan import fallbacks
 from slime.plan.layout import Layout, TrainSettings
 from slime.plan.model import ModelShape
 
@@ -191,10 +192,15 @@ def activation_bytes(model: ModelShape, layout: Layout, ts: TrainSettings, sp: S
         layers_full += sp.linear_layers * (kda - moe)
     layers_full += sp.mtp_layers * (moe + (idx_extra if model.index_n_heads else 0) + 2 * model.hidden_size / seq)
     n_layers = sp.dense_layers + sp.moe_layers + sp.mtp_layers
+    # Ops on the pure-torch reference (no device kernel) keep more than the kernels: slime/plan/fallbacks.py.
+    kda_fallback = fallbacks.layer_bytes(model, layout, ts, T, linear=True) / ab if sp.linear_layers else 0.0
+    mla_fallback = fallbacks.layer_bytes(model, layout, ts, T, linear=False) / ab
+    layers_full += sp.linear_layers * kda_fallback + (n_layers - sp.linear_layers) * mla_fallback
     if ts.recompute == "full":
         # Only each layer's input is kept (all hc_mult mHC streams); one layer at a time is rebuilt.
         stored = n_layers * model.hc_mult * model.hidden_size / seq
         working = max(dense if sp.dense_layers else 0, moe + idx_extra if (sp.moe_layers or sp.mtp_layers) else 0)
+        working += max(kda_fallback, mla_fallback)
         per_mb = stored
     else:
         per_mb, working = layers_full, 0.0

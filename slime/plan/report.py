@@ -39,7 +39,9 @@ def plan_text(p: Plan) -> str:
         ["  weights", gb(w.weights), f"{p.train.param_bytes} B/param"],
         ["  gradients", gb(w.grads), f"{p.train.grad_bytes} B/param"],
         ["  optimizer state (device)", gb(w.optimizer), f"host {gb(w.optimizer_host)} GB"],
-        ["  activations", gb(w.activations), f"{w.micro_batches_in_flight} micro-batch(es) in flight"],
+        ["  activations", gb(w.activations), f"{w.micro_batches_in_flight} micro-batch(es) in flight"
+         + (f"; counts the reference's memory of {', '.join(p.train.fallback_ops)} (no {p.device.key} kernel)"
+            if p.train.fallback_ops else "")],
         ["  train phase total", gb(w.total), ""],
         ["engine weights / device", gb(e.weights), f"{rs.devices_per_engine} devices per engine"],
         ["engine KV pool / device", gb(max(e.kv_pool, 0)), f"mem_fraction_static {rs.mem_fraction_static}"],
