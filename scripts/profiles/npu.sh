@@ -31,7 +31,7 @@ case "$PLAN_DEVICE" in
     if [ "$PLAN_DEVICE" = "950pr" ]; then
       # Deviation: the shipping 950PR (Atlas 350) has 112 GB (press figure), 99 GB usable: colocated,
       # 2048-token micro-batches, and context parallel 4: a sample of 2048 + 8192 tokens is a micro-batch
-      # of its own, split over 4 devices (planner: 94 of 99 GB at its peak, the rollout phase).
+      # of its own, split over 4 devices (planner: 93.4 of 99 GB at its peak, the weight sync).
       MAX_TOKENS_PER_GPU=${MAX_TOKENS_PER_GPU:-2048}
       CP=${CP:-4}
     else
