@@ -26,7 +26,6 @@ ALL = "*"  # the whole module
 NOT_YET = {
     "slime.utils.data": ["Dataset"],
     "slime.backends.megatron_utils.cp_utils": ["prepare_routed_experts_for_routing_replay"],
-    "slime.observability.train_data_utils": ["save_debug_train_data"],
     "slime.rollout.sglang_rollout": ["eval_rollout_single_dataset"],
     "slime.utils.async_utils": ["AsyncLoopThread", "get_async_loop"],
     "slime.utils.http_utils": ["get_host_info", "run_router", "terminate_process"],
