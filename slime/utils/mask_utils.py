@@ -1,14 +1,10 @@
-"""Which tokens of a chat an SFT step trains (upstream slime's `MultiTurnLossMaskGenerator` contract,
-`--loss-mask-type`): the tokens each assistant turn adds to the rendered conversation after the chat
-template's generation prompt (for Qwen: the content, then `<|im_end|>\\n`); system, user and tool turns and
-the `<|im_start|>assistant\\n` header are not trained. A message with `"step_loss_mask": 0` is not trained.
-
-The mask comes from rendering prefixes of the conversation: turn i's tokens are
-render(messages[:i+1]) minus render(messages[:i]) (with the generation prompt for an assistant turn), which
-holds for any template whose rendering of a prefix is a prefix of the whole (types qwen and distill_qwen).
-Templates that rewrite earlier turns (Qwen3's thinking template drops past `<think>` blocks) break that; such a
-conversation is refused in one line naming the turn rather than trained with a shifted mask. Types qwen3 and
-qwen3_5 compute upstream's masks instead (slime.utils.multiturn_masks), which need no such property.
+"""Which tokens of a chat an SFT step trains: upstream slime's `MultiTurnLossMaskGenerator` (`--loss-mask-type`
+qwen, qwen3, qwen3_5, distill_qwen), with upstream's masks for each type (slime.utils.multiturn_masks says how
+each one renders the chat). Roughly: an assistant turn trains what it adds after the generation prompt (for Qwen:
+its content, then `<|im_end|>\\n`); system, user and tool turns and the `<|im_start|>assistant\\n` header are not
+trained; a message with `"step_loss_mask": 0` is not trained. Templates that rewrite earlier turns and parallel
+tool messages are masked as upstream masks them. Upstream's per-type methods (`gen_multi_turn_loss_mask_qwen`,
+...) and its calibration (`get_system_message_length`) are here under their names for code that calls them.
 """
 
 from __future__ import annotations
@@ -31,7 +27,7 @@ class MultiTurnLossMaskGenerator:
             raise ValueError(f"--loss-mask-type {tokenizer_type!r}: choose one of {', '.join(LOSS_MASK_TYPES)}")
         self.tokenizer, self.tokenizer_type = tokenizer, tokenizer_type
         self.system_message_length = self.gen_token_length = 0
-        if tokenizer_type == "qwen3":
+        if tokenizer_type in ("qwen", "qwen3"):  # upstream calibrates both, also for a distill tokenizer
             self.system_message_length, self.gen_token_length = self._probe_turn_lengths()
 
     def _probe_turn_lengths(self) -> tuple[int, int]:
@@ -42,10 +38,10 @@ class MultiTurnLossMaskGenerator:
         raw = self.tokenizer(probe, add_special_tokens=False)["input_ids"]
         text = self.tokenizer.apply_chat_template(two_turns, add_special_tokens=False, tokenize=False)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        starts = [i for i in range(len(ids) - len(raw) + 1) if ids[i:i + len(raw)] == raw]
+        starts = self.find_all_sublist_indices(ids, raw)
         if len(starts) != 2:
-            raise ValueError(f"--loss-mask-type qwen3: the probe text appears {len(starts)} times in two rendered "
-                             "turns (expected 2); this tokenizer's chat template is not Qwen-like")
+            raise ValueError(f"--loss-mask-type {self.tokenizer_type}: the probe text appears {len(starts)} times in "
+                             "two rendered turns (expected 2); this tokenizer's chat template is not Qwen-like")
         footer = len(ids) - len(raw) - starts[1]
         header = (starts[1] - starts[0]) - len(raw) - footer
         with_prompt = self._render(two_turns, None, generation_prompt=True)
@@ -62,24 +58,33 @@ class MultiTurnLossMaskGenerator:
         """(token ids of the whole conversation, 1 for each trained token)."""
         if not messages:
             raise ValueError("an SFT sample needs at least one message")
-        if self.tokenizer_type == "qwen3":
-            return multiturn_masks.per_turn_mask(self, messages, tools)
-        if self.tokenizer_type == "qwen3_5":
-            return multiturn_masks.rendered_text_mask(self.tokenizer, messages, tools)
-        tokens: list[int] = []
-        mask: list[int] = []
-        for i, message in enumerate(messages):
-            assistant = message.get("role") == "assistant"
-            before = self._render(messages[:i], tools, generation_prompt=assistant)
-            after = self._render(messages[:i + 1], tools, generation_prompt=False)
-            if after[:len(tokens)] != tokens or before[:len(tokens)] != tokens or after[:len(before)] != before:
-                raise ValueError(f"message {i} ({message.get('role')}): the chat template renders the conversation "
-                                 "so far differently once this turn is added, so its tokens cannot be masked; "
-                                 "use a template whose prefixes render as prefixes")
-            trained = assistant and message.get("step_loss_mask", 1) == 1
-            mask += [0] * (len(before) - len(tokens)) + [int(trained)] * (len(after) - len(before))
-            tokens = after
-        return tokens, mask
+        if self.tokenizer_type == "qwen":
+            if multiturn_masks.DISTILL_ASSISTANT_TOKEN in self.tokenizer.get_added_vocab():
+                return self.gen_multi_turn_loss_mask_distill_qwen(messages, tools)
+            return self.gen_multi_turn_loss_mask_qwen(messages, tools)
+        by_type = {"qwen3": self.gen_multi_turn_loss_mask_qwen3, "qwen3_5": self.gen_multi_turn_loss_mask_qwen3_5,
+                   "distill_qwen": self.gen_multi_turn_loss_mask_distill_qwen}
+        return by_type[self.tokenizer_type](messages, tools)
+
+    # upstream's per-type methods and calibration, under upstream's names
+    def gen_multi_turn_loss_mask_qwen(self, messages: list[dict], tools: list | None = None):
+        return multiturn_masks.per_message_mask(self, messages, tools)
+
+    def gen_multi_turn_loss_mask_qwen3(self, messages: list[dict], tools: list | None = None):
+        return multiturn_masks.per_turn_mask(self, messages, tools)
+
+    def gen_multi_turn_loss_mask_qwen3_5(self, messages: list[dict], tools: list | None = None):
+        return multiturn_masks.rendered_text_mask(self.tokenizer, messages, tools)
+
+    def gen_multi_turn_loss_mask_distill_qwen(self, messages: list[dict], tools: list | None = None):
+        return multiturn_masks.prompt_and_last_answer_mask(self.tokenizer, messages, tools)
+
+    def get_system_message_length(self) -> tuple[int, int]:
+        return self._probe_turn_lengths()
+
+    @staticmethod
+    def find_all_sublist_indices(main_list: list, sublist: list) -> list[int]:
+        return [i for i in range(len(main_list) - len(sublist) + 1) if main_list[i:i + len(sublist)] == sublist]
 
     def get_response_lengths(self, loss_masks: list[list[int]]) -> list[int]:
         return get_response_lengths(loss_masks)
