@@ -2,7 +2,7 @@
 
 Which ops fall back (`fallback_ops`) comes from the Ascend op mappings' own tables, per SoC, for the model's family
 (slime.accelerator.op_report.MODEL_OPS): no published kernel (kda_ops.NO_KERNEL: KDA; no mapping: the k-pool
-indexer), a kernel built for other SoCs (kda_ops.MAPPINGS: sgl-kernel-npu's causal conv is A2/A3 only), or a torch_npu
+indexer), a kernel built for other SoCs (kda_ops.MAPPINGS: sgl-kernel-npu's causal conv is A2/A3 only), or a device
 kernel whose API page leaves the SoC out (support.DOCUMENTED_SOCS: on 950-class SoCs, aclnn-only, such a call fails
 and the start-up probe keeps the reference). It is the table the run prints at start (tests/test_plan_fallbacks.py
 holds the two equal under the simulator). GPU profiles plan with the CUDA image's kernels (flash-attn, fla-core).

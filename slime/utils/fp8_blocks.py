@@ -105,8 +105,8 @@ def quantize_named(named: Iterable[tuple[str, torch.Tensor]], fp8_names: set[str
                    fmt: Fp8BlockFormat = Fp8BlockFormat()) -> Iterator[tuple[str, torch.Tensor]]:
     """Weights for an FP8 engine in the checkpoint's format: each tensor the checkpoint stores in FP8 becomes
     (name, e4m3 q) and (name + "_scale_inv", float32 scales), quantized as that one checkpoint tensor (never
-    merged with its gate/up partner first), on the device where the op table has a kernel for it (Ascend 950:
-    torch_npu.npu_dynamic_block_quant); every other tensor passes unchanged."""
+    merged with its gate/up partner first), on the device where the op table has a kernel for it (the Ascend 950's
+    block quantization, slime/accelerator/ascend/fp8_ops.py); every other tensor passes unchanged."""
     for name, tensor in named:
         if name not in fp8_names:
             yield name, tensor
