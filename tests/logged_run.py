@@ -40,3 +40,21 @@ def run_failure(proc: subprocess.CompletedProcess, tail: int = 4000) -> str:
         except OSError as e:
             text += f"\n--- {path}: unreadable ({e}) ---"
     return text
+
+
+def run_train(argv: list[str], *, timeout: float, **extra_env: str) -> subprocess.CompletedProcess:
+    """`python train.py ARGV` from the repository root as the whole-run tests launch it: a Ray cluster of its own
+    (no RAY_ADDRESS), no Ray auth or usage stats, one CPU thread per process, tests/ on PYTHONPATH (plugins named
+    `test_module.function` import in every actor), `extra_env` on top. Fails the test with the run's output tails
+    (run_failure) when it exits non-zero."""
+    import sys
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", SLIME_CPU_THREADS="1",
+               PYTHONPATH=os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]), **extra_env)
+    env.pop("RAY_ADDRESS", None)
+    root = os.path.dirname(tests)
+    proc = run_logged([sys.executable, os.path.join(root, "train.py"), *argv], env=env, cwd=root, timeout=timeout)
+    if proc.returncode != 0:
+        pytest.fail(run_failure(proc), pytrace=False)
+    return proc

@@ -5,16 +5,13 @@ which PPO's estimators refuse)."""
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 
+from logged_run import run_failure, run_train
 from slime.utils.metrics import read_metrics
 
 pytestmark = pytest.mark.timeout(300)
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def last_token_parity_reward(args, sample, **kwargs) -> float:
@@ -33,14 +30,9 @@ def test_cispo_trains_three_iterations(tmp_path):
             "--rollout-max-response-len", "4", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "256",
             "--lr", "5e-3", "--num-rollout", "3", "--colocate", "--num-cpus", "2", "--output-dir", str(out),
             "--advantage-estimator", "cispo", "--eps-clip", "1.0", "--eps-clip-high", "4.0"]
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", SLIME_CPU_THREADS="1",
-               PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *argv], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_train(argv, timeout=280)
     records = read_metrics(str(out))
-    assert [r["rollout_id"] for r in records] == [0, 1, 2]
+    assert [r["rollout_id"] for r in records] == [0, 1, 2], run_failure(proc)
     for r in records:
         assert math.isfinite(r["train/loss"]) and math.isfinite(r["train/pg_loss"])
     # At ratio 1 (one optimizer step per rollout) PPO's surrogate is -A, whose per-group mean is 0; CISPO's is
