@@ -165,3 +165,27 @@ def test_real_npu_checks_the_host_before_ray(sim_npu):
     with pytest.raises(DeviceConfigError, match="driver/version.info not found"):
         real.check_and_update_config(_args())
     assert hccl_buffer.ENV not in os.environ  # nothing set for a run that does not start
+
+
+def test_check_host_cli(tmp_path, sim_npu, capsys, monkeypatch):
+    """`python -m slime.accelerator --check-host` (run on each worker node before `ray start`): the summary line, or
+    one line and exit 2; nothing to check on other accelerators or the simulator."""
+    from slime.accelerator import AscendAccelerator, CpuAccelerator, get_accelerator, set_accelerator
+    from slime.accelerator.__main__ import main
+
+    previous = get_accelerator()
+    try:
+        set_accelerator(CpuAccelerator())
+        assert main(["--check-host"]) == 0 and "no host checks" in capsys.readouterr().out
+        set_accelerator(sim_npu)
+        assert main(["--check-host"]) == 0 and "no host checks" in capsys.readouterr().out
+        real = AscendAccelerator()  # the simulator stands in for torch_npu; the host tree is fake
+        monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "0,1")
+        for down, code, needle in [(-1, 0, "host checks passed: driver 25.5.0, CANN 9.1.0"), (1, 2, "NPU 1: RoCE link")]:
+            real.host_root = str(_host(tmp_path / f"d{down}", driver="25.5.0", hccn=_HCCN.format(down=down, noip=-1)).root)
+            set_accelerator(real)
+            assert main(["--check-host"]) == code
+            out = capsys.readouterr()
+            assert needle in (out.out if code == 0 else out.err)
+    finally:
+        set_accelerator(previous)

@@ -5,6 +5,9 @@
              collectives, task queue); the per-worker visible-device pinning is left to the trainer
     --patches  list every accelerator's patch sets (per library: each patch's name, targets, why,
              remove-when, versions) without applying anything; a library that is not installed is named
+    --check-host  Ascend: the driver / CANN versions and every local NPU's RoCE link and IP (hccn_tool), the
+             checks a multi-node run makes before Ray on its first node (run it on each node before `ray start`);
+             one line and exit 2 on a problem. Other accelerators have none.
     With both --name and --env, the name comes first, then the KEY=VALUE lines.
 """
 
@@ -66,6 +69,22 @@ def patches_text() -> str:
     return "\n".join(lines)
 
 
+def check_host(acc) -> int:
+    from slime.accelerator.ascend import AscendAccelerator
+    from slime.accelerator.ascend.host_checks import visible_device_ids
+    from slime.accelerator.base import DeviceConfigError
+
+    if not isinstance(acc, AscendAccelerator) or acc.simulated:
+        print(f"no host checks for {acc.describe()}")
+        return 0
+    try:
+        print(acc.check_host(True, visible_device_ids(acc.device_count())))
+    except DeviceConfigError as e:
+        print(f"slime: {e}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
 @one_line_errors
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m slime.accelerator", description=__doc__,
@@ -76,7 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--record-fingerprints", action="store_true",
                     help="fingerprint the installed originals every patch replaces (after re-checking the rewrites "
                          "against a changed library) into slime/accelerator/patch_fingerprints.json")
+    ap.add_argument("--check-host", action="store_true",
+                    help="Ascend: check the driver / CANN versions and this node's NPU links (hccn_tool) as a "
+                         "multi-node run does before Ray; one line, exit 2 on a problem")
     a = ap.parse_args(argv)
+    if a.check_host:
+        return check_host(get_accelerator())
     if a.record_fingerprints:
         from slime.accelerator.patches import FINGERPRINTS_PATH, record_fingerprints
 

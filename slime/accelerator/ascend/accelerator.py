@@ -121,13 +121,15 @@ class AscendAccelerator(DeviceModuleAccelerator):
         # Before Ray: the host's driver / CANN versions and, across nodes, the RoCE links (one line each, exit 2);
         # a simulated NPU has no host stack to check.
         if not self.simulated:
-            facts = host_checks.HostFacts(root=self.host_root)
-            host_checks.check_versions(facts, str(getattr(import_torch_npu(), "__version__", "")))
-            if args.actor_num_nodes > 1:
-                ids = host_checks.visible_device_ids(args.actor_num_gpus_per_node)
-                host_checks.check_links(facts, ids)
+            self.check_host(args.actor_num_nodes > 1, host_checks.visible_device_ids(args.actor_num_gpus_per_node))
         # Workers inherit it through _device_env (worker_env); the value the user exported is kept.
         os.environ.update(hccl_buffer.buffsize_env(args))
+
+    def check_host(self, multi_node: bool, device_ids: list[int]) -> str:
+        """This node's driver / CANN versions and, for a multi-node run, its NPUs' RoCE links (host_checks.py):
+        a one-line summary, or HostCheckError naming the fix."""
+        version = str(getattr(import_torch_npu(), "__version__", ""))
+        return host_checks.check_node(version, device_ids, multi_node, host_checks.HostFacts(root=self.host_root))
 
     def colocated_env(self) -> dict[str, str]:
         # Trainer ranks, engine ranks and the weight-sync group each open HCCL communicators on the same

@@ -153,3 +153,13 @@ def visible_device_ids(default_count: int, env: dict | None = None) -> list[int]
     if value:
         return [int(v) for v in value.split(",") if v.strip()]
     return list(range(default_count))
+
+
+def check_node(torch_npu_version: str, device_ids: Sequence[int], multi_node: bool, facts: HostFacts = HostFacts()) -> str:
+    """Every check of this node (the links only for a multi-node run); a one-line summary when all pass."""
+    check_versions(facts, torch_npu_version)
+    if multi_node:
+        check_links(facts, device_ids)
+    cann = toolkit_version(facts) or "not found"
+    links = f", RoCE link UP with an IP on NPU {','.join(map(str, device_ids))}" if multi_node else ""
+    return f"host checks passed: driver {driver_version(facts)}, CANN {cann}, torch_npu {torch_npu_version}{links}"
