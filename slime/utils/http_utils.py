@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 from slime.rollout.settings import fleet_request_limit
 from slime.utils.http_client import EngineClient, EngineError
+from slime.utils.net import get_host_info  # noqa: F401  (upstream's name, here)
 
 logger = logging.getLogger(__name__)
 
@@ -231,3 +232,27 @@ def find_available_port(base_port: int) -> int:
     while not is_port_available(port):
         port += 1
     return port
+
+
+def run_router(args) -> int:
+    """Upstream's router entry (a multiprocessing target): sglang-router's `launch_router(args)` in this process;
+    0 when it started, 1 when it could not (logged). This project's runs start the router as a subprocess
+    (slime.rollout.sglang_router)."""
+    try:
+        from sglang_router.launch_router import launch_router
+
+        return 0 if launch_router(args) is not None else 1
+    except Exception as e:
+        logger.info(e)
+        return 1
+
+
+def terminate_process(process, timeout: float = 1.0) -> None:
+    """Stops a multiprocessing.Process: terminate, wait `timeout` seconds, then kill."""
+    if not process.is_alive():
+        return
+    process.terminate()
+    process.join(timeout=timeout)
+    if process.is_alive():
+        process.kill()
+        process.join()

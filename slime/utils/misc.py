@@ -1,11 +1,14 @@
-"""Small helpers upstream slime's plugins import from here: `load_function`, `SingletonMeta`,
-`decode_int32_meta_array`."""
+"""Small helpers upstream slime's plugins import from here (its names and semantics): `load_function`,
+`SingletonMeta`, `decode_int32_meta_array`, `exec_command`, `get_current_node_ip`, `get_free_port`,
+`should_run_periodic_action`, `Box`, `group_by`, `chunk_named_params_by_size`."""
 
 from __future__ import annotations
 
 import functools
 import importlib
-from typing import Any, Callable
+import subprocess
+from collections import defaultdict
+from typing import Any, Callable, Iterable, Iterator
 
 
 class FunctionPathError(ImportError):
@@ -61,3 +64,82 @@ class SingletonMeta(type):
 
     def clear_instances(cls) -> None:
         cls._instances.pop(cls, None)
+
+
+def exec_command(cmd: str, capture_output: bool = False) -> str | None:
+    """`bash -c cmd`, echoed first; CalledProcessError when it fails; its stdout (text) with capture_output."""
+    print(f"EXEC: {cmd}", flush=True)
+    try:
+        result = subprocess.run(["bash", "-c", cmd], check=True, capture_output=capture_output,
+                                text=capture_output or None)
+    except subprocess.CalledProcessError as e:
+        if capture_output:
+            print(f"{e.stdout=} {e.stderr=}")
+        raise
+    if not capture_output:
+        return None
+    print(f"Captured stdout={result.stdout} stderr={result.stderr}")
+    return result.stdout
+
+
+def get_current_node_ip() -> str:
+    """This node's address as Ray gives it, without IPv6 brackets (Ray must be importable)."""
+    import ray
+
+    return ray.util.get_node_ip_address().strip("[]")
+
+
+def get_free_port(start_port: int = 10000, consecutive: int = 1) -> int:
+    """The first port from `start_port` on where `consecutive` ports in a row are free on 127.0.0.1."""
+    from slime.utils.http_utils import is_port_available
+
+    port = start_port
+    while not all(is_port_available(port + i) for i in range(consecutive)):
+        port += 1
+    return port
+
+
+def should_run_periodic_action(rollout_id: int, interval: int | None, num_rollout_per_epoch: int | None = None,
+                               num_rollout: int | None = None) -> bool:
+    """Whether an every-`interval`-rollouts action (eval, save) runs after rollout `rollout_id` (0-based): never
+    without an interval; always after the last rollout; after every `interval`-th and at each epoch's end."""
+    if interval is None:
+        return False
+    if num_rollout is not None and rollout_id == num_rollout - 1:
+        return True
+    done = rollout_id + 1
+    return done % interval == 0 or (num_rollout_per_epoch is not None and done % num_rollout_per_epoch == 0)
+
+
+class Box:
+    """A read-only holder (`.inner`): an object passed by reference where a copy would be made (Ray)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    @property
+    def inner(self) -> Any:
+        return self._inner
+
+
+def group_by(iterable: Iterable, key: Callable | None = None) -> dict:
+    """Items by `key(item)` (the item itself without a key), groups in first-seen order; unsorted input is fine."""
+    groups: defaultdict = defaultdict(list)
+    for item in iterable:
+        groups[key(item) if key is not None else item].append(item)
+    return dict(groups)
+
+
+def chunk_named_params_by_size(named_params: Iterable[tuple[str, Any]], chunk_size: int) -> Iterator[list]:
+    """(name, tensor) pairs in buckets: a bucket is closed before the pair that would bring it to `chunk_size`
+    bytes or more (a pair alone may exceed it)."""
+    bucket: list = []
+    size = 0
+    for name, tensor in named_params:
+        if bucket and size + tensor.nbytes >= chunk_size:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += tensor.nbytes
+    if bucket:
+        yield bucket

@@ -281,3 +281,38 @@ class Sample:
 
 # A dict batch on the rollout -> training path (upstream's name).
 RolloutBatch = dict[str, list]
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    """A parameter's description in a weight update (upstream's): name, dtype, shape, attributes, size in bytes
+    and the rank holding it."""
+
+    name: str
+    dtype: Any
+    shape: Any
+    attrs: dict
+    size: int
+    src_rank: int
+
+
+@dataclass
+class MultimodalType:
+    name: str  # the content part's type in a chat message ("image")
+    placeholder: str  # its placeholder in the conversation text ("<image>")
+
+
+class MultimodalTypes:
+    """The multimodal inputs upstream's chat handling knows, each with its placeholder."""
+
+    IMAGE = MultimodalType(name="image", placeholder="<image>")
+    VIDEO = MultimodalType(name="video", placeholder="<video>")
+    AUDIO = MultimodalType(name="audio", placeholder="<audio>")
+
+    @classmethod
+    def all(cls) -> list[MultimodalType]:
+        return [cls.IMAGE, cls.VIDEO, cls.AUDIO]
+
+    @classmethod
+    def get(cls, name: str) -> MultimodalType | None:
+        return next((t for t in cls.all() if t.name == name), None)
