@@ -144,8 +144,8 @@ def test_hyper_connection_equals_transformers():
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.data_ptr()) or t, lambda t: t):
         outs = ours(streams)
-    # the mix weights are recomputed in backward: autograd keeps the streams (and small tensors), not the float32
-    # normalised streams or the Sinkhorn steps
+    # autograd keeps the streams, fn and two small tensors (per-token mix logits, base / scale), not the float32
+    # normalised streams or the Sinkhorn steps (tests/test_glm5_next_hyper.py checks the backward in float64)
     assert streams.data_ptr() in saved and len(saved) <= 4
     w = [torch.randn(o.shape, generator=g) for o in outs]
     theirs_outs = theirs(streams)

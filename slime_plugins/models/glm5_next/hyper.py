@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-import torch.utils.checkpoint
 
 from slime_plugins.models.common.layers import KeepsFloat32, RMSNorm
 
@@ -57,28 +56,71 @@ class HyperConnection(KeepsFloat32, torch.nn.Module):
 
     def forward(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """streams [..., hc, H] -> (post [..., hc] float32, comb [..., hc, hc] float32, block input [..., H])."""
-        if torch.is_grad_enabled():
-            # Recomputed in backward: autograd would keep the float32 normalised streams (4 x a float32 hidden state
-            # per token, twice per layer) and every Sinkhorn step; recomputing costs one [hc*H, (2+hc)*hc] matmul.
-            pre, post, comb = torch.utils.checkpoint.checkpoint(self._weights, streams, use_reentrant=False)
-        else:
-            pre, post, comb = self._weights(streams)
-        collapsed = (pre.unsqueeze(-1) * streams).sum(dim=-2).to(streams.dtype)
+        settings = (self.hc, self.iterations, self.hc_eps, self.norm_eps)
+        post, comb, collapsed = _HyperConnectionFunction.apply(streams, self.fn, self.base, self.scale, settings)
+        lead = streams.shape[:-2]
+        return post.view(*lead, self.hc), comb.view(*lead, self.hc, self.hc), collapsed.view(*lead, -1)
+
+
+def mix_weights(logits: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, hc: int, iterations: int,
+                eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The per-token mix logits [T, (2+hc)*hc] (the normalised streams times fn) -> (pre [T, hc], post [T, hc],
+    comb [T, hc, hc]), float32, in transformers' op order."""
+    pre_w, post_w, comb_w = logits.split([hc, hc, hc * hc], dim=-1)
+    pre_b, post_b, comb_b = base.split([hc, hc, hc * hc])
+    pre_s, post_s, comb_s = scale.unbind(0)
+    pre = torch.sigmoid(pre_w * pre_s + pre_b) + eps
+    post = 2 * torch.sigmoid(post_w * post_s + post_b)
+    comb = torch.softmax(comb_w.view(-1, hc, hc) * comb_s + comb_b.view(hc, hc), dim=-1) + eps
+    return pre, post, sinkhorn(comb, iterations, eps)
+
+
+class _HyperConnectionFunction(torch.autograd.Function):
+    """The hyper-connection with its backward written out: autograd would keep the float32 normalised streams
+    (hc x a float32 hidden state per token, twice per layer) and every Sinkhorn step, and recomputing all of it in
+    backward (torch.utils.checkpoint) replays the big reads and the matmul. Kept instead: the streams (which the
+    merge keeps anyway), fn, and per token the (2+hc)*hc mix logits and the RMS factor; the backward replays only
+    the [T, (2+hc)*hc] sigmoid / softmax / Sinkhorn part under autograd. The normalisation is folded into the
+    logits ((x @ fn^T) * rstd for (x * rstd) @ fn^T, rounding-level apart), so no normalised copy of the streams
+    is ever made, and the collapse and its grads are batched matmuls, not [T, hc, H] temporaries."""
+
+    @staticmethod
+    def forward(ctx, streams, fn, base, scale, settings):
+        hc, iterations, hc_eps, norm_eps = settings
+        x = streams.reshape(-1, streams.shape[-2] * streams.shape[-1]).float()  # [T, hc * H]
+        rstd = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True).square() / x.shape[-1] + norm_eps)
+        logits = F.linear(x, fn.float()) * rstd
+        pre, post, comb = mix_weights(logits, base, scale, hc, iterations, hc_eps)
+        collapsed = torch.bmm(pre.unsqueeze(-2), x.view(x.shape[0], hc, -1)).squeeze(-2).to(streams.dtype)
+        ctx.settings = settings
+        # the mix logits, the RMS factor and base / scale as of this forward, each packed into one small tensor
+        ctx.save_for_backward(streams, fn, torch.cat([logits, rstd], dim=-1), torch.cat([base, scale]).detach())
         return post, comb, collapsed
 
-    def _weights(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(pre [..., hc], post [..., hc], comb [..., hc, hc]), float32."""
-        hc = self.hc
-        flat = streams.flatten(-2).float()
-        flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + self.norm_eps)
-        pre_w, post_w, comb_w = F.linear(flat, self.fn.float()).split([hc, hc, hc * hc], dim=-1)
-        pre_b, post_b, comb_b = self.base.split([hc, hc, hc * hc])
-        pre_s, post_s, comb_s = self.scale.unbind(0)
-        pre = torch.sigmoid(pre_w * pre_s + pre_b) + self.hc_eps
-        post = 2 * torch.sigmoid(post_w * post_s + post_b)
-        comb_w = comb_w.view(*comb_w.shape[:-1], hc, hc)
-        comb = torch.softmax(comb_w * comb_s + comb_b.view(hc, hc), dim=-1) + self.hc_eps
-        return pre, post, sinkhorn(comb, self.iterations, self.hc_eps)
+    @staticmethod
+    def backward(ctx, d_post, d_comb, d_collapsed):
+        hc, iterations, hc_eps, _ = ctx.settings
+        streams, fn, per_token, constants = ctx.saved_tensors
+        logits, rstd = per_token.split([per_token.shape[-1] - 1, 1], dim=-1)
+        x = streams.reshape(-1, streams.shape[-2] * streams.shape[-1]).float()
+        x3 = x.view(x.shape[0], hc, -1)
+        d_collapsed = d_collapsed.reshape(x.shape[0], -1).float()
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_() for t in (logits, *constants.split([logits.shape[-1], 3]))]
+            pre, post, comb = mix_weights(*leaves, hc, iterations, hc_eps)
+        d_pre = torch.bmm(d_collapsed.unsqueeze(-2), x3.transpose(-1, -2)).squeeze(-2)  # sum_H dc * x_i
+        with torch.enable_grad():
+            d_logits, d_base, d_scale = torch.autograd.grad((pre, post, comb), leaves, (d_pre, d_post, d_comb))
+        scaled = d_logits * rstd  # the grad of x @ fn^T
+        d_fn = (scaled.t() @ x).to(fn.dtype) if ctx.needs_input_grad[1] else None
+        d_streams = None
+        if ctx.needs_input_grad[0]:
+            d_x = scaled @ fn.float()
+            # through rstd = (|x|^2 / n + eps)^-1/2: d rstd / dx = -rstd^3 x / n
+            d_x.addcmul_(x, (d_logits * logits).sum(-1, keepdim=True) * rstd.square() / x.shape[-1], value=-1)
+            d_x.view_as(x3).addcmul_(pre.detach().unsqueeze(-1), d_collapsed.unsqueeze(-2))  # the collapse
+            d_streams = d_x.view(streams.shape).to(streams.dtype)
+        return d_streams, d_fn, d_base, d_scale, None
 
 
 def merge_streams(block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
