@@ -271,3 +271,30 @@ def test_preflight_reads_each_sets_own_keys(tmp_path):
     check_eval_prompts(_validated(tmp_path, config, rm_type="math"))  # the set's keys: no complaint
     with pytest.raises(PreflightError, match="has no key 'prompt'"):  # the flags' keys would not find the prompt
         check_eval_prompts(validate_rollout_args(rollout_defaults(eval_prompt_data=["q", str(data)], rm_type="math")))
+
+
+def test_plugin_eval_rollout_single_dataset_uses_the_sets_settings(engines, tmp_path, tokenizer):  # noqa: F811
+    """Upstream's eval_rollout_single_dataset on each set as upstream's EvalDatasetConfig (slime.utils.eval_config,
+    resolved from the same YAML): the same samples' settings as eval_rollout gives them."""
+    import yaml as yaml_
+
+    from slime.rollout.plugin_rollout import plugin_args
+    from slime.rollout.sglang_rollout import GenerateState, eval_rollout_single_dataset
+    from slime.utils.async_utils import run
+    from slime.utils.eval_config import build_eval_dataset_configs
+
+    args = _eval_setup(tmp_path, tokenizer, engines, eval_min_new_tokens=5)
+    args = plugin_args(args, engines[1][0].url, 1, engines[1][:1])
+    eval_section = yaml_.safe_load(open(args.eval_config))["eval"]
+    configs = build_eval_dataset_configs(args, eval_section["datasets"], eval_section["defaults"])
+    GenerateState.clear_instances()
+    try:
+        data = {}
+        for config in configs:
+            data |= run(eval_rollout_single_dataset(args, 0, config))
+        args.group_rm = True
+        with pytest.raises(ValueError, match="--group-rm is not supported"):
+            run(eval_rollout_single_dataset(args, 0, configs[0]))
+    finally:
+        GenerateState.clear_instances()
+    _check_sets(data, 5)

@@ -36,13 +36,17 @@ class EvalSet:
     config: EvalDataset | None = None  # the set's own settings (None: the eval flags')
 
 
-def load_eval_sets(args: argparse.Namespace, tokenizer: Any) -> list[EvalSet]:
-    """Every eval set's prompts, read with the set's keys and chat-template settings."""
-    return [EvalSet(d.name, JsonlDataSource(
+def load_eval_set(args: argparse.Namespace, d: EvalDataset, tokenizer: Any) -> EvalSet:
+    """One eval set's prompts, read with the set's keys and chat-template settings."""
+    return EvalSet(d.name, JsonlDataSource(
         d.path, tokenizer, d.input_key, d.label_key, d.metadata_key, bool(d.apply_chat_template), shuffle=False,
         seed=args.rollout_seed, max_prompt_len=args.eval_max_prompt_len or args.rollout_max_prompt_len,
         chat_template_kwargs=d.apply_chat_template_kwargs, tool_key=d.tool_key), d)
-        for d in eval_dataset_list(args)]
+
+
+def load_eval_sets(args: argparse.Namespace, tokenizer: Any) -> list[EvalSet]:
+    """Every eval set's prompts."""
+    return [load_eval_set(args, d, tokenizer) for d in eval_dataset_list(args)]
 
 
 def evaluate(args: argparse.Namespace, fleet: Any, sets: list[EvalSet], tokenizer: Any, reward_fn: Any,

@@ -248,29 +248,44 @@ async def generate_rollout_async(args: Namespace, rollout_id: int, data_source: 
     return RolloutFnTrainOutput(samples=data, metrics=gatherer.collect()), leftover
 
 
+async def _eval_set(args: Namespace, eval_set: Any) -> dict[str, list]:
+    """An eval set's prompts, n_samples_per_eval_prompt samples each, with the set's sampling params, reward and
+    generate function: upstream's {"rewards", "truncated", "samples"} in sample order."""
+    from slime.rollout.data_source import make_samples
+
+    key = args.eval_reward_key or args.reward_key
+    config = eval_set.config
+    params = dict(spaces_between_special_tokens=False, **config.sampling_params(args))
+    items = eval_set.source.next_batch(len(eval_set.source))
+    n = int(config.n_samples_per_eval_prompt)
+    samples = make_samples(items, n, range(len(items) * n))
+    for s in samples:
+        config.prepare(s)
+    samples = list(await asyncio.gather(*(generate_and_rm(args, s, params.copy(), evaluation=True) for s in samples)))
+    return {"rewards": [s.reward if not key else s.reward[key] for s in samples],
+            "truncated": [s.status == Sample.Status.TRUNCATED for s in samples], "samples": samples}
+
+
 async def eval_rollout(args: Namespace, rollout_id: int) -> tuple[RolloutFnEvalOutput, list]:
     """Every prompt of each eval set (--eval-prompt-data or --eval-config), its n_samples_per_eval_prompt samples
     each, with the set's sampling params, reward and generate function (slime.rollout.eval_datasets)."""
-    from slime.rollout.data_source import make_samples
     from slime.rollout.evaluation import load_eval_sets
 
     state = GenerateState(args)
-    key = args.eval_reward_key or args.reward_key
-    data: dict[str, dict[str, Any]] = {}
-    for eval_set in load_eval_sets(args, state.tokenizer):
-        config = eval_set.config
-        params = dict(spaces_between_special_tokens=False, **config.sampling_params(args))
-        items = eval_set.source.next_batch(len(eval_set.source))
-        n = int(config.n_samples_per_eval_prompt)
-        samples = make_samples(items, n, range(len(items) * n))
-        for s in samples:
-            config.prepare(s)
-        samples = list(await asyncio.gather(*(generate_and_rm(args, s, params.copy(), evaluation=True)
-                                              for s in samples)))
-        data[eval_set.name] = {"rewards": [s.reward if not key else s.reward[key] for s in samples],
-                               "truncated": [s.status == Sample.Status.TRUNCATED for s in samples],
-                               "samples": samples}
-    return RolloutFnEvalOutput(data=data), []
+    return RolloutFnEvalOutput(data={s.name: await _eval_set(args, s) for s in load_eval_sets(args, state.tokenizer)}), []
+
+
+async def eval_rollout_single_dataset(args: Namespace, rollout_id: int, dataset_cfg: Any) -> dict[str, dict[str, list]]:
+    """Upstream's one-set evaluation: `dataset_cfg` (slime.utils.eval_config.EvalDatasetConfig, or this project's
+    EvalDataset) -> {name: {"rewards", "truncated", "samples"}}, as eval_rollout does it for each of its sets."""
+    from slime.rollout.evaluation import load_eval_set
+
+    if args.group_rm:
+        raise ValueError("eval_rollout_single_dataset: --group-rm is not supported for evaluation (upstream's "
+                         "rule too); score eval samples one at a time")
+    dataset = dataset_cfg.to_eval_dataset() if hasattr(dataset_cfg, "to_eval_dataset") else dataset_cfg
+    eval_set = load_eval_set(args, dataset, GenerateState(args).tokenizer)
+    return {dataset.name: await _eval_set(args, eval_set)}
 
 
 def generate_rollout(args: Namespace, rollout_id: int, data_source: Any, evaluation: bool = False
