@@ -32,7 +32,7 @@ import zipfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "data", "torch_npu_facts.json")
 OLDEST_SUPPORTED = (2, 7, 1)  # pyproject.toml: torch-npu>=2.7.1
-PINNED = "2.12.0"  # docker/Dockerfile.npu TORCH_NPU_VERSION
+PINNED = "2.12.0"  # the simulator's schema reference; docker/Dockerfile.npu installs 2.12.0.post3 of the same release
 
 # Kernels slime calls (slime/accelerator/ascend/ops.py) and the derivatives its MAPPINGS text names.
 OPS = (

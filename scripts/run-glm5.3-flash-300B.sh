@@ -56,8 +56,9 @@ SAVE_DIR=${SAVE_DIR:-/root/ckpt/glm5.3-flash-300B-grpo}
 OUTPUT_DIR=${OUTPUT_DIR:-outputs/glm5.3-flash-300B-grpo}
 
 if [ "$MODE" = worker ]; then
-  # Ascend: this node's driver / CANN versions and NPU links, as the head checks its own before Ray (exit 2).
-  if [ "$DETECTED" = npu ]; then "$PYTHON" -m slime.accelerator --check-host || exit 2; fi
+  # This node's host checks (Ascend: driver / CANN versions and device links), as the head checks its own before
+  # Ray; one line and exit 2 on a problem, nothing to check on other accelerators.
+  "$PYTHON" -m slime.accelerator --check-host || exit 2
   exec ray start --address="$MASTER_ADDR:$RAY_PORT" --disable-usage-stats --block $RAY_START_ARGS
 fi
 

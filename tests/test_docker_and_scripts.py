@@ -306,7 +306,8 @@ DOCKER_INSTRUCTIONS = {"FROM", "ARG", "ENV", "RUN", "COPY", "ADD", "WORKDIR", "S
                        "LABEL", "EXPOSE", "USER", "VOLUME", "HEALTHCHECK", "STOPSIGNAL", "ONBUILD"}
 # torch_npu <-> CANN pairs from the Ascend PyTorch compatibility table (docs: torch-npu contracts notes).
 TORCH_NPU_CANN = {"2.7.1": "8.3.RC1", "2.8.0": "8.3.RC1", "2.9.0": "8.5.0", "2.9.0.post2": "9.0.0",
-                  "2.10.0.post4": "9.1.0", "2.11.0": "9.1.0", "2.12.0": "9.1.0"}
+                  "2.10.0.post4": "9.1.0", "2.11.0": "9.1.0", "2.12.0": "9.1.0",
+                  "2.12.0.post3": "9.1.0"}
 
 
 def parse_dockerfile(path: Path) -> dict:

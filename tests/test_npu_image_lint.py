@@ -1,7 +1,7 @@
 """docker/Dockerfile.npu against the facts slime's Ascend code is written to (no docker here: the file is parsed):
 the base image's CANN is the one the pinned torch_npu wheel pairs with in slime's own release table
 (slime/accelerator/ascend/support.py, re-derived from the wheels by tests/test_npu_wheel_facts.py); the pinned
-torch_npu is a published wheel; the sgl-kernel-npu tag is the one the KDA facts were read at and has every kernel
+torch_npu is a published wheel whose SoC table names the 950 chips; the sgl-kernel-npu tag is the one the KDA facts were read at and has every kernel
 slime maps to it; its build target is a 950 SoC name that slime recognises and the chip tag of the base image."""
 
 from __future__ import annotations
@@ -42,6 +42,10 @@ def test_sgl_kernel_npu_target_is_the_base_images_chip():
     target, chip = ARGS["SGL_KERNEL_NPU_SOC"], ARGS["CANN_CHIP"]
     socs = json.loads((DATA / "torch_npu_facts.json").read_text())["soc_names"]
     assert target in socs, f"{target} is in no torch_npu wheel's SoC table"
+    # the pinned torch_npu must know the chip by name (torch_npu 2.12.0's table has no Ascend950PR_* / DT_* names)
+    for name in (target, "Ascend950DT_9591"):
+        assert ARGS["TORCH_NPU_VERSION"] in socs[name], (name, ARGS["TORCH_NPU_VERSION"], socs[name])
+    assert "2.12.0" not in socs[target]
     assert soc_of(target).startswith("950") and chip == "950", (target, chip)
     # the A3 alternative docs/ascend.md names is an A3 SoC of the same table
     assert soc_of("Ascend910_9382") == "A3" and "Ascend910_9382" in socs
