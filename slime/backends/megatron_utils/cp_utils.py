@@ -5,7 +5,8 @@ Upstream's layout: a sequence of length L is cut into 2 * cp_size chunks of ceil
 rank r holds chunks r and 2 * cp_size - 1 - r (load-balanced causal attention). The rank and size are megatron's
 context-parallel group's (size 1 when megatron's groups are not set up). The per-sample tensors this project
 hands plugin hooks are whole responses (docs/plugins.md); these helpers are for code holding a rank's pieces.
-`prepare_routed_experts_for_routing_replay` is not provided (routing replay is the trainer's own here).
+`prepare_routed_experts_for_routing_replay` lays the engine's routed experts out as upstream's trainer does (this
+project's trainer replays routes through slime.utils.routing_replay, which does its own layout).
 """
 
 from __future__ import annotations
@@ -22,6 +23,14 @@ def _cp_rank_size() -> tuple[int, int]:
     if not parallel_state.model_parallel_is_initialized():
         return 0, 1
     return parallel_state.get_context_parallel_rank(), max(1, parallel_state.get_context_parallel_world_size())
+
+
+def _tp_rank_size() -> tuple[int, int]:
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return 0, 1
+    return parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_world_size()
 
 
 def get_logits_and_tokens_offset_with_cp(total_length: int, response_length: int):
@@ -111,3 +120,44 @@ def slice_log_prob_with_cp(log_prob, total_length: int, response_length: int):
     _, _, logits, _ = get_logits_and_tokens_offset_with_cp(total_length, response_length)
     pieces = [log_prob[lo - offset:hi - offset] for lo, hi in logits]
     return pieces[0] + pieces[1] if isinstance(log_prob, list) else torch.cat(pieces)
+
+
+def _pad_experts(experts: torch.Tensor, pad: int, num_experts: int) -> torch.Tensor:
+    """`pad` rows of valid expert ids (0, 1, 2, ... modulo num_experts over [rows, layers, top-k]) appended, so a
+    padding token's replayed route is still a real expert."""
+    if pad == 0:
+        return experts
+    _, layers, topk = experts.shape
+    filler = torch.arange(pad * layers * topk, device=experts.device, dtype=experts.dtype) % num_experts
+    return torch.cat([experts, filler.reshape(pad, layers, topk)])
+
+
+def prepare_routed_experts_for_routing_replay(rollout_routed_experts, tokens, *, num_experts: int,
+                                              data_pad_size_multiplier: int, sequence_parallel: bool,
+                                              allgather_cp: bool) -> torch.Tensor:
+    """The engine's routed experts of a packed micro-batch ([len(tokens) - 1, layers, top-k] per sample) as this
+    rank's rows of the training layout: each sample padded by one row (its last token), then either all samples
+    joined, padded to a multiple of cp * tp * multiplier and cut into CP-size contiguous pieces (`allgather_cp`), or
+    each sample cut like its tokens (slice_with_cp) and the whole padded to tp * multiplier; with sequence
+    parallelism this TP rank's share of the rows."""
+    if len(rollout_routed_experts) != len(tokens):
+        raise ValueError(f"{len(rollout_routed_experts)} routed-experts tensors for {len(tokens)} samples")
+    for experts, ids in zip(rollout_routed_experts, tokens):
+        if experts.shape[0] != ids.shape[0] - 1:
+            raise ValueError(f"routed experts {tuple(experts.shape)} do not cover tokens {tuple(ids.shape)} but the last")
+    padded = [_pad_experts(experts, 1, num_experts) for experts in rollout_routed_experts]
+    tp_rank, tp_size = _tp_rank_size()
+    cp_rank, cp_size = _cp_rank_size()
+    multiple = tp_size * data_pad_size_multiplier
+    if allgather_cp:
+        rows = torch.cat(padded)
+        rows = _pad_experts(rows, -rows.size(0) % (cp_size * multiple), num_experts).chunk(cp_size)[cp_rank]
+    else:
+        rows = torch.cat([slice_with_cp(e, lambda x, pad: _pad_experts(x, pad, num_experts)) for e in padded])
+        rows = _pad_experts(rows, -rows.size(0) % multiple, num_experts)
+    if sequence_parallel:
+        if rows.size(0) % tp_size:
+            raise ValueError(f"{rows.size(0)} rows do not split over tensor-parallel size {tp_size}")
+        share = rows.size(0) // tp_size
+        rows = rows[share * tp_rank:share * (tp_rank + 1)]
+    return rows
