@@ -51,7 +51,7 @@ def test_kernel_equals_the_reference_on_the_950(soc, shape):
     assert float((deq - w.double()).abs().max()) <= float(s_ref.max()) * 16 + 1e-12  # half an e4m3 step at 448
 
 
-def test_other_inputs_take_the_reference_on_the_950():
+def test_other_inputs_take_the_reference_on_the_950(monkeypatch):
     with npu_sim.activate(soc="950PR", reuse_probes=True) as acc:
         assert acc.ops.source("fp8_block_quantize") == "torch_npu.npu_dynamic_block_quant"  # built (and probed)
         for w, block in [(_weight((200, 300), 1, torch.float32), (128, 128)),  # float32: not cast to bf16
@@ -62,6 +62,10 @@ def test_other_inputs_take_the_reference_on_the_950():
             assert fp8_ops.KERNEL_CALLS.get(fp8_ops.KERNEL, 0) == calls
             q_ref, s_ref = fp8_reference.fp8_block_quantize(w, block)
             assert torch.equal(q.float(), q_ref.float()) and torch.equal(s, s_ref)
+        monkeypatch.setattr(fp8_ops, "_DEVICE_TYPE", ["npu"])  # on hardware a host tensor takes the reference too
+        calls = fp8_ops.KERNEL_CALLS.get(fp8_ops.KERNEL, 0)
+        acc.ops.fp8_block_quantize(_weight((200, 300), 4), (128, 128))
+        assert fp8_ops.KERNEL_CALLS.get(fp8_ops.KERNEL, 0) == calls
 
 
 @pytest.mark.parametrize("soc", ["A2", "A3"])

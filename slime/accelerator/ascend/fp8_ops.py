@@ -33,6 +33,7 @@ ROW_BLOCKS = (1, 128, 256, 512)  # ops-nn, Ascend 950
 COL_BLOCKS = (64, 128, 192, 256)
 INPUT_DTYPES = (torch.bfloat16, torch.float16)  # torch_npu's page; ops-nn adds float32 on the 950 (not relied on)
 KERNEL_CALLS: dict[str, int] = {}
+_DEVICE_TYPE = ["npu"]  # the accelerator's tensors (the simulator's live on the host); set by resolve
 
 
 def _kernel() -> Callable:
@@ -45,8 +46,10 @@ def _kernel() -> Callable:
 def fp8_block_quantize(weight: torch.Tensor, block: tuple[int, int] = (128, 128),
                        dtype: torch.dtype = torch.float8_e4m3fn) -> tuple[torch.Tensor, torch.Tensor]:
     rows, cols = block
+    # A weight the sync holds in host memory is quantized there (the kernel takes device tensors only).
     if dtype != torch.float8_e4m3fn or weight.dim() not in (2, 3) or weight.dtype not in INPUT_DTYPES \
-            or rows not in ROW_BLOCKS or cols not in COL_BLOCKS or weight.numel() == 0:
+            or rows not in ROW_BLOCKS or cols not in COL_BLOCKS or weight.numel() == 0 \
+            or weight.device.type != _DEVICE_TYPE[0]:
         return fp8_reference.fp8_block_quantize(weight, block, dtype)
     q, scale = _kernel()(weight.contiguous(), dst_type=torch.float8_e4m3fn, row_block_size=rows, col_block_size=cols)
     # An all-zero block: the kernel's scale is 0 (its values 0); the checkpoint format's is 1.
@@ -97,6 +100,7 @@ def resolve(op_name: str, acc: Any) -> DeviceOp:
     if not is_950(soc):
         return DeviceOp(None, "", f"torch_npu.{KERNEL} writes int8 only on {soc} (CANN's DynamicBlockQuant: FP8 "
                                   f"output on the Ascend 950 only); block FP8 is quantized by the reference")
+    _DEVICE_TYPE[0] = acc.device().type
     if op_name not in _PROBED:
         _PROBED[op_name] = probe(fp8_block_quantize, acc.device())
     if _PROBED[op_name]:
