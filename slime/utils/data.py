@@ -3,14 +3,16 @@
 
 read_file(path): the records of a `.jsonl` or `.parquet` file, `PATH@[start:end]` selecting rows (Python slice
 bounds, negative allowed). Where upstream prints and skips a line that is not JSON, this reader stops with one
-line naming it (a silently shorter dataset is the worse surprise). Upstream's `Dataset` class is not provided:
-this project's data sources (slime.rollout.data_source) read prompts.
+line naming it (a silently shorter dataset is the worse surprise). `Dataset` is upstream's prompt dataset (text
+prompts) for plugin code; this project's runs read prompts through their data sources (slime.rollout.data_source),
+whose prompt templating and tool lists it shares.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import random
 from typing import Any, Iterator
 
 from slime.rollout.prompt_files import read_records, split_row_slice
@@ -72,3 +74,51 @@ def get_source(sample: Sample) -> str:
     if source:
         return source
     return metadata.get("source_name") or "unknown"
+
+
+class Dataset:
+    """Upstream's prompt dataset: every row of `path` (`.jsonl` / `.parquet`, `PATH@[a:b]` row slices) as a
+    Sample (prompt, label, metadata with the row's tools), the prompt templated with `apply_chat_template` (a string
+    prompt as one user message), prompts over `max_length` tokens dropped; `shuffle(epoch)` reorders them with
+    `seed + epoch`. Text prompts only: rows with multimodal inputs (`multimodal_keys`, a processor) need upstream's
+    vision processing, which this project does not provide; they are refused."""
+
+    def __init__(self, path, tokenizer, processor, max_length, *, prompt_key="text", multimodal_keys=None,
+                 label_key=None, tool_key=None, metadata_key="metadata", seed=42, apply_chat_template=False,
+                 apply_chat_template_kwargs=None):
+        from slime.rollout.data_source import _tools, prompt_text
+
+        if multimodal_keys is not None or processor is not None:
+            raise NotImplementedError("Dataset: multimodal prompts (multimodal_keys, a processor) need upstream's "
+                                      "vision processing, which this project does not provide; use text prompts")
+        samples = []
+        for row_number, row in enumerate(read_file(path)):
+            prompt = row.get(prompt_key)
+            metadata = row.get(metadata_key) or {}
+            tools = _tools(row, tool_key, f"{path} row {row_number}")
+            if tools is not None:
+                metadata["tools"] = tools
+            if apply_chat_template:
+                prompt = prompt_text(tokenizer, prompt, True, apply_chat_template_kwargs, tools)
+            samples.append(Sample(prompt=prompt, label=row[label_key] if label_key is not None else None,
+                                  metadata=metadata))
+        self.origin_samples = filter_long_prompt(samples, tokenizer, processor, max_length)
+        self.samples = self.origin_samples
+        self.epoch_id = -1
+        self.seed = seed
+
+    def shuffle(self, new_epoch_id):
+        """The samples in the order of epoch `new_epoch_id` (a permutation seeded by seed + epoch; the same epoch
+        twice changes nothing)."""
+        if self.epoch_id == new_epoch_id:
+            return
+        order = list(range(len(self.samples)))
+        random.Random(self.seed + new_epoch_id).shuffle(order)
+        self.samples = [self.origin_samples[i] for i in order]
+        self.epoch_id = new_epoch_id
+
+    def __getitem__(self, idx):
+        return self.samples[idx]
+
+    def __len__(self):
+        return len(self.samples)
