@@ -102,19 +102,19 @@ def _args(**kw) -> argparse.Namespace:
     return argparse.Namespace(**{**base, **kw})
 
 
-def test_buffsize_is_the_larger_message():
+def test_buffsize_fits_the_all_to_all_and_the_bucket_goes_in_rounds():
     # GLM-5.3-Flash on the 950 profile: 4096 tokens / TP 8 (sequence parallel) x top-8 x 4096 x 2 bytes = 32 MiB
-    # all-to-all, below the 512 MiB weight bucket.
+    # all-to-all: CANN's default 200 MB holds it; the 512 MiB weight bucket is broadcast in 3 rounds.
     traffic = hccl_buffer.traffic_of(_args())
     assert traffic.moe_all_to_all == 512 * 8 * 4096 * 2 == 32 * MIB
-    assert traffic.buffsize_mb() == 512
-    # Without sequence parallelism every rank sends its whole micro-batch: 256 MiB, still below a 1 GiB bucket.
-    assert hccl_buffer.traffic_of(_args(sequence_parallel=False)).moe_all_to_all == 256 * MIB
-    assert hccl_buffer.traffic_of(_args(update_weight_buffer_size=64 * MIB, sequence_parallel=False,
-                                        max_tokens_per_gpu=8192)).buffsize_mb() == 512  # the all-to-all decides
-    assert hccl_buffer.traffic_of(_args(update_weight_buffer_size=MIB, expert_model_parallel_size=1)).buffsize_mb() \
-        == hccl_buffer.DEFAULT_MB  # never below CANN's default
-    assert hccl_buffer.traffic_of(_args(update_weight_buffer_size=8 << 30)).buffsize_mb() == hccl_buffer.CAP_MB
+    assert traffic.buffsize_mb() == hccl_buffer.DEFAULT_MB and traffic.bucket_rounds() == 3
+    # Without sequence parallelism every rank sends its whole micro-batch: 256 MiB, then 8192 tokens: 512 MiB.
+    assert hccl_buffer.traffic_of(_args(sequence_parallel=False)).buffsize_mb() == 256
+    big = hccl_buffer.traffic_of(_args(sequence_parallel=False, max_tokens_per_gpu=8192))
+    assert big.buffsize_mb() == 512 and big.bucket_rounds() == 1  # the bucket fits the buffer the all-to-all needs
+    assert hccl_buffer.traffic_of(_args(expert_model_parallel_size=1)).moe_all_to_all == 0  # no all-to-all
+    assert hccl_buffer.traffic_of(_args(sequence_parallel=False, max_tokens_per_gpu=65536)).buffsize_mb() \
+        == hccl_buffer.CAP_MB  # 4 GiB: capped (2 x the value per communicator)
     vl = {"model_type": "qwen3_5_moe", "text_config": {"hidden_size": 2048, "num_experts_per_tok": 8}}
     assert hccl_buffer.traffic_of(_args(hf_config=vl, sequence_parallel=False)).moe_all_to_all == 4096 * 8 * 2048 * 2
 
@@ -144,13 +144,13 @@ def _worker_env() -> dict[str, str]:
 
 def test_ray_workers_get_the_sized_buffer(sim_npu):
     assert hccl_buffer.ENV not in _worker_env()  # before the run's arguments are known: CANN's default
-    sim_npu.check_and_update_config(_args(update_weight_buffer_size=768 * MIB))  # simulated: no host checks
-    assert _worker_env()[hccl_buffer.ENV] == "768"
+    sim_npu.check_and_update_config(_args(sequence_parallel=False))  # simulated: no host checks
+    assert _worker_env()[hccl_buffer.ENV] == "256"
 
 
 def test_user_value_is_kept(sim_npu, monkeypatch):
     monkeypatch.setenv(hccl_buffer.ENV, "300")
-    sim_npu.check_and_update_config(_args(update_weight_buffer_size=768 * MIB))
+    sim_npu.check_and_update_config(_args(sequence_parallel=False))
     assert _worker_env()[hccl_buffer.ENV] == "300" and os.environ[hccl_buffer.ENV] == "300"
 
 

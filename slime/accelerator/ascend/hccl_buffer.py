@@ -8,17 +8,17 @@ recommendation for LLMs is micro-batch x sequence length x hidden size x dtype b
 
 What others set: MindSpeed sizes its expert-parallel group's buffer to the all-to-all of one micro-batch,
 2 x ceil(S / CP / TP x B x H x top-k / MiB) MB (bf16 tokens, top-k copies per token); SGLang's Ascend DeepEP docs
-raise it for the MoE dispatch. slime sets one value for all of a worker's communicators (the environment variable is
-per process), so it is the larger of the two messages a run sends:
+raise it for the MoE dispatch. The variable is per process, so one value serves every communicator of a worker:
 
-- the EP all-to-all of one micro-batch on one rank: its tokens (--max-tokens-per-gpu, split over TP by sequence
-  parallelism) x top-k x hidden x 2 bytes (bf16), dispatch and combine alike;
-- one weight-sync bucket (--update-weight-buffer-size), broadcast whole from a trainer rank to the engines.
-
-Never below CANN's default (200 MB) and never above CAP_MB: each communicator holds twice the value, and a trainer
-rank belongs to about ten groups (DP, TP, PP, EP, CP, their products, the weight-sync group), so 2 GB already costs
-some 40 GB of a 112-144 GB device; above the cap the larger messages go in rounds, which costs bandwidth, not
-correctness. A value the user exported is kept as it is.
+- it is sized for the EP all-to-all of one micro-batch on one rank: its tokens (--max-tokens-per-gpu, split over TP
+  by sequence parallelism) x top-k x hidden x 2 bytes (bf16), dispatch and combine alike; never below CANN's
+  default (200 MB), never above CAP_MB;
+- the weight-sync bucket (--update-weight-buffer-size, 512 MB by default, 1 GB in the GLM-5.3-Flash run script) does
+  not set it: every communicator holds twice the value for the whole run and a trainer rank belongs to about ten
+  (DP, TP, PP, EP, CP, their products, the weight-sync group), so a 1 GB buffer would cost some 20 GB of a 112-144 GB
+  device; a bucket larger than the buffer is broadcast in ceil(bucket / buffer) rounds instead, which costs
+  bandwidth per round, not memory (`HcclTraffic.bucket_rounds`).
+A value the user exported is kept as it is.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 
 ENV = "HCCL_BUFFSIZE"
 DEFAULT_MB = 200  # CANN's default
-CAP_MB = 2048
+CAP_MB = 1024  # 2 GB per communicator
 MIB = 1 << 20
 TOKEN_BYTES = 2  # bf16 activations on the wire
 
@@ -43,8 +43,11 @@ class HcclTraffic:
     weight_bucket: int  # one weight-sync bucket
 
     def buffsize_mb(self) -> int:
-        need = math.ceil(max(self.moe_all_to_all, self.weight_bucket) / MIB)
-        return min(CAP_MB, max(DEFAULT_MB, need))
+        return min(CAP_MB, max(DEFAULT_MB, math.ceil(self.moe_all_to_all / MIB)))
+
+    def bucket_rounds(self, buffsize_mb: int | None = None) -> int:
+        """Rounds HCCL splits one weight-sync bucket's broadcast into (1: it fits the buffer)."""
+        return max(1, math.ceil(self.weight_bucket / ((buffsize_mb or self.buffsize_mb()) * MIB)))
 
 
 def traffic_of(args: Any) -> HcclTraffic:
