@@ -1,7 +1,7 @@
 """The rollout manager's data path: prompts (`--prompt-data`, the manager's data source, saved with
 checkpoints), one rollout over the engine fleet (the built-in loop, slime.rollout.generate; upstream's plugin
 contracts, slime.rollout.plugin_rollout; or samples saved by --save-debug-rollout-data), rewards, and the
-training data the trainer ranks read (flat arrays, slime.backends.megatron.rollout_data); and evaluation
+training data the trainer ranks read (flat arrays, slime.rollout.train_payload); and evaluation
 (slime.rollout.evaluation, or upstream's eval function).
 
 The fleet is the manager's engine fleet (slime.ray.engine_fleet.RolloutEngines): the generation loop's
@@ -115,7 +115,7 @@ class RolloutDataPath:
         when set) and the rollout's metrics with the payload's summary. started: the rollout's wall-clock start."""
         import time
 
-        from slime.backends.megatron.rollout_data import pack_samples, payload_summary
+        from slime.rollout.train_payload import pack_samples, payload_summary
         from slime.rollout import debug_data
         from slime.rollout.plugin_rollout import log_rollout, post_process_rewards, train_data_payload
         from slime.rollout.rollout_metrics import rollout_metrics

@@ -139,7 +139,7 @@ class MegatronTrainRayActor:
 
     def train_rollout(self, rollout_id: int, payload: dict[str, Any], reuse_train_log_probs: bool) -> dict[str, float]:
         """Log-probs, advantages and training for one rollout, from the rollout manager's payload
-        (rollout_data.pack_samples; Ray hands every rank the object-store arrays, the driver never holds
+        (slime.rollout.train_payload.pack_samples; Ray hands every rank the object-store arrays, the driver never holds
         them). Each rank works on its own data-parallel share; metrics are reduced over the group."""
         from slime.backends.megatron.rollout_data import batch_from_payload
 

@@ -1,13 +1,13 @@
 """A rollout's training data on its way from the rollout manager to the trainer ranks, and the trainer-side
 advantages, without the driver ever holding the samples.
 
-The rollout manager packs its samples into a few flat numpy arrays (`pack_samples`) and puts them in Ray's
-object store; the driver only forwards the object reference. Every trainer rank reads the arrays (zero-copy
-from the node's object store), builds its `RolloutBatch` (`batch_from_payload`), computes the old/reference
-log-probs of its own data-parallel share and the advantages of that share (`share_advantages`): per-sample
-group statistics come from the rewards of the whole rollout (a few floats), batch-wide whitening from sums
-all-reduced over the data-parallel group, so every rank's advantages equal those of one process computing
-the whole batch.
+The rollout manager packs its samples into a few flat numpy arrays (`pack_samples`, slime.rollout.train_payload)
+and puts them in Ray's object store; the driver only forwards the object reference. Every trainer rank reads the
+arrays (zero-copy from the node's object store), builds its `RolloutBatch` (`batch_from_payload`), computes the
+old/reference log-probs of its own data-parallel share and the advantages of that share (`share_advantages`):
+per-sample group statistics come from the rewards of the whole rollout (a few floats), batch-wide whitening from
+sums all-reduced over the data-parallel group, so every rank's advantages equal those of one process computing the
+whole batch.
 """
 
 from __future__ import annotations
@@ -18,69 +18,12 @@ import numpy as np
 import torch
 
 from slime.backends.megatron.data import RolloutBatch
+# the packing moved to the rollout side (the manager packs); kept importable here for tests and plugin code
+from slime.rollout.train_payload import pack_samples, payload_summary  # noqa: F401
 from slime.utils import ppo_utils
 
 # (tensor) -> the tensor's elementwise sum over the data-parallel ranks (identity in one process)
 AllReduce = Callable[[torch.Tensor], torch.Tensor]
-
-
-def pack_samples(samples: Sequence[Any], reward_key: str | None = None) -> dict[str, Any]:
-    """Flat arrays of the fields the trainer needs (tokens, response lengths, rewards, loss masks, engine
-    log-probs). Numpy buffers travel through Ray's object store without a per-sample pickle. A dict
-    reward is read at `reward_key` (--reward-key)."""
-    from slime.rollout.rewards import reward_value
-
-    lengths = np.array([len(s.tokens) for s in samples], dtype=np.int64)
-    response = np.array([int(s.response_length) for s in samples], dtype=np.int64)
-    # a sample marked remove_sample (--rollout-sample-filter-path) stays in the batch without loss
-    masks = [[0] * int(s.response_length) if getattr(s, "remove_sample", False) else
-             s.loss_mask if s.loss_mask is not None else [1] * int(s.response_length) for s in samples]
-    with_lp = bool(samples) and all(s.rollout_log_probs is not None for s in samples)
-    # --use-opd --opd-type sglang: the teacher's log-probs a reward post-process put on every sample
-    with_teacher = bool(samples) and all(getattr(s, "teacher_log_probs", None) is not None for s in samples)
-    return {
-        "tokens": np.fromiter((t for s in samples for t in s.tokens), dtype=np.int64, count=int(lengths.sum())),
-        "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-        "response_lengths": response,
-        "rewards": np.array([reward_value(s.reward, reward_key) for s in samples], dtype=np.float64),
-        "loss_masks": np.fromiter((m for mask in masks for m in mask), dtype=np.int8, count=int(response.sum())),
-        "rollout_log_probs": np.fromiter((x for s in samples for x in s.rollout_log_probs), dtype=np.float32,
-                                         count=int(response.sum())) if with_lp else None,
-        # --use-rollout-routing-replay: the engines' experts of each sample's fed tokens, int32 [sum(len - 1), L, k]
-        "rollout_routed_experts": _routes_of(samples, lengths),
-        "teacher_log_probs": np.concatenate([_teacher_of(s) for s in samples]) if with_teacher else None,
-    }
-
-
-def _teacher_of(sample) -> np.ndarray:
-    values = np.asarray(sample.teacher_log_probs, dtype=np.float32).reshape(-1)
-    if values.size != int(sample.response_length):
-        raise ValueError(f"sample {getattr(sample, 'index', '?')}: {values.size} teacher log-probs for a response of "
-                         f"{sample.response_length} tokens; give one per response token (--use-opd)")
-    return values
-
-
-def _routes_of(samples: Sequence[Any], lengths: np.ndarray) -> np.ndarray | None:
-    if not samples or any(getattr(s, "rollout_routed_experts", None) is None for s in samples):
-        return None
-    routes = [np.asarray(s.rollout_routed_experts, dtype=np.int32) for s in samples]
-    for s, r, n in zip(samples, routes, lengths):
-        if r.ndim != 3 or r.shape[0] != n - 1:
-            raise ValueError(f"sample {getattr(s, 'index', '?')}: rollout_routed_experts has shape {r.shape}, expected "
-                             f"({n - 1}, layers, top-k): one row per token but the last")
-    return np.concatenate(routes)
-
-
-def payload_summary(payload: dict[str, Any]) -> dict[str, float]:
-    """Rollout metrics that need only the rewards and lengths (computed where the payload is made)."""
-    rewards, lengths = payload["rewards"], payload["response_lengths"].astype(np.float64)
-    return {
-        "rollout/reward_mean": float(rewards.mean()) if rewards.size else float("nan"),
-        "rollout/reward_std": float(rewards.std()) if rewards.size else float("nan"),
-        "rollout/response_len_mean": float(lengths.mean()) if lengths.size else float("nan"),
-        "rollout/samples": float(rewards.size),
-        "rollout/response_tokens": float(lengths.sum()),
-    }
 
 
 def batch_from_payload(payload: dict[str, Any]) -> RolloutBatch:
