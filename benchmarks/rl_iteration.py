@@ -1,11 +1,14 @@
-"""Where an RL iteration's time goes: the quick start (scripts/run-glm5-tiny-cpu.sh) for a few iterations.
+"""Where an RL iteration's time goes: the main job's script for a few iterations.
 
-    python benchmarks/rl_iteration.py [--num-rollout 6] [--run-dir /tmp/slime-bench-rl] [-- extra train.py flags]
+    python benchmarks/rl_iteration.py [--model glm5_next|glm5] [--num-rollout 8] [--run-dir DIR] [-- train.py flags]
 
-Runs the quick-start script itself (same flags, same model and task; checkpoint and data are written once
-into --run-dir and reused), then reads the metrics.jsonl that train.py writes and prints, per phase, the
-mean seconds over the steady iterations (all but the first, which pays one-time costs) and the share of
-the iteration:
+--model glm5_next (default): the tiny GLM-5.3-Flash main job, scripts/run-glm5.3-flash-tiny-cpu.sh (KDA + DSA
+layers, mHC, MoE); --model glm5: the tiny GLM-5 job, scripts/run-glm5-tiny-cpu.sh. Runs the script itself (same
+flags, same model and task; checkpoint, prompts and held-out prompts are written once into --run-dir, default
+/tmp/slime-bench-rl/MODEL, and reused), then reads the metrics.jsonl that train.py writes and prints, per phase,
+the mean seconds over the steady iterations (all but the first, which pays one-time costs) and the share of
+the iteration. The held-out evaluations the scripts run (before training and every 5 rollouts) are outside the
+iterations' time (train.py evaluates after closing an iteration's record); their time is printed apart.
 
   compute   engine generate      rollout/engine_generate_time: the busiest engine's time in generation waves
                                  (its own stats, /health), else rollout/generate_time
@@ -43,7 +46,8 @@ import time
 from statistics import mean
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "scripts", "run-glm5-tiny-cpu.sh")
+SCRIPTS = {"glm5_next": "run-glm5.3-flash-tiny-cpu.sh", "glm5": "run-glm5-tiny-cpu.sh"}  # --model -> scripts/
+MODEL_TYPES = {"glm5_next": "glm5_next", "glm5": "glm_moe_dsa"}  # the checkpoint's config.json model_type
 COMPUTE = (("engine generate", "generate"), ("trainer log-probs", "time/log_probs"),
            ("trainer fwd/bwd/opt", "train_compute"))
 OVERHEAD = (("rollout requests", "requests"), ("rollout hand-off", "handoff"), ("trainer other", "train_other"),
@@ -68,9 +72,12 @@ DETAILS = (("engine forward (in generate)", "rollout/engine_forward_time"),
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=sorted(SCRIPTS), default="glm5_next",
+                    help="glm5_next: the tiny GLM-5.3-Flash main job; glm5: the tiny GLM-5 job")
     ap.add_argument("--num-rollout", type=int, default=8, help="iterations to run (the first is reported apart)")
-    ap.add_argument("--run-dir", default="/tmp/slime-bench-rl",
-                    help="tiny checkpoint and data (written once, reused); each run goes to RUN_DIR/bench-<time>")
+    ap.add_argument("--run-dir", default=None,
+                    help="tiny checkpoint and data (written once, reused; default /tmp/slime-bench-rl/MODEL); each "
+                         "run goes to RUN_DIR/bench-<time>")
     ap.add_argument("--profile", default=None, metavar="PREFIX",
                     help="record py-spy profiles (raw) into PREFIX.<role>.txt")
     ap.add_argument("--profile-rate", type=int, default=25, help="py-spy samples per second")
@@ -83,10 +90,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a = ap.parse_args(argv)
     if a.num_rollout < 2:
         ap.error("--num-rollout must be >= 2 (the first iteration is a warm-up)")
+    a.script = os.path.join(ROOT, "scripts", SCRIPTS[a.model])
+    if not os.path.isfile(a.script):
+        ap.exit(2, f"--model {a.model}: {a.script} does not exist; pick another --model or restore the script\n")
+    a.run_dir = a.run_dir or os.path.join("/tmp/slime-bench-rl", a.model)
+    cached = _cached_model_type(a.run_dir)
+    if cached not in (None, MODEL_TYPES[a.model]):
+        ap.exit(2, f"--run-dir {a.run_dir} holds a {cached} checkpoint, not {MODEL_TYPES[a.model]} (--model "
+                   f"{a.model}); pass another --run-dir or remove {a.run_dir}/model\n")
     if a.profile and not os.access(a.py_spy, os.X_OK):
         ap.error(f"--profile needs py-spy; {a.py_spy} is not executable (install it, e.g. into a separate venv, "
                  "and pass --py-spy PATH)")
     return a
+
+
+def _cached_model_type(run_dir: str) -> str | None:
+    """model_type of the tiny checkpoint cached in run_dir, None when there is none yet."""
+    try:
+        with open(os.path.join(run_dir, "model", "config.json")) as f:
+            return json.load(f).get("model_type")
+    except (OSError, ValueError):
+        return None
 
 
 def phases(record: dict[str, float]) -> dict[str, float]:
@@ -171,7 +195,7 @@ def report(records: list[dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-CACHED = ("model", "data.jsonl")  # what the quick start writes once and reuses when present
+CACHED = ("model", "eval.jsonl", "data.jsonl")  # what the scripts write once and reuse when present
 
 
 def run_quick_start(a: argparse.Namespace, out_dir: str) -> float:
@@ -182,7 +206,7 @@ def run_quick_start(a: argparse.Namespace, out_dir: str) -> float:
             os.symlink(os.path.join(a.run_dir, name), os.path.join(out_dir, name))
     env = dict(os.environ, RUN_DIR=out_dir, NUM_ROLLOUT=str(a.num_rollout), RAY_AUTH_MODE="disabled",
                RAY_USAGE_STATS_ENABLED="0")
-    cmd = ["bash", SCRIPT, *a.extra]
+    cmd = ["bash", a.script, *a.extra]
     log_path = os.path.join(out_dir, "quick_start.log")
     print(f"running: RUN_DIR={out_dir} NUM_ROLLOUT={a.num_rollout} {' '.join(cmd)}\n  (log: {log_path})", flush=True)
     t0 = time.perf_counter()
@@ -197,7 +221,7 @@ def run_quick_start(a: argparse.Namespace, out_dir: str) -> float:
         if wait_profilers is not None:
             wait_profilers()
     if rc != 0:
-        sys.exit(f"the quick start failed (exit code {rc}); see {log_path}")
+        sys.exit(f"{os.path.basename(a.script)} failed (exit code {rc}); see {log_path}")
     for name in CACHED:
         made = os.path.join(out_dir, name)
         if os.path.exists(made) and not os.path.islink(made) and not os.path.exists(os.path.join(a.run_dir, name)):
@@ -262,9 +286,14 @@ def _attach_profiler(a: argparse.Namespace, script_pid: int):
     return wait
 
 
-def _steady_records(out_dir: str) -> list[dict[str, float]]:
+def _read_metrics(out_dir: str) -> list[dict]:
     with open(os.path.join(out_dir, "run", "metrics.jsonl")) as f:
-        records = [json.loads(line) for line in f if line.strip()]
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _steady_records(out_dir: str) -> list[dict[str, float]]:
+    """The iterations' records (the evaluations' records, kind "eval", left out)."""
+    records = [r for r in _read_metrics(out_dir) if r.get("kind") != "eval"]
     if len(records) < 2:
         sys.exit(f"only {len(records)} iterations in {out_dir}/run/metrics.jsonl; need >= 2")
     return records
@@ -296,6 +325,16 @@ def driver_scaling(a: argparse.Namespace) -> None:
     print("\n".join(rows))
 
 
+def eval_line(records: list[dict]) -> str | None:
+    """The held-out evaluations' time (outside the iterations), None when the run evaluated nothing."""
+    evals = [sum(v for k, v in r.items() if k.startswith("time/eval_") and isinstance(v, (int, float)))
+             for r in records if r.get("kind") == "eval"]
+    if not evals:
+        return None
+    return (f"held-out evaluations (outside the iterations above): {len(evals)}, {mean(evals):.3f} s each on "
+            f"average, {sum(evals):.3f} s in all")
+
+
 def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
     os.makedirs(a.run_dir, exist_ok=True)
@@ -304,10 +343,14 @@ def main(argv: list[str] | None = None) -> None:
         return
     out_dir = os.path.join(a.run_dir, time.strftime("bench-%Y%m%d-%H%M%S"))
     os.makedirs(out_dir)
+    load_before = os.getloadavg()[0]
     wall = run_quick_start(a, out_dir)
     records = _steady_records(out_dir)
     print()
+    print(f"{a.model}: {os.path.relpath(a.script, ROOT)}; 1-min load average {load_before:.1f} before, "
+          f"{os.getloadavg()[0]:.1f} after")
     print(report(records))
+    print(eval_line(_read_metrics(out_dir)) or "no held-out evaluation in this run")
     print(f"whole run (start-up, {len(records)} iterations, report): {wall:.0f} s; metrics: {out_dir}/run/metrics.jsonl")
     if a.profile:
         print(f"py-spy profiles (raw): {a.profile}.<{'|'.join(PROFILED)}>.txt; summarize with "

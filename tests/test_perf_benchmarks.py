@@ -71,6 +71,36 @@ def test_report_counts_missing_generate_time_as_rollout_time():
     assert p["generate"] == pytest.approx(0.3) and p["handoff"] == 0.0
 
 
+def test_rl_iteration_model_picks_its_script_and_refuses_another_models_checkpoint(tmp_path, capsys, monkeypatch):
+    a = rl.parse_args(["--model", "glm5"])
+    assert a.script.endswith("scripts/run-glm5-tiny-cpu.sh") and a.run_dir == "/tmp/slime-bench-rl/glm5"
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text('{"model_type": "glm5_next"}')
+    with pytest.raises(SystemExit) as e:
+        rl.parse_args(["--model", "glm5", "--run-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "holds a glm5_next checkpoint, not glm_moe_dsa" in err and err.count("\n") == 1
+    monkeypatch.setitem(rl.SCRIPTS, "glm5", "no-such-script.sh")
+    with pytest.raises(SystemExit) as e:
+        rl.parse_args(["--model", "glm5"])
+    assert e.value.code == 2 and "no-such-script.sh does not exist" in capsys.readouterr().err
+
+
+def test_rl_iteration_leaves_the_evaluations_out_of_the_iterations(tmp_path):
+    import json
+
+    (tmp_path / "run").mkdir()
+    lines = [{"kind": "eval", "eval_step": 0, "time/eval_answer": 1.5},
+             _record(0, 2.0, 0.5, 1.0, 0.3, 0.0, 2.0, 4.0), _record(1, 0.2, 0.1, 0.2, 0.05, 0.0, 0.2, 0.6),
+             {"kind": "eval", "eval_step": 2, "time/eval_answer": 0.5, "eval/answer": 0.7}]
+    (tmp_path / "run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    records = rl._steady_records(str(tmp_path))
+    assert [r["rollout_id"] for r in records] == [0, 1]
+    assert rl.eval_line(rl._read_metrics(str(tmp_path))) == ("held-out evaluations (outside the iterations above): "
+                                                             "2, 1.000 s each on average, 2.000 s in all")
+    assert rl.eval_line(records) is None
+
+
 def test_exporter_closes_buckets_like_export_hf():
     named = [(f"w{i}", torch.full((n,), float(i))) for i, n in enumerate([3, 5, 2, 8, 1])]  # float32: 4 B each
     buckets = list(ws.exporter(named, bucket_bytes=32, copy=True)())
