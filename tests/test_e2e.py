@@ -128,11 +128,11 @@ def _check_dump(d) -> None:
         rollout = torch.load(d / "rollout_data" / f"{rollout_id}.pt", weights_only=True)
         assert train["format_version"] == 2 and train["rollout_id"] == rollout_id
         samples = train["samples"]
-        assert [s["sample_index"] for s in samples] == list(range(64)) == sorted(train["dp_shards"][0]["samples"])
-        assert [s["reward"] for s in samples] == pytest.approx([float(r["reward"]) for r in rollout["samples"]])
+        assert [s["rollout_position"] for s in samples] == list(range(64)) == sorted(train["dp_shards"][0]["partition"])
+        assert [s["rewards"] for s in samples] == pytest.approx([float(r["reward"]) for r in rollout["samples"]])
         for s, r in zip(samples, rollout["samples"]):
-            assert s["tokens"] == list(r["tokens"]) and s["response_length"] == r["response_length"]
-            n = s["response_length"]
+            assert s["tokens"].tolist() == list(r["tokens"]) and s["response_lengths"] == r["response_length"]
+            n = s["response_lengths"]
             assert s["log_probs"].shape == s["advantages"].shape == s["rollout_log_probs"].shape == (n,)
             assert float((s["log_probs"] - s["rollout_log_probs"]).abs().max()) < LOGPROB_DIFF_BOUND
 

@@ -167,9 +167,11 @@ def test_dump_details_sets_both_dumps_and_the_train_file_is_atomic(tmp_path):
         apply_dump_details(same)
     with pytest.raises(ArgumentError, match=r"only \{rollout_id\} and \{rank\}"):
         apply_dump_details(parse_args(["--save-debug-train-data", "x/{step}.pt"]))
-    shards = [[{"sample_index": 2, "x": 1}, {"sample_index": 0, "x": 2}], [{"sample_index": 1, "x": 3}]]
+    shards = [{"rank": 0, "data_parallel_rank": 0, "rollout_data": {"partition": [2, 0], "response_lengths": [1, 1],
+                                                                      "x": [1, 2]}},
+              {"rank": 1, "data_parallel_rank": 1, "rollout_data": {"partition": [1], "response_lengths": [1], "x": [3]}}]
     path = train_dump.save_train_data(str(tmp_path / "t" / "{rollout_id}-{rank}.pt"), 4, 0, shards)
     data = torch.load(path, weights_only=True)
     assert path.endswith("4-0.pt") and not any(p.name.endswith(".tmp") for p in (tmp_path / "t").iterdir())
-    assert [s["sample_index"] for s in data["samples"]] == [0, 1, 2]
-    assert data["dp_shards"] == [{"data_parallel_rank": 0, "samples": [2, 0]}, {"data_parallel_rank": 1, "samples": [1]}]
+    assert [(s["rollout_position"], s["x"]) for s in data["samples"]] == [(0, 2), (1, 3), (2, 1)]
+    assert [(d["data_parallel_rank"], d["partition"]) for d in data["dp_shards"]] == [(0, [2, 0]), (1, [1])]

@@ -4,7 +4,7 @@ parallelism shards, gathered back to whole responses on the CPU (`restore_contex
 `save_debug_train_data(args, *, rollout_id, rollout_data)` is upstream's writer over upstream's rollout_data dict
 (its per-sample lists, its layout fields), for plugin code that calls it, with upstream's file layout
 (`train_dump_payload`). This project's own runs write --save-debug-train-data from their training batch
-(slime.backends.megatron.train_dump), whose `dp_shards` entries list each DP rank's sample indices only."""
+(slime.backends.megatron.train_dump) through the same `train_dump_payload`."""
 
 from __future__ import annotations
 

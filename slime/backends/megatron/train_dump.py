@@ -1,14 +1,22 @@
 """--save-debug-train-data PATH (upstream's): after each rollout's training, one file with what every
-data-parallel shard trained on, in the rollout's sample order. PATH may hold {rollout_id} and {rank} (the
-writer's global rank). --dump-details DIR sets it to DIR/train_data/{rollout_id}.pt (and the rollout dump to
-DIR/rollout_data/{rollout_id}.pt).
+data-parallel shard trained on. PATH may hold {rollout_id} and {rank} (the writer's global rank). --dump-details DIR
+sets it to DIR/train_data/{rollout_id}.pt (and the rollout dump to DIR/rollout_data/{rollout_id}.pt).
 
-The file (torch.save; read back with torch.load(path, weights_only=True)):
-    {"format_version": 2, "rollout_id": int, "rank": int, "dp_shards": [{"data_parallel_rank", "samples"}],
-     "samples": [{"sample_index", "data_parallel_rank", "tokens", "response_length", "reward", "loss_mask",
-                  "log_probs", "ref_log_probs", "rollout_log_probs", "advantages", "values"}, ...]}
-Per-token fields are float32 tensors over the response tokens (absent when the run has none). `log_probs` are
-the old policy's, from the training forward itself when that forward's log-probs served as the old ones.
+The file is upstream's (slime.observability.train_data_utils.train_dump_payload, equal to upstream's
+`_build_dump_payload`), built from each DP rank's training fields under upstream's rollout_data names:
+    {"format_version": 2, "rollout_id", "rank", "raw_reward": [every sample's reward, rollout order],
+     "samples": [{"data_parallel_rank", "rollout_position", "tokens" (int64), "response_lengths",
+                  "rewards", "loss_masks" (int32), "total_lengths", "local_raw_reward",
+                  "rollout_log_probs", "log_probs", "ref_log_probs", "advantages", "values", "teacher_log_probs",
+                  "entropy" (float32 over the response tokens; each only when the run has it)}, ...],
+     "dp_shards": [{"rank", "data_parallel_rank", "sample_indices": None, "partition": [rollout positions],
+                    "global_batch_sizes"}, ...]}
+read back with torch.load(path, weights_only=True). Samples are in rollout order (`rollout_position`, upstream's
+`partition`). Differences in values, not layout: `rewards` are the rewards the advantages were computed from (this
+project normalizes groups in its advantage step, upstream's dump holds its post-processed rewards); the trainer's
+batch carries no `Sample.index`, so `sample_indices` is None (upstream's layout for a rollout without indices);
+`num_microbatches` / `micro_batch_indices` are not recorded. `log_probs` are the old policy's, from the training
+forward itself when that forward's log-probs served as the old ones.
 """
 
 from __future__ import annotations
@@ -18,42 +26,45 @@ from typing import Any, Sequence
 
 import torch
 
-FORMAT_VERSION = 2
-_PER_TOKEN = ("old_log_probs", "ref_log_probs", "rollout_log_probs", "advantages", "values")
-_NAMES = {"old_log_probs": "log_probs"}
+from slime.backends.megatron import data as D
+from slime.observability.train_data_utils import train_dump_payload
+
+# the trainer batch's per-token fields under upstream's rollout_data names
+_PER_TOKEN = {"rollout_log_probs": "rollout_log_probs", "old_log_probs": "log_probs",
+              "ref_log_probs": "ref_log_probs", "advantages": "advantages", "values": "values",
+              "teacher_log_probs": "teacher_log_probs", "entropy": "entropy"}
 
 
-def _tensor(value) -> torch.Tensor:
+def _floats(value) -> torch.Tensor:
     return torch.as_tensor(value, dtype=torch.float32).detach().cpu().reshape(-1).clone()
 
 
-def shard_samples(batch, indices: Sequence[int], dp_rank: int) -> list[dict[str, Any]]:
-    out = []
-    for i in indices:
-        sample = {"sample_index": int(i), "data_parallel_rank": dp_rank, "tokens": list(map(int, batch.tokens[i])),
-                  "response_length": int(batch.response_lengths[i]), "reward": float(batch.rewards[i]),
-                  "loss_mask": list(map(int, batch.loss_masks[i]))}
-        for field in _PER_TOKEN:
-            values = getattr(batch, field)
-            if values is not None and values[i] is not None:
-                sample[_NAMES.get(field, field)] = _tensor(values[i])
-        out.append(sample)
-    return out
+def shard_rollout_data(batch: D.RolloutBatch, indices: Sequence[int], global_batch_size: int) -> dict[str, Any]:
+    """One DP rank's fields as upstream's rollout_data holds them after training (dtypes included)."""
+    data: dict[str, Any] = {
+        "partition": [int(i) for i in indices],
+        "tokens": [torch.tensor(list(map(int, batch.tokens[i])), dtype=torch.long) for i in indices],
+        "response_lengths": [int(batch.response_lengths[i]) for i in indices],
+        "rewards": [float(batch.rewards[i]) for i in indices],
+        "loss_masks": [torch.tensor(list(map(int, batch.loss_masks[i])), dtype=torch.int) for i in indices],
+        "total_lengths": [len(batch.tokens[i]) for i in indices],
+        "raw_reward": [float(r) for r in batch.rewards],  # whole rollout, as upstream ships it to every rank
+        "local_raw_reward": [float(batch.rewards[i]) for i in indices],
+        "global_batch_sizes": [len(step) for step in D.step_indices(len(batch), global_batch_size)],
+    }
+    for field, name in _PER_TOKEN.items():
+        values = getattr(batch, field)
+        if values is not None and all(values[i] is not None for i in indices):
+            data[name] = [_floats(values[i]) for i in indices]
+    return data
 
 
-def payload(rollout_id: int, writer_rank: int, shards: list[list[dict[str, Any]]]) -> dict[str, Any]:
-    samples = sorted((s for shard in shards for s in shard), key=lambda s: s["sample_index"])
-    return {"format_version": FORMAT_VERSION, "rollout_id": rollout_id, "rank": writer_rank,
-            "dp_shards": [{"data_parallel_rank": k, "samples": [s["sample_index"] for s in shard]}
-                          for k, shard in enumerate(shards)],
-            "samples": samples}
-
-
-def save_train_data(template: str, rollout_id: int, writer_rank: int, shards: list[list[dict[str, Any]]]) -> str:
+def save_train_data(template: str, rollout_id: int, writer_rank: int, shards: list[dict[str, Any]]) -> str:
+    """`shards`: upstream's gathered DP shards ({"rank", "data_parallel_rank", "rollout_data"})."""
     path = template.format(rollout_id=rollout_id, rank=writer_rank)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
-    torch.save(payload(rollout_id, writer_rank, shards), tmp)
+    torch.save(train_dump_payload(shards, rollout_id=rollout_id, writer_rank=writer_rank), tmp)
     os.replace(tmp, path)  # a reader never sees half a file
     return path
 
@@ -64,7 +75,8 @@ def dump(args, batch, mine: Sequence[int], rollout_id: int, *, rank: int, dp_ran
     DP rank: they hold the computed fields); DP rank 0 of them writes the file. Returns its path there."""
     if not args.save_debug_train_data or not writes:
         return None
-    local = shard_samples(batch, mine, dp_rank)
+    local = {"rank": rank, "data_parallel_rank": dp_rank,
+             "rollout_data": shard_rollout_data(batch, mine, args.global_batch_size)}
     if dp_size == 1:
         shards = [local]
     else:
