@@ -44,43 +44,6 @@ from slime.backends.embedded.weights import WeightNameMap, parse_dtype
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class _ModelFor:
-    model_class: Any
-    config: Any
-
-
-def _config_for_unknown_type(model_path: str) -> _ModelFor | None:
-    """A checkpoint whose model_type transformers does not ship (Kimi-K2's kimi_k2, a DeepseekV3ForCausalLM):
-    the transformers class its model family names, with that class's config read from config.json. None when
-    transformers knows the type (AutoModelForCausalLM loads it) or no family serves it."""
-    import json
-    import os
-
-    import transformers
-    from transformers import CONFIG_MAPPING
-
-    try:
-        with open(os.path.join(model_path, "config.json"), encoding="utf-8") as f:
-            cfg = json.load(f)
-    except OSError:
-        return None
-    model_type = cfg.get("model_type")
-    if not model_type or model_type in CONFIG_MAPPING:
-        return None
-    from slime_plugins.models.registry import UnsupportedModelError, get_family
-
-    try:
-        family = get_family(model_type)
-    except UnsupportedModelError:
-        return None
-    model_class = getattr(transformers, family.transformers_class, None)
-    if model_class is None:
-        return None
-    fields = {k: v for k, v in cfg.items() if k not in ("model_type", "quantization_config", "auto_map")}
-    return _ModelFor(model_class, model_class.config_class(**fields))
-
-
 @dataclass
 class EngineConfig:
     model_path: str
@@ -195,21 +158,12 @@ class EmbeddedEngine(WeightControl):
         return parse_dtype(self.cfg.dtype)
 
     def _load_model(self) -> torch.nn.Module:
-        from transformers import AutoModelForCausalLM
-
-        from slime_plugins.models.common.hf_classes import checkpoint_class
+        from slime.backends.embedded.model_loading import load_pretrained
 
         kwargs: dict[str, Any] = {"dtype": self._torch_dtype()}
         if self.cfg.attn_implementation:
             kwargs["attn_implementation"] = self.cfg.attn_implementation
-        config = _config_for_unknown_type(self.cfg.model_path)
-        if config is not None:
-            model = config.model_class.from_pretrained(self.cfg.model_path, config=config.config, **kwargs)
-        else:
-            # GLM-5.3-Flash: a model_type AutoModelForCausalLM does not load (common/hf_classes.py)
-            model_class = checkpoint_class(self.cfg.model_path) or AutoModelForCausalLM
-            model = model_class.from_pretrained(self.cfg.model_path, **kwargs)
-        return _aligned(model.to(self.device))
+        return _aligned(load_pretrained(self.cfg.model_path, **kwargs).to(self.device))
 
     def _load_tokenizer(self) -> Any:
         try:

@@ -17,11 +17,14 @@ import contextlib
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 
 from slime.backends.embedded.errors import BadRequest
+
+if TYPE_CHECKING:
+    from slime.backends.embedded.fp8_checkpoint import Fp8Layout
 
 _DTYPES: dict[str, torch.dtype] = {
     n: getattr(torch, n)
@@ -317,10 +320,14 @@ def safetensors_files(model_path: str) -> list[str]:
     return files
 
 
-def plan_disk_update(name_map: WeightNameMap, model_path: str) -> list[PlannedCopy]:
+def plan_disk_update(name_map: WeightNameMap, model_path: str, fp8: "Fp8Layout | None" = None) -> list[PlannedCopy]:
     """Plan loading a full safetensors checkpoint: names/shapes checked from headers before reading data;
-    dtypes are cast (as loading does). Every checkpoint weight of the model must be present."""
+    dtypes are cast (as loading does). Every checkpoint weight of the model must be present. Block-FP8 weights
+    (e4m3 + weight_scale_inv, fp8_checkpoint.py) are dequantized in `fp8`'s blocks (default: the layout
+    model_path's config.json states, else 128 x 128)."""
     from safetensors import safe_open
+
+    from slime.backends.embedded.fp8_checkpoint import Fp8Layout, dequantized, fold_scales
 
     specs, where = [], {}
     for path in safetensors_files(model_path):
@@ -331,6 +338,8 @@ def plan_disk_update(name_map: WeightNameMap, model_path: str) -> list[PlannedCo
                     sl = f.get_slice(key)
                     specs.append((key, sl.get_shape(), _safetensors_dtype(sl.get_dtype())))
                     where[key] = path
+    fp8 = fp8 or Fp8Layout.of_dir(model_path) or Fp8Layout()
+    specs, scales = fold_scales(specs, fp8, f"weight update rejected, nothing changed: {model_path}")
     plan = plan_update(name_map, specs, allow_cast=True)
     missing = sorted(set(name_map.checkpoint_names()) - set(where))
     if missing:
@@ -344,6 +353,15 @@ def plan_disk_update(name_map: WeightNameMap, model_path: str) -> list[PlannedCo
             with safe_open(path, framework="pt", device="cpu") as f:
                 for p in items:
                     p.source = f.get_tensor(p.name)
+    by_scale_file: dict[str, list[PlannedCopy]] = {}  # a scale may sit in another shard than its weight
+    for p in plan:
+        if p.name in scales:
+            by_scale_file.setdefault(where[scales[p.name]], []).append(p)
+    for path, items in by_scale_file.items():
+        with _reading(path):
+            with safe_open(path, framework="pt", device="cpu") as f:
+                for p in items:
+                    p.source = dequantized(p.source, f.get_tensor(scales[p.name]), fp8, p.name)
     return plan
 
 

@@ -1,0 +1,200 @@
+"""Block-FP8 checkpoints served by the embedded engine (slime/backends/embedded/fp8_checkpoint.py): the layout
+GLM-5.3-Flash publishes (e4m3 `X.weight` + float32 `X.weight_scale_inv` per block, config.json
+quantization_config with weight_block_size and modules_to_not_convert), written here from tiny random checkpoints
+with the project's quantizer (slime.utils.fp8_blocks.quantize) in blocks that divide none of the tiny shapes.
+
+- The FP8 engine holds exactly the float64-checked dequantization (w = q * scale_inv per block, partial blocks
+  included) and its sampled tokens and log-probs equal, bit for bit, an engine serving those dequantized
+  weights from a float32 checkpoint.
+- Against the unquantized model the teacher-forced log-probs stay within 0.25 nats (e4m3 keeps 3 mantissa bits;
+  measured max ~0.05 on these tiny random models).
+- A malformed checkpoint (missing scale, wrong scale shape, FP8 in an unconverted module) is refused in one line
+  naming the tensor; FP8 weight updates (the sender's quantize_named pairs) land dequantized, bad ones change
+  nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from slime.utils.fp8_blocks import expand_blocks, quantize, quantize_named, scale_name
+
+# (model_type, weight_block_size): blocks that no tiny dimension is a multiple of (and the published 128 x 128,
+# larger than every tiny dimension: one partial block per weight)
+FAMILIES = [("glm5_next", [16, 24]), ("glm_moe_dsa", [128, 128])]
+NOT_CONVERTED = ["lm_head", "mlp.gate", "model.visual"]
+
+
+def _is_fp8(name: str, t: torch.Tensor) -> bool:
+    """The linear projections (attention, KDA, experts, shared experts, dense MLPs); routers, embeddings, norms,
+    convs and the vision tower stay high precision as the config's modules_to_not_convert says."""
+    return t.dim() == 2 and name.endswith("_proj.weight") and ".visual." not in name
+
+
+def _write(src: str, dst: str, tensors: dict, quantization: dict | None) -> str:
+    shutil.copytree(src, dst)
+    for f in os.listdir(dst):
+        if f.endswith(".safetensors") or f == "model.safetensors.index.json":
+            os.remove(os.path.join(dst, f))
+    save_file(tensors, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(dst, "config.json")) as f:
+        config = json.load(f)
+    config.pop("quantization_config", None)
+    if quantization:
+        config["quantization_config"] = quantization
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    return dst
+
+
+def _float64_dequantized(q: torch.Tensor, s: torch.Tensor, block) -> torch.Tensor:
+    rows, cols = q.shape
+    return (q.double() * expand_blocks(s.double(), rows, cols, tuple(block))).float()
+
+
+@pytest.fixture(scope="module", params=FAMILIES, ids=[f for f, _ in FAMILIES])
+def checkpoints(request, tmp_path_factory):
+    """{"ref": unquantized float32, "fp8": block FP8, "deq": the FP8 weights dequantized, float32} and the
+    float64-checked dequantized FP8 tensors."""
+    from slime_plugins.models.common.tiny import write_tiny_checkpoint
+
+    model_type, block = request.param
+    root = tmp_path_factory.mktemp(f"fp8_{model_type}")
+    ref = write_tiny_checkpoint(str(root / "ref"), model_type, seed=5)
+    tensors = load_file(os.path.join(ref, "model.safetensors"))
+    fp8, deq, expected = {}, {}, {}
+    for name, t in tensors.items():
+        if _is_fp8(name, t):
+            q, s = quantize(t, tuple(block))
+            fp8[name], fp8[scale_name(name)] = q, s
+            deq[name] = expected[name] = _float64_dequantized(q, s, block)
+        else:
+            fp8[name] = deq[name] = t
+    assert expected and any(s % b for name in expected for s, b in zip(tensors[name].shape, block))
+    quant = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": block,
+             "modules_to_not_convert": NOT_CONVERTED}
+    return {"type": model_type, "block": block, "quant": quant, "ref": ref, "expected": expected,
+            "fp8": _write(ref, str(root / "fp8"), fp8, quant), "deq": _write(ref, str(root / "deq"), deq, None)}
+
+
+def _engine(path):
+    from slime.backends.embedded import EmbeddedEngine, EngineConfig
+
+    return EmbeddedEngine(EngineConfig(model_path=path, batch_wait_s=0.0, max_batch_wait_s=0.0))
+
+
+def _prompts():
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(3, 500, (n,), generator=g).tolist() for n in (4, 11, 7)]
+
+
+def _wave(engine):
+    reqs = [engine.make_request(p, {"max_new_tokens": 6, "temperature": 1.0, "sampling_seed": 7 + i,
+                                    "ignore_eos": True}, return_logprob=True) for i, p in enumerate(_prompts())]
+    engine.submit_batch(reqs)
+    for r in reqs:
+        assert r.done.wait(120)
+    return [(r.output_ids, r.logprobs) for r in reqs]
+
+
+@torch.no_grad()
+def _teacher_forced(engine, seqs):
+    out = []
+    for s in seqs:
+        ids = torch.tensor([s])
+        logits = engine.model(input_ids=ids).logits.float()
+        out.append(torch.log_softmax(logits[0, :-1], -1).gather(-1, ids[0, 1:, None])[:, 0])
+    return out
+
+
+def test_fp8_checkpoint_serves_its_dequantized_weights(checkpoints):
+    engines = {k: _engine(checkpoints[k]) for k in ("fp8", "deq", "ref")}
+    try:
+        fp8, deq = engines["fp8"], engines["deq"]
+        assert not hasattr(fp8.model.config, "quantization_config")
+        for name in fp8.name_map.checkpoint_names():
+            assert torch.equal(fp8.name_map.resolve(name), deq.name_map.resolve(name)), name
+        for name, want in checkpoints["expected"].items():
+            assert torch.equal(fp8.name_map.resolve(name), want), name
+        got, same = _wave(fp8), _wave(deq)
+        assert got == same  # tokens and log-probs bit for bit
+        seqs = [p + ids for p, (ids, _) in zip(_prompts(), got)]
+        quantized, unquantized = _teacher_forced(fp8, seqs), _teacher_forced(engines["ref"], seqs)
+        worst = max((a - b).abs().max().item() for a, b in zip(quantized, unquantized))
+        print(f"{checkpoints['type']}: max |log-prob(FP8) - log-prob(unquantized)| = {worst:.3g}")
+        assert 0 < worst <= 0.25, worst
+    finally:
+        for e in engines.values():
+            e.shutdown()
+
+
+def _broken(checkpoints, tmp_path, edit, quant=None) -> str:
+    tensors = load_file(os.path.join(checkpoints["fp8"], "model.safetensors"))
+    edit(tensors)
+    return _write(checkpoints["ref"], str(tmp_path / "broken"), tensors, quant or checkpoints["quant"])
+
+
+def _first_fp8(checkpoints, part: str = "") -> str:
+    return sorted(n for n in checkpoints["expected"] if part in n)[0]
+
+
+@pytest.mark.parametrize("case", ["missing_scale", "scale_shape", "unconverted_module", "orphan_scale"])
+def test_malformed_fp8_checkpoint_is_refused_in_one_line(checkpoints, tmp_path, case):
+    from slime.backends.embedded.errors import BadRequest
+
+    name = _first_fp8(checkpoints)
+    quant = None
+    if case == "missing_scale":
+        edit, match = (lambda t: t.pop(scale_name(name))), f"{name} is float8 without its {scale_name(name)}"
+    elif case == "scale_shape":
+        def edit(t):
+            t[scale_name(name)] = t[scale_name(name)][:-1] if t[scale_name(name)].shape[0] > 1 else \
+                torch.ones(2, *t[scale_name(name)].shape[1:])
+        match = f"{scale_name(name)} has shape"
+    elif case == "unconverted_module":
+        module = name.rpartition(".")[0]
+        quant = {**checkpoints["quant"], "modules_to_not_convert": NOT_CONVERTED + [module]}
+        edit, match = (lambda t: None), "modules_to_not_convert keeps its module unquantized"
+    else:
+        edit, match = (lambda t: t.update({"lm_head.weight_scale_inv": torch.ones(1, 1)})), "scales no float8 weight"
+    path = _broken(checkpoints, tmp_path, edit, quant)
+    with pytest.raises(BadRequest, match=match) as e:
+        _engine(path)
+    message = str(e.value)
+    assert "\n" not in message and message.startswith(f"cannot serve {path}: malformed block-FP8 weights")
+    assert "re-quantize" in message
+
+
+def test_fp8_weight_updates_land_dequantized(checkpoints):
+    from slime.backends.embedded.errors import BadRequest
+    from slime.utils.fp8_blocks import Fp8BlockFormat
+
+    engine = _engine(checkpoints["fp8"])
+    try:
+        g = torch.Generator().manual_seed(3)
+        names = sorted(checkpoints["expected"])[:4] + ["lm_head.weight"]
+        trained = [(n, engine.name_map.resolve(n) + 0.01 * torch.randn(engine.name_map.resolve(n).shape, generator=g))
+                   for n in names if n in engine.name_map]
+        fmt = Fp8BlockFormat(tuple(checkpoints["block"]))
+        sent = list(quantize_named(trained, set(checkpoints["expected"]), fmt))
+        assert any(t.dtype == torch.float8_e4m3fn for _, t in sent)
+        assert engine.update_from_named_tensors(sent, weight_version="1") == len(trained)
+        for n, w in trained:
+            want = _float64_dequantized(*quantize(w, fmt.block), fmt.block) if n in checkpoints["expected"] else w
+            assert torch.equal(engine.name_map.resolve(n), want), n
+        before = {n: engine.name_map.resolve(n).clone() for n, _ in trained}
+        bad = [(n, t[:-1] if n.endswith("_scale_inv") else t) for n, t in sent]
+        with pytest.raises(BadRequest, match="nothing changed: malformed block-FP8 weights"):
+            engine.update_from_named_tensors(bad)
+        assert all(torch.equal(engine.name_map.resolve(n), t) for n, t in before.items())
+        assert engine.update_from_disk(checkpoints["fp8"]) > 0  # back to the checkpoint, read as at load
+        for n, want in checkpoints["expected"].items():
+            assert torch.equal(engine.name_map.resolve(n), want), n
+    finally:
+        engine.shutdown()
