@@ -306,7 +306,7 @@ def test_opd_sglang_hooks_against_a_stand_in_teacher_server():
     try:
         args = SimpleNamespace(rm_url=url + "/generate", rollout_temperature=0.8, reward_key=None, use_opd=True,
                                opd_type="sglang", opd_kl_coef=0.5, use_rollout_logprobs=False, advantage_estimator="grpo",
-                               kl_loss_type="k1", kl_coef=0.0, n_samples_per_prompt=2, gamma=1.0,
+                               kl_loss_type="k1", kl_coef=0.0, n_samples_per_prompt=2, rollout_batch_size=2, gamma=1.0,
                                disable_grpo_std_normalization=False, normalize_advantages=False,
                                rewards_normalization=True, custom_reward_post_process_path=None,
                                custom_convert_samples_to_train_data_path=None, lambd=1.0,

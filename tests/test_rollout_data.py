@@ -49,7 +49,8 @@ def test_payload_round_trip_and_summary():
 
 
 def _args(estimator):
-    return SimpleNamespace(advantage_estimator=estimator, n_samples_per_prompt=4, kl_coef=0.05, gamma=0.9,
+    return SimpleNamespace(advantage_estimator=estimator, n_samples_per_prompt=4, rollout_batch_size=3, kl_coef=0.05,
+                           gamma=0.9,
                            disable_grpo_std_normalization=False, kl_loss_type="k1", normalize_advantages=False,
                            rewards_normalization=True, custom_reward_post_process_path=None,
                            custom_convert_samples_to_train_data_path=None, lambd=1.0, use_opd=False,

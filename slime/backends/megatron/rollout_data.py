@@ -85,7 +85,7 @@ def share_advantages(args, batch: RolloutBatch, indices: Sequence[int],
         adv = _custom_advantages(args, batch, indices, lengths, kl, values)
     else:
         adv = ppo_utils.compute_advantages(
-            args.advantage_estimator, torch.tensor(batch.rewards), lengths, mask, args.n_samples_per_prompt or 1,
+            args.advantage_estimator, torch.tensor(batch.rewards), lengths, mask, reward_group_size(args, len(batch)),
             kl=kl, kl_coef=args.kl_coef, gamma=args.gamma, std_normalization=not args.disable_grpo_std_normalization,
             sample_index=indices, all_reduce=all_reduce, normalize=args.normalize_advantages,
             values=values, lambd=args.lambd, opd=opd, group_normalize=_group_normalize(args))
@@ -116,6 +116,19 @@ def share_advantages(args, batch: RolloutBatch, indices: Sequence[int],
     return metrics
 
 
+def reward_group_size(args, num_samples: int) -> int:
+    """The group size of the reward normalization, upstream's rule (slime/ray/rollout.py
+    `_post_process_rewards`): groups of --n-samples-per-prompt when the rollout holds exactly
+    --rollout-batch-size x that many samples, else one group of the whole rollout. A custom generate that
+    returns several samples for a prompt (an agent session that forked) or none changes the count: the rollout's
+    samples then no longer come in fixed-size groups, and upstream normalizes them together. Without a
+    --rollout-batch-size (a namespace built for one call), groups of --n-samples-per-prompt."""
+    n = args.n_samples_per_prompt or 1
+    if args.rollout_batch_size is None or num_samples == n * args.rollout_batch_size:
+        return n
+    return max(num_samples, 1)
+
+
 def _group_normalize(args) -> bool:
     # --custom-reward-post-process-path / --custom-convert-samples-to-train-data-path already normalized the
     # rewards (upstream's contract)
@@ -132,7 +145,7 @@ def _custom_advantages(args, batch: RolloutBatch, indices: list[int], lengths: l
 
     rewards = torch.tensor(batch.rewards, dtype=torch.float32)
     if _group_normalize(args) and args.advantage_estimator in ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline"):
-        rewards = ppo_utils.grpo_advantages(rewards, args.n_samples_per_prompt or 1,
+        rewards = ppo_utils.grpo_advantages(rewards, reward_group_size(args, len(batch)),
                                             std_normalization=args.advantage_estimator != "reinforce_plus_plus_baseline"
                                             and not args.disable_grpo_std_normalization)
 
