@@ -55,6 +55,7 @@ class RolloutEngines(EngineRecovery, EngineFleet):
         self.n = 0 if args.debug_train_only else total // self.tp  # --debug-train-only: no engines at all
         self.log_dir = os.path.join(args.output_dir or tempfile.mkdtemp(prefix="slime-"), "engine_logs")
         self._pg = None
+        self._proxy = None  # the plugins' address, started by the first plugin rollout (plugin_url)
         self.actors = [self._create_actor(i, slots) for i in range(self.n)]
         self.urls = self._ray().get([a.start.remote() for a in self.actors])
         self.clients = [EngineClient(u, self._token) for u in self.urls]
@@ -168,10 +169,30 @@ class RolloutEngines(EngineRecovery, EngineFleet):
                 for i, u in enumerate(self.urls) if i not in self._down]
 
     def router_url(self) -> str | None:
-        """Where upstream's plugins send requests: the sglang-router, else the first engine (None: no engine)."""
+        """The sglang-router's URL, else the first engine's (None: no engine)."""
         if self.sglang_router is not None:
             return self.sglang_router.url
         return self.urls[0] if self.urls else None
+
+    def plugin_url(self) -> str | None:
+        """Where upstream's plugins send requests (args.sglang_router_ip/port): the fleet proxy
+        (slime.rollout.fleet_proxy), which spreads them over the engines (or sends them to the sglang-router)
+        and re-sends a request lost to a dead engine once the fleet has restarted it. None: no engine."""
+        if not self.n:
+            return None
+        if self._proxy is None:
+            from slime.backends.sglang.launcher import bind_host
+            from slime.rollout.fleet_proxy import FleetProxy
+
+            self._proxy = FleetProxy(self, bind_host(), float(self.args.rollout_request_timeout),
+                                     lambda: [e["url"] for e in self.engines()])
+            logger.info("plugin requests go to %s (in front of the engine fleet)", self._proxy.url)
+        self._proxy.fatal = None  # a new rollout: engines restarted between rollouts serve again
+        return self._proxy.url
+
+    def plugin_failure(self) -> RolloutError | None:
+        """The error the fleet gave up with while serving plugin requests (then every later one failed)."""
+        return None if self._proxy is None else self._proxy.fatal
 
     def routing(self) -> str:
         """One line for the driver's log: where generation requests go."""
@@ -224,6 +245,8 @@ class RolloutEngines(EngineRecovery, EngineFleet):
         ray = self._ray()
         if self.health_monitor is not None:
             self.health_monitor.stop()
+        if self._proxy is not None:
+            self._proxy.stop()
         if self.sglang_router is not None:
             self.sglang_router.stop()
         try:

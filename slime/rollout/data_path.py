@@ -99,7 +99,7 @@ class RolloutDataPath:
         data source (made once, over the manager's prompts)."""
         from slime.rollout import plugin_rollout
 
-        args = plugin_rollout.plugin_args(self.args, fleet.router_url(), fleet.n, fleet.clients)
+        args = plugin_rollout.plugin_args(self.args, fleet.plugin_url(), fleet.n, fleet.clients)
         if self._plugin_data_source is None:
             self._plugin_data_source = plugin_rollout.make_data_source(args, self.data_source, self.tokenizer)
         return args
@@ -108,7 +108,16 @@ class RolloutDataPath:
         from slime.rollout import plugin_rollout
 
         args = self._plugin_args(fleet)
-        return plugin_rollout.run_plugin_rollout(args, rollout_id, self._plugin_data_source)
+        try:
+            out = plugin_rollout.run_plugin_rollout(args, rollout_id, self._plugin_data_source)
+        except Exception as e:
+            fatal = fleet.plugin_failure()  # the cause, rather than the plugin's last failed request
+            if fatal is not None:
+                raise fatal from e
+            raise
+        if fleet.plugin_failure() is not None:  # a plugin that caught its failed requests
+            raise fleet.plugin_failure()
+        return out
 
     def train_data(self, rollout_id: int, samples: list, metrics: dict[str, Any], started: float):
         """The trainer's payload of the rollout's samples (flat arrays; --custom-convert-samples-to-train-data-path

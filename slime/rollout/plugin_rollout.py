@@ -3,15 +3,13 @@
 meaning is upstream's rollout loop: `--dynamic-sampling-filter-path`, `--over-sampling-batch-size`,
 `--partial-rollout` (one implementation of them, slime.rollout.sglang_rollout).
 
-The plugins see the args upstream's see: `sglang_router_ip`/`sglang_router_port` name the sglang-router
-in front of the engines (or the first engine when requests are routed in-process), and the data source
+The plugins see the args upstream's see: `sglang_router_ip`/`sglang_router_port` name the fleet proxy
+(slime.rollout.fleet_proxy) in front of the engines, which spreads the requests over them (or passes them to
+the sglang-router) and re-sends a request lost to a dead engine once the fleet has restarted it, and the data source
 is upstream's `RolloutDataSourceWithBuffer` over --prompt-data (its position is the manager's data source,
 saved with checkpoints) or the `--data-source-path` class built as `cls(args)`. The rollout function's
 groups are flattened in order for the trainer; every sample must carry its tokens, response length,
 loss mask, engine log-probs (none for SFT data) and reward (checked here, one line naming the sample).
-
-This path runs the plugins as upstream does; it does not re-issue requests lost to an engine failure
-(the project's own rollout loop, slime.rollout.generate, does).
 """
 
 from __future__ import annotations
