@@ -208,3 +208,55 @@ def test_fp8_weight_updates_land_dequantized(checkpoints):
             assert torch.equal(engine.name_map.resolve(n), want), n
     finally:
         engine.shutdown()
+
+
+
+def test_fp8_weights_over_a_collective_group_land_dequantized(checkpoints, monkeypatch):
+    """update_weights_from_distributed with quantize_named pairs, in both wire layouts (one broadcast per tensor,
+    flattened_bucket): received as sent, each weight dequantized before the commit; a pair whose scale grid does
+    not fit is refused whole after its broadcasts are received (the sender never hangs). The group's broadcast is
+    replaced by a copy from the sender's tensors (the collective itself: tests/test_embedded_engine.py)."""
+    import slime.utils.distributed as distributed
+    from slime.backends.embedded.errors import BadRequest
+    from slime.utils.fp8_blocks import Fp8BlockFormat
+
+    if checkpoints["type"] != "glm_moe_dsa":
+        pytest.skip("one family suffices for the wire path")
+    wire: list[torch.Tensor] = []
+    monkeypatch.setattr(distributed, "broadcast", lambda buf, src, group: buf.copy_(wire.pop(0)))
+    engine = _engine(checkpoints["fp8"])
+    engine._groups["fp8"] = object()
+
+    def send(named, load_format=None):
+        if load_format == "flattened_bucket":
+            wire.append(torch.cat([t.contiguous().view(-1).view(torch.uint8) for _, t in named]))
+        else:
+            wire.extend(t.contiguous() for _, t in named)
+        try:
+            return engine.update_from_distributed([n for n, _ in named], [str(t.dtype) for _, t in named],
+                                                  [list(t.shape) for _, t in named], "fp8", load_format=load_format)
+        finally:
+            assert not wire  # every broadcast received, refused or not
+
+    try:
+        g = torch.Generator().manual_seed(4)
+        names = sorted(checkpoints["expected"])[:3] + ["model.norm.weight"]
+        trained = [(n, engine.name_map.resolve(n) + 0.01 * torch.randn(engine.name_map.resolve(n).shape, generator=g))
+                   for n in names]
+        fmt = Fp8BlockFormat(tuple(checkpoints["block"]))
+        sent = list(quantize_named(trained, set(checkpoints["expected"]), fmt))
+        assert sum(t.dtype == torch.float8_e4m3fn for _, t in sent) == 3
+        before = {n: engine.name_map.resolve(n).clone() for n, _ in trained}
+        with pytest.raises(BadRequest, match="nothing changed: malformed block-FP8 weights"):
+            send([(n, torch.ones(3, 3) if n.endswith("_scale_inv") else t) for n, t in sent])
+        assert all(torch.equal(engine.name_map.resolve(n), t) for n, t in before.items())
+        for load_format in (None, "flattened_bucket"):
+            assert send(sent, load_format) == len(trained)
+            for n, w in trained:
+                want = _float64_dequantized(*quantize(w, fmt.block), fmt.block) if n in checkpoints["expected"] else w
+                assert torch.equal(engine.name_map.resolve(n), want), n
+            trained = [(n, w + 0.01) for n, w in trained]
+            sent = list(quantize_named(trained, set(checkpoints["expected"]), fmt))
+    finally:
+        engine._groups.clear()
+        engine.shutdown()

@@ -244,9 +244,11 @@ class WeightControl:
             raise BadRequest(f"{e} (left weights update group {group_name!r})") from None
         error: BadRequest | None = None
         plan: list[PlannedCopy] = []
+        fp8_scales: dict[str, str] = {}  # FP8 weight -> its scale: received as sent, dequantized after
         try:
             self._require_weights()
-            plan = plan_update(self.name_map, [(n, shape, dt) for n, shape, dt in specs])
+            wanted, fp8_scales = self._fold_fp8(specs)
+            plan = plan_update(self.name_map, wanted)
         except BadRequest as e:
             error = e
         group = self._groups[group_name]
@@ -260,10 +262,28 @@ class WeightControl:
             raise error
         if flat:
             sources = [v() for v in sources]
-        for p, b in zip(plan, sources):
-            p.source = b
+        received = {n: b for (n, _, _), b in zip(specs, sources)}
+        for p in plan:
+            p.source = received[p.name]
+            if p.name in fp8_scales:
+                from slime.backends.embedded.fp8_checkpoint import dequantized
+
+                p.source = dequantized(p.source, received[fp8_scales[p.name]], self._fp8_layout(), p.name)
         self._commit(plan, weight_version)
         return len(plan)
+
+    def _fold_fp8(self, specs: list[tuple[str, list[int], torch.dtype]]):
+        """(specs as the weights they update, {FP8 weight: its scale}): a block-FP8 pair (the sender's
+        quantize_named) counts as its weight in the model's dtype; BadRequest for a malformed pair."""
+        from slime.backends.embedded.fp8_checkpoint import FLOAT8, fold_scales
+        from slime.utils.fp8_blocks import SCALE_SUFFIX
+
+        if not any(dt in FLOAT8 or n.endswith(SCALE_SUFFIX) for n, _, dt in specs):
+            return specs, {}
+        folded, pairs = fold_scales(specs, self._fp8_layout(), "weight update rejected, nothing changed")
+        names = self.name_map
+        return [(n, shape, names.resolve(n).dtype if n in pairs and n in names else dt)
+                for n, shape, dt in folded], pairs
 
     def _receive_turn(self, group_name: str, sequence: int) -> "_ReceiveTurn":
         """Update `sequence`'s turn to receive on the group (see update_from_distributed)."""

@@ -26,7 +26,7 @@ import torch
 from slime.backends.embedded.errors import BadRequest
 from slime.utils.fp8_blocks import SCALE_SUFFIX, Fp8BlockFormat, Fp8FormatError, dequantize, scale_shape
 
-_FLOAT8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
+FLOAT8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
 
 
 @dataclass(frozen=True)
@@ -81,10 +81,10 @@ def fold_scales(specs: list[tuple[str, Any, torch.dtype]], layout: Fp8Layout,
     for name, shape, dt in specs:
         if name.endswith(SCALE_SUFFIX):
             weight = name[: -len(SCALE_SUFFIX)]
-            if weight not in by_name or by_name[weight][1] not in _FLOAT8:
+            if weight not in by_name or by_name[weight][1] not in FLOAT8:
                 problems.append(f"{name} scales no float8 weight {weight}")
             continue
-        if dt not in _FLOAT8:
+        if dt not in FLOAT8:
             continue
         problems += _pair_problems(name, shape, dt, by_name.get(name + SCALE_SUFFIX), layout)
         pairs[name] = name + SCALE_SUFFIX
@@ -111,7 +111,7 @@ def _pair_problems(name: str, shape: Any, dt: torch.dtype, scale: tuple[Any, tor
     if got != want:
         return [f"{name + SCALE_SUFFIX} has shape {list(got)}, a {list(shape)} weight in "
                 f"{list(layout.fmt.block)} blocks needs {list(want)}"]
-    if not scale[1].is_floating_point or scale[1] in _FLOAT8:
+    if not scale[1].is_floating_point or scale[1] in FLOAT8:
         return [f"{name + SCALE_SUFFIX} is {str(scale[1]).removeprefix('torch.')}, not a float32 scale"]
     if layout.keeps_unquantized(name):
         return [f"{name} is float8, but quantization_config.modules_to_not_convert keeps its module unquantized"]
@@ -131,7 +131,7 @@ def dequantize_named(named: list[tuple[str, torch.Tensor]], layout: Fp8Layout, s
     """An update's tensors with each (FP8 weight, its scale) pair replaced by the weight dequantized (in
     `dtype_of(name)`, default float32): what the sender's fp8_blocks.quantize_named writes for an FP8 engine.
     Other tensors pass unchanged."""
-    if not any(t.dtype in _FLOAT8 or n.endswith(SCALE_SUFFIX) for n, t in named):
+    if not any(t.dtype in FLOAT8 or n.endswith(SCALE_SUFFIX) for n, t in named):
         return named
     _, pairs = fold_scales([(n, t.shape, t.dtype) for n, t in named], layout, source)
     tensors = dict(named)
