@@ -181,6 +181,26 @@ def test_malformed_fp8_checkpoint_is_refused_in_one_line(checkpoints, tmp_path, 
     assert "re-quantize" in message
 
 
+def test_standalone_engine_refuses_a_malformed_fp8_checkpoint_with_exit_2(checkpoints, tmp_path):
+    """`python -m slime.backends.embedded` on a checkpoint whose scale is missing: one line on stderr, exit 2."""
+    import subprocess
+    import sys
+
+    if checkpoints["type"] != "glm5_next":
+        pytest.skip("one family suffices for the command line")
+    name = _first_fp8(checkpoints)
+    path = _broken(checkpoints, tmp_path, lambda t: t.pop(scale_name(name)))
+    env = {**os.environ, "SLIME_ENGINE_TOKEN": "t", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "slime.backends.embedded", "--model-path", path, "--port", "0"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("slime: ")]
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert lines == [f"slime: cannot serve {path}: malformed block-FP8 weights: {name} is float8 without its "
+                     f"{scale_name(name)}; re-quantize it with slime.utils.fp8_blocks.quantize (e4m3 + float32 "
+                     f"weight_scale_inv per {checkpoints['block']} block)"], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+
+
 def test_fp8_weight_updates_land_dequantized(checkpoints):
     from slime.backends.embedded.errors import BadRequest
     from slime.utils.fp8_blocks import Fp8BlockFormat

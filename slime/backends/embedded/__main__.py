@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.tp_rank > 0:
         return _follow(args)
     from slime.backends.embedded import EmbeddedEngine, EngineConfig, EngineHTTPServer
+    from slime.backends.embedded.errors import BadRequest
 
     token = os.environ.get(TOKEN_ENV) or ""
     if not token:
@@ -61,12 +62,17 @@ def main(argv: list[str] | None = None) -> None:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    server.engine = EmbeddedEngine(EngineConfig(
-        model_path=args.model_path, tokenizer_path=args.tokenizer_path, dtype=args.dtype,
-        max_running_requests=args.max_running_requests, context_length=args.context_length,
-        random_seed=args.random_seed, original_logprobs=args.return_original_logprob,
-        tp_size=args.tp_size, dist_init_addr=args.dist_init_addr,
-        attn_implementation=args.attn_implementation, deterministic=args.enable_deterministic_inference))
+    try:
+        server.engine = EmbeddedEngine(EngineConfig(
+            model_path=args.model_path, tokenizer_path=args.tokenizer_path, dtype=args.dtype,
+            max_running_requests=args.max_running_requests, context_length=args.context_length,
+            random_seed=args.random_seed, original_logprobs=args.return_original_logprob,
+            tp_size=args.tp_size, dist_init_addr=args.dist_init_addr,
+            attn_implementation=args.attn_implementation, deterministic=args.enable_deterministic_inference))
+    except BadRequest as e:  # a checkpoint it cannot serve (e.g. a malformed block-FP8 one): one line, exit 2
+        server.stop()
+        print(f"slime: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
+        return 2
     print(f"embedded engine serving {args.model_path} at {server.url}", flush=True)
     stop.wait()
     server.stop()
