@@ -194,11 +194,13 @@ def test_sparse_attention_equals_transformers_masked_eager_attention():
 
 
 def test_transformers_patch_set_is_documented_and_the_same_on_every_accelerator():
+    """The indexer patches everywhere; the KDA chunk fitting only on CPU (a device runs fla's kernel)."""
     from slime.accelerator.patches import patch_set
 
     for name in ("cpu", "cuda", "npu"):
         patches = {p.name: p for p in patch_set(name, "transformers")}  # glm5_next's only where transformers has it
-        assert set(patches) == {"glm_moe_dsa_indexer_stable_topk", "glm5_next_indexer_stable_topk"}
+        cpu_only = {"glm5_next_kda_fitted_chunk"} if name == "cpu" else set()
+        assert set(patches) == {"glm_moe_dsa_indexer_stable_topk", "glm5_next_indexer_stable_topk"} | cpu_only
         patch = patches["glm_moe_dsa_indexer_stable_topk"]
         assert patch.versions == ">=5.2,<6"
         assert patch.targets == ("transformers.models.glm_moe_dsa.modeling_glm_moe_dsa:GlmMoeDsaIndexer.forward",)
@@ -206,3 +208,28 @@ def test_transformers_patch_set_is_documented_and_the_same_on_every_accelerator(
         assert kpool.versions == ">=5.24,<6"
         assert kpool.targets == ("transformers.models.glm5_next.modeling_glm5_next:Glm5NextTextIndexer.forward",)
         assert all(getattr(p, f).strip() for p in patches.values() for f in ("why", "replaces", "remove_when"))
+
+
+@pytest.mark.parametrize("length", [1, 7, 13, 16, 17, 40, 64, 65, 100])
+def test_fitted_kda_chunk_equals_transformers_64_token_chunk(length):
+    """The CPU patch's chunk (16 / 32 / 64 tokens, the smallest that holds the sequence) gives transformers'
+    64-token-chunk KDA output and final state within float32 rounding (1e-5), with and without an initial state."""
+    tk = pytest.importorskip("transformers.models.glm5_next.modeling_glm5_next")
+    from slime.accelerator.transformers_patches import _kda_fitted_chunk, fitted_chunk_size
+
+    original = tk.chunk_kimi_delta_attention
+    original = getattr(original, "__wrapped__", original) if getattr(original, "slime_fitted_chunk", False) else original
+    fitted = _kda_fitted_chunk(original)
+    assert fitted_chunk_size(length) == (16 if length <= 16 else 32 if length <= 32 else 64)
+    g = torch.Generator().manual_seed(length)
+    b, h, dk, dv = 2, 3, 8, 5
+    q, k = (torch.randn(b, length, h, dk, generator=g) for _ in range(2))
+    v = torch.randn(b, length, h, dv, generator=g)
+    gate = -torch.rand(b, length, h, dk, generator=g) * 2  # log decays <= 0
+    beta = torch.rand(b, length, h, generator=g)
+    for state in (None, torch.randn(b, h, dk, dv, generator=g)):
+        kwargs = dict(g=gate, beta=beta, initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True)
+        want, want_state = original(q, k, v, **kwargs)
+        got, got_state = fitted(q, k, v, **kwargs)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got_state, want_state, rtol=1e-5, atol=1e-5)

@@ -99,3 +99,33 @@ def test_synthetic_reward_reads_the_eos_of_a_stopped_response_as_the_stop(respon
 
     s = Sample(group_index=0, index=0, prompt="p", label="c a d", response=response, status=SampleStatus[status])
     assert synthetic_reward(None, s) == pytest.approx(expected)
+
+
+def test_glm5_next_warmup_forward_equals_the_default_forward(tokenizer):
+    """The tiny GLM-5.3-Flash's warm-up forward (16-token KDA chunks, FORWARD_KWARGS) gives the default forward's
+    loss and gradients (transformers' 64-token chunks) on a warm-up batch: the quick start's checkpoint is what
+    the default forward would have trained, within float32 rounding."""
+    import random
+
+    from transformers import AutoModelForImageTextToText
+
+    from slime_plugins.models.common.tiny import tiny_config
+    from slime_plugins.models.common.warmup import _batch, forward_kwargs, parse_tasks
+
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(tiny_config("glm5_next"), dtype=torch.float32)
+    assert forward_kwargs(model) == {"chunk_size": 16}
+    ids, mask = _batch(tokenizer, random.Random(3), parse_tasks("answer:2-4")[0], 6)
+    results = []
+    for kwargs in ({}, forward_kwargs(model)):
+        model.zero_grad(set_to_none=True)
+        logits = model(input_ids=ids, **kwargs).logits[:, :-1]
+        target = ids[:, 1:].masked_fill(~mask[:, 1:], -100)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    torch.testing.assert_close(loss_b, loss_a, rtol=1e-6, atol=1e-6)
+    assert grads_a.keys() == grads_b.keys() and any("linear_attn" in n or "conv1d" in n for n in grads_a)
+    for name in grads_a:
+        torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-5, atol=1e-6, msg=name)
