@@ -280,3 +280,29 @@ def test_fp8_weights_over_a_collective_group_land_dequantized(checkpoints, monke
     finally:
         engine._groups.clear()
         engine.shutdown()
+
+
+
+def test_device_auto_dtype_keeps_the_checkpoints_high_precision(checkpoints, tmp_path):
+    """--dtype auto on a device keeps the checkpoint's dtype: for an FP8 checkpoint the one config.json names for
+    its unquantized tensors (bfloat16 here). Every parameter has the dtype and value transformers' from_pretrained
+    gives the dequantized checkpoint under the same config (its float32-kept modules included): the FP8 weights
+    dequantized in float32 and rounded once."""
+    from transformers import AutoModelForCausalLM
+
+    from slime.backends.embedded.model_loading import load_pretrained
+
+    if checkpoints["type"] != "glm_moe_dsa":
+        pytest.skip("one family suffices")
+    paths = {}
+    for kind in ("fp8", "deq"):
+        paths[kind] = shutil.copytree(checkpoints[kind], str(tmp_path / kind))
+        with open(os.path.join(paths[kind], "config.json")) as f:
+            config = json.load(f)
+        with open(os.path.join(paths[kind], "config.json"), "w") as f:
+            json.dump(config | {"dtype": "bfloat16"}, f)
+    got = dict(load_pretrained(paths["fp8"], dtype="auto").named_parameters())
+    want = dict(AutoModelForCausalLM.from_pretrained(paths["deq"], dtype="auto").named_parameters())
+    assert got.keys() == want.keys() and torch.bfloat16 in {p.dtype for p in got.values()}
+    for name, p in got.items():
+        assert p.dtype == want[name].dtype and torch.equal(p, want[name]), name

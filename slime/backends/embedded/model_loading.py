@@ -78,6 +78,8 @@ def load_fp8(model_class: Any, config: Any, model_path: str, layout: Fp8Layout, 
         if cfg is not None and hasattr(cfg, "quantization_config"):
             delattr(cfg, "quantization_config")
     config._name_or_path = model_path  # a multimodal checkpoint's names (WeightNameMap's prefix changes)
+    if kwargs.get("dtype") == "auto":  # a device engine keeps the checkpoint's high-precision dtype
+        kwargs["dtype"] = _high_precision_dtype(config)
     # an auto class builds through from_config, a model class through _from_config (the same, minus the lookup)
     build = model_class.from_config if hasattr(model_class, "from_config") else model_class._from_config
     model = build(config, **kwargs)
@@ -89,3 +91,13 @@ def load_fp8(model_class: Any, config: Any, model_path: str, layout: Fp8Layout, 
         raise BadRequest(f"cannot serve {model_path}: {problem}") from None
     apply_plan(plan)
     return model
+
+
+def _high_precision_dtype(config: Any) -> torch.dtype:
+    """The dtype config.json names for the unquantized tensors (GLM-5.3-Flash: bfloat16), else float32."""
+    for cfg in (config, getattr(config, "text_config", None)):
+        value = getattr(cfg, "dtype", None) if cfg is not None else None
+        value = getattr(torch, value, None) if isinstance(value, str) else value
+        if isinstance(value, torch.dtype) and value.is_floating_point and value.itemsize >= 2:
+            return value
+    return torch.float32
