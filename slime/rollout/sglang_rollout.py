@@ -6,8 +6,9 @@
     out = await generate_and_rm(args, sample, params, evaluation=False)
     generate_rollout(args, rollout_id, data_source, evaluation=False) -> RolloutFnTrainOutput | RolloutFnEvalOutput
 
-Requests go to `http://{args.sglang_router_ip}:{args.sglang_router_port}/generate` (the sglang-router
-in front of the engines; the rollout manager sets these) with `return_logprob`; the answer's
+Requests go to `http://{args.sglang_router_ip}:{args.sglang_router_port}/generate` (the rollout manager
+sets these to its fleet proxy, slime.rollout.fleet_proxy: the requests spread over the engines, one lost to a
+dead engine re-sent once the fleet has restarted it) with `return_logprob`; the answer's
 `meta_info.output_token_logprobs` ([[logprob, token_id, ...], ...]) and `meta_info.finish_reason.type`
 fill the sample through `Sample.append_response_tokens`. A group's samples are generated concurrently,
 at most --sglang-server-concurrency x engines in flight; the rollout keeps the first
