@@ -5,7 +5,7 @@
 # format its reward pays for. The task: "answer : c a d =" is answered by a copy of the string, and the reward
 # pays only for the copy after the word `answer` ("answer c a d"), 0 for the bare copy. The checkpoint is random
 # init plus a short supervised warm-up that teaches both forms, the paid one in 30% of its examples, so the prior
-# is paid about a third of the time and GRPO has to select the paid form (docs/training.md, "What the quick start
+# is paid 0.14-0.33 of the time at rollout 0 and GRPO has to select the paid form (docs/training.md, "What the quick start
 # learns"). Trainer (Megatron) and rollout engine are colocated under Ray; weights go to the engine through IPC
 # after every step. On a CPU machine (~2 cores, a few minutes): the embedded engine and shared-memory IPC. The
 # same script, unchanged, runs on a GPU or NPU machine: the accelerator is detected (SLIME_ACCELERATOR
