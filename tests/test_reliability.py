@@ -48,7 +48,7 @@ def _quick_start(run_dir, num_rollout: int, *extra: str, **popen) -> subprocess.
     # WARMUP_STEPS=0: the random-init checkpoint (the warm-up's seconds buy nothing these tests check)
     env = dict(_env(), RUN_DIR=str(run_dir), NUM_ROLLOUT=str(num_rollout), WARMUP_STEPS="0")
     # The quick start's own routing: through the real sglang-router when it is installed (as in CI)
-    return subprocess.Popen(["bash", os.path.join(ROOT, "scripts", "run-glm5-tiny-cpu.sh"), *SMALL, *extra],
+    return subprocess.Popen(["bash", os.path.join(ROOT, "scripts", "run-glm5.3-flash-tiny-cpu.sh"), *SMALL, *extra],
                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
 
 
@@ -106,10 +106,10 @@ def quick_start_inputs(tmp_path_factory):
     the runs below that test how a run ends start from a copy (the script skips inputs that exist);
     quick_run writes its own through the script."""
     from slime.rollout import synthetic
-    from slime_plugins.models.glm5.tiny import write_tiny_checkpoint
+    from slime_plugins.models.common.tiny import write_tiny_checkpoint
 
     d = tmp_path_factory.mktemp("inputs")
-    write_tiny_checkpoint(str(d / "model"), "glm_moe_dsa", 0)
+    write_tiny_checkpoint(str(d / "model"), "glm5_next", 0)
     task = ["--tasks", "answer", "--min-len", "2", "--max-len", "4"]
     synthetic.main(["--out", str(d / "eval.jsonl"), "--num", "32", "--seed", "1", *task])
     synthetic.main(["--out", str(d / "data.jsonl"), "--num", "4096", "--seed", "0", *task,
