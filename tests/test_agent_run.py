@@ -8,18 +8,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import sys
 
 import pytest
 
-from logged_run import run_failure, run_logged
+from logged_run import run_failure, run_train
 from slime.agent.local_sandbox import isolation_problem
 from slime.utils.metrics import read_metrics
 
 pytestmark = [pytest.mark.timeout(300),
               pytest.mark.skipif(isolation_problem() is not None, reason=f"LocalSandbox: {isolation_problem()}")]
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_agent_rollout_trains_three_iterations(tmp_path):
@@ -35,12 +32,7 @@ def test_agent_rollout_trains_three_iterations(tmp_path):
             "--rollout-batch-size", "1", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "3",
             "--use-dynamic-batch-size", "--max-tokens-per-gpu", "256", "--lr", "5e-3", "--num-rollout", "3",
             "--colocate", "--num-cpus", "2", "--output-dir", str(out)]
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", SLIME_CPU_THREADS="1",
-               AGENT_TRAIN_DUMP=str(dump),
-               PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
-    env.pop("RAY_ADDRESS", None)
-    proc = run_logged([sys.executable, os.path.join(ROOT, "train.py"), *argv], env=env, cwd=ROOT, timeout=280)
-    assert proc.returncode == 0, run_failure(proc)
+    proc = run_train(argv, timeout=280, AGENT_TRAIN_DUMP=str(dump))  # fails the test on a non-zero exit
 
     records = read_metrics(str(out))
     assert [r["rollout_id"] for r in records] == [0, 1, 2], run_failure(proc)

@@ -6,16 +6,13 @@ checkpoint of the same architecture and other weights."""
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 
+from logged_run import run_train
 from slime.utils.metrics import read_metrics
 
 pytestmark = pytest.mark.timeout(300)
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_ppo_with_critic_and_opd_run(tmp_path):
@@ -35,11 +32,7 @@ def test_ppo_with_critic_and_opd_run(tmp_path):
             "--value-clip", "0.2", "--normalize-advantages", "--megatron-config-path", str(roles),
             "--use-opd", "--opd-type", "megatron", "--opd-teacher-load", teacher, "--opd-kl-coef", "1.0",
             "--save", str(save), "--save-interval", "3"]
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", SLIME_CPU_THREADS="1")
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *argv], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_train(argv, timeout=280)  # fails the test on a non-zero exit
     records = read_metrics(str(out))
     assert [r["rollout_id"] for r in records] == [0, 1, 2]
     for r in records:
