@@ -4,48 +4,19 @@ mid-rollout is reported to the fleet, which restarts the engine; the rollout com
 
 from __future__ import annotations
 
-import os
-import time
 
 import pytest
 
-from slime.utils.http_client import EngineClient
+from rollout_manager_helpers import engine_clients, kill_engine_1_mid_rollout, two_engine_manager
 
 ray = pytest.importorskip("ray")
 
 
 @pytest.fixture(scope="module")
 def manager(tmp_path_factory):
-    from slime.config.rollout_args import rollout_defaults, validate_rollout_args
-    from slime.ray.rollout_manager import create_rollout_manager
-    from slime.rollout.synthetic import main as write_dataset
-    from slime_plugins.models.glm5.tiny import write_tiny_checkpoint
-
-    base = tmp_path_factory.mktemp("plugin-fleet")
-    ckpt = write_tiny_checkpoint(str(base / "ckpt"), "glm_moe_dsa")
-    data = base / "data.jsonl"
-    write_dataset(["--out", str(data), "--num", "40"])
-    args = validate_rollout_args(rollout_defaults(
-        hf_checkpoint=ckpt, prompt_data=str(data), apply_chat_template=True, rollout_batch_size=4,
-        n_samples_per_prompt=4, rollout_max_response_len=6, rm_type="synthetic", rollout_num_gpus=2,
-        max_concurrency=8, output_dir=str(base / "out"), rollout_engine_max_restarts=1,
-        rollout_function_path="slime.rollout.sglang_rollout.generate_rollout",
-        rollout_router="in-process"))  # per-engine routing: which engine served is visible
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
-    handle = create_rollout_manager(args)
-    yield handle, args
-    ray.get(handle.shutdown.remote(), timeout=60)
-    ray.kill(handle)
-    if started:
-        ray.shutdown()
-
-
-def _clients(handle):
-    token = ray.get(handle.token.remote())
-    return [EngineClient(u, token) for u in ray.get(handle.engine_urls.remote())]
+    with two_engine_manager(tmp_path_factory.mktemp("plugin-fleet"), 3, rollout_batch_size=4,
+                            rollout_function_path="slime.rollout.sglang_rollout.generate_rollout") as m:
+        yield m
 
 
 def _generated_tokens(clients):
@@ -66,7 +37,7 @@ def _check_every_sample(result, args):
 
 def test_plugin_requests_reach_both_engines(manager):
     handle, args = manager
-    clients = _clients(handle)
+    clients = engine_clients(handle)
     before = _generated_tokens(clients)
     result = ray.get(handle.generate.remote(0, with_samples=True), timeout=180)
     _check_every_sample(result, args)
@@ -79,20 +50,7 @@ def test_plugin_requests_reach_both_engines(manager):
 
 def test_engine_death_on_the_plugin_path_is_recovered(manager):
     handle, args = manager
-    actors = ray.get(handle.engine_actors.remote())
-    pid_before = ray.get(actors[1].status.remote())["pid"]
-    clients = _clients(handle)
-    for c in clients:  # frozen in place: requests are provably in flight on engine 1 when it dies
-        c.pause_generation("in_place")
-    future = handle.generate.remote(1, with_samples=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        load = clients[1].get("/health")
-        if load["num_queued_reqs"] + load["num_running_reqs"] > 0:
-            break
-        time.sleep(0.01)
-    assert ray.get(actors[1].kill.remote()) == -9
-    clients[0].continue_generation()
+    future, pid_before, actors = kill_engine_1_mid_rollout(handle, 1)
     result = ray.get(future, timeout=180)
     _check_every_sample(result, args)
     failures = ray.get(handle.failures.remote())
@@ -102,7 +60,7 @@ def test_engine_death_on_the_plugin_path_is_recovered(manager):
     assert result["metrics"]["rollout/engine_restarts"] == 1
     assert [e["instance"] for e in ray.get(handle.engines.remote())] == [0, 1]
     # the restarted engine takes plugin requests again
-    clients = _clients(handle)
+    clients = engine_clients(handle)
     before = _generated_tokens(clients)
     result = ray.get(handle.generate.remote(2, with_samples=True), timeout=180)
     _check_every_sample(result, args)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
 
+from rollout_manager_helpers import kill_engine_1_mid_rollout, two_engine_manager
 from slime.utils.http_client import EngineClient
 
 ray = pytest.importorskip("ray")
@@ -14,32 +14,9 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="module")
 def manager(tmp_path_factory):
-    from slime.ray.rollout_manager import create_rollout_manager
-    from slime.config.rollout_args import rollout_defaults, validate_rollout_args
-    from slime.rollout.synthetic import main as write_dataset
-    from slime_plugins.models.glm5.tiny import write_tiny_checkpoint
-
-    base = tmp_path_factory.mktemp("mgr")
-    ckpt = write_tiny_checkpoint(str(base / "ckpt"), "glm_moe_dsa")
-    data = base / "data.jsonl"
-    write_dataset(["--out", str(data), "--num", "40"])
-    args = validate_rollout_args(rollout_defaults(hf_checkpoint=ckpt, prompt_data=str(data), apply_chat_template=True, rollout_shuffle=True,
-                            rollout_batch_size=6, n_samples_per_prompt=4, rollout_max_response_len=6,
-                            rm_type="synthetic", rollout_num_gpus=2, max_concurrency=8, output_dir=str(base / "out"),
-                            rollout_engine_max_restarts=1,
-                            # per-engine routing here, so a request's engine is known (the in-process fallback);
-                            # the real sglang-router is exercised by tests/test_sglang_router.py and the e2e runs
-                            rollout_router="in-process"))
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)  # logical: 2 engines + 1 behind the router
-    handle = create_rollout_manager(args)
-    yield handle, args
-    ray.get(handle.shutdown.remote(), timeout=60)
-    ray.kill(handle)
-    if started:
-        ray.shutdown()
+    # logical CPUs: 2 engines + 1 behind the router
+    with two_engine_manager(tmp_path_factory.mktemp("mgr"), 4, rollout_shuffle=True, rollout_batch_size=6) as m:
+        yield m
 
 
 def _check_rollout(result, args, first_index):
@@ -89,22 +66,7 @@ def test_rollout_over_two_engines(manager):
 def test_engine_death_mid_rollout_is_recovered(manager):
     handle, args = manager
     start = ray.get(handle.state.remote())["next_sample_index"]
-    actors = ray.get(handle.engine_actors.remote())
-    pid_before = ray.get(actors[1].status.remote())["pid"]
-    # Freeze both engines (in place) so requests are provably in flight on engine 1 when it dies.
-    urls, token = ray.get(handle.engine_urls.remote()), ray.get(handle.token.remote())
-    clients = [EngineClient(u, token) for u in urls]
-    for c in clients:
-        c.pause_generation("in_place")
-    future = handle.generate.remote(1, with_samples=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        load = clients[1].get("/health")
-        if load["num_queued_reqs"] + load["num_running_reqs"] > 0:
-            break
-        time.sleep(0.01)
-    assert ray.get(actors[1].kill.remote()) == -9
-    clients[0].continue_generation()
+    future, pid_before, actors = kill_engine_1_mid_rollout(handle, 1)
     result = ray.get(future, timeout=120)
     _check_rollout(result, args, start)
     failures = ray.get(handle.failures.remote())
