@@ -118,19 +118,22 @@ def _assert_clean_stop(proc, watch: Watch, trainers: list[int]) -> str:
 
 def test_sigterm_in_preflight_exits_143_and_writes_nothing(assets, tmp_path):
     fifo = str(tmp_path / "prompts.jsonl")
-    os.mkfifo(fifo)  # preflight blocks opening it until a writer comes: the signal lands inside preflight
+    os.mkfifo(fifo)  # preflight blocks on it: the signal lands inside preflight
     proc = _start(_argv(assets, tmp_path, fifo))
     deadline = time.monotonic() + 120
     while True:  # a FIFO opens for writing (non-blocking) only once its reader is there
         assert proc.poll() is None, proc.communicate()[1][-2000:]
         assert time.monotonic() < deadline, "train.py never opened --prompt-data"
         try:
-            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
             break
         except OSError:
             time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
+    try:  # the writer stays open (and silent), so the read blocks: closing it would hand train.py an empty file
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        os.close(writer)
     assert proc.returncode == 143, err[-2000:]
     lines = [x for x in err.splitlines() if x.strip()]
     assert lines == ["train.py: SIGTERM: stopped; exit 143"], err[-2000:]
