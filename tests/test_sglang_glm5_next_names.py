@@ -5,7 +5,11 @@ wheel): its load_weights replayed on checkpoint names, against the parameters it
   lands on a parameter of SGLang's model, and every parameter gets a tensor;
 - every name the glm5_next family's hf_names() emits (what the trainer sends in a weight sync) does too
   (skipped, saying so, while the family is not registered);
-- the MTP layer's names reach the draft model (Glm5NextForConditionalGenerationNextN), its hc_* are dropped;
+- the MTP layer as the published checkpoint stores it (layer num_hidden_layers: enorm, hnorm, eh_proj,
+  shared_head.norm and one DSA + MoE decoder layer; no hc_*, no embed_tokens / shared_head.head copies) reaches
+  the draft model (Glm5NextForConditionalGenerationNextN, whose decoder is DeepseekV2DecoderLayer: no mHC
+  parameters), every tensor on a parameter and every draft parameter but the shared embedding / head filled;
+  the family's mtp_names (what the trainer sends an engine that runs the draft) are exactly those names;
 - names SGLang would drop silently (transformers' in-memory names, a config without "mhc": true) are caught.
 """
 
@@ -96,21 +100,47 @@ def replay(name: str, params: set[str], n_layers: int, n_experts: int, nextn: bo
     return name if name in params else None
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    """A tiny multimodal checkpoint saved by transformers: (config.json, its tensor names)."""
+def _tensor_names(path) -> set[str]:
     from safetensors import safe_open
+
+    names = set()
+    for f in Path(path).glob("*.safetensors"):
+        with safe_open(str(f), "pt") as h:
+            names |= set(h.keys())
+    return names
+
+
+@pytest.fixture(scope="module")
+def saved_dir(tmp_path_factory) -> Path:
+    """A tiny multimodal checkpoint saved by transformers."""
     from transformers import Glm5NextForConditionalGeneration
 
     from slime_plugins.models.glm5_next.tiny import tiny_config
 
     path = tmp_path_factory.mktemp("glm5_next_tiny")
     Glm5NextForConditionalGeneration(tiny_config("glm5_next")).save_pretrained(path)
-    names = set()
-    for f in path.glob("*.safetensors"):
-        with safe_open(str(f), "pt") as h:
-            names |= set(h.keys())
-    return json.loads((path / "config.json").read_text()), names
+    return path
+
+
+@pytest.fixture(scope="module")
+def saved(saved_dir):
+    """(config.json, tensor names) of the checkpoint saved by transformers."""
+    return json.loads((saved_dir / "config.json").read_text()), _tensor_names(saved_dir)
+
+
+@pytest.fixture(scope="module")
+def mtp_on_disk(saved_dir, tmp_path_factory) -> set[str]:
+    """The MTP layer's tensor names once it is added to the checkpoint as the published one is stored
+    (tests/glm5_next_helpers.add_mtp_layer, the writer of every MTP test's checkpoint)."""
+    import shutil
+
+    from glm5_next_helpers import add_mtp_layer
+
+    path = tmp_path_factory.mktemp("glm5_next_mtp") / "ckpt"
+    shutil.copytree(saved_dir, path)
+    add_mtp_layer(path)
+    n = json.loads((path / "config.json").read_text())["text_config"]["num_hidden_layers"]
+    return {name for name in _tensor_names(path) if name.startswith(f"model.language_model.layers.{n}.")}
 
 
 def _tiny(saved, mhc: bool = True):
@@ -166,24 +196,39 @@ def test_names_sglang_would_drop_are_caught(saved):
         assert replay(wrong, full, text["num_hidden_layers"], text["n_routed_experts"]) is None, wrong
 
 
-def test_mtp_layer_reaches_the_draft_model(saved):
-    """The MTP layer (index num_hidden_layers): its own projections and norms to the draft model's top, its MLA,
-    indexer and MoE to model.decoder; hc_*, embed_tokens and shared_head.head are not loaded there, and the main
-    model skips the whole layer."""
-    cfg, names = _tiny(saved)
+def test_the_mtp_layer_is_stored_without_mhc_or_copies(saved, mtp_on_disk):
+    """The published MTP layer (layer 45 of GLM-5.3-Flash): its own enorm / hnorm / eh_proj / shared_head.norm and
+    a full DSA MoE decoder layer's tensors (here those of layer 2) without hc_*: SGLang's draft decoder is a
+    DeepseekV2DecoderLayer, which has no mHC; the draft takes the embedding and the LM head from the target, and
+    the checkpoint keeps no embed_tokens / shared_head.head copies under the layer."""
+    cfg, names = saved
+    n = cfg["text_config"]["num_hidden_layers"]
+    dsa, mtp = "model.language_model.layers.2.", f"model.language_model.layers.{n}."
+    decoder = {mtp + name[len(dsa):] for name in names if name.startswith(dsa) and ".hc_" not in name}
+    own = {mtp + p for p in ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight")}
+    assert mtp_on_disk == decoder | own
+    assert any(".hc_" in name for name in names if name.startswith(dsa))  # the main layers do carry mHC
+
+
+def test_mtp_layer_reaches_the_draft_model(saved, mtp_on_disk):
+    """Every tensor of the MTP layer lands on a draft-model parameter (its own projections and norms at the draft's
+    top, its MLA, indexer and MoE under model.decoder) and fills every draft parameter but the embedding and LM
+    head it shares with the target; the main model skips the whole layer. hc_* tensors under the layer would be
+    dropped silently (the draft has no mHC), which is why loading such a checkpoint for training fails
+    (tests/test_glm5_next_mtp.py)."""
+    cfg, _ = _tiny(saved)
     text = cfg["text_config"]
-    n, dsa = text["num_hidden_layers"], "model.language_model.layers.2."  # layer 2: a full DSA layer with MoE
-    mtp = {name.replace(dsa, f"model.language_model.layers.{n}.") for name in names if name.startswith(dsa)}
-    mtp |= {f"model.language_model.layers.{n}.{p}" for p in ("eh_proj.weight", "enorm.weight", "hnorm.weight",
-                                                                "shared_head.norm.weight", "embed_tokens.weight",
-                                                                "shared_head.head.weight")}
+    n, experts = text["num_hidden_layers"], text["n_routed_experts"]
     draft = nextn_parameters()
-    loaded = {m: replay(m, draft, n, text["n_routed_experts"], nextn=True) for m in mtp}
-    dropped = {m for m, p in loaded.items() if p is None}
-    assert dropped == {m for m in mtp if ".hc_" in m or "embed_tokens" in m or "shared_head.head" in m}
-    assert set(loaded.values()) - {None} == draft - {"model.embed_tokens.weight", "lm_head.weight"}  # shared with the target
+    loaded = {m: replay(m, draft, n, experts, nextn=True) for m in mtp_on_disk}
+    assert sorted(m for m, p in loaded.items() if p is None) == []
+    assert set(loaded.values()) == draft - {"model.embed_tokens.weight", "lm_head.weight"}  # shared with the target
+    assert loaded[f"model.language_model.layers.{n}.shared_head.norm.weight"] == "model.shared_head.norm.weight"
+    assert loaded[f"model.language_model.layers.{n}.mlp.experts.3.down_proj.weight"] == "model.decoder.mlp.experts.w2_weight"
     main = sglang_parameters(text, cfg["vision_config"])
-    assert all(replay(m, main, n, text["n_routed_experts"]) is None for m in mtp)
+    assert all(replay(m, main, n, experts) is None for m in mtp_on_disk)
+    for part in ("attn_fn", "attn_base", "attn_scale", "ffn_fn", "ffn_base", "ffn_scale"):
+        assert replay(f"model.language_model.layers.{n}.hc_{part}", draft, n, experts, nextn=True) is None, part
 
 
 def _family_arch(model_type: str):
@@ -197,11 +242,14 @@ def _family_arch(model_type: str):
         pytest.skip("the glm5_next model family is not registered yet (slime_plugins/models/glm5_next/__init__.py "
                     "defines no FAMILY): its hf_names cannot be checked")
     cfg = tiny_config(model_type).to_dict()
+    cfg["text_config"]["num_nextn_predict_layers"] = 1  # the published checkpoint's one MTP layer
     return family, family.parse(cfg), cfg
 
 
-def test_family_sender_names_map_to_sglang_parameters():
-    """Every name the trainer sends (the family's hf_names: text model, no vision, no MTP) lands on a parameter."""
+def test_family_sender_names_map_to_sglang_parameters(mtp_on_disk):
+    """Every name the trainer sends (the family's hf_names: text model, no vision) lands on a parameter, and the
+    MTP names it sends an engine that runs the draft (mtp_names) are the checkpoint's MTP layer exactly, each on a
+    draft parameter."""
     family, arch, cfg = _family_arch("glm5_next")
     text = cfg["text_config"] | {"mhc": True}
     params = sglang_parameters(text, cfg["vision_config"])
@@ -210,10 +258,11 @@ def test_family_sender_names_map_to_sglang_parameters():
     assert not [n for n, p in loaded.items() if p is None]
     vision = {p for p in params if p.startswith("visual.")}
     assert set(loaded.values()) == params - vision  # the frozen vision tower is the only part not sent
-    if family.supports_mtp:
-        names, _ = family.call("mtp_names", arch)
-        draft = nextn_parameters()
-        n = text["num_hidden_layers"]
-        kept = [m for m in names if replay(m, draft, n, text["n_routed_experts"], nextn=True) is None
-                and ".hc_" not in m and "embed_tokens" not in m and "shared_head.head" not in m]
-        assert not kept, kept
+    assert family.supports_mtp
+    names, aliases = family.call("mtp_names", arch)
+    assert aliases == {} and len(names) == len(set(names)) and set(names) == mtp_on_disk
+    n, experts = text["num_hidden_layers"], text["n_routed_experts"]
+    draft = nextn_parameters()
+    to_draft = {m: replay(m, draft, n, experts, nextn=True) for m in names}
+    assert not [m for m, p in to_draft.items() if p is None]
+    assert set(to_draft.values()) == draft - {"model.embed_tokens.weight", "lm_head.weight"}
