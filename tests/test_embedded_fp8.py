@@ -306,3 +306,58 @@ def test_device_auto_dtype_keeps_the_checkpoints_high_precision(checkpoints, tmp
     assert got.keys() == want.keys() and torch.bfloat16 in {p.dtype for p in got.values()}
     for name, p in got.items():
         assert p.dtype == want[name].dtype and torch.equal(p, want[name]), name
+
+
+def test_fp8_update_with_return_checksums_is_applied_with_the_senders_checksums_or_not_at_all(checkpoints,
+                                                                                              monkeypatch):
+    """/update_weights_from_tensor with return_checksums on quantize_named pairs, in both payload layouts: the
+    reply's checksums are the sender's over the bytes it sent (each e4m3 weight and its weight_scale_inv, as
+    SharedBucketSender computes them), the weights land dequantized. A failure, a malformed pair or one injected
+    into the checksums, answers one error and changes nothing (weights and weight_version)."""
+    import slime.utils.weight_checksum as weight_checksum
+    from slime.backends.embedded import server
+    from slime.backends.embedded.errors import BadRequest
+    from slime.utils.fp8_blocks import Fp8BlockFormat
+    from slime.utils.http_client import EngineClient
+
+    if checkpoints["type"] != "glm5_next":
+        pytest.skip("one family suffices for the endpoint")
+    engine = _engine(checkpoints["fp8"])
+    client = EngineClient("http://127.0.0.1:9", "t")  # never reached: post routes in-process
+    client.post = lambda path, body: server._ROUTES[path](engine, {**body, "return_checksums": True})[1]
+    try:
+        g = torch.Generator().manual_seed(6)
+        names = sorted(checkpoints["expected"])[:3] + ["lm_head.weight"]
+        fmt = Fp8BlockFormat(tuple(checkpoints["block"]))
+        for version, load_format in (("1", None), ("2", "flattened_bucket")):
+            trained = [(n, engine.name_map.resolve(n) + 0.01 * torch.randn(engine.name_map.resolve(n).shape,
+                                                                            generator=g)) for n in names]
+            sent = list(quantize_named(trained, set(checkpoints["expected"]), fmt))
+            assert sum(t.dtype == torch.float8_e4m3fn for _, t in sent) == 3
+            reply = client.update_weights_from_tensor(sent, load_format=load_format, weight_version=version)
+            expected = weight_checksum.named_checksums(sent)
+            assert len(expected) == 7 and reply["checksums"] == expected, load_format
+            assert weight_checksum.mismatches(expected, reply["checksums"]) == []  # the controller's verify
+            assert reply["weight_version"] == version and reply["message"] == "updated 4 weights"
+            for n, w in trained:
+                want = _float64_dequantized(*quantize(w, fmt.block), fmt.block) if n in checkpoints["expected"] else w
+                assert torch.equal(engine.name_map.resolve(n), want), n
+        before = {n: engine.name_map.resolve(n).clone() for n in names}
+        moved = [(n, w + 0.5) for n, w in trained]
+        sent = list(quantize_named(moved, set(checkpoints["expected"]), fmt))
+        bad = [(n, t[:-1] if n.endswith("_scale_inv") and t.shape[0] > 1 else torch.ones(2, *t.shape[1:])
+                if n.endswith("_scale_inv") else t) for n, t in sent]
+        with pytest.raises(BadRequest, match="nothing changed: malformed block-FP8 weights") as e:
+            client.update_weights_from_tensor(bad, weight_version="3")
+        assert "\n" not in str(e.value)
+
+        def broken(named):
+            raise RuntimeError("checksum kernel failed")
+
+        monkeypatch.setattr(weight_checksum, "named_checksums", broken)
+        with pytest.raises(RuntimeError, match="checksum kernel failed"):
+            client.update_weights_from_tensor(sent, weight_version="4")
+        assert engine.weight_version == "2"
+        assert all(torch.equal(engine.name_map.resolve(n), t) for n, t in before.items())
+    finally:
+        engine.shutdown()

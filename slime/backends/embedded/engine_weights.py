@@ -93,6 +93,26 @@ class WeightControl:
         return self.__dict__["_fp8"]
 
     def update_from_named_tensors(self, named: list[tuple[str, torch.Tensor]], weight_version: Any = None) -> int:
+        plan = self._plan_named(named)
+        self._commit(plan, weight_version)
+        return len(plan)
+
+    def update_from_named_tensors_checked(self, named: list[tuple[str, torch.Tensor]],
+                                          weight_version: Any = None) -> tuple[int, dict[str, list[int]]]:
+        """update_from_named_tensors, also answering slime.utils.weight_checksum of every tensor as received,
+        under the names it was sent by: what the sender checksums (the bytes it sent), so an FP8 pair counts as
+        its e4m3 weight and its weight_scale_inv, not as the dequantized weight this engine keeps. Computed
+        before the commit, so an update is applied with its checksums or not at all; the other tensors land
+        byte for byte (plan_update refuses any cast), and /get_weights_checksum reads the weights back."""
+        from slime.utils.weight_checksum import named_checksums
+
+        plan = self._plan_named(named)
+        sums = named_checksums(named)
+        self._commit(plan, weight_version)
+        return len(plan), sums
+
+    def _plan_named(self, named: list[tuple[str, torch.Tensor]]) -> list[PlannedCopy]:
+        """The checked copies of an update by name (FP8 pairs dequantized); BadRequest, nothing changed."""
         from slime.backends.embedded.fp8_checkpoint import dequantize_named
 
         self._require_weights()
@@ -102,8 +122,7 @@ class WeightControl:
         plan = plan_update(self.name_map, [(n, t.shape, t.dtype) for n, t in named])
         for p, (_, t) in zip(plan, named):
             p.source = t
-        self._commit(plan, weight_version)
-        return len(plan)
+        return plan
 
     def update_from_disk(self, model_path: str, weight_version: Any = None) -> int:
         self._require_weights()
@@ -378,7 +397,8 @@ class WeightControl:
             # the weights can live in two shared sets the trainer writes directly (weight_sets.py), in these
             # expert layouts; empty when not offered (tensor parallel over processes, device memory)
             "weight_sets": list(LAYOUTS) if self.weight_sets_supported() else [],
-            # /update_weights_from_tensor with "return_checksums": true answers with the updated weights' checksums
+            # /update_weights_from_tensor with "return_checksums": true answers with the checksums of the tensors as
+            # received (an FP8 pair as its e4m3 weight and scale: the bytes the sender checksums)
             "update_checksums": True,
             # /update_weights_from_distributed takes load_format flattened_bucket (one broadcast per update)
             "distributed_flattened_bucket": True,

@@ -277,10 +277,11 @@ def _decode_named_tensors(body: dict, tp: int = 1) -> list[tuple[str, Any]]:
 
 def _update_from_tensor(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
     named = _decode_named_tensors(body, getattr(engine, "tp_size", 1))
-    n = engine.update_from_named_tensors(named, body.get("weight_version"))
     extra = {}
     if body.get("return_checksums"):  # slime's check of this update, without a /get_weights_checksum round trip
-        extra["checksums"] = engine.weights_checksum([name for name, _ in named])
+        n, extra["checksums"] = engine.update_from_named_tensors_checked(named, body.get("weight_version"))
+    else:
+        n = engine.update_from_named_tensors(named, body.get("weight_version"))
     return _ok(f"updated {n} weights", weight_version=engine.weight_version, **extra)
 
 
