@@ -1,32 +1,52 @@
-"""Worker of tests/test_glm5_next_mtp.py (2 processes over gloo): a glm5_next model with its MTP layer at tp2 / pp2
-against the single process (logits, MTP logits, grads through megatron's schedule), and export_hf(all_stages=True)
-on every rank against the single process's export. Imported by tests/rank_spawn.py's fork server."""
+"""Worker of tests/test_glm5_next_mtp.py (2 processes over gloo): a glm5_next model with its MTP layer at tp2 / ep2 /
+pp2 / cp2 against the single process: the main loss and the MTP loss (losses), the logits and the MTP logits, and the
+grads of their sum (every parameter, the MTP layer's included); tp2 / ep2 / pp2 through megatron's schedule, cp2
+with each rank's chunks through megatron DDP and the MTP inputs one token ahead taken from the whole pack (as the
+trainer's forward takes them: data.tokens_ahead); and export_hf(all_stages=True) on every rank against the single
+process's export. Imported by tests/rank_spawn.py's fork server."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-LAYOUTS = {"tp2": (2, 1, 1), "pp2": (1, 1, 2)}  # (tp, ep, pp)
+LAYOUTS = {"tp2": (2, 1, 1), "ep2": (1, 2, 1), "pp2": (1, 1, 2), "cp2": (1, 1, 1)}  # (tp, ep, pp); cp2: cp = 2
+MTP_SCALE = 0.3  # --mtp-loss-scaling-factor
+# float32. Grads: per tensor within 5e-5 of its max |grad| (+ 1e-7): the reductions run in another order (TP /
+# EP / CP partial sums, the mHC base / scale grads summed over every token and stream). Logits 1e-5 of max |logit|.
+# Losses 1e-6 relative: a per-sample mean of ~11 cross entropies of ~6, float32 rounding of the logits' last bits.
+GRAD_TOL = 5e-5
 
 
-def _weights(shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fixed weights of the loss sum(logits * w) + sum(mtp_logits * w_mtp)."""
-    g = torch.Generator().manual_seed(12)
-    return torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+def losses(logits: torch.Tensor, mtp: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(main loss, MTP loss) of [B, S, V] logits: each the per-sample mean cross entropy of its targets (token t + 1
+    for the main logits, t + 2 for depth 1), summed over the samples and divided by their number; the MTP loss is
+    the trainer's mtp_loss (times MTP_SCALE)."""
+    from slime.accelerator import get_accelerator
+    from slime.backends.megatron.loss import mtp_loss
+
+    batch, seq = ids.shape
+    ops = get_accelerator().ops
+
+    def log_probs(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        targets = torch.cat([ids[:, k:], torch.zeros_like(ids[:, :k])], 1).reshape(-1)
+        mask = torch.ones(batch, seq, dtype=torch.float32)
+        mask[:, seq - k:] = 0  # rows t >= S - k have no token t + k
+        return ops.token_log_probs(x.reshape(batch * seq, -1), targets)[0], mask.reshape(-1)
+
+    lp, mask = log_probs(logits, 1)
+    main, _ = mtp_loss([lp], [mask], [seq] * batch, normalizer=float(batch), scale=1.0, per_token=False)
+    lp, mask = log_probs(mtp, 2)
+    extra, _ = mtp_loss([lp], [mask], [seq] * batch, normalizer=float(batch), scale=MTP_SCALE, per_token=False)
+    return main, extra
 
 
-def _loss(out, shape):
-    logits, (mtp,) = out
-    w, w_mtp = _weights(shape)
-    return (logits * w).sum() + (mtp * w_mtp).sum()
-
-
-def forward_backward_single(model, ids, pos) -> tuple[torch.Tensor, torch.Tensor]:
-    """The single process: (logits, MTP logits) after backward of the loss."""
-    out = model(ids, pos, mtp_logits=True)
-    _loss(out, tuple(out[0].shape)).backward()
-    return out[0].detach(), out[1][0].detach()
+def forward_backward_single(model, ids, pos) -> dict:
+    """The single process: logits, MTP logits and both losses, after backward of their sum."""
+    logits, (mtp,) = model(ids, pos, mtp_logits=True)
+    main, extra = losses(logits, mtp, ids)
+    (main + extra).backward()
+    return dict(logits=logits.detach(), mtp=mtp.detach(), loss=float(main.detach()), mtp_loss=float(extra.detach()))
 
 
 def _forward_backward(ddp, ids, pos) -> dict:
@@ -36,8 +56,10 @@ def _forward_backward(ddp, ids, pos) -> dict:
 
     def forward_step(data_iterator, model):
         def loss_func(out):
-            seen["logits"], seen["mtp"] = out[0].detach(), out[1][0].detach()
-            return _loss(out, tuple(out[0].shape)), {}
+            logits, (mtp,) = out
+            main, extra = losses(logits, mtp, ids)
+            seen.update(logits=logits.detach(), mtp=mtp.detach(), loss=float(main.detach()), mtp_loss=float(extra.detach()))
+            return main + extra, {}
 
         return model(ids, pos, mtp_logits=True), loss_func
 
@@ -45,6 +67,34 @@ def _forward_backward(ddp, ids, pos) -> dict:
                                 num_microbatches=1, seq_length=ids.shape[1], micro_batch_size=ids.shape[0],
                                 forward_only=False)
     return seen
+
+
+def _context_parallel_forward_backward(ddp, ids, pos) -> dict:
+    """CP2: the rows packed as sequences, this rank's chunks through the model with the MTP inputs one token ahead
+    from the whole pack; logits gathered back to sequence order, the whole loss on every CP rank (the gather's
+    backward sums both copies' grads; finalize_model_grads averages them over DP x CP)."""
+    from types import SimpleNamespace
+
+    from megatron.core import parallel_state as ps
+
+    from slime.backends.megatron.data import tokens_ahead
+    from slime_plugins.models.common.context_parallel import build_layout, gather_sequence
+    from slime_plugins.models.common.rope import ContextParallelSeqParams
+
+    batch, seq = ids.shape
+    cu = torch.arange(0, (batch + 1) * seq, seq, dtype=torch.int32)
+    layout = build_layout(cu, 2, ps.get_context_parallel_rank(), ps.get_context_parallel_group())
+    local_cu = layout.cu_seqlens_q
+    packed = ContextParallelSeqParams(qkv_format="thd", cu_seqlens_q=local_cu, cu_seqlens_kv=local_cu,
+                                      context_parallel=layout)
+    flat, local = ids.reshape(1, -1), layout.local_index
+    ahead = tokens_ahead(SimpleNamespace(tokens=flat, cu_seqlens=cu), 1)
+    logits, (mtp,) = ddp(flat[:, local], pos.reshape(1, -1)[:, local], packed_seq_params=packed, mtp_logits=True,
+                         mtp_input_ids=[ahead[:, local]])
+    logits, mtp = (gather_sequence(x[0], layout).view(batch, seq, -1) for x in (logits, mtp))
+    main, extra = losses(logits, mtp, ids)
+    (main + extra).backward()
+    return dict(logits=logits.detach(), mtp=mtp.detach(), loss=float(main.detach()), mtp_loss=float(extra.detach()))
 
 
 def _gather(t: torch.Tensor, group) -> list[torch.Tensor]:
@@ -82,12 +132,19 @@ def _check_grads(ddp, ref, name: str) -> None:
     grads = grads_by_hf_name(ddp.module, gather)
     if ps.is_pipeline_last_stage():
         assert any(".layers.5." in n for n in grads), f"{name}: no MTP grads on the last stage"
+    if ps.get_pipeline_model_parallel_world_size() == 1:  # one stage holds every parameter
+        missing = {n for n, g in ref["grads"].items() if g is not None} - grads.keys()
+        assert not missing, f"{name}: no grad for {sorted(missing)[:4]}"
+    worst = 0.0
     for hf_name, g in grads.items():
         want = ref["grads"].get(hf_name)
         if want is None:
             assert not g.any(), f"{name}: {hf_name} has a grad"
             continue
-        assert float((g - want).abs().max()) <= 5e-5 * float(want.abs().max()) + 1e-7, f"{name}: {hf_name}"
+        err, bound = float((g - want).abs().max()), GRAD_TOL * float(want.abs().max()) + 1e-7
+        assert err <= bound, f"{name}: {hf_name} off by {err:.3g} (bound {bound:.3g})"
+        worst = max(worst, err / bound)
+    print(f"{name}: grads at most {worst:.2f} of their bound", flush=True)
 
 
 def run(rank: int, world: int, port: int, ckpt: str, ref_path: str, layouts: list) -> None:
@@ -95,23 +152,34 @@ def run(rank: int, world: int, port: int, ckpt: str, ref_path: str, layouts: lis
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import finalize_model_grads
 
-    from slime.backends.megatron import build_optimizer, load_hf_model
+    from slime.backends.megatron import build_optimizer, init_parallel, load_hf_model
 
     init_rank(rank, world, port)
     ref = torch.load(ref_path)
     for name in layouts:
         tp, ep, pp = LAYOUTS[name]
+        if name == "cp2":
+            init_parallel(1, 1, 1, cp=2)
         model = load_hf_model(ckpt, tp=tp, ep=ep, pp=pp, load_mtp=True)
         assert (getattr(model, "mtp", None) is not None) == ps.is_pipeline_last_stage(), name
         _check_export(model, ref, name)
         ddp, _ = build_optimizer(model, lr=1e-3, clip_grad=0.0)
         ddp.zero_grad_buffer()
-        seen = _forward_backward(ddp, ids=ref["ids"], pos=ref["pos"])
-        finalize_model_grads([ddp])  # sums the two embedding copies' grads (MTP under PP)
+        if name == "cp2":
+            seen = _context_parallel_forward_backward(ddp, ids=ref["ids"], pos=ref["pos"])
+        else:
+            seen = _forward_backward(ddp, ids=ref["ids"], pos=ref["pos"])
+        finalize_model_grads([ddp])  # sums the two embedding copies' grads (MTP under PP); averages over DP x CP
         if ps.is_pipeline_last_stage():
             for key in ("logits", "mtp"):
                 rel = float((seen[key] - ref[key]).abs().max() / ref[key].abs().max())
                 assert rel < 1e-5, f"{name}: {key} {rel:.2e} from the single process"
+            for key in ("loss", "mtp_loss"):
+                rel = abs(seen[key] - ref[key]) / abs(ref[key])
+                assert rel <= 1e-6, f"{name}: {key} {seen[key]} vs {ref[key]} ({rel:.2e})"
+                print(f"{name}: {key} rel {rel:.2e}", flush=True)
         _check_grads(ddp, ref, name)
+        if name == "cp2":
+            init_parallel(1, 1, 1)
     dist.barrier()
     dist.destroy_process_group()
