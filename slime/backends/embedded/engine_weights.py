@@ -86,10 +86,10 @@ class WeightControl:
         """The block-FP8 layout of the served checkpoint (its config.json), else e4m3 in 128 x 128 blocks: how an
         update's FP8 weights (X.weight in e4m3 + X.weight_scale_inv, as the sender's fp8_blocks.quantize_named
         writes them for an FP8 engine) are dequantized into this engine's high-precision weights."""
-        from slime.backends.embedded.fp8_checkpoint import Fp8Layout
+        from slime.backends.embedded.fp8_checkpoint import Fp8Layout, layout_of_dir
 
         if "_fp8" not in self.__dict__:
-            self.__dict__["_fp8"] = Fp8Layout.of_dir(self.cfg.model_path) or Fp8Layout()
+            self.__dict__["_fp8"] = layout_of_dir(self.cfg.model_path) or Fp8Layout()
         return self.__dict__["_fp8"]
 
     def update_from_named_tensors(self, named: list[tuple[str, torch.Tensor]], weight_version: Any = None) -> int:
@@ -126,9 +126,9 @@ class WeightControl:
 
     def update_from_disk(self, model_path: str, weight_version: Any = None) -> int:
         self._require_weights()
-        from slime.backends.embedded.fp8_checkpoint import Fp8Layout
+        from slime.backends.embedded.fp8_checkpoint import layout_of_dir
 
-        layout = Fp8Layout.of_dir(model_path) if isinstance(model_path, str) else None
+        layout = layout_of_dir(model_path) if isinstance(model_path, str) else None
         plan = plan_disk_update(self.name_map, model_path, layout or self._fp8_layout())
         self._commit(plan, weight_version)
         return len(plan)

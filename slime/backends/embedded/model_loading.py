@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from slime.backends.embedded.errors import BadRequest
-from slime.backends.embedded.fp8_checkpoint import Fp8Layout
+from slime.backends.embedded.fp8_checkpoint import Fp8Layout, layout_of_dir
 from slime.backends.embedded.weights import WeightNameMap, apply_plan, plan_disk_update
 
 
@@ -60,7 +60,7 @@ def load_pretrained(model_path: str, **kwargs: Any) -> torch.nn.Module:
     known = _config_for_unknown_type(model_path)
     # GLM-5.3-Flash: a model_type AutoModelForCausalLM does not load (common/hf_classes.py)
     model_class = known.model_class if known else checkpoint_class(model_path) or AutoModelForCausalLM
-    fp8 = Fp8Layout.of_dir(model_path)
+    fp8 = layout_of_dir(model_path)
     if fp8 is not None:
         config = known.config if known else AutoConfig.from_pretrained(model_path)
         return load_fp8(model_class, config, model_path, fp8, **kwargs)

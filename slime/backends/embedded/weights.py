@@ -327,7 +327,7 @@ def plan_disk_update(name_map: WeightNameMap, model_path: str, fp8: "Fp8Layout |
     model_path's config.json states, else 128 x 128)."""
     from safetensors import safe_open
 
-    from slime.backends.embedded.fp8_checkpoint import Fp8Layout, dequantized, fold_scales
+    from slime.backends.embedded.fp8_checkpoint import Fp8Layout, dequantized, fold_scales, layout_of_dir
 
     specs, where = [], {}
     for path in safetensors_files(model_path):
@@ -338,7 +338,7 @@ def plan_disk_update(name_map: WeightNameMap, model_path: str, fp8: "Fp8Layout |
                     sl = f.get_slice(key)
                     specs.append((key, sl.get_shape(), _safetensors_dtype(sl.get_dtype())))
                     where[key] = path
-    fp8 = fp8 or Fp8Layout.of_dir(model_path) or Fp8Layout()
+    fp8 = fp8 or layout_of_dir(model_path) or Fp8Layout()
     specs, scales = fold_scales(specs, fp8, f"weight update rejected, nothing changed: {model_path}")
     plan = plan_update(name_map, specs, allow_cast=True)
     missing = sorted(set(name_map.checkpoint_names()) - set(where))

@@ -1,7 +1,8 @@
 """Reading HF safetensors checkpoints: single file, sharded with an index, or a directory of shards;
 transformers 5.x fused expert tensors are exposed under the per-expert names; block-FP8 weights (e4m3 with a
 `weight_scale_inv` per [128, 128] block, slime/utils/fp8_blocks.py) are read dequantized to float32 under their
-own names, their scales hidden."""
+own names, their scales hidden, after the pairs are checked as the embedded engine checks them
+(slime/utils/fp8_pairs.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ _FUSED = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<kind>gate_up_proj|down_
 
 
 _SAFETENSORS_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64}
+# every stored dtype, for block-FP8 pairing (float8 weights, high-precision scales); one torch lacks counts as uint8
+_PAIRING_DTYPES = {**_SAFETENSORS_DTYPES, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+                   "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+                   "BOOL": torch.bool}
 
 
 class HFCheckpointError(ValueError):
@@ -76,20 +81,17 @@ class HFCheckpoint:
         return file_of
 
     def _fp8_weights(self) -> tuple[dict[str, str], tuple[int, int]]:
-        """{e4m3 weight: its weight_scale_inv} and the block size (config.json quantization_config, else 128 x 128)."""
-        from slime.utils.fp8_blocks import DEFAULT_BLOCK, SCALE_SUFFIX, Fp8BlockFormat, Fp8FormatError
+        """{e4m3 weight: its weight_scale_inv} and the block size (config.json quantization_config, else 128 x 128),
+        paired and checked from the headers as the embedded engine pairs them (slime.utils.fp8_pairs)."""
+        from slime.utils.fp8_blocks import Fp8FormatError
+        from slime.utils.fp8_pairs import Fp8Layout, pair_scales
 
         try:
-            fmt = Fp8BlockFormat.from_config(self.config)
+            layout = Fp8Layout.from_config(self.config) or Fp8Layout()
+            specs = [(n, self._shape(n), _PAIRING_DTYPES.get(self._stored_dtype(n), torch.uint8)) for n in self._file_of]
+            return pair_scales(specs, layout), layout.fmt.block
         except Fp8FormatError as e:
             raise HFCheckpointError(f"{self.dir}: {e}") from e
-        scales = {n[: -len(SCALE_SUFFIX)]: n for n in self._file_of if n.endswith(SCALE_SUFFIX)}
-        fp8 = {w: s for w, s in scales.items() if w in self._file_of and self._stored_dtype(w) == "F8_E4M3"}
-        unscaled = [n for n in self._file_of if n not in fp8 and self._stored_dtype(n) in ("F8_E4M3", "F8_E5M2")]
-        if unscaled:
-            raise HFCheckpointError(f"{self.dir}: FP8 tensors without a block scale ({SCALE_SUFFIX[1:]}): "
-                                    f"{name_list(unscaled)}; only block-scaled e4m3 checkpoints are read")
-        return fp8, fmt.block if fmt else DEFAULT_BLOCK
 
     def _stored_dtype(self, name: str) -> str:
         return self._handle(self._file_of[name]).get_slice(name).get_dtype()
