@@ -26,13 +26,13 @@ class _Words:
 
 def test_longest_remembered_prefix_then_the_rest_alone():
     tok, memo = _Words(), TextContinuations()
-    assert memo.tokenize("a b", tok) == [0, 1, 2]  # nothing remembered: a prompt, BOS included
+    assert memo.tokenize("a b", tok) == [1, 2]  # nothing remembered: a prompt, no special tokens added
     memo.remember("a b", [0, 7])
     memo.remember("a bc d", [0, 7, 8, 9])
     assert memo.tokenize("a bc d.e f", tok) == [0, 7, 8, 9] + tok(".e f", add_special_tokens=False)["input_ids"]
     assert memo.tokenize("a b x", tok) == [0, 7, tok("x")["input_ids"][1]]  # the shorter one where the longer fails
     assert memo.tokenize("a bc d", tok) == [0, 7, 8, 9]  # the text itself: its ids, nothing added
-    assert memo.tokenize("z a b", tok)[0] == 0 and len(memo.tokenize("z a b", tok)) == 4  # not a prefix
+    assert memo.tokenize("z a b", tok) == tok("z a b", add_special_tokens=False)["input_ids"]  # not a prefix
 
 
 def test_oldest_entries_leave_first():
@@ -89,3 +89,36 @@ def test_text_turns_condition_on_the_ids_the_plugin_assembles(tiny):
             ref = torch.log_softmax(tiny.model(torch.tensor([ids])).logits[0].double(), -1)
         expected = [float(ref[i - 1, ids[i]]) for i in trained]
         assert max(abs(a - b) for a, b in zip(expected, log_probs)) < 1e-5
+
+
+def _bos_template_tokenizer():
+    """The tiny tokenizer made like Llama 3's: it adds <bos> to every text by default (a post-processor) and its
+    chat template starts with <bos> as well, so tokenizing a templated prompt with special tokens gives two."""
+    from tokenizers import processors
+
+    from slime.utils.tiny_tokenizer import build_tokenizer
+
+    tok = build_tokenizer()
+    bos = tok.convert_tokens_to_ids("<bos>")
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", bos)])
+    tok.chat_template = "<bos> " + tok.chat_template
+    return tok, bos
+
+
+def test_a_first_text_turn_is_tokenized_as_the_trainer_tokenizes_the_prompt(tiny, monkeypatch):
+    """A text request that continues nothing (a multi-turn plugin's first turn) is the prompt the plugin trains on,
+    tokenizer(prompt, add_special_tokens=False) as upstream's generate functions and slime's data source tokenize
+    it: the template's one BOS, not a second one the tokenizer would add (SGLang's text /generate adds the
+    tokenizer's special tokens); the second turn continues those ids."""
+    tok, bos = _bos_template_tokenizer()
+    prompt = tok.apply_chat_template([{"role": "user", "content": "a b c"}], tokenize=False, add_generation_prompt=True)
+    prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    assert prompt_ids[:2] == [bos, prompt_ids[1]] and prompt_ids[1] != bos  # the template's BOS, once
+    assert tok(prompt)["input_ids"] == [bos] + prompt_ids  # the tokenizer's default adds another
+    monkeypatch.setattr(tiny, "tokenizer", tok)
+    req, out = _post_text(tiny, prompt, seed=5)
+    assert req.input_ids == prompt_ids and out["meta_info"]["prompt_tokens"] == len(prompt_ids)
+    ids = prompt_ids + [p[1] for p in out["meta_info"]["output_token_logprobs"]]
+    observation = " . <obs> 3 ."
+    req, _ = _post_text(tiny, prompt + out["text"] + observation, seed=6)
+    assert req.input_ids == ids + tok(observation, add_special_tokens=False)["input_ids"]

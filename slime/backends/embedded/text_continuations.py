@@ -12,9 +12,14 @@ So the engine remembers, for each text request, `input text + returned text -> i
 tokenizes a later text that begins with such a text as those ids followed by the rest tokenized on its own
 (without special tokens): exactly the sequence such a plugin assembles. The returned text stands for the
 returned ids even where a stop string was trimmed from it or special tokens were skipped in it: the plugin keeps
-those ids. A text that continues none of them is tokenized as before. Memory is bounded (the oldest entries go
-first); a conversation whose turns reach another engine (several engines behind the router) is tokenized afresh
-there, as SGLang tokenizes every text request."""
+those ids. Memory is bounded (the oldest entries go first); a conversation whose turns reach another engine
+(several engines behind the router) is tokenized afresh there.
+
+A text that continues none of them (a conversation's first turn) is a prompt, tokenized as slime's rollout and
+upstream's generate functions tokenize the prompt they train on: tokenizer(text, add_special_tokens=False), the
+chat template carrying the model's special tokens. SGLang's text /generate adds the tokenizer's special tokens
+instead, so a tokenizer that adds a BOS by default, with a template that starts with one (Llama 3's), feeds the
+model two BOS that the trained sequence does not have."""
 
 from __future__ import annotations
 
@@ -46,10 +51,10 @@ class TextContinuations:
 
     def tokenize(self, text: str, tokenizer: Any) -> list[int]:
         """`text`'s ids: a remembered continuation's ids + the rest tokenized alone, else the whole text
-        tokenized as a prompt (the tokenizer's special tokens included, as for any text request)."""
+        tokenized as the trainer's prompt is (no special tokens added: see the module's docstring)."""
         found = self.longest_prefix(text)
         if found is None:
-            return list(tokenizer(text)["input_ids"])
+            return list(tokenizer(text, add_special_tokens=False)["input_ids"])
         prefix, ids = found
         rest = text[len(prefix):]
         return ids + (list(tokenizer(rest, add_special_tokens=False)["input_ids"]) if rest else [])
