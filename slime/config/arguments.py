@@ -392,6 +392,9 @@ def build_parser() -> argparse.ArgumentParser:
     from slime.config.routing_replay_args import add_routing_replay_arguments
 
     add_routing_replay_arguments(parser)  # --use-routing-replay, --use-rollout-routing-replay
+    from slime.config.indexer_replay_args import add_indexer_replay_arguments
+
+    add_indexer_replay_arguments(parser)  # --use-rollout-indexer-replay
     from slime.config import megatron_flags, model_args
 
     model_args.add_model_arguments(parser)

@@ -207,6 +207,9 @@ def _resolve_reference_and_replay(args: argparse.Namespace) -> None:
 
     validate_routing_replay_args(args, args.hf_config if args.use_routing_replay
                                  or args.use_rollout_routing_replay else None)
+    from slime.config.indexer_replay_args import validate_indexer_replay_args
+
+    validate_indexer_replay_args(args)  # --use-rollout-indexer-replay: a glm5_next model, the embedded engine
     args.use_ref_model = bool(args.use_kl_loss and args.kl_loss_coef > 0) or (
         args.kl_coef > 0 and (args.advantage_estimator.startswith("reinforce_plus_plus") or args.use_critic))
     if args.ref_load is None:

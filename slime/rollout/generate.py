@@ -165,7 +165,8 @@ def _stats_of(health: Any) -> dict[str, float] | None:
 
 def _finish_sample(sample: Sample, out: dict[str, Any], idx: int, tokenizer: Any,
                    skip_special_tokens: bool = False, routes: Any = None) -> None:
-    """routes: the args (num_layers, moe_router_topk) to read meta_info's routed experts with, or None."""
+    """routes: the args (num_layers, moe_router_topk) to read meta_info's routed experts and indexer top-k
+    with, or None."""
     meta = out["meta_info"]
     ids = list(out["output_ids"])
     logprobs = meta.get("output_token_logprobs")
@@ -187,6 +188,8 @@ def _finish_sample(sample: Sample, out: dict[str, Any], idx: int, tokenizer: Any
     if routes is not None:  # --use-rollout-routing-replay: the engine's experts per fed token
         sample.rollout_routed_experts = None
         sample._apply_routed_experts(routes, meta)
+        sample.rollout_indexer_topk = None  # --use-rollout-indexer-replay: the DSA layers' keys per fed token
+        sample._apply_indexer_topk(routes, meta)
 
 
 def samples_per_request(args: Any, fleet: Any, num_samples: int) -> int:
@@ -226,7 +229,7 @@ def _custom_generate(fn: Any, args: Any, client: EngineClient, sample: Sample, p
         out = asyncio.run(_await(out))
     if out is not sample:  # copy the returned sample's result onto the tracked one
         for field in ("tokens", "response", "response_length", "loss_mask", "rollout_log_probs", "status",
-                      "weight_versions", "metadata", "rollout_routed_experts"):
+                      "weight_versions", "metadata", "rollout_routed_experts", "rollout_indexer_topk"):
             setattr(sample, field, getattr(out, field))
     n = sample.response_length
     if n < 1 or len(sample.tokens) != prompt_length + n:
@@ -313,6 +316,8 @@ class _Sender:
         self.timeout = float(args.rollout_request_timeout)
         # --use-rollout-routing-replay: the engines return each sample's routed experts
         self.routed = {"return_routed_experts": True} if args.use_rollout_routing_replay else {}
+        if args.use_rollout_indexer_replay:  # and the DSA layers' selected keys (indexer top-k replay)
+            self.routed["return_indexer_topk"] = True
         self.attempts = {s.index: _Attempts() for s in queue.pending}
 
     def send(self, batch: list[Sample]) -> None:

@@ -108,6 +108,8 @@ async def generate(args: Namespace, sample: Sample, sampling_params: dict[str, A
     payload = {"input_ids": prompt_ids, "sampling_params": params, "return_logprob": True}
     if getattr(args, "use_rollout_routing_replay", False):
         payload["return_routed_experts"] = True  # whole sequence: append_response_tokens keeps it
+    if getattr(args, "use_rollout_indexer_replay", False):
+        payload["return_indexer_topk"] = True  # the DSA layers' keys per fed token (meta_info["indexer_topk"])
     output = await post(get_model_url(args), payload)
     pairs = output["meta_info"].get("output_token_logprobs") or []
     sample.append_response_tokens(args, tokens=[p[1] for p in pairs], log_probs=[p[0] for p in pairs],

@@ -36,6 +36,8 @@ def pack_samples(samples: Sequence[Any], reward_key: str | None = None) -> dict[
                                          count=int(response.sum())) if with_lp else None,
         # --use-rollout-routing-replay: the engines' experts of each sample's fed tokens, int32 [sum(len - 1), L, k]
         "rollout_routed_experts": _routes_of(samples, lengths),
+        # --use-rollout-indexer-replay: the engines' DSA selections, int32 [sum(len - 1), L, width] (same rows)
+        "rollout_indexer_topk": _routes_of(samples, lengths, "rollout_indexer_topk"),
         "teacher_log_probs": np.concatenate([_teacher_of(s) for s in samples]) if with_teacher else None,
     }
 
@@ -48,14 +50,15 @@ def _teacher_of(sample) -> np.ndarray:
     return values
 
 
-def _routes_of(samples: Sequence[Any], lengths: np.ndarray) -> np.ndarray | None:
-    if not samples or any(getattr(s, "rollout_routed_experts", None) is None for s in samples):
+def _routes_of(samples: Sequence[Any], lengths: np.ndarray, name: str = "rollout_routed_experts") -> np.ndarray | None:
+    """The per-token rows `name` of every sample (one per token but the last), concatenated; None if one lacks them."""
+    if not samples or any(getattr(s, name, None) is None for s in samples):
         return None
-    routes = [np.asarray(s.rollout_routed_experts, dtype=np.int32) for s in samples]
+    routes = [np.asarray(getattr(s, name), dtype=np.int32) for s in samples]
     for s, r, n in zip(samples, routes, lengths):
         if r.ndim != 3 or r.shape[0] != n - 1:
-            raise ValueError(f"sample {getattr(s, 'index', '?')}: rollout_routed_experts has shape {r.shape}, expected "
-                             f"({n - 1}, layers, top-k): one row per token but the last")
+            raise ValueError(f"sample {getattr(s, 'index', '?')}: {name} has shape {r.shape}, expected "
+                             f"({n - 1}, layers, k): one row per token but the last")
     return np.concatenate(routes)
 
 

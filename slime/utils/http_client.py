@@ -202,11 +202,13 @@ class EngineClient(HttpClient):
     # ------------------------------------------------------------------ generation
     def generate(self, input_ids: list[int] | list[list[int]], sampling_params: dict | list | None = None,
                  return_logprob: bool = False, rid: str | None = None, timeout: float | None = None,
-                 return_routed_experts: bool = False) -> Any:
+                 return_routed_experts: bool = False, return_indexer_topk: bool = False) -> Any:
         body: dict[str, Any] = {"input_ids": input_ids, "sampling_params": sampling_params or {},
                                 "return_logprob": return_logprob}
         if return_routed_experts:  # SGLang's meta_info["routed_experts"] (MoE routing replay)
             body["return_routed_experts"] = True
+        if return_indexer_topk:  # SGLang's meta_info["indexer_topk"] (DSA indexer top-k replay)
+            body["return_indexer_topk"] = True
         if rid is not None:
             body["rid"] = rid
         return self.post("/generate", body, timeout)

@@ -56,6 +56,7 @@ class Sample:
     rollout_top_p_token_ids: list[int] | None = None
     rollout_top_p_token_offsets: list[int] | None = None
     rollout_routed_experts: Any = None
+    rollout_indexer_topk: Any = None  # int32 [len - 1, layers, width]: the engine's DSA keys (indexer top-k replay)
     remove_sample: bool = False  # kept in the batch but contributes no loss
     teacher_log_probs: list[float] | None = None
 
@@ -227,6 +228,7 @@ class Sample:
 
     def _apply_meta_info(self, args: Any, meta_info: dict, update_terminal_info: bool) -> None:
         self._apply_routed_experts(args, meta_info)
+        self._apply_indexer_topk(args, meta_info)
         if not update_terminal_info or "finish_reason" not in meta_info:
             return
         if getattr(args, "sglang_speculative_algorithm", None):
@@ -271,6 +273,25 @@ class Sample:
 
             routes = torch.cat([torch.as_tensor(earlier, dtype=torch.int32)[:start], routes])
         self.rollout_routed_experts = routes
+
+    def _apply_indexer_topk(self, args: Any, meta_info: dict) -> None:
+        """SGLang's `meta_info["indexer_topk"]` (return_indexer_topk): the DSA layers' selected key positions of
+        every token fed to the engine (prompt + response but the last; SGLang returns them from token 0 on every
+        turn), int32 [rows, --num-layers, width] (slime/utils/indexer_replay.py)."""
+        from slime.utils.indexer_replay import META_KEY, rows_from_meta
+        from slime.utils.misc import decode_int32_meta_array
+
+        flat = decode_int32_meta_array(meta_info, META_KEY)
+        if flat is None:
+            return
+        if (meta_info.get("finish_reason") or {}).get("type") == "abort":
+            self.rollout_indexer_topk = None  # its continuation feeds the whole sequence again
+            return
+        layers = getattr(args, "num_layers", None)
+        if not layers:
+            raise ValueError("indexer top-k needs args.num_layers to be reshaped (--use-rollout-indexer-replay "
+                             "fills it from config.json)")
+        self.rollout_indexer_topk = rows_from_meta(flat, max(0, len(self.tokens) - 1), int(layers), self.index)
 
     def _check_lengths(self) -> None:
         for name in ("loss_mask", "rollout_log_probs"):

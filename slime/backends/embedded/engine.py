@@ -84,6 +84,8 @@ class Request:
     return_routed_experts: bool = False
     routed_experts_start_len: int = 0
     routed: torch.Tensor | None = None  # int32 [tokens fed so far, num_layers, top_k]: the routers' choices
+    return_indexer_topk: bool = False
+    indexer: torch.Tensor | None = None  # int32 [tokens fed so far, num_layers, width]: the DSA layers' keys
     input_text: str | None = None  # a text request's text (text_continuations.py)
 
 
@@ -128,9 +130,11 @@ class EmbeddedEngine(WeightControl):
 
             self.tp_group = tensor_parallel.attach(self, tensor_parallel.TensorParallelConfig(
                 cfg.tp_size, cfg.tp_rank, cfg.dist_init_addr or ""))
+        from slime.backends.embedded.indexer_topk import IndexerCapture
         from slime.backends.embedded.routed_experts import RouteCapture
 
         self._routes = RouteCapture(self.model)
+        self._indexers = IndexerCapture(self.model)
         self._wave_rows = 1 if cfg.deterministic else cfg.max_running_requests  # rows computed together
 
         self._model_lock = threading.RLock()  # held per forward step and per weight change
@@ -187,7 +191,7 @@ class EmbeddedEngine(WeightControl):
     # ------------------------------------------------------------------ requests
     def make_request(self, input_ids: Any, sampling_params: Any, return_logprob: bool = False,
                      rid: str | None = None, text: str | None = None, return_routed_experts: bool = False,
-                     routed_experts_start_len: int = 0) -> Request:
+                     routed_experts_start_len: int = 0, return_indexer_topk: bool = False) -> Request:
         """Validate one request (BadRequest on any problem)."""
         text = text if input_ids is None else None  # input_ids win; text is then not the request's input
         if input_ids is None and text is not None:
@@ -216,13 +220,18 @@ class EmbeddedEngine(WeightControl):
         if return_routed_experts and not self._routes.available:
             raise BadRequest("return_routed_experts: this model has no MoE router to report; drop it (routing "
                              "replay is for MoE models)")
+        if not isinstance(return_indexer_topk, bool):
+            raise BadRequest("return_indexer_topk must be true/false")
+        if return_indexer_topk and not self._indexers.available:
+            raise BadRequest("return_indexer_topk: this model has no DSA indexer to report; drop it (indexer top-k "
+                             "replay is for GLM-5.3-Flash, glm5_next)")
         start = routed_experts_start_len
         if not isinstance(start, int) or isinstance(start, bool) or not 0 <= start <= len(input_ids):
             raise BadRequest(f"routed_experts_start_len must be an integer in [0, {len(input_ids)}] (the prompt "
                              f"length), got {start!r}")
         req = Request(list(input_ids), params, return_logprob, rid=str(rid) if rid is not None else uuid.uuid4().hex,
                       return_routed_experts=return_routed_experts, routed_experts_start_len=start,
-                      input_text=text)
+                      input_text=text, return_indexer_topk=return_indexer_topk)
         if params.sampling_seed is not None:
             req.generator = torch.Generator().manual_seed(params.sampling_seed)
         return req
@@ -293,6 +302,12 @@ class EmbeddedEngine(WeightControl):
             rows = req.routed[req.routed_experts_start_len:end] if req.routed is not None else \
                 torch.zeros(0, self._routes.num_layers, self._routes.top_k, dtype=torch.int32)
             meta["routed_experts"] = encode(rows)
+        if req.return_indexer_topk:  # SGLang's rows: tokens [0, len(prompt + response) - 1)
+            from slime.utils.indexer_replay import META_KEY, encode
+
+            end = len(req.input_ids) + len(req.output_ids) - 1
+            meta[META_KEY] = encode(req.indexer[:end] if req.indexer is not None else
+                                    torch.zeros(0, self._indexers.num_layers, self._indexers.width, dtype=torch.int32))
         return {"text": req.text, "output_ids": list(req.output_ids), "meta_info": meta}
 
     # ------------------------------------------------------------------ scheduler
@@ -340,16 +355,24 @@ class EmbeddedEngine(WeightControl):
         if self._keep_kw:
             kwargs["logits_to_keep"] = 1
         capture = rows is not None and any(r.return_routed_experts for r in rows)
+        keys = rows is not None and any(r.return_indexer_topk for r in rows)
         with self._model_lock:
             t0 = time.perf_counter()
-            self._routes.enabled = capture
+            self._routes.enabled, self._indexers.enabled = capture, keys
             try:
                 out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, **kwargs)
             finally:
-                self._routes.enabled = False
+                self._routes.enabled = self._indexers.enabled = False
             self.stats["forward_seconds"] += time.perf_counter() - t0
             routes = self._routes.take(*ids.shape) if capture else None
+            selected = self._indexers.take(mask, ids.shape[1]) if keys else None
         self.stats["forward_steps"] += 1
+        if selected is not None:  # the DSA layers' keys of each row's fed tokens (indexer_topk.py)
+            from slime.backends.embedded.indexer_topk import extend
+
+            for i, r in enumerate(rows):
+                if r.return_indexer_topk:
+                    r.indexer = extend(r.indexer, selected[i], ids.shape[1], len(r.input_ids) + len(r.output_ids))
         if routes is not None:
             width = ids.shape[1]
             for i, r in enumerate(rows):

@@ -172,7 +172,7 @@ def _generate(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
     if not batch:
         req = engine.make_request(input_ids, body.get("sampling_params"), body.get("return_logprob", False),
                                   body.get("rid"), text, body.get("return_routed_experts", False),
-                                  body.get("routed_experts_start_len", 0))
+                                  body.get("routed_experts_start_len", 0), body.get("return_indexer_topk", False))
         engine.submit(req).done.wait()
         return 200, engine.response(req)
     items = input_ids if input_ids is not None else text
@@ -189,8 +189,10 @@ def _generate(engine: EmbeddedEngine, body: dict) -> tuple[int, Any]:
     params, logprob, rids = per_item("sampling_params", None), per_item("return_logprob", False), per_item("rid", None)
     params = _item_seeds(params, body.get("sampling_params"))
     routed, starts = per_item("return_routed_experts", False), per_item("routed_experts_start_len", 0)
+    keys = per_item("return_indexer_topk", False)
     reqs = [engine.make_request(items[i] if input_ids is not None else None, params[i], logprob[i], rids[i],
-                                items[i] if input_ids is None else None, routed[i], starts[i]) for i in range(n)]
+                                items[i] if input_ids is None else None, routed[i], starts[i], keys[i])
+            for i in range(n)]
     engine.submit_batch(reqs)  # all validated before any is queued; queued at once (one wave, no gather wait)
     for r in reqs:
         r.done.wait()

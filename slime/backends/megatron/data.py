@@ -28,6 +28,9 @@ class RolloutBatch:
     rollout_log_probs: list[list[float]] | None = None  # engine's log-probs of the response tokens
     # --use-rollout-routing-replay: the engine's experts per token but the last, int32 [len - 1, layers, top-k]
     rollout_routed_experts: list[torch.Tensor] | None = None
+    # --use-rollout-indexer-replay: the engine's DSA key selections per token but the last, int32
+    # [len - 1, layers, width] (slime.utils.indexer_replay)
+    rollout_indexer_topk: list[torch.Tensor] | None = None
     # Filled by the trainer/driver (one flat tensor per sample, over response tokens):
     old_log_probs: list[torch.Tensor] | None = None
     ref_log_probs: list[torch.Tensor] | None = None
@@ -68,6 +71,7 @@ class RolloutBatch:
             tokens=pick(self.tokens), response_lengths=pick(self.response_lengths), rewards=pick(self.rewards),
             loss_masks=pick(self.loss_masks), rollout_log_probs=pick(self.rollout_log_probs),
             rollout_routed_experts=pick(self.rollout_routed_experts),
+            rollout_indexer_topk=pick(self.rollout_indexer_topk),
             old_log_probs=pick(self.old_log_probs), ref_log_probs=pick(self.ref_log_probs),
             advantages=pick(self.advantages), values=pick(self.values), teacher_log_probs=pick(self.teacher_log_probs),
         )

@@ -86,13 +86,16 @@ def build_lr_scheduler(args, optimizer, start_rollout_id: int = 0):
     return _build(args, optimizer, start_rollout_id)
 
 
-def forward(model: torch.nn.Module, mb: D.PackedMicroBatch, device: torch.device, mtp_logits: bool = False):
+def forward(model: torch.nn.Module, mb: D.PackedMicroBatch, device: torch.device, mtp_logits: bool = False,
+            indexer_topk: tuple[torch.Tensor, torch.Tensor] | None = None):
     """The model's output for a packed micro-batch (THD: cu_seqlens keep samples apart): [1, T, V]
     full-vocab logits on the last pipeline stage (with mtp_logits: (logits, [logits of each MTP depth])),
     hidden states for the next stage elsewhere. Under context parallel (mb.cp) the input is this CP rank's
-    chunks at their global positions, and the output covers them."""
+    chunks at their global positions, and the output covers them. `indexer_topk`: the rollout's DSA selections
+    laid out as this rank's tokens (slime.utils.indexer_replay), handed to the model's DSA layers."""
     from megatron.core.packed_seq_params import PackedSeqParams
 
+    replay = {} if indexer_topk is None else {"indexer_topk": indexer_topk}  # the flag needs a model with DSA layers
     if mb.cp is not None:
         from slime_plugins.models.common.rope import ContextParallelSeqParams
 
@@ -102,18 +105,18 @@ def forward(model: torch.nn.Module, mb: D.PackedMicroBatch, device: torch.device
         packed = ContextParallelSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
                                           max_seqlen_kv=longest, context_parallel=cp)
         local = cp.local_index
-        extra = {}
+        extra = dict(replay)
         if mtp_logits:  # a chunk's tokens k ahead may sit in the next chunk: shift over the whole pack, then take ours
             from slime.backends.megatron.hf_export import unwrap
 
-            extra = {"mtp_logits": True, "mtp_input_ids": [
+            extra |= {"mtp_logits": True, "mtp_input_ids": [
                 D.tokens_ahead(mb, k)[:, local].to(device) for k in range(1, unwrap(model).arch.mtp_num_layers + 1)]}
         return model(input_ids=mb.tokens[:, local].to(device), position_ids=mb.position_ids[:, local].to(device),
                      attention_mask=None, packed_seq_params=packed, **extra)
     cu = mb.cu_seqlens.to(device)
     packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=mb.max_seqlen,
                              max_seqlen_kv=mb.max_seqlen)
-    extra = {"mtp_logits": True} if mtp_logits else {}
+    extra = dict(replay, mtp_logits=True) if mtp_logits else dict(replay)
     return model(input_ids=mb.tokens.to(device), position_ids=mb.position_ids.to(device), attention_mask=None,
                  packed_seq_params=packed, **extra)
 

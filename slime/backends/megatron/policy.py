@@ -163,6 +163,7 @@ class PolicyModel:
         span per forward computation (model and loss), from events."""
         from slime.backends.megatron import model_setup
         from slime.backends.megatron.pipeline import forward_backward
+        from slime.utils.indexer_replay import INDEXER_REPLAY
         from slime.utils.routing_replay import REPLAY
 
         def timed(fn):
@@ -178,7 +179,9 @@ class PolicyModel:
 
         def forward(m, mb):
             REPLAY.begin_micro_batch(mb)  # routing replay: the routes of this micro-batch (no-op when off)
-            return model_setup.forward(m, mb, self.device, mtp_logits=mtp_logits)
+            # --use-rollout-indexer-replay: the engine's DSA selections of this micro-batch (None when off)
+            return model_setup.forward(m, mb, self.device, mtp_logits=mtp_logits,
+                                       indexer_topk=INDEXER_REPLAY.selection(mb))
 
         forward_backward(self.model, micro_batches, timed(forward), timed(on_logits), forward_only)
 

@@ -41,6 +41,7 @@ def batch_from_payload(payload: dict[str, Any]) -> RolloutBatch:
         rollout_log_probs=None if rollout_lp is None else
         [rollout_lp[resp_offsets[i]:resp_offsets[i + 1]].tolist() for i in range(n)],
         rollout_routed_experts=_routes_per_sample(payload.get("rollout_routed_experts"), offsets),
+        rollout_indexer_topk=_routes_per_sample(payload.get("rollout_indexer_topk"), offsets),
         teacher_log_probs=None if teacher is None else
         [torch.from_numpy(teacher[resp_offsets[i]:resp_offsets[i + 1]].copy()) for i in range(n)],
     )

@@ -31,8 +31,9 @@ def old_pass_replay(args, batch: D.RolloutBatch):
     from slime.utils.routing_replay import REPLAY
 
     if args.use_rollout_routing_replay:
-        return REPLAY.replaying("rollout", batch)
-    return REPLAY.recording() if args.use_routing_replay else contextlib.nullcontext()
+        return _with_indexer_replay(args, batch, REPLAY.replaying("rollout", batch))
+    return _with_indexer_replay(args, batch, REPLAY.recording() if args.use_routing_replay
+                                else contextlib.nullcontext())
 
 
 def train_pass_replay(args, batch: D.RolloutBatch):
@@ -41,10 +42,24 @@ def train_pass_replay(args, batch: D.RolloutBatch):
     from slime.utils.routing_replay import REPLAY
 
     if args.use_rollout_routing_replay:
-        return REPLAY.replaying("rollout", batch)
+        return _with_indexer_replay(args, batch, REPLAY.replaying("rollout", batch))
     if args.use_routing_replay and REPLAY.recorded:
-        return REPLAY.replaying("recorded")
-    return contextlib.nullcontext()
+        return _with_indexer_replay(args, batch, REPLAY.replaying("recorded"))
+    return _with_indexer_replay(args, batch, contextlib.nullcontext())
+
+
+@contextlib.contextmanager
+def _with_indexer_replay(args, batch: D.RolloutBatch, routing):
+    """`routing` and, with --use-rollout-indexer-replay, the engine's DSA selections (both policy passes;
+    the reference and teacher forwards select by themselves)."""
+    from slime.utils.indexer_replay import INDEXER_REPLAY
+
+    with routing:
+        if not args.use_rollout_indexer_replay:
+            yield
+            return
+        with INDEXER_REPLAY.replaying(batch):
+            yield
 
 
 @dataclass

@@ -130,10 +130,12 @@ class DecoderModel(MegatronModule):
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 packed_seq_params: PackedSeqParams | None = None, mtp_logits: bool = False,
-                mtp_input_ids: list[torch.Tensor] | None = None, **_: object):
+                mtp_input_ids: list[torch.Tensor] | None = None,
+                indexer_topk: tuple[torch.Tensor, torch.Tensor] | None = None, **_: object):
         """mtp_logits=True (model built with MTP): returns (logits, [logits of MTP depth k = 1..]), where
         depth k's row t predicts token t + k + 1 of the same sequence. Under context parallel the rows are this
-        rank's chunks, so the ids k tokens ahead come from the whole pack: `mtp_input_ids` [B, S] per depth."""
+        rank's chunks, so the ids k tokens ahead come from the whole pack: `mtp_input_ids` [B, S] per depth.
+        `indexer_topk`: the rollout's DSA selections of these rows (ForwardContext.indexer_topk)."""
         if attention_mask is not None:
             raise ValueError("attention_mask is not supported: pass packed_seq_params (cu_seqlens) to separate samples")
         if input_ids.dim() != 2 or position_ids.shape != input_ids.shape:
@@ -153,7 +155,7 @@ class DecoderModel(MegatronModule):
                 raise ValueError("MTP logits under context parallel need mtp_input_ids (the ids k tokens ahead of "
                                  "each local row, taken from the whole pack: a chunk's next tokens are another rank's)")
         ctx = ForwardContext(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cos=cos, sin=sin, cu_seqlens=cu,
-                             batch=batch, seq_len=seq_len, cp=cp)
+                             batch=batch, seq_len=seq_len, cp=cp, indexer_topk=indexer_topk)
         hidden = None
         if self.pre_process:
             hidden = self.embedding(input_ids).transpose(0, 1).contiguous()  # [S, B, H]

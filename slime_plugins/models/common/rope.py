@@ -48,6 +48,9 @@ class ForwardContext(PackedSeqParams):
     seq_len: int = 0
     topk: dict[int, torch.Tensor] = field(default_factory=dict)
     cp: ContextParallelLayout | None = None
+    # --use-rollout-indexer-replay: the engine's DSA selections of these tokens, (positions int32 [T, layers, width],
+    # replayed bool [T]) (slime.utils.indexer_replay); full DSA layers use them in place of their own
+    indexer_topk: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def key_segments(self) -> torch.Tensor:
         """cu_seqlens of the keys each query segment attends over (its own tokens without CP)."""

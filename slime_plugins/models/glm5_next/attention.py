@@ -9,7 +9,9 @@ Attention sees only the keys the indexer selected (transformers builds the mask 
 selection is causal by construction). An "indexed_attention" layer of indexer type "full" runs the indexer
 (`ops.kpool_indexer`, under no_grad, frozen weights); a "shared" one reuses the selection of the DSA layer
 right before it (transformers hands the top-k on only from a full layer to the next layer), through
-ForwardContext.topk. Queries that have no selected key (index_kpool_always_select_tail=False, the first
+ForwardContext.topk. Under --use-rollout-indexer-replay a full layer's rows are the rollout engine's selection
+(ForwardContext.indexer_topk, slime/utils/indexer_replay.py) wherever the engine recorded one, so its shared
+layers reuse that too. Queries that have no selected key (index_kpool_always_select_tail=False, the first
 kpool - 1 positions of a sequence) get a zero output; transformers' eager attention has no defined value there
 (a softmax over a fully masked row).
 
@@ -29,6 +31,7 @@ from megatron.core import tensor_parallel
 from megatron.core.transformer.module import MegatronModule
 
 from slime.accelerator import get_accelerator
+from slime.utils.indexer_replay import replayed
 from slime_plugins.models.common.context_parallel import gather_sequence, key_rows
 from slime_plugins.models.common.layers import (ReplicatedLinear, RMSNorm, column_parallel, from_thd, row_parallel,
                                                 to_thd)
@@ -133,7 +136,10 @@ class NopeMlaDsaAttention(MegatronModule):
         if not self.may_drop_keys(ctx):
             return None
         if self.indexer is not None:
-            ctx.topk[self.layer_index] = self.indexer(x, q_resid.detach(), ctx)
+            topk = self.indexer(x, q_resid.detach(), ctx)
+            if ctx.indexer_topk is not None and self.layer_index < self.arch.num_hidden_layers:  # MTP: its own
+                topk = replayed(topk, ctx.indexer_topk, self.layer_index)  # --use-rollout-indexer-replay
+            ctx.topk[self.layer_index] = topk
         topk = ctx.topk.get(self.topk_source)
         if topk is None:
             raise RuntimeError(f"DSA layer {self.layer_index} shares layer {self.topk_source}'s selection, which did not "
