@@ -262,6 +262,15 @@ class Accelerator(ABC):
         several communicators per device and host); a value the user set wins. None needed by default."""
         return {}
 
+    def launcher_env(self, core_dump_dir: str | None = None) -> dict[str, str]:
+        """Environment upstream's job launcher (slime.utils.external_utils.command_utils.execute_train) puts in a
+        job on this device besides the workers' own; core_dump_dir: where device core dumps of a crashed kernel
+        go (None: off). Nothing by default, and a device without core dumps refuses them in one line."""
+        if core_dump_dir is not None:
+            raise DeviceConfigError(f"cuda_core_dump: the {self.name} device writes no device core dumps; "
+                                    "leave ExecuteTrainConfig.cuda_core_dump off")
+        return {}
+
     # --- IPC ------------------------------------------------------------------------------
     @abstractmethod
     def reduce_tensor(self, t: torch.Tensor) -> tuple[Any, tuple]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
 from typing import Any
 
 import torch
@@ -50,6 +53,17 @@ class CudaAccelerator(DeviceModuleAccelerator):
             "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
         }
 
+    def launcher_env(self, core_dump_dir: str | None = None) -> dict[str, str]:
+        # Upstream's launcher sets these for every job: one hardware queue, so Megatron's overlapped communication
+        # kernels are issued in the order they were enqueued; NVLink SHARP only where the GPUs have NVLink.
+        env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "NCCL_NVLS_ENABLE": str(int(has_nvlink()))}
+        if core_dump_dir is not None:  # a GPU core dump of the failing kernel, without the bulky memory segments
+            env.update({"CUDA_ENABLE_COREDUMP_ON_EXCEPTION": "1", "CUDA_COREDUMP_SHOW_PROGRESS": "1",
+                        "CUDA_COREDUMP_GENERATION_FLAGS": "skip_nonrelocated_elf_images,skip_global_memory,"
+                        "skip_shared_memory,skip_local_memory,skip_constbank_memory",
+                        "CUDA_COREDUMP_FILE": os.path.join(core_dump_dir, "cuda_coredump_%h.%p.%t")})
+        return env
+
     def deterministic_env(self) -> dict[str, str]:
         # cuBLAS needs a fixed workspace for reproducible GEMMs under torch.use_deterministic_algorithms;
         # NCCL's ring algorithm sums in a fixed order; Transformer Engine refuses its non-deterministic kernels.
@@ -60,3 +74,12 @@ class CudaAccelerator(DeviceModuleAccelerator):
         super().set_deterministic()
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
+
+
+def has_nvlink() -> bool:
+    """This host's GPUs are joined by NVLink (`nvidia-smi topo -m` shows NV# links); False without nvidia-smi."""
+    try:
+        topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return re.search(r"\bNV\d+\b", topo) is not None
