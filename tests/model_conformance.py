@@ -48,6 +48,12 @@ class Case:
     checks: tuple = CHECKS  # the single-process tests it runs
     layouts: tuple = ()  # the multi-rank layouts (only the family's representative case has any)
     layout_overrides: dict = field(default_factory=dict)  # tiny-config overrides of the layouts' checkpoint
+    # Checkpoints with an MTP layer that the trainer trains (--enable-mtp-training):
+    mtp_reference: str | None = None  # "module:function" (case, path) -> float64 module: (ids) -> depth-1 MTP logits,
+    # .grads() -> the grads of what was backpropagated through it (main model and MTP layer) under checkpoint names
+    mtp_logits_tol: float = 5e-6  # float64, max |ours - reference| / max |reference|
+    mtp_grad_tol: float = 5e-5  # float64, per tensor: max |ours - reference| <= tol * max |grad| + 1e-12
+    mtp_layouts: tuple = ()  # 2-rank layouts (tp2 / ep2 / pp2 / cp2) whose losses and grads equal the single rank's
 
 
 # Per-family differences from the defaults. Each is a fact about the family, measured, not a convenience.
@@ -97,7 +103,14 @@ def _variants() -> list[Case]:
     from slime_plugins.models.deepseek_v3.tiny import MOONLIGHT
 
     # Moonlight-16B-A3B: no q LoRA, 2 shared experts, plain rotary, one expert group.
-    return [Case(name="moonlight", family="deepseek_v3", model_type="deepseek_v3", overrides=MOONLIGHT)]
+    # GLM-5.3-Flash with its MTP layer (layer N, no hc_*; tests/glm5_next_mtp_reference.py): the MTP logits, loss and
+    # grads against transformers' modules in float64 (not to the last bit: transformers' RMSNorms and router compute
+    # in float32 inside a float64 model, and the mHC parameters stay float32, as transformers keeps them), the
+    # layouts against the single rank; the round trip keeps the MTP layer. Logits / grads / engine: the glm5_next case.
+    glm5_next_mtp = Case(name="glm5_next_mtp", family="glm5_next", model_type="glm5_next", checks=("export",),
+                         write="glm5_next_mtp_reference:write_mtp_checkpoint", overrides=dict(swiglu_limit=10.0),
+                         mtp_reference="glm5_next_mtp_reference:mtp_reference", mtp_layouts=("tp2", "ep2", "pp2", "cp2"))
+    return [Case(name="moonlight", family="deepseek_v3", model_type="deepseek_v3", overrides=MOONLIGHT), glm5_next_mtp]
 
 
 # model_type -> why it has no case. A registered model_type that is neither a case nor here fails the suite.
@@ -176,10 +189,10 @@ def write_checkpoint(case: Case, path: str, **overrides) -> str:
         config = json.load(open(config_file))
         json.dump(config | {"model_type": case.model_type}, open(config_file, "w"), indent=2)
         return path
-    return _resolve(case.write)(case, path, **kwargs)
+    return resolve_hook(case.write)(case, path, **kwargs)
 
 
-def _resolve(path: str) -> Callable:
+def resolve_hook(path: str) -> Callable:
     """A "module:function" hook of the tables above (a family's test helpers)."""
     import importlib
 
@@ -200,7 +213,7 @@ def reference_model(case: Case, path):
 
     get_accelerator().apply_patches("transformers")  # DSA top-k tie rule of ops.lightning_indexer, as the engine runs it
     if case.reference:
-        return _resolve(case.reference)(case, path)
+        return resolve_hook(case.reference)(case, path)
     config = None
     if case.reference_type:
         raw = json.load(open(os.path.join(str(path), "config.json")))
@@ -237,13 +250,36 @@ def reference_grads(case: Case, model, hf_prefix: str = "model") -> dict[str, to
     (a vision-language checkpoint's model.language_model; transformers' CausalLM of it names it model)."""
     from glm5_helpers import hf_grads_by_checkpoint_name
 
-    rename = GRAD_NAMES[case.grad_names] if case.grad_names in GRAD_NAMES else _resolve(case.grad_names)
+    rename = GRAD_NAMES[case.grad_names] if case.grad_names in GRAD_NAMES else resolve_hook(case.grad_names)
     grads = rename(hf_grads_by_checkpoint_name(model))
     if hf_prefix == "model":
         return grads
     # a reference that is the multimodal class itself (GLM-5.3-Flash) names the text model by the prefix already
     return {(hf_prefix + name[len("model"):] if name.startswith("model.") and not name.startswith(hf_prefix + ".")
              else name): g for name, g in grads.items()}
+
+
+MTP_SCALE = 0.3  # --mtp-loss-scaling-factor of the MTP checks
+
+
+def main_and_mtp_losses(logits: torch.Tensor, mtp: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(main loss, MTP loss) of [B, S, V] logits and depth-1 MTP logits: each the per-sample mean cross entropy of
+    its targets (token t + 1 for the main logits, t + 2 for depth 1) over the rows that have one, summed over the
+    samples and divided by their number; both reduced by the trainer's mtp_loss (the MTP one times MTP_SCALE)."""
+    from slime.accelerator import get_accelerator
+    from slime.backends.megatron.loss import mtp_loss
+
+    batch, seq = ids.shape
+
+    def loss(x: torch.Tensor, k: int, scale: float) -> torch.Tensor:
+        targets = torch.cat([ids[:, k:], torch.zeros_like(ids[:, :k])], 1).reshape(-1)
+        lp, _ = get_accelerator().ops.token_log_probs(x.reshape(batch * seq, -1), targets)
+        mask = torch.ones(batch, seq, dtype=lp.dtype)
+        mask[:, seq - k:] = 0  # rows t >= S - k have no token t + k
+        return mtp_loss([lp], [mask.reshape(-1)], [seq] * batch, normalizer=float(batch), scale=scale,
+                        per_token=False)[0]
+
+    return loss(logits, 1, 1.0), loss(mtp, 2, MTP_SCALE)
 
 
 def rel_max(ours: torch.Tensor, ref: torch.Tensor) -> float:

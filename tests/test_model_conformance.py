@@ -15,9 +15,18 @@ transformers' model of the same tiny random checkpoint, float32:
   megatron DDP (logits 1e-5 of transformers', reduced grads within the case's bound, export on every rank, megatron's
   tensor-parallel attributes, equal grad norms, a torch_dist checkpoint written at the first layout loading at the
   others), cp2 (logits gathered back 1e-5, grads after the DP x CP reduction), pp2 through megatron's pipeline schedule
-  (tests/glm5_parallel_worker.py), and for a tied checkpoint pp2 as one clear error.
-Family-specific behaviour (configs as published, MTP layers against their references, DSA token dropping, fused
-expert layouts, bad checkpoints) stays in the families' own test files."""
+  (tests/glm5_parallel_worker.py), and for a tied checkpoint pp2 as one clear error;
+- a case with a trained MTP layer (Case.mtp_reference; GLM-5.3-Flash's, tests/glm5_next_mtp_reference.py), float64:
+  depth-1 MTP logits within the case's bound of the reference's (glm5_next: 5e-6 of max |logit|, measured 8.3e-7),
+  the MTP loss (the trainer's mtp_loss) within 1e-6 relative (measured 6.9e-8) and every grad of it, the MTP
+  layer's and the main model's, within the case's bound of max |grad| (glm5_next: 5e-5, measured 1.4e-6 on the MTP
+  layer, 1.5e-5 on the main model's mHC scales); at its 2-rank layouts (tests/mtp_layouts_worker.py: tp2, ep2, pp2
+  with the MTP block on the last stage, cp2 with the MTP inputs one token ahead from the whole pack), float32, the
+  main and MTP losses (1e-6 relative; measured <= 2.2e-7), logits and MTP logits (1e-5) and every grad (5e-5 of
+  max |grad| + 1e-7; measured at most 0.78 of that bound, layer 0's hc_attn_scale at ep2: a sum over every token) of
+  the single rank, and the all-stages export on every rank bit for bit.
+Family-specific behaviour (configs as published, other MTP layers against their references, DSA token dropping,
+fused expert layouts, bad checkpoints) stays in the families' own test files."""
 
 from __future__ import annotations
 
@@ -27,8 +36,9 @@ import os
 import pytest
 import torch
 from glm5_helpers import megatron_grads_by_hf_name, random_batch
-from model_conformance import (EXEMPT, VOCAB, Case, assert_grads_match, cases, reference_grads, reference_model,
-                               rel_max, trainer_logprobs, write_checkpoint)
+from model_conformance import (EXEMPT, MTP_SCALE, VOCAB, Case, assert_grads_match, cases, main_and_mtp_losses,
+                               reference_grads, reference_model, rel_max, resolve_hook, trainer_logprobs,
+                               write_checkpoint)
 from safetensors.torch import load_file
 
 from slime.backends.megatron import export_hf, load_hf_model, save_hf
@@ -240,3 +250,61 @@ def test_layouts_match_transformers(case, checkpoint, tmp_path):
     torch.save(saved, tmp_path / "ref.pt")
     spawn(run, args=(free_port(), case.name, ckpt, str(tmp_path / "ref.pt"), layouts, str(tmp_path / "torch_dist")),
           nprocs=2, join=True)
+
+
+def _mtp_loss_reference(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Per-sample mean cross entropy of token t + 2 over the rows that have one, summed, times MTP_SCALE / samples."""
+    lp = torch.log_softmax(logits[:, :-2], dim=-1).gather(-1, ids[:, 2:, None])[..., 0]
+    return -lp.mean(dim=1).sum() * MTP_SCALE / ids.shape[0]
+
+
+@pytest.mark.parametrize("case", _ids([c for c in CASES if c.mtp_reference]))
+def test_mtp_loss_and_grads_match_the_reference(checkpoint, case):
+    """float64, 2 x 13 tokens: depth-1 MTP logits, the MTP loss and every grad of it against the case's reference;
+    every MTP tensor of the family's mtp_names gets a grad (the indexers run without grad; the expert bias is a
+    buffer)."""
+    ckpt = checkpoint(case)
+    reference = resolve_hook(case.mtp_reference)(case, ckpt)
+    model = load_hf_model(ckpt, dtype=torch.float64, load_mtp=True)
+    ids, pos = random_batch(2, 13, VOCAB, 7)
+    ref_logits = reference(ids)
+    logits, (ours,) = model(ids, pos, mtp_logits=True)
+    assert logits.shape == ours.shape
+    assert rel_max(ours, ref_logits) <= case.mtp_logits_tol, rel_max(ours, ref_logits)
+    ref_loss, (_, loss) = _mtp_loss_reference(ref_logits, ids), main_and_mtp_losses(logits, ours, ids)
+    assert abs(float(loss.detach()) - float(ref_loss.detach())) <= 1e-6 * abs(float(ref_loss.detach()))
+    assert float(ref_loss.detach()) > 1.0
+    ref_loss.backward()
+    loss.backward()
+    want = reference.grads()
+    mtp_names, aliases = model.family.call("mtp_names", model.arch)
+    assert set(mtp_names) <= want.keys() and aliases == {}
+    got = megatron_grads_by_hf_name(model)
+    for name, ref in want.items():
+        grad = got.get(name)
+        if ref is None or grad is None:  # the indexers run without grad (transformers' and ours), the expert bias
+            assert (".indexer." in name or "e_score" in name) and (grad is None or not grad.any()) \
+                and (ref is None or not ref.any()), name
+            continue
+        assert float((grad - ref).abs().max()) <= case.mtp_grad_tol * float(ref.abs().max()) + 1e-12, name
+    assert all(got[n].abs().sum() > 0 for n in mtp_names if n.endswith("eh_proj.weight"))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", _ids([c for c in CASES if c.mtp_layouts]))
+def test_mtp_layouts_equal_the_single_rank(checkpoint, case, tmp_path):
+    """The case's MTP layouts (tests/mtp_layouts_worker.py) against this process's float32 run of the same batch:
+    2 x 12 tokens (12 % tp == 0 for sequence parallel, % (2 * cp) == 0; > index_topk + kpool - 1 = 11: DSA drops
+    keys)."""
+    from glm5_helpers import spawn_ranks
+    from mtp_layouts_worker import forward_backward_single, run
+
+    ckpt = checkpoint(case)
+    ids, pos = random_batch(2, 12, VOCAB, 3)
+    model = load_hf_model(ckpt, load_mtp=True)
+    export = [(n, t.clone()) for bucket in export_hf(model) for n, t in bucket]
+    single = forward_backward_single(model, ids, pos)
+    assert single["mtp_loss"] > 1.0 and single["loss"] > 1.0
+    torch.save(dict(ids=ids, pos=pos, grads=megatron_grads_by_hf_name(model), export=export, **single),
+               tmp_path / "ref.pt")
+    spawn_ranks(run, 2, ckpt, str(tmp_path / "ref.pt"), list(case.mtp_layouts))

@@ -1,50 +1,27 @@
-"""Worker of tests/test_glm5_next_mtp.py (2 processes over gloo): a glm5_next model with its MTP layer at tp2 / ep2 /
-pp2 / cp2 against the single process: the main loss and the MTP loss (losses), the logits and the MTP logits, and the
-grads of their sum (every parameter, the MTP layer's included); tp2 / ep2 / pp2 through megatron's schedule, cp2
-with each rank's chunks through megatron DDP and the MTP inputs one token ahead taken from the whole pack (as the
-trainer's forward takes them: data.tokens_ahead); and export_hf(all_stages=True) on every rank against the single
-process's export. Imported by tests/rank_spawn.py's fork server."""
+"""Rank processes of tests/test_model_conformance.py's MTP layout test (2 processes over gloo, tests/rank_spawn.py): a
+model with its MTP layer at tp2 / ep2 / pp2 / cp2 against the single process: the main loss and the MTP loss
+(model_conformance.main_and_mtp_losses), the logits and the MTP logits, and the grads of the two losses' sum (every
+parameter, the MTP layer's included); tp2 / ep2 / pp2 through megatron's schedule, cp2 with each rank's chunks
+through megatron DDP and the MTP inputs one token ahead taken from the whole pack (as the trainer's forward takes
+them: data.tokens_ahead); and export_hf(all_stages=True) on every rank against the single process's export."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from model_conformance import main_and_mtp_losses
 
 LAYOUTS = {"tp2": (2, 1, 1), "ep2": (1, 2, 1), "pp2": (1, 1, 2), "cp2": (1, 1, 1)}  # (tp, ep, pp); cp2: cp = 2
-MTP_SCALE = 0.3  # --mtp-loss-scaling-factor
 # float32. Grads: per tensor within 5e-5 of its max |grad| (+ 1e-7): the reductions run in another order (TP /
-# EP / CP partial sums, the mHC base / scale grads summed over every token and stream). Logits 1e-5 of max |logit|.
-# Losses 1e-6 relative: a per-sample mean of ~11 cross entropies of ~6, float32 rounding of the logits' last bits.
+# EP / CP partial sums, GLM-5.3-Flash's mHC base / scale grads summed over every token and stream). Logits 1e-5 of
+# max |logit|. Losses 1e-6 relative (float32 rounding of the logits' last bits in a mean of cross entropies).
 GRAD_TOL = 5e-5
-
-
-def losses(logits: torch.Tensor, mtp: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(main loss, MTP loss) of [B, S, V] logits: each the per-sample mean cross entropy of its targets (token t + 1
-    for the main logits, t + 2 for depth 1), summed over the samples and divided by their number; the MTP loss is
-    the trainer's mtp_loss (times MTP_SCALE)."""
-    from slime.accelerator import get_accelerator
-    from slime.backends.megatron.loss import mtp_loss
-
-    batch, seq = ids.shape
-    ops = get_accelerator().ops
-
-    def log_probs(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        targets = torch.cat([ids[:, k:], torch.zeros_like(ids[:, :k])], 1).reshape(-1)
-        mask = torch.ones(batch, seq, dtype=torch.float32)
-        mask[:, seq - k:] = 0  # rows t >= S - k have no token t + k
-        return ops.token_log_probs(x.reshape(batch * seq, -1), targets)[0], mask.reshape(-1)
-
-    lp, mask = log_probs(logits, 1)
-    main, _ = mtp_loss([lp], [mask], [seq] * batch, normalizer=float(batch), scale=1.0, per_token=False)
-    lp, mask = log_probs(mtp, 2)
-    extra, _ = mtp_loss([lp], [mask], [seq] * batch, normalizer=float(batch), scale=MTP_SCALE, per_token=False)
-    return main, extra
 
 
 def forward_backward_single(model, ids, pos) -> dict:
     """The single process: logits, MTP logits and both losses, after backward of their sum."""
     logits, (mtp,) = model(ids, pos, mtp_logits=True)
-    main, extra = losses(logits, mtp, ids)
+    main, extra = main_and_mtp_losses(logits, mtp, ids)
     (main + extra).backward()
     return dict(logits=logits.detach(), mtp=mtp.detach(), loss=float(main.detach()), mtp_loss=float(extra.detach()))
 
@@ -57,7 +34,7 @@ def _forward_backward(ddp, ids, pos) -> dict:
     def forward_step(data_iterator, model):
         def loss_func(out):
             logits, (mtp,) = out
-            main, extra = losses(logits, mtp, ids)
+            main, extra = main_and_mtp_losses(logits, mtp, ids)
             seen.update(logits=logits.detach(), mtp=mtp.detach(), loss=float(main.detach()), mtp_loss=float(extra.detach()))
             return main + extra, {}
 
@@ -92,7 +69,7 @@ def _context_parallel_forward_backward(ddp, ids, pos) -> dict:
     logits, (mtp,) = ddp(flat[:, local], pos.reshape(1, -1)[:, local], packed_seq_params=packed, mtp_logits=True,
                          mtp_input_ids=[ahead[:, local]])
     logits, mtp = (gather_sequence(x[0], layout).view(batch, seq, -1) for x in (logits, mtp))
-    main, extra = losses(logits, mtp, ids)
+    main, extra = main_and_mtp_losses(logits, mtp, ids)
     (main + extra).backward()
     return dict(logits=logits.detach(), mtp=mtp.detach(), loss=float(main.detach()), mtp_loss=float(extra.detach()))
 
@@ -114,7 +91,7 @@ def _check_export(model, ref, name: str) -> None:
 
 
 def _check_grads(ddp, ref, name: str) -> None:
-    from glm5_next_helpers import grads_by_hf_name
+    from glm5_helpers import megatron_grads_by_hf_name
     from megatron.core import parallel_state as ps
 
     from slime_plugins.models.common import weights as W
@@ -129,13 +106,13 @@ def _check_grads(ddp, ref, name: str) -> None:
             return [g]
         return _gather(g, experts if kind in (W.EXPERT_W1, W.EXPERT_W2) else ps.get_tensor_model_parallel_group())
 
-    grads = grads_by_hf_name(ddp.module, gather)
+    grads = megatron_grads_by_hf_name(ddp.module, gather)
     if ps.is_pipeline_last_stage():
-        assert any(".layers.5." in n for n in grads), f"{name}: no MTP grads on the last stage"
+        assert any(W.is_mtp_layer_name(ddp.module.arch, n) for n in grads), f"{name}: no MTP grads on the last stage"
     if ps.get_pipeline_model_parallel_world_size() == 1:  # one stage holds every parameter
         missing = {n for n, g in ref["grads"].items() if g is not None} - grads.keys()
         assert not missing, f"{name}: no grad for {sorted(missing)[:4]}"
-    worst = 0.0
+    worst = (0.0, "")
     for hf_name, g in grads.items():
         want = ref["grads"].get(hf_name)
         if want is None:
@@ -143,8 +120,8 @@ def _check_grads(ddp, ref, name: str) -> None:
             continue
         err, bound = float((g - want).abs().max()), GRAD_TOL * float(want.abs().max()) + 1e-7
         assert err <= bound, f"{name}: {hf_name} off by {err:.3g} (bound {bound:.3g})"
-        worst = max(worst, err / bound)
-    print(f"{name}: grads at most {worst:.2f} of their bound", flush=True)
+        worst = max(worst, (err / bound, hf_name))
+    print(f"{name}: grads at most {worst[0]:.2f} of their bound ({worst[1]})", flush=True)
 
 
 def run(rank: int, world: int, port: int, ckpt: str, ref_path: str, layouts: list) -> None:
