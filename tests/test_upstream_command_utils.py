@@ -109,7 +109,8 @@ def test_execute_train_runs_upstreams_command_mapped(case, launcher, gpu_node, m
         ",".join(map(str, range(gpus)))
     external = case["env"].get("SLIME_SCRIPT_EXTERNAL_RAY") == "1"
     assert env.pop("RAY_ADDRESS", None) == ("auto" if external else None)
-    assert env.pop("PYTHONPATH") == REPO and env.pop("PYTHONUNBUFFERED") == "1"
+    assert env.pop("PYTHONPATH").split(":") == [REPO, *filter(None, os.environ.get("PYTHONPATH", "").split(":"))]
+    assert env.pop("PYTHONUNBUFFERED") == "1"
     del up_env["PYTHONPATH"]  # upstream's Megatron-LM checkout; megatron-core is installed here
     assert env == {k: str(v) for k, v in up_env.items()}
 
