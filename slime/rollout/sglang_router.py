@@ -1,5 +1,6 @@
 """The real sglang-router (PyPI `sglang-router`, a Rust binary that runs on CPU too) in front of the engines,
-as upstream slime runs it: started here (`python -m sglang_router.launch_router`) unless
+as upstream slime runs it: started here (`python -m sglang_router.launch_router`'s command line, through
+slime.rollout.sglang_router_main, which skips that launcher's import of sglang) unless
 --sglang-router-ip/--sglang-router-port name one already running; every engine is registered as a worker
 (`POST /workers`, removed again when a restarted engine moved). Generation then goes to the router's
 `/generate` (SGLang's protocol; the router parses the request, fills in SGLang's defaults and takes one
@@ -47,7 +48,9 @@ class SGLangRouter:
         from slime.utils.net import free_port
 
         port = free_port()
-        cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", host, "--port", str(port),
+        # the package's launcher's command line, through slime.rollout.sglang_router_main (the same Rust router,
+        # without the import of sglang that sglang_router.launch_router makes for its Python balancer)
+        cmd = [sys.executable, "-m", "slime.rollout.sglang_router_main", "--host", host, "--port", str(port),
                "--worker-urls", *worker_urls, "--policy", policy, "--log-level", "warn",
                # default 30 s between start-up checks of the workers: the engines are already healthy
                "--worker-startup-check-interval", "1",
