@@ -248,3 +248,25 @@ def test_flag_refuses_what_cannot_replay(tmp_path, tiny_ckpt, capsys):
         assert words in err and len(err.strip().splitlines()) == 1, err
     assert not parse_args(["--hf-checkpoint", tiny_ckpt, "--num-rollout", "1", "--global-batch-size", "2"]
                           ).use_rollout_indexer_replay  # off by default
+
+
+def test_replay_at_tp2_cp2_and_under_recompute_uses_the_engines_selection(tiny_ckpt, rollout, tmp_path):
+    """TP2 (sequence parallel) and CP2 (each rank's chunks select over their sequences' prefixes), the trainer's
+    indexer changed: replayed, the log-probs are the engine's (1e-5); selecting by themselves not (> 1e-3). DP2
+    with full activation recompute: the training forward's (with grad, layers recomputed in backward) too."""
+    from glm5_helpers import spawn_ranks
+    from indexer_replay_parallel_worker import run
+
+    from slime.backends.megatron.rollout_data import pack_samples
+
+    samples, batch = rollout
+    path = str(tmp_path / "rollout.pt")
+    torch.save(pack_samples(samples), path)
+    names = ["tp2", "cp2", "recompute"]
+    spawn_ranks(run, 2, tiny_ckpt, path, str(tmp_path), names)
+    gaps = torch.load(tmp_path / "recompute.pt")
+    assert gaps[True] <= 1e-5 and gaps[False] > 1e-3, gaps
+    for name in names[:2]:
+        got = torch.load(tmp_path / f"{name}.pt")
+        assert _max_diff(got[True], batch.rollout_log_probs) <= 1e-5, name
+        assert _max_diff(got[False], batch.rollout_log_probs) > 1e-3, name

@@ -1,0 +1,69 @@
+"""Worker of tests/test_glm5_next_indexer_replay.py: one spawned trainer rank (gloo) with
+--use-rollout-indexer-replay at TP2 (sequence parallel: the DSA layers gather the sequence before the indexer)
+or CP2 (each rank's chunks attend over their sequences' prefixes); with the trainer's indexer weights changed it
+computes the rollout's log-probs replayed and selected by itself, and rank 0 writes both."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+CONFIGS = {"tp2": ["--tensor-model-parallel-size", "2"], "cp2": ["--context-parallel-size", "2"],
+           # DP2, full activation recompute: the training forward (with grad) recomputes each layer in backward
+           "recompute": ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                         "--recompute-num-layers", "1"]}
+
+
+def run(rank: int, world: int, port: int, ckpt: str, rollout_path: str, out_dir: str, names: list[str]) -> None:
+    from glm5_helpers import init_rank
+    from test_glm5_next_indexer_replay import _perturb_indexers
+
+    from slime.backends.megatron.actor import MegatronTrainRayActor
+    from slime.backends.megatron.hf_export import unwrap
+    from slime.config.arguments import parse_args
+
+    init_rank(rank, world, port)
+    payload = torch.load(rollout_path, weights_only=False)
+    for name in names:
+        args = parse_args(["--hf-checkpoint", ckpt, "--num-rollout", "1", "--global-batch-size", "4",
+                           "--micro-batch-size", "2", "--actor-num-gpus-per-node", str(world),
+                           "--use-rollout-indexer-replay", *CONFIGS[name]])
+        actor = MegatronTrainRayActor(world, rank)
+        actor.init(args)
+        _perturb_indexers(unwrap(actor.model))  # the same seed on every rank: replicated indexer weights
+        out = _train_forward_gaps(actor, payload) if name == "recompute" else _log_prob_passes(actor, payload)
+        if rank == 0:
+            torch.save(out, os.path.join(out_dir, f"{name}.pt"))
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def _log_prob_passes(actor, payload) -> dict:
+    """The old-policy log-prob pass (no grad), replayed and selecting by itself."""
+    from contextlib import nullcontext
+
+    from slime.backends.megatron.rollout_data import batch_from_payload
+    from slime.utils.indexer_replay import INDEXER_REPLAY
+
+    batch = batch_from_payload(payload)
+    everything = list(range(len(batch)))
+    out = {}
+    for replay in (True, False):
+        with INDEXER_REPLAY.replaying(batch) if replay else nullcontext():
+            lp = actor._log_probs_of(batch, everything)
+        out[replay] = [lp[i] for i in everything]
+    return out
+
+
+def _train_forward_gaps(actor, payload) -> dict:
+    """train_rollout with the training forward's own log-probs as the old ones (reuse_train_log_probs): the
+    train/rollout gap of the forward that runs with grad under recompute, with the flag and without."""
+    weights = {k: v.detach().clone() for k, v in actor.model.state_dict().items() if torch.is_tensor(v)}
+    out = {}
+    for flag in (True, False):
+        actor.args.use_rollout_indexer_replay = flag
+        out[flag] = actor.train_rollout(0, payload, reuse_train_log_probs=True)["train_rollout_logprob_abs_diff_max"]
+        actor.model.load_state_dict(weights, strict=False)
+    return out
