@@ -174,7 +174,7 @@ def _manager(args, samples):
     manager.data.args = args
     manager.data.rollout = lambda rollout_id, fleet: (samples, {"rollout/generate_time": 1.0})
     manager._ray = lambda: SimpleNamespace(put=lambda x: x)
-    manager.fleet = SimpleNamespace(serving=contextlib.nullcontext, engines=lambda: [])
+    manager.fleet = SimpleNamespace(recovery=SimpleNamespace(serving=contextlib.nullcontext), engines=lambda: [])
     return manager
 
 

@@ -24,15 +24,19 @@ class _Actor:
 
 def _manager(memory_is_host: bool, calls: list):
     from slime.ray.engine_fleet import RolloutEngines
+    from slime.ray.engine_recovery import EngineRecovery, RecoverySettings
 
     m = RolloutEngines.__new__(RolloutEngines)
     m.memory_is_host = memory_is_host
-    m.n, m._down, m.health_monitor = 2, set(), None
+    m.n = 2
     m.clients = [_Client(calls) for _ in range(2)]
     m.actors = [_Actor(calls) for _ in range(2)]
-    m._ray = lambda: SimpleNamespace(get=lambda x: x)
-    m._restarts, m._restart_seconds, m._resyncs, m._health_restarts = [0, 0], 0.0, 0, 0
     m.engines = lambda: ["e0", "e1"]
+    settings = RecoverySettings(max_restarts=1, startup_timeout=60.0, health_checks=False, health_check_interval=30.0,
+                                health_check_timeout=30.0, health_check_first_wait=0.0)
+    m.recovery = EngineRecovery(settings, actors=m.actors, urls=["u0", "u1"], clients=m.clients, token="t",
+                                router=None, sglang_router=None, engines=m.engines)
+    m.recovery._ray = lambda: SimpleNamespace(get=lambda x: x)
     return m
 
 

@@ -2,8 +2,9 @@
 on the trainer's bundles or a placement group of their own), the sglang-router in front of them (or the
 in-process router), what the trainer's weight sync asks of them (`engines()`, pause/resume, memory offload)
 and what the generation loop asks (`slime.rollout.generate.EngineFleet`: pick an engine, report a lost
-request). Engine death, restarts, re-sync and the health checks are the fleet's `EngineRecovery`
-(slime.ray.engine_recovery).
+request). Engine death, restarts, re-sync and the health checks are the `EngineRecovery` the fleet owns
+(`recovery`, slime.ray.engine_recovery), built with the fleet's engines once they run; the generation loop's
+calls about a lost request (`report_failure`, `generation`, `note_version`) pass through to it.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ import logging
 import os
 import tempfile
 import threading
+import time
 from typing import Any
 
 from slime.accelerator import get_accelerator
-from slime.ray.engine_recovery import EngineRecovery
+from slime.ray.engine_recovery import EngineRecovery, RecoverySettings
 from slime.rollout.errors import RolloutError
 from slime.rollout.generate import EngineFleet
 from slime.rollout.router import Router
@@ -35,7 +37,7 @@ def resolve_engine_kind(args: Any) -> str:
     return kind
 
 
-class RolloutEngines(EngineRecovery, EngineFleet):
+class RolloutEngines(EngineFleet):
     memory_is_host = False  # set at start-up from the engines' answer (see __init__)
 
     def __init__(self, args: Any, token: str, slots: Any = None) -> None:
@@ -70,7 +72,9 @@ class RolloutEngines(EngineRecovery, EngineFleet):
             self._router_client = EngineClient(self.sglang_router.url, self._token)
         self._unpaused = threading.Event()
         self._unpaused.set()
-        self._init_recovery()
+        self.recovery = EngineRecovery(RecoverySettings.from_args(args), actors=self.actors, urls=self.urls,
+                                       clients=self.clients, token=self._token, router=self.router,
+                                       sglang_router=self.sglang_router, engines=self.engines)
         logger.info("%d %s rollout engine(s) up: %s (logs in %s)", self.n, self.kind, self.urls, self.log_dir)
 
     # ------------------------------------------------------------------ start-up
@@ -160,13 +164,13 @@ class RolloutEngines(EngineRecovery, EngineFleet):
     def engines(self) -> list[dict[str, Any]]:
         """Running engines for weight sync; `instance` changes whenever the engine process was restarted."""
         colocated = bool(self.args.colocate)
-        return [{"url": u, "tp_size": self.tp, "token": self._token, "instance": self._restarts[i],
+        return [{"url": u, "tp_size": self.tp, "token": self._token, "instance": self.recovery.restarts(i),
                  # colocated: engine i's TP rank j shares bundle (device) i*tp + j with that trainer rank
                  "trainer_ranks": [i * self.tp + j for j in range(self.tp)] if colocated else None,
                  # a distributed weight update: the embedded engine joins with its rank 0 only (tensor_parallel.py)
                  "group_ranks": 1 if self.kind == "embedded" else self.tp,
                  "kind": self.kind}  # the resolved --rollout-engine (the weight sync sends SGLang's MTP draft)
-                for i, u in enumerate(self.urls) if i not in self._down]
+                for i, u in enumerate(self.urls) if not self.recovery.is_down(i)]
 
     def router_url(self) -> str | None:
         """The sglang-router's URL, else the first engine's (None: no engine)."""
@@ -225,6 +229,20 @@ class RolloutEngines(EngineRecovery, EngineFleet):
                 logger.warning("rollout engine %d unreachable (%s); skipped", i, e.message)
         return answered
 
+    def check_engines(self, onload: bool = False) -> dict[str, Any]:
+        """Between rollouts (before a weight sync): restart engines whose process died since (the recovery's
+        check); the sync that follows gives them the current weights. Returns {"engines": engines(), **restart
+        metrics}. onload: first `onload()` the engines (--offload-rollout; one Ray call for both, and an engine
+        that answered it is running: its process status is not asked again)."""
+        answered: set[int] = set()
+        extra: dict[str, float] = {}
+        if onload and not self.memory_is_host:
+            t0 = time.perf_counter()
+            answered = self._each_reachable(lambda c: c.resume_memory_occupation())
+            extra["time/rollout_onload"] = time.perf_counter() - t0
+        metrics = self.recovery.check_engines(answered)
+        return {"engines": self.engines(), **metrics, **extra}
+
     def flush_cache(self) -> None:
         for c in self.clients:
             c.flush_cache()
@@ -233,7 +251,7 @@ class RolloutEngines(EngineRecovery, EngineFleet):
     # --rollout-engine-max-restarts), and a restarted engine holds its memory already.
     # On host memory (memory_is_host) both are no-ops: the engines keep their weights between rollouts.
     def offload(self) -> None:
-        self.health_pause()
+        self.recovery.health_pause()
         if not self.memory_is_host:
             self._each_reachable(lambda c: c.release_memory_occupation())
 
@@ -243,8 +261,7 @@ class RolloutEngines(EngineRecovery, EngineFleet):
 
     def shutdown(self) -> None:
         ray = self._ray()
-        if self.health_monitor is not None:
-            self.health_monitor.stop()
+        self.recovery.stop()
         if self._proxy is not None:
             self._proxy.stop()
         if self.sglang_router is not None:
@@ -293,7 +310,15 @@ class RolloutEngines(EngineRecovery, EngineFleet):
     def generation(self, idx: int) -> int:
         """A token that changes when engine `idx` is restarted; behind sglang-router (which picks the engine)
         it changes when any engine is."""
-        return sum(self._generation) if self.sglang_router is not None else self._generation[idx]
+        return self.recovery.generation(idx)
+
+    def report_failure(self, idx: int, generation: int, error: BaseException, resync: bool = True) -> None:
+        """A request could not reach engine `idx` (the recovery restarts it, or raises RolloutError)."""
+        self.recovery.report_failure(idx, generation, error, resync)
+
+    def note_version(self, idx: int, version: str | None) -> None:
+        """The weight version engine `idx` answered a request with (the recovery compares a restarted one's)."""
+        self.recovery.note_version(idx, version)
 
     def wait_unpaused(self) -> None:
         self._unpaused.wait()

@@ -10,9 +10,11 @@ checksum-verified), else the trainer's next sync does. Metrics: rollout/engine_r
 rollout/engine_restart_seconds (from the failure to the engine serving again), rollout/engine_resyncs,
 rollout/health_check_restarts.
 
-`EngineRecovery` is a mixin of `slime.ray.engine_fleet.RolloutEngines`: it keeps the restart state and reads
-the fleet's engines (`args`, `n`, `actors`, `urls`, `clients`, `router`, `sglang_router`, `_token`,
-`engines()`, `_each_reachable`, `_ray`), which the fleet's lifecycle owns.
+`EngineRecovery` is an object the fleet (`slime.ray.engine_fleet.RolloutEngines.recovery`) owns, built once the
+engines run. It gets what it acts on: its flags (`RecoverySettings`), the fleet's engine actors, URLs and clients
+(the fleet's own lists: a restart replaces an engine's URL and client in them), the run's token, the routers and
+the fleet's `engines()` (the list a re-sync sends the weights to). It keeps the restart state, which the fleet
+reads through `is_down`, `restarts` and `generation`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import contextlib
 import logging
 import threading
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable, Collection
 
 from slime.rollout.errors import RolloutError
 from slime.utils.http_client import EngineClient, EngineError
@@ -29,9 +32,37 @@ from slime.utils.http_client import EngineClient, EngineError
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class RecoverySettings:
+    """The flags fault tolerance reads."""
+
+    max_restarts: int  # --rollout-engine-max-restarts, per engine
+    startup_timeout: float  # --rollout-engine-startup-timeout (sglang-router's wait for a restarted worker)
+    health_checks: bool  # --use-fault-tolerance
+    health_check_interval: float  # --rollout-health-check-interval
+    health_check_timeout: float  # --rollout-health-check-timeout
+    health_check_first_wait: float  # --rollout-health-check-first-wait
+
+    @classmethod
+    def from_args(cls, args: Any) -> "RecoverySettings":
+        return cls(max_restarts=int(args.rollout_engine_max_restarts),
+                   startup_timeout=float(args.rollout_engine_startup_timeout),
+                   health_checks=bool(args.use_fault_tolerance),
+                   health_check_interval=float(args.rollout_health_check_interval),
+                   health_check_timeout=float(args.rollout_health_check_timeout),
+                   health_check_first_wait=float(args.rollout_health_check_first_wait))
+
+
 class EngineRecovery:
-    def _init_recovery(self) -> None:
-        """The restart state, per engine and for the fleet (called once the engines run)."""
+    def __init__(self, settings: RecoverySettings, *, actors: list, urls: list[str], clients: list[EngineClient],
+                 token: str, router: Any, sglang_router: Any, engines: Callable[[], list[dict[str, Any]]]) -> None:
+        """actors, urls, clients: the fleet's lists, an entry per engine; router: the in-process Router (in-flight
+        accounting, usable engines; None without engines); sglang_router: the SGLangRouter in front of the
+        engines, or None; engines: the fleet's running engines as the weight sync takes them."""
+        self.settings = settings
+        self.actors, self.urls, self.clients, self._token = actors, urls, clients, token
+        self.router, self.sglang_router, self._engines = router, sglang_router, engines
+        self.n = len(actors)
         self._generation = [0] * self.n  # changes when the engine is restarted (requests compare it)
         self._restarts = [0] * self.n
         self._down: set[int] = set()  # restarts used up or failed: left out of engines()
@@ -46,20 +77,43 @@ class EngineRecovery:
         self._resyncs = 0
         self._health_restarts = 0
         self._serving = 0  # rollouts / evaluations running: a restarted engine is re-synced at once only then
-        self.rollout_id: int | None = None  # the rollout in progress (named in failure records)
+        self.rollout_id: int | None = None  # the rollout in progress (named in failure records; the data path sets it)
         self.health_monitor = self._start_health_monitor()
+
+    @staticmethod
+    def _ray():
+        import ray
+
+        return ray
+
+    # ------------------------------------------------------------------ what the fleet reads
+    def is_down(self, idx: int) -> bool:
+        """Restarts used up or failed: the engine is left out of the fleet's engines()."""
+        return idx in self._down
+
+    def restarts(self, idx: int) -> int:
+        """How often engine `idx` was restarted (the `instance` of its engine-list entry)."""
+        return self._restarts[idx]
+
+    def generation(self, idx: int) -> int:
+        """A token that changes when engine `idx` is restarted; behind sglang-router (which picks the engine)
+        it changes when any engine is."""
+        return sum(self._generation) if self.sglang_router is not None else self._generation[idx]
+
+    def stop(self) -> None:
+        if self.health_monitor is not None:
+            self.health_monitor.stop()
 
     # ------------------------------------------------------------------ health checks (--use-fault-tolerance)
     def _start_health_monitor(self):
         """The health-check loop (slime.ray.health_monitor), paused until a rollout starts."""
-        if not self.args.use_fault_tolerance or not self.n:
+        if not self.settings.health_checks or not self.n:
             return None
         from slime.ray.health_monitor import EngineHealthMonitor
 
-        a = self.args
-        monitor = EngineHealthMonitor(self.n, self._health_check, self._restart_unhealthy,
-                                      a.rollout_health_check_interval, a.rollout_health_check_timeout,
-                                      a.rollout_health_check_first_wait)
+        s = self.settings
+        monitor = EngineHealthMonitor(self.n, self._health_check, self._restart_unhealthy, s.health_check_interval,
+                                      s.health_check_timeout, s.health_check_first_wait)
         monitor.start()
         return monitor
 
@@ -111,17 +165,10 @@ class EngineRecovery:
         self._trainer = list(trainer_actors)
         self._offload_train = bool(offload_train)
 
-    def check_engines(self, onload: bool = False) -> dict[str, Any]:
+    def check_engines(self, answered: Collection[int] = ()) -> dict[str, float]:
         """Between rollouts (before a weight sync): restart engines whose process died since; the sync that
-        follows gives them the current weights. Returns {"engines": engines(), **restart metrics}.
-        onload: first `onload()` the engines (--offload-rollout; one Ray call for both, and an engine that
-        answered it is running: its process status is not asked again)."""
-        answered: set[int] = set()
-        extra: dict[str, float] = {}
-        if onload and not self.memory_is_host:
-            t0 = time.perf_counter()
-            answered = self._each_reachable(lambda c: c.resume_memory_occupation())
-            extra["time/rollout_onload"] = time.perf_counter() - t0
+        follows gives them the current weights. answered: engines that just answered a call (running: their
+        process status is not asked again). Returns the restart metrics of this check."""
         self.health_pause()  # the sync begins: an engine busy loading weights must not count as hung
         before = self.restart_counters()
         for idx in range(self.n):
@@ -135,12 +182,12 @@ class EngineRecovery:
                 from slime.ray.health_monitor import HealthCheckFailed
 
                 try:
-                    self._health_check(idx, float(self.args.rollout_health_check_timeout))
+                    self._health_check(idx, self.settings.health_check_timeout)
                 except HealthCheckFailed as e:
                     logger.error("health check before the weight sync: rollout engine %d did not answer (%s); "
                                  "restarting it", idx, e)
                     self._restart_unhealthy(idx, e.token, str(e), resync=False)
-        return {"engines": self.engines(), **self.restart_metrics(before), **extra}
+        return self.restart_metrics(before)
 
     def restart_counters(self) -> tuple[int, float, int, int]:
         return sum(self._restarts), self._restart_seconds, self._resyncs, self._health_restarts
@@ -215,7 +262,7 @@ class EngineRecovery:
 
                 try:  # the router health-checks a new worker within seconds (--worker-startup-check-interval 1)
                     self.sglang_router.add_worker(self.urls[idx])
-                    self.sglang_router.wait_worker(self.urls[idx], min(120.0, float(self.args.rollout_engine_startup_timeout)))
+                    self.sglang_router.wait_worker(self.urls[idx], min(120.0, self.settings.startup_timeout))
                 except RouterError as e:
                     raise RolloutError(f"rollout engine {idx} restarted but sglang-router does not take it: {e}") from e
             elif not on and self.urls[idx] in self.sglang_router.workers:
@@ -235,7 +282,7 @@ class EngineRecovery:
                   "rollout_id": self.rollout_id, "error": str(error), "report": report, "time": time.time()}
         self._failures.append(record)
         logger.error("rollout engine %d failed during rollout %s: %s", idx, self.rollout_id, report)
-        if self._restarts[idx] >= int(self.args.rollout_engine_max_restarts):
+        if self._restarts[idx] >= self.settings.max_restarts:
             self._generation[idx] += 1
             self._down.add(idx)
             if not self.router.any_usable():
@@ -284,7 +331,7 @@ class EngineRecovery:
         """Have the trainer push its current weights (`version`) to restarted engine `idx` alone, verified
         by checksum like every sync; returns the engine's weight version afterwards (None if it failed)."""
         ray = self._ray()
-        engine = [e for e in self.engines() if e["url"] == self.urls[idx]]
+        engine = [e for e in self._engines() if e["url"] == self.urls[idx]]
         try:
             if self._offload_train:
                 ray.get([a.onload.remote() for a in self._trainer])

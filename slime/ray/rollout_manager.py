@@ -1,5 +1,5 @@
 """`RolloutManager`: the Ray actor of the rollout side. It owns the engine fleet (slime.ray.engine_fleet:
-start, routing, memory; slime.ray.engine_recovery: engine death, restarts, re-sync, health checks) and the
+start, routing, memory; its `recovery`, slime.ray.engine_recovery: engine death, restarts, re-sync, health checks) and the
 data path (slime.rollout.data_path: prompts, rollouts, rewards, the trainer's payload, evaluation), and
 delegates each call to one of them.
 
@@ -57,7 +57,7 @@ class RolloutManager:
         and length summary. with_samples: also return the Sample objects (tests, tools). offload: then
         `offload()` the engines (--offload-rollout), in the same Ray call (metric time/rollout_offload)."""
         started, t_start = time.time(), time.perf_counter()
-        with self.fleet.serving():
+        with self.fleet.recovery.serving():
             samples, metrics = self.data.rollout(rollout_id, self.fleet)
         payload, metrics = self.data.train_data(rollout_id, samples, metrics, started)
         # engines: the list after this rollout (restarts happen during one), for the weight sync that follows
@@ -78,12 +78,12 @@ class RolloutManager:
 
     def eval(self, rollout_id: int) -> dict[str, float]:
         """Evaluation rollouts on --eval-prompt-data with the eval sampling flags (slime.rollout.evaluation)."""
-        with self.fleet.serving():
+        with self.fleet.recovery.serving():
             return self.data.evaluate(rollout_id, self.fleet)
 
     def progress(self) -> dict[str, Any]:
         p = self.data.progress
-        return {"rollout_id": self.fleet.rollout_id, "done": p.done if p else 0, "reissued": p.reissued if p else 0}
+        return {"rollout_id": self.fleet.recovery.rollout_id, "done": p.done if p else 0, "reissued": p.reissued if p else 0}
 
     def state(self) -> dict[str, Any] | None:
         return self.data.state()
@@ -120,13 +120,13 @@ class RolloutManager:
         return self.fleet.routing()
 
     def set_weight_source(self, trainer_actors: list, offload_train: bool = False) -> None:
-        self.fleet.set_weight_source(trainer_actors, offload_train)
+        self.fleet.recovery.set_weight_source(trainer_actors, offload_train)
 
     def check_engines(self, onload: bool = False) -> dict[str, Any]:
         return self.fleet.check_engines(onload)
 
     def failures(self) -> list[dict[str, Any]]:
-        return self.fleet.failures()
+        return self.fleet.recovery.failures()
 
     def pause(self, mode: str = "abort") -> None:
         self.fleet.pause(mode)

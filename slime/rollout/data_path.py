@@ -5,8 +5,9 @@ training data the trainer ranks read (flat arrays, slime.rollout.train_payload);
 (slime.rollout.evaluation, or upstream's eval function).
 
 The fleet is the manager's engine fleet (slime.ray.engine_fleet.RolloutEngines): the generation loop's
-`EngineFleet` plus the calls a rollout makes around it (re-admit re-synced engines, note the weight versions,
-count restarts, run the health checks while generating).
+`EngineFleet` plus the plugins' address; the calls a rollout makes around generation (re-admit re-synced engines,
+note the weight versions, count restarts, run the health checks while generating) go to its `recovery`
+(slime.ray.engine_recovery.EngineRecovery).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class RolloutDataPath:
         if self.args.load_debug_rollout_data:  # replay: the saved samples instead of the engines' (upstream's)
             from slime.rollout import debug_data
 
-            fleet.rollout_id = rollout_id
+            fleet.recovery.rollout_id = rollout_id
             return debug_data.load_rollout(self.args.load_debug_rollout_data, rollout_id,
                                            self.args.load_debug_rollout_data_subsample), {}
         plugin = uses_plugin_rollout(self.args)
@@ -74,21 +75,21 @@ class RolloutDataPath:
             raise RolloutError("--debug-train-only starts no rollout engine: replay saved rollouts with "
                                "--load-debug-rollout-data PATH, or name a --rollout-function-path that needs none "
                                "(e.g. slime.rollout.sft_rollout.generate_rollout)")
-        fleet.refresh_versions()
-        health = fleet.note_current_versions()
-        fleet.rollout_id = rollout_id
+        fleet.recovery.refresh_versions()
+        health = fleet.recovery.note_current_versions()
+        fleet.recovery.rollout_id = rollout_id
         from slime.rollout.sample_hooks import set_current_rollout_id
 
         set_current_rollout_id(rollout_id)
         self.progress = _Counters()
-        before = fleet.restart_counters()
-        fleet.health_resume()  # until the engines are offloaded or the weight sync begins (upstream's window)
+        before = fleet.recovery.restart_counters()
+        fleet.recovery.health_resume()  # until the engines are offloaded or the weight sync begins (upstream's window)
         if plugin:
             samples, metrics = self._plugin_rollout(rollout_id, fleet)
         else:
             samples, metrics = generate_rollout(self.args, fleet, self.data_source, self.tokenizer, self.reward_fn,
                                                 self.progress, health=health)
-        metrics.update(fleet.restart_metrics(before))
+        metrics.update(fleet.recovery.restart_metrics(before))
         if self.reward_fn is not None:
             rewards = [reward_value(s.reward, self.args.reward_key) for s in samples]
             metrics["rollout/raw_reward_mean"] = sum(rewards) / len(rewards)
@@ -151,16 +152,16 @@ class RolloutDataPath:
         from slime.rollout.sample_hooks import set_current_rollout_id
 
         set_current_rollout_id(rollout_id)  # what --rollout-sample-hook-path hooks get as rollout_id
-        fleet.health_resume()
+        fleet.recovery.health_resume()
         if plugin_rollout.uses_plugin_eval(self.args):  # upstream's eval function contract
-            fleet.refresh_versions()
-            fleet.rollout_id = rollout_id
+            fleet.recovery.refresh_versions()
+            fleet.recovery.rollout_id = rollout_id
             args = self._plugin_args(fleet)
             return plugin_rollout.run_plugin_eval(args, rollout_id, self._plugin_data_source)
         if self._eval_sets is None:
             self._eval_sets = load_eval_sets(self.args, self.tokenizer)
-        fleet.refresh_versions()
-        fleet.rollout_id = rollout_id
+        fleet.recovery.refresh_versions()
+        fleet.recovery.rollout_id = rollout_id
         data: dict = {}
         metrics = evaluate(self.args, fleet, self._eval_sets, self.tokenizer, self.reward_fn, data)
         debug_data.save_eval(self.args.save_debug_rollout_data, data, rollout_id)
