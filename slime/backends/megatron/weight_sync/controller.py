@@ -192,11 +192,11 @@ class WeightSync:
         self.role.barrier()  # every stage sends only once the engines are paused
         outcome = self._stage(rnd, times)
         outcome = self._gather(rnd, outcome)
-        if self.mode == "disk" and self.controller and outcome.error is None:  # every stage has written
+        if self.mode == "disk" and self.controller:  # every stage has written its files, or failed
             try:
-                self.disk.publish(rnd)
+                self.disk.conclude(rnd, outcome.error)
             except BaseException as e:  # noqa: BLE001 - raised by _resume, after every engine is resumed
-                outcome.error = e
+                outcome.error = outcome.error or e
         self._resume(outcome.error, times)
         metrics = {"weight_sync/bytes": float(outcome.sent_bytes)}
         if self.controller and self.check:

@@ -5,7 +5,8 @@ Every sync writes the exported weights as one complete HF safetensors checkpoint
 (each pipeline stage's sender writes its own files, bucket by bucket), and once every stage has written,
 trainer rank 0 asks every engine to load it (SGLang's `POST /update_weights_from_disk {"model_path",
 "weight_version"}`); the directory is removed after the engines loaded it unless
---update-weight-disk-keep-files. Nothing is shared in memory: the engines may run on other hosts, as long
+--update-weight-disk-keep-files. A sync in which any stage failed publishes nothing: no engine is asked to load,
+and rank 0 removes what the other stages wrote. Nothing is shared in memory: the engines may run on other hosts, as long
 as DIR is on a filesystem they mount at the same path.
 """
 
@@ -38,6 +39,15 @@ class DiskTransport:
 
     def begin(self, rnd: SyncRound) -> "DiskStage":
         return DiskStage(self, rnd)
+
+    def conclude(self, rnd: SyncRound, error: BaseException | None) -> None:
+        """Rank 0, once every stage's outcome is gathered (every sender is done writing): publish when all wrote
+        their files; else remove what the others wrote, so that a partial checkpoint never sits under DIR looking
+        like a complete one (also with --update-weight-disk-keep-files: no engine loaded it)."""
+        if error is None:
+            self.publish(rnd)
+        elif self.root:
+            shutil.rmtree(version_dir(self.root, rnd.version), ignore_errors=True)
 
     def publish(self, rnd: SyncRound) -> None:
         """Rank 0, after every stage wrote its files: every engine loads the checkpoint; then it is removed."""
