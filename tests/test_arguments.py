@@ -136,6 +136,9 @@ def test_memory_flags_defaults_and_parse(tmp_path):
                             "--use-precision-aware-optimizer"))
     assert args.overlap_param_gather and args.recompute_method == "block" and args.recompute_num_layers == 2
     assert args.optimizer_offload_fraction == 1.0
+    from slime.backends.megatron.optimizer import MemoryOptions
+
+    assert MemoryOptions.from_args(args) == MemoryOptions(True, True, True, True, 1.0, True, True)  # each flag read
     args = parse_args(_argv(tmp_path, "--recompute-granularity", "selective", "--recompute-modules", "core_attn", "moe"))
     assert args.recompute_modules == ["core_attn", "moe"]
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import ast
 import functools
 import os
-import re
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOTS = ("slime", "slime_plugins")
@@ -19,10 +18,18 @@ CONFIG_USERS = {
     "slime/backends/megatron/checkpoint/convert.py",  # a command-line tool: reads train.py's flags
     "slime/backends/megatron/checkpoint_convert.py",  # the same tool before the checkpoint package
 }
-# Upstream's plugin API: user code hands these modules namespaces it built itself, as upstream allows.
+# Where getattr(args, name, default) may stay (test_one_source_of_every_default): the configuration layer, which
+# builds the namespace, and modules of upstream's plugin API (docs/plugins.md's tables), which user code calls with
+# namespaces it built itself, as upstream allows.
+CONFIG_LAYER_DIRS = ("slime/config/",)
 USER_NAMESPACES = {"slime/utils/http_utils.py", "slime/utils/types.py", "slime/rollout/sglang_rollout.py",
-                   "slime/rollout/plugin_rollout.py", "slime/rollout/data_source.py"}
-USER_NAMESPACE_DIRS = ("slime/rollout/rm_hub/",)
+                   "slime/rollout/data_source.py", "slime/rollout/rm_hub/__init__.py"}
+# Modules still restating defaults although only the run's own args reach them, each with why it is not done yet.
+# The list only shrinks: an entry with no such getattr left fails the test.
+NOT_YET_CONVERTED = {
+    "slime/rollout/plugin_rollout.py": "the rollout manager's bridge to upstream's plugins reads the run's args; it "
+                                       "is being rewritten with the generation loop (issue 36, item 4)",
+}
 
 
 # Arrows that close a circle when imports inside functions count, each with why it is there (and what would
@@ -239,18 +246,55 @@ def test_components_never_import_the_configuration():
     assert not hits, "components importing slime.config (pass the value in args, or move it below): " + ", ".join(hits)
 
 
-GETATTR_DEFAULT = re.compile(r"getattr\((?:self\.)?(?:args|a|self\.args), *(?:[\"'][a-z_0-9]+[\"']|[a-z_]+), *[^)]")
+# The names a run's namespace goes by: args, self.args, a (the usual local alias), critic_args, ...
+NAMESPACE_NAMES = {"args", "a", "ns", "namespace"}
+
+
+def _is_namespace(node: ast.AST) -> bool:
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+    return name is not None and (name in NAMESPACE_NAMES or name.endswith("_args"))
+
+
+def getattr_defaults(path: str) -> list[tuple[int, str]]:
+    """(line, code) of every getattr(<namespace>, <name>, <default>) in a module: a literal name, one in a
+    variable or computed (getattr(args, f.name, f.default)) alike."""
+    return sorted((node.lineno, ast.unparse(node)) for node in ast.walk(_parse(path))
+                  if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+                  and len(node.args) == 3 and _is_namespace(node.args[0]))
+
+
+def _may_restate_defaults(rel: str) -> bool:
+    return rel.startswith(CONFIG_LAYER_DIRS) or rel in USER_NAMESPACES or rel in NOT_YET_CONVERTED
 
 
 def test_one_source_of_every_default():
     """Parsed args carry every flag at its parser default: restating it (getattr(args, "x", default), also with
-    the flag's name in a variable) lets the two drift. Checked everywhere, the configuration included; modules of
-    upstream's plugin API, which user code calls with namespaces of its own, may."""
+    the flag's name in a variable) lets the two drift; components read args.x. Only the configuration layer and
+    modules of upstream's plugin API, which user code calls with namespaces of its own, may."""
     hits = []
     for path in _modules(REPO).values():
         rel = _relpath(path)
-        if rel in USER_NAMESPACES or rel.startswith(USER_NAMESPACE_DIRS):
-            continue
-        with open(path, encoding="utf-8") as f:
-            hits += [f"{rel}:{i}: {line.strip()}" for i, line in enumerate(f, 1) if GETATTR_DEFAULT.search(line)]
-    assert not hits, "getattr(args, name, default) restates a parser default; read args.name:\n" + "\n".join(hits)
+        if not _may_restate_defaults(rel):
+            hits += [f"{rel}:{line}: {code}" for line, code in getattr_defaults(path)]
+    assert not hits, ("getattr(args, name, default) restates a parser default; read args.name (build test "
+                      "namespaces with the parser):\n" + "\n".join(hits))
+
+
+def test_allowed_getattr_modules_are_plugin_api_and_still_need_it():
+    with open(os.path.join(REPO, "docs", "plugins.md"), encoding="utf-8") as f:
+        plugins_doc = f.read()
+    for rel in USER_NAMESPACES:
+        module = rel[:-3].replace("/", ".").removesuffix(".__init__")
+        assert f"`{module}" in plugins_doc, f"{rel} is not in docs/plugins.md's plugin API: drop it from USER_NAMESPACES"
+    done = [rel for rel in NOT_YET_CONVERTED if not getattr_defaults(os.path.join(REPO, rel))]
+    assert not done, "no getattr(args, name, default) left; delete from NOT_YET_CONVERTED: " + ", ".join(done)
+
+
+def test_getattr_scan_finds_planted_defaults(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("def f(args, self, sample, fields):\n"
+                    "    x = getattr(args, 'x', 1) + getattr(self.args, 'y', None)\n"
+                    "    o = {f.name: getattr(args, f.name, f.default) for f in fields}\n"
+                    "    c = getattr(args.critic_args, 'lr', 0.1) or getattr(a, 'k' + 'z', 0)\n"
+                    "    return getattr(args, 'x'), getattr(sample, 'index', 0), getattr(self, 'z', None)\n")
+    assert [line for line, _ in getattr_defaults(str(path))] == [2, 2, 3, 4, 4]

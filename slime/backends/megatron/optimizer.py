@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 
@@ -37,7 +37,13 @@ class MemoryOptions:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "MemoryOptions":
-        return cls(**{f.name: getattr(args, f.name, f.default) for f in fields(cls)})
+        """From parsed args, which carry every one of these flags at its parser default."""
+        return cls(use_distributed_optimizer=args.use_distributed_optimizer,
+                   overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
+                   optimizer_cpu_offload=args.optimizer_cpu_offload,
+                   optimizer_offload_fraction=args.optimizer_offload_fraction,
+                   overlap_cpu_optimizer_d2h_h2d=args.overlap_cpu_optimizer_d2h_h2d,
+                   use_precision_aware_optimizer=args.use_precision_aware_optimizer)
 
 
 def _param_dtype(model: torch.nn.Module) -> torch.dtype:
