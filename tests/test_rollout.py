@@ -303,6 +303,25 @@ def test_generate_rollout_every_sample_once_despite_failures(engines, tmp_path, 
     assert [s.index for s in more] == list(range(15, 30)) and more[0].group_index == 5
 
 
+def test_generate_rollout_group_rm_scores_each_prompt_once_its_samples_are_generated(engines, tmp_path, tokenizer):
+    """--group-rm on the built-in path: the reward sees one prompt's samples together, each already generated,
+    once per prompt (the generation loop finishes a group with its reward), and the per-sample reward is not
+    called."""
+    _, clients = engines
+    args, ds = _rollout_setup(tmp_path, tokenizer)
+    args.group_rm = True
+    seen = []
+
+    def group_reward(a, samples):
+        assert all(s.response_length >= 1 and s.status != SampleStatus.PENDING for s in samples)
+        seen.append([s.index for s in samples])
+        return [float(s.index) + 0.5 for s in samples]
+
+    samples, _ = generate_rollout(args, _Fleet(clients, fail=2), ds, tokenizer, group_reward)
+    assert sorted(seen) == [[3 * g, 3 * g + 1, 3 * g + 2] for g in range(5)]  # a prompt's group, once
+    assert [s.reward for s in samples] == [i + 0.5 for i in range(15)]
+
+
 def test_generate_rollout_gives_up_loudly(engines, tmp_path, tokenizer):
     _, clients = engines
     args, ds = _rollout_setup(tmp_path, tokenizer)

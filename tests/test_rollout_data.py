@@ -309,12 +309,14 @@ def test_built_in_evaluation_hands_upstream_eval_data_to_the_eval_log_hook(monke
     from slime.rollout.eval_datasets import EvalDataset
     from slime.rollout.sample import SampleStatus
 
-    def fake_run(sampling, fleet, samples, tokenizer, reward_fn, **kwargs):
+    def fake_run(sampling, generator, groups):
+        samples = [s for g in groups for s in g]
         for i, s in enumerate(samples):
             s.response_length, s.reward = 2, float(i % 2)
             s.status = SampleStatus.TRUNCATED if i == 0 else SampleStatus.COMPLETED
+        return samples
 
-    monkeypatch.setattr(evaluation, "run_samples", fake_run)
+    monkeypatch.setattr(evaluation, "generate_groups", fake_run)
     class OnePrompt:
         def __len__(self):
             return 1

@@ -178,10 +178,11 @@ class RolloutEngines(EngineFleet):
             return self.sglang_router.url
         return self.urls[0] if self.urls else None
 
-    def plugin_url(self) -> str | None:
+    def plugin_url(self, counters: Any) -> str | None:
         """Where upstream's plugins send requests (args.sglang_router_ip/port): the fleet proxy
         (slime.rollout.fleet_proxy), which spreads them over the engines (or sends them to the sglang-router)
-        and re-sends a request lost to a dead engine once the fleet has restarted it. None: no engine."""
+        and re-sends a request lost to a dead engine once the fleet has restarted it, counting it in `counters`
+        (the rollout's generate._Counters). None: no engine."""
         if not self.n:
             return None
         if self._proxy is None:
@@ -192,6 +193,7 @@ class RolloutEngines(EngineFleet):
                                      lambda: [e["url"] for e in self.engines()])
             logger.info("plugin requests go to %s (in front of the engine fleet)", self._proxy.url)
         self._proxy.fatal = None  # a new rollout: engines restarted between rollouts serve again
+        self._proxy.counters = counters
         return self._proxy.url
 
     def plugin_failure(self) -> RolloutError | None:

@@ -1,6 +1,7 @@
 """The rollout manager's data path: prompts (`--prompt-data`, the manager's data source, saved with
-checkpoints), one rollout over the engine fleet (the built-in loop, slime.rollout.generate; upstream's plugin
-contracts, slime.rollout.plugin_rollout; or samples saved by --save-debug-rollout-data), rewards, and the
+checkpoints), one rollout over the engine fleet (the generation loop, slime.rollout.streaming, over the built-in
+transport, slime.rollout.generate, or over upstream's plugin contracts, slime.rollout.plugin_rollout; or samples
+saved by --save-debug-rollout-data), rewards, and the
 training data the trainer ranks read (flat arrays, slime.rollout.train_payload); and evaluation
 (slime.rollout.evaluation, or upstream's eval function).
 
@@ -95,12 +96,13 @@ class RolloutDataPath:
             metrics["rollout/raw_reward_mean"] = sum(rewards) / len(rewards)
         return samples, metrics
 
-    def _plugin_args(self, fleet: Any):
-        """Upstream's plugin contracts (slime.rollout.plugin_rollout): args naming the router, and upstream's
-        data source (made once, over the manager's prompts)."""
+    def _plugin_args(self, fleet: Any, counters: _Counters):
+        """Upstream's plugin contracts (slime.rollout.plugin_rollout): args naming the router (the fleet proxy,
+        which counts its re-sent requests in `counters`), and upstream's data source (made once, over the
+        manager's prompts)."""
         from slime.rollout import plugin_rollout
 
-        args = plugin_rollout.plugin_args(self.args, fleet.plugin_url(), fleet.n, fleet.clients)
+        args = plugin_rollout.plugin_args(self.args, fleet.plugin_url(counters), fleet.n, fleet.clients)
         if self._plugin_data_source is None:
             self._plugin_data_source = plugin_rollout.make_data_source(args, self.data_source, self.tokenizer)
         return args
@@ -108,9 +110,9 @@ class RolloutDataPath:
     def _plugin_rollout(self, rollout_id: int, fleet: Any):
         from slime.rollout import plugin_rollout
 
-        args = self._plugin_args(fleet)
+        args = self._plugin_args(fleet, self.progress)
         try:
-            out = plugin_rollout.run_plugin_rollout(args, rollout_id, self._plugin_data_source)
+            samples, metrics = plugin_rollout.run_plugin_rollout(args, rollout_id, self._plugin_data_source)
         except Exception as e:
             fatal = fleet.plugin_failure()  # the cause, rather than the plugin's last failed request
             if fatal is not None:
@@ -118,7 +120,8 @@ class RolloutDataPath:
             raise
         if fleet.plugin_failure() is not None:  # a plugin that caught its failed requests
             raise fleet.plugin_failure()
-        return out
+        metrics["rollout/reissued_requests"] = float(self.progress.reissued)  # as the built-in transport's
+        return samples, metrics
 
     def train_data(self, rollout_id: int, samples: list, metrics: dict[str, Any], started: float):
         """The trainer's payload of the rollout's samples (flat arrays; --custom-convert-samples-to-train-data-path
@@ -156,7 +159,7 @@ class RolloutDataPath:
         if plugin_rollout.uses_plugin_eval(self.args):  # upstream's eval function contract
             fleet.recovery.refresh_versions()
             fleet.recovery.rollout_id = rollout_id
-            args = self._plugin_args(fleet)
+            args = self._plugin_args(fleet, _Counters())
             return plugin_rollout.run_plugin_eval(args, rollout_id, self._plugin_data_source)
         if self._eval_sets is None:
             self._eval_sets = load_eval_sets(self.args, self.tokenizer)

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from slime.rollout import rm_hub
-from slime.rollout.data_source import JsonlDataSource
+from slime.rollout.data_source import JsonlDataSource, make_samples
 from slime.rollout.eval_datasets import EvalDataset, eval_dataset_list, resolve_eval_dataset
-from slime.rollout.generate import RolloutError, make_samples, run_samples
+from slime.rollout.errors import RolloutError
+from slime.rollout.generate import FleetGroups, _Counters, generate_groups
 from slime.rollout.rewards import reward_value
 from slime.rollout.sample import SampleStatus
 
@@ -65,12 +66,14 @@ def evaluate(args: argparse.Namespace, fleet: Any, sets: list[EvalSet], tokenize
         n = config.n_samples_per_eval_prompt
         t0 = time.perf_counter()
         items = s.source.next_batch(len(s.source))  # no shuffle: every prompt once, in file order
-        samples = make_samples(items, n, range(base, base + len(items) * n))
-        for x in samples:
+        fresh = make_samples(items, n, range(base, base + len(items) * n))
+        for x in fresh:
             config.prepare(x)
         base += len(items) * n
-        run_samples(sampling, fleet, samples, tokenizer, set_reward, evaluation=True,
-                    extra_params=config.extra_sampling_params())
+        # the generation loop over the built-in transport, as a training rollout (one group per prompt)
+        generator = FleetGroups(sampling, fleet, tokenizer, set_reward, _Counters(), evaluation=True,
+                                extra_params=config.extra_sampling_params())
+        samples = generate_groups(sampling, generator, [fresh[i:i + n] for i in range(0, len(fresh), n)])
         rewards = [reward_value(x.reward, sampling.reward_key) for x in samples]
         lengths = [x.response_length for x in samples]
         prefix = f"eval/{s.name}"

@@ -7,9 +7,10 @@ those requests and sends each the way the built-in loop (slime.rollout.generate)
 
 - to the engine the fleet picks (`acquire`: least requests in flight among the usable engines), or, with
   sglang-router in front of the engines, to the router (`generation_client`), which stays the single target;
-- a request that gets no answer (engine process dead), or a router 5xx (its worker died), is reported to the
-  fleet (`report_failure`: restart, re-sync of the run's weights, or RolloutError when no engine is left) and
-  sent again to a live engine, at most MAX_FAILED_ATTEMPTS times;
+- a request that gets no answer (engine process dead), or a router 5xx (its worker died), is counted as
+  re-issued and reported to the fleet (`generate.lose_request`, the built-in sender's own path: restart,
+  re-sync of the run's weights, or RolloutError when no engine is left) and sent again to a live engine, at
+  most MAX_FAILED_ATTEMPTS times; the count goes to `counters` (the rollout's, rollout/reissued_requests);
 - any other reply, error statuses included, goes back to the plugin as the engine gave it (bytes and status).
 
 `GET /list_workers` answers `{"urls": [...]}` of the serving engines (sglang-router's endpoint, which
@@ -25,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from slime.rollout.errors import RolloutError
-from slime.rollout.generate import MAX_FAILED_ATTEMPTS, EngineFleet
+from slime.rollout.generate import MAX_FAILED_ATTEMPTS, EngineFleet, _Counters, lose_request
 from slime.rollout.router import NoEngineAvailable
 from slime.utils.http_client import EngineUnreachable, HttpClient
 
@@ -47,7 +48,7 @@ class FleetProxy(ThreadingHTTPServer):
         self._clients: dict[str, HttpClient] = {}
         self._lock = threading.Lock()
         self.forwarded = 0  # requests answered by an engine (tests, logs)
-        self.resent = 0  # requests sent again after their engine was lost
+        self.counters = _Counters()  # the rollout in progress's (set by the fleet for each plugin rollout)
         super().__init__((host, 0), _Handler)
         self._thread = threading.Thread(target=self.serve_forever, name="fleet-proxy", daemon=True)
         self._thread.start()
@@ -92,10 +93,9 @@ class FleetProxy(ThreadingHTTPServer):
                     self.forwarded += 1
                     return status, raw
                 error = RuntimeError(f"sglang-router answered {status}: {raw[:200].decode(errors='replace')}")
-            fleet.release(idx, served=False)
-            self.resent += 1
             try:
-                fleet.report_failure(idx, gen, error)  # restarts the engine (and re-syncs it) before we go on
+                # counted, then the engine restarted (and re-synced) before we go on
+                lose_request(fleet, idx, gen, error, self.counters, 1)
             except RolloutError as e:
                 self.fatal = e
                 logger.error("plugin requests: %s", e)

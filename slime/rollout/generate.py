@@ -12,6 +12,8 @@ The rollout either returns every sample exactly once, completed and rewarded, or
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import threading
 import time
 from collections import deque
@@ -19,12 +21,16 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any
 
 from slime.rollout.data_source import make_samples
+from slime.rollout.engine_times import EngineTimes
 from slime.rollout.errors import RolloutError
+from slime.rollout.filter_hub.base_types import MetricGatherer
 from slime.rollout.rewards import RewardFn, compute_group_rewards, compute_reward, compute_rewards
 from slime.rollout.sample import Sample, SampleStatus
 from slime.rollout.sample_hooks import apply_in_place
 # request_concurrency: --sglang-server-concurrency x engines, within --max-concurrency
 from slime.rollout.settings import STREAMING_FLAGS, request_concurrency
+from slime.rollout.streaming import sort_groups, stream_groups
+from slime.utils.async_utils import run
 from slime.utils.http_client import EngineClient, EngineError, EngineUnreachable
 
 MAX_FAILED_ATTEMPTS = 8  # per sample: engine failures it may survive
@@ -112,57 +118,6 @@ class _Counters:
                 setattr(self, k, getattr(self, k) + v)
 
 
-class EngineTimes:
-    """Engine-side time of one rollout: differences of each engine's cumulative stats (the embedded engine
-    reports them in /health), read before its first request of the rollout and after the last. Engines
-    without stats (SGLang) or restarted during the rollout (counters start again) are left out."""
-
-    def __init__(self, fleet: EngineFleet, health: dict[int, Any] | None = None) -> None:
-        """health: /health replies the caller read from engines just before the rollout (the snapshot then
-        starts from them instead of asking again)."""
-        self.fleet = fleet
-        self.lock = threading.Lock()
-        self.before: dict[int, dict[str, float] | None] = {}
-        self.health = dict(health or {})
-
-    def first_use(self, idx: int) -> None:
-        if idx in self.before:
-            return
-        with self.lock:  # the snapshot precedes every request of this rollout to the engine
-            if idx not in self.before:
-                given = self.health.pop(idx, None)
-                self.before[idx] = (_stats_of(given) if given is not None
-                                    else _engine_stats(self.fleet.client(idx)))
-
-    def metrics(self) -> dict[str, float]:
-        deltas = []
-        for idx, before in self.before.items():
-            after = _engine_stats(self.fleet.client(idx))
-            if before is None or after is None or after.get("wave_seconds", 0.0) < before.get("wave_seconds", 0.0):
-                continue
-            deltas.append({k: float(after.get(k, 0.0)) - float(before.get(k, 0.0)) for k in after})
-        if not deltas:
-            return {}
-        # Engines generate in parallel: the busiest one bounds the rollout.
-        return {"rollout/engine_generate_time": max(d.get("wave_seconds", 0.0) for d in deltas),
-                "rollout/engine_forward_time": max(d.get("forward_seconds", 0.0) for d in deltas),
-                "rollout/engine_waves": sum(d.get("waves", 0.0) for d in deltas),
-                "rollout/engine_joins": sum(d.get("joins", 0.0) for d in deltas)}
-
-
-def _engine_stats(client: Any) -> dict[str, float] | None:
-    try:
-        health = client.get("/health", timeout=10.0)
-    except Exception:  # no stats (an engine without them, a stand-in client, an engine that is down)
-        return None
-    return _stats_of(health)
-
-
-def _stats_of(health: Any) -> dict[str, float] | None:
-    stats = health.get("stats") if isinstance(health, dict) else None
-    return stats if isinstance(stats, dict) and "wave_seconds" in stats else None
-
-
 def _finish_sample(sample: Sample, out: dict[str, Any], idx: int, tokenizer: Any,
                    skip_special_tokens: bool = False, routes: Any = None) -> None:
     """routes: the args (num_layers, moe_router_topk) to read meta_info's routed experts and indexer top-k
@@ -248,6 +203,17 @@ async def _await(x: Any) -> Any:
     return await x
 
 
+def lose_request(fleet: EngineFleet, idx: int, gen: int, error: BaseException, counters: _Counters,
+                 samples: int) -> None:
+    """A request engine `idx` never answered (its process died; behind sglang-router, a 5xx): it is counted as
+    re-issued (`samples` of them, rollout/reissued_requests) and reported to the fleet, which restarts and
+    re-syncs the engine or raises RolloutError when none is left. The caller sends it again. Both transports of
+    the generation loop take this one path: the built-in sender and the plugins' fleet proxy."""
+    fleet.release(idx, served=False)
+    counters.add(reissued=samples)
+    fleet.report_failure(idx, gen, error)
+
+
 class _Attempts:
     __slots__ = ("failures", "aborts", "last_error")
 
@@ -306,13 +272,14 @@ class _Sender:
 
     def __init__(self, args: Any, fleet: EngineFleet, queue: _WorkQueue, custom: Any, behind_router: bool,
                  tokenizer: Any, reward_fn: RewardFn | None, counters: _Counters, engine_times: EngineTimes | None,
-                 evaluation: bool, extra_params: dict[str, Any] | None) -> None:
+                 evaluation: bool, extra_params: dict[str, Any] | None, on_done: Any = None) -> None:
         """custom: the --custom-generate-function-path function (or None); behind_router: generation goes
-        through sglang-router (fleet.behind_router())."""
+        through sglang-router (fleet.behind_router()); on_done: called with each request's finished samples."""
         self.args, self.fleet, self.queue, self.custom, self.behind_router = args, fleet, queue, custom, behind_router
         self.tokenizer, self.reward_fn = tokenizer, reward_fn
         self.counters, self.engine_times, self.evaluation = counters, engine_times, evaluation
         self.extra_params = extra_params or {}
+        self.on_done = on_done
         self.timeout = float(args.rollout_request_timeout)
         # --use-rollout-routing-replay: the engines return each sample's routed experts
         self.routed = {"return_routed_experts": True} if args.use_rollout_routing_replay else {}
@@ -343,12 +310,10 @@ class _Sender:
 
     def _lost(self, batch: list[Sample], idx: int, gen: int, error: EngineError) -> None:
         """The request never came back: the fleet restarts the engine (or raises RolloutError), then re-issue."""
-        self.fleet.release(idx, served=False)
         for s in batch:
             self.attempts[s.index].failures += 1
             self.attempts[s.index].last_error = error
-        self.counters.add(reissued=len(batch))
-        self.fleet.report_failure(idx, gen, error)
+        lose_request(self.fleet, idx, gen, error, self.counters, len(batch))
         self.queue.retry(batch)
 
     def _send_custom(self, sample: Sample, idx: int, gen: int, params: dict[str, Any]) -> None:
@@ -365,8 +330,7 @@ class _Sender:
         apply_in_place(self.args, sample, self.evaluation)
         if self.reward_fn is not None and not self.args.group_rm:
             sample.reward = compute_reward(self.reward_fn, self.args, sample)
-        self.counters.add(done=1)
-        self.queue.done(1)
+        self._done([sample])
 
     def _send_batch(self, batch: list[Sample], idx: int, gen: int, params: list[dict[str, Any]]) -> None:
         """One /generate request for the run (a list of prompts; a single prompt when it is one)."""
@@ -395,6 +359,12 @@ class _Sender:
                                f"{len(outs) if isinstance(outs, list) else type(outs).__name__} results")
         self._take_answers(batch, idx, outs)
 
+    def _done(self, finished: list[Sample]) -> None:
+        if self.on_done is not None:
+            self.on_done(finished)
+        self.counters.add(done=len(finished))
+        self.queue.done(len(finished))
+
     def _take_answers(self, batch: list[Sample], idx: int, outs: list[dict[str, Any]]) -> None:
         args = self.args
         again: list[Sample] = []
@@ -418,18 +388,19 @@ class _Sender:
             for s, reward in zip(finished, compute_rewards(self.reward_fn, args, finished)):
                 s.reward = reward
         if finished:
-            self.counters.add(done=len(finished))
-            self.queue.done(len(finished))
+            self._done(finished)
         if again:
             self.queue.retry(again)
 
 
 def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer: Any, reward_fn: RewardFn | None,
                 progress: _Counters | None = None, engine_times: EngineTimes | None = None,
-                evaluation: bool = False, extra_params: dict[str, Any] | None = None) -> _Counters:
+                evaluation: bool = False, extra_params: dict[str, Any] | None = None,
+                on_done: Any = None) -> _Counters:
     """Generate (and score) every sample in place. Raises RolloutError on the first unrecoverable failure.
     Each finished sample passes through --rollout-sample-hook-path before its reward. extra_params: sampling
-    params no rollout flag sets (an eval set's min_new_tokens, repetition_penalty), added to every request's.
+    params no rollout flag sets (an eval set's min_new_tokens, repetition_penalty), added to every request's;
+    on_done(samples): called (on a sending thread) with each request's finished and scored samples.
 
     Workers take up to `samples_per_request` pending samples each and send them as one /generate request
     (a list of prompts; a single prompt when it is one); lost or aborted samples go back to the queue.
@@ -440,7 +411,7 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
     behind_router = bool(fleet.behind_router())
     queue = _WorkQueue(samples, chunk, args if behind_router else None)
     sender = _Sender(args, fleet, queue, custom, behind_router, tokenizer, reward_fn, counters, engine_times,
-                     evaluation, extra_params)
+                     evaluation, extra_params, on_done)
 
     def worker() -> None:
         try:
@@ -491,13 +462,100 @@ def check_exactly_once(samples: list[Sample], expected: range) -> None:
         raise RolloutError(f"rollout returned sample indices {got[:8]}... but expected {expected}; this is a bug")
 
 
+class FleetGroups:
+    """The built-in transport as a group generator of the generation loop (slime.rollout.streaming): each
+    submission's samples, in submission order, go out as batched /generate requests over the fleet
+    (`run_samples`, on a worker thread), so the requests and their order (which the embedded engine's batching,
+    and with it the seeded outputs, depend on) are those of one `run_samples` over the submitted samples. A
+    group's task finishes once its last sample is generated and scored, with its --group-rm reward (training).
+    Nothing is cut short: at `abort` the groups still generating finish and are dropped (this path has no
+    partial rollout to hand them back to)."""
+
+    def __init__(self, args: Any, fleet: EngineFleet, tokenizer: Any, reward_fn: RewardFn | None,
+                 counters: _Counters, engine_times: EngineTimes | None = None, evaluation: bool = False,
+                 extra_params: dict[str, Any] | None = None) -> None:
+        self.args, self.fleet, self.tokenizer, self.reward_fn = args, fleet, tokenizer, reward_fn
+        self.counters, self.engine_times, self.evaluation = counters, engine_times, evaluation
+        self.extra_params = extra_params
+        self.group_rewards = not evaluation and reward_fn is not None and bool(args.group_rm)
+        self.jobs: list[asyncio.Future] = []
+        self.reset()
+
+    def reset(self) -> None:
+        self.remaining_batch_size = 0
+        self.pendings: set[asyncio.Future] = set()
+
+    def submit_generate_tasks(self, groups: list[list[Sample]]) -> None:
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in groups]
+        group_of = {s.index: i for i, g in enumerate(groups) for s in g}
+        left = [len(g) for g in groups]
+        lock = threading.Lock()
+
+        def finished(samples: list[Sample]) -> None:  # on a sending thread, before the samples count as done
+            with lock:
+                whole = []
+                for s in samples:
+                    left[group_of[s.index]] -= 1
+                    if not left[group_of[s.index]]:
+                        whole.append(group_of[s.index])
+            for i in whole:
+                if self.group_rewards:  # --group-rm: the reward sees a prompt's samples together
+                    for s, r in zip(groups[i], compute_group_rewards(self.reward_fn, self.args, groups[i])):
+                        s.reward = r
+                loop.call_soon_threadsafe(_settle, futures[i], groups[i], None)
+
+        samples = [s for g in groups for s in g]
+        job = loop.run_in_executor(None, functools.partial(
+            run_samples, self.args, self.fleet, samples, self.tokenizer, self.reward_fn, self.counters,
+            self.engine_times, self.evaluation, self.extra_params, finished))
+        # a failed submission fails its unfinished groups (the loop then raises its error)
+        job.add_done_callback(lambda j: [_settle(f, None, j.exception()) for f in futures if j.exception()])
+        self.jobs.append(job)
+        self.pendings.update(futures)
+        self.remaining_batch_size += len(groups)
+
+    async def abort(self) -> list[list[Sample]]:
+        jobs, self.jobs = self.jobs, []
+        await asyncio.gather(*jobs, return_exceptions=True)  # the groups it drops: their errors matter no more
+        return []
+
+
+def _settle(future: asyncio.Future, group: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(group)
+    else:
+        future.set_exception(error)
+        future.exception()  # every group of the submission carries it; the loop raises it once
+
+
+async def _stream_all(args: Any, generator: FleetGroups, source: Any, target: int) -> list[list[Sample]]:
+    """Every group `source(target)` gives, through the generation loop (no filter: each is kept)."""
+    try:
+        groups, _ = await stream_groups(args, generator, source, target, target, None, MetricGatherer())
+    finally:
+        await generator.abort()
+    sort_groups(groups)
+    return groups
+
+
+def generate_groups(args: Any, generator: FleetGroups, groups: list[list[Sample]]) -> list[Sample]:
+    """Generate (and score) the given groups through the generation loop; their samples in order."""
+    given = iter([groups])
+    out = run(_stream_all(args, generator, lambda n: next(given), len(groups)))
+    return [s for g in out for s in g]
+
+
 def generate_rollout(args: Any, fleet: EngineFleet, data_source: Any, tokenizer: Any, reward_fn: RewardFn | None,
                      progress: _Counters | None = None,
                      health: dict[int, Any] | None = None) -> tuple[list[Sample], dict[str, float]]:
-    """--rollout-batch-size prompt groups, every sample generated and rewarded. Dynamic sampling,
-    over-sampling and partial rollout are upstream's rollout loop, which the rollout manager runs for them
-    (slime.rollout.sglang_rollout; settings.STREAMING_FLAGS): not this one. health: the engines'
-    /health replies read just before (EngineTimes starts from them)."""
+    """--rollout-batch-size prompt groups, every sample generated and rewarded, through the generation loop
+    (slime.rollout.streaming) over the built-in transport (FleetGroups). Dynamic sampling, over-sampling and
+    partial rollout run on the same loop over upstream's transport, which the rollout manager picks for them
+    (slime.rollout.sglang_rollout; settings.STREAMING_FLAGS). health: the engines' /health replies read just
+    before (EngineTimes starts from them)."""
     given = [f"--{name.replace('_', '-')}" for name in STREAMING_FLAGS if getattr(args, name)]
     if given:
         raise RolloutError(f"{', '.join(given)}: run by slime.rollout.sglang_rollout.generate_rollout (the rollout "
@@ -510,14 +568,10 @@ def generate_rollout(args: Any, fleet: EngineFleet, data_source: Any, tokenizer:
     counters = progress or _Counters()
     items = data_source.next_batch(target)
     indices = data_source.take_sample_indices(len(items) * n)
-    samples = make_samples(items, n, indices)
-    run_samples(args, fleet, samples, tokenizer, reward_fn, counters, engine_times)
+    fresh = make_samples(items, n, indices)
+    groups = [fresh[i:i + n] for i in range(0, len(fresh), n)]
+    samples = generate_groups(args, FleetGroups(args, fleet, tokenizer, reward_fn, counters, engine_times), groups)
     check_exactly_once(samples, indices)
-    if reward_fn is not None and args.group_rm:
-        for i in range(0, len(samples), n):  # --group-rm: the reward sees a prompt's samples together
-            group = samples[i:i + n]
-            for s, r in zip(group, compute_group_rewards(reward_fn, args, group)):
-                s.reward = r
     metrics = rollout_metrics(samples, counters, time.perf_counter() - t0)
     metrics.update(engine_times.metrics())
     return samples, metrics

@@ -29,9 +29,10 @@ from argparse import Namespace
 from typing import Any
 
 from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
-from slime.rollout.filter_hub.base_types import MetricGatherer, call_dynamic_filter, should_drop_dynamic_filter_output
+from slime.rollout.filter_hub.base_types import MetricGatherer
 from slime.rollout.rm_hub import async_rm, batched_async_rm
 from slime.rollout.sample_hooks import apply_rollout_sample_hooks
+from slime.rollout.streaming import sort_groups, stream_groups
 from slime.utils.async_utils import run
 from slime.utils.http_utils import post, request_limit
 from slime.utils.misc import SingletonMeta, load_function
@@ -210,39 +211,20 @@ async def abort(args: Namespace, rollout_id: int) -> list[list[Sample]]:
     return leftover
 
 
-def _first(group: list) -> Sample:
-    return group[0][0] if isinstance(group[0], list) else group[0]
-
-
 async def generate_rollout_async(args: Namespace, rollout_id: int, data_source: Any
                                  ) -> tuple[RolloutFnTrainOutput, list[list[Sample]]]:
-    """--rollout-batch-size groups: the first to finish that the dynamic-sampling filter keeps."""
+    """--rollout-batch-size groups: the first to finish that the dynamic-sampling filter keeps (the one
+    generation loop, slime.rollout.streaming, over this module's per-group tasks)."""
     state = GenerateState(args)
     path = getattr(args, "dynamic_sampling_filter_path", None)
-    dynamic_filter = load_function(path) if path else None
     gatherer = MetricGatherer()
     target = int(args.rollout_batch_size)
     batch = int(getattr(args, "over_sampling_batch_size", None) or target)
-    data: list[list[Sample]] = []
-    every: list[list[Sample]] = []
-    while len(data) < target:
-        while state.remaining_batch_size < target:
-            state.submit_generate_tasks(data_source(batch))
-        done, state.pendings = await asyncio.wait(state.pendings, return_when=asyncio.FIRST_COMPLETED)
-        for task in done:
-            group = task.result()
-            every.append(group)
-            verdict = call_dynamic_filter(dynamic_filter, args, group)
-            if should_drop_dynamic_filter_output(verdict, remaining_batch_size=state.remaining_batch_size,
-                                                 target_data_size=target):
-                gatherer.on_dynamic_filter_drop(verdict.reason)
-                state.remaining_batch_size -= 1
-                continue
-            if len(data) < target:
-                data.append(group)
+    data, every = await stream_groups(args, state, data_source, target, batch, load_function(path) if path else None,
+                                      gatherer)
     leftover = await abort(args, rollout_id)
-    data.sort(key=lambda g: _first(g).index)
-    every.sort(key=lambda g: _first(g).index)
+    sort_groups(data)
+    sort_groups(every)
     state.reset()
     if getattr(args, "rollout_sample_filter_path", None):
         load_function(args.rollout_sample_filter_path)(args, data)
