@@ -204,6 +204,7 @@ def test_standalone_engine_refuses_a_malformed_fp8_checkpoint_with_exit_2(checkp
 def test_fp8_weight_updates_land_dequantized(checkpoints):
     from slime.backends.embedded.errors import BadRequest
     from slime.utils.fp8_blocks import Fp8BlockFormat
+    from slime.utils.weight_checksum import named_checksums
 
     engine = _engine(checkpoints["fp8"])
     try:
@@ -218,14 +219,19 @@ def test_fp8_weight_updates_land_dequantized(checkpoints):
         for n, w in trained:
             want = _float64_dequantized(*quantize(w, fmt.block), fmt.block) if n in checkpoints["expected"] else w
             assert torch.equal(engine.name_map.resolve(n), want), n
+        # the read-back (/get_weights_checksum) answers what the sender checksums: the pairs as sent
+        assert engine.weights_checksum([n for n, _ in sent]) == named_checksums(sent)
         before = {n: engine.name_map.resolve(n).clone() for n, _ in trained}
         bad = [(n, t[:-1] if n.endswith("_scale_inv") else t) for n, t in sent]
         with pytest.raises(BadRequest, match="nothing changed: malformed block-FP8 weights"):
             engine.update_from_named_tensors(bad)
         assert all(torch.equal(engine.name_map.resolve(n), t) for n, t in before.items())
+        assert engine.weights_checksum([n for n, _ in sent]) == named_checksums(sent)
         assert engine.update_from_disk(checkpoints["fp8"]) > 0  # back to the checkpoint, read as at load
         for n, want in checkpoints["expected"].items():
             assert torch.equal(engine.name_map.resolve(n), want), n
+        stored = load_file(os.path.join(checkpoints["fp8"], "model.safetensors"))
+        assert engine.weights_checksum([n for n, _ in sent]) == named_checksums((n, stored[n]) for n, _ in sent)
     finally:
         engine.shutdown()
 
@@ -239,6 +245,7 @@ def test_fp8_weights_over_a_collective_group_land_dequantized(checkpoints, monke
     import slime.utils.distributed as distributed
     from slime.backends.embedded.errors import BadRequest
     from slime.utils.fp8_blocks import Fp8BlockFormat
+    from slime.utils.weight_checksum import named_checksums
 
     if checkpoints["type"] != "glm_moe_dsa":
         pytest.skip("one family suffices for the wire path")
@@ -275,6 +282,8 @@ def test_fp8_weights_over_a_collective_group_land_dequantized(checkpoints, monke
             for n, w in trained:
                 want = _float64_dequantized(*quantize(w, fmt.block), fmt.block) if n in checkpoints["expected"] else w
                 assert torch.equal(engine.name_map.resolve(n), want), n
+            # the read-back after a broadcast: the sender's checksums (BroadcastStage's) of what it sent
+            assert engine.weights_checksum([n for n, _ in sent]) == named_checksums(sent), load_format
             trained = [(n, w + 0.01) for n, w in trained]
             sent = list(quantize_named(trained, set(checkpoints["expected"]), fmt))
     finally:
@@ -351,13 +360,109 @@ def test_fp8_update_with_return_checksums_is_applied_with_the_senders_checksums_
             client.update_weights_from_tensor(bad, weight_version="3")
         assert "\n" not in str(e.value)
 
-        def broken(named):
-            raise RuntimeError("checksum kernel failed")
+        accepted = list(quantize_named(trained, set(checkpoints["expected"]), fmt))
+        real = weight_checksum.named_checksums
+        for failing in range(1, 5):  # the pairs as received, each weight as it lands, the other tensors
+            calls = []
 
-        monkeypatch.setattr(weight_checksum, "named_checksums", broken)
-        with pytest.raises(RuntimeError, match="checksum kernel failed"):
-            client.update_weights_from_tensor(sent, weight_version="4")
-        assert engine.weight_version == "2"
-        assert all(torch.equal(engine.name_map.resolve(n), t) for n, t in before.items())
+            def broken(named, failing=failing, calls=calls):
+                calls.append(1)
+                if len(calls) == failing:
+                    raise RuntimeError("checksum kernel failed")
+                return real(named)
+
+            monkeypatch.setattr(weight_checksum, "named_checksums", broken)
+            with pytest.raises(RuntimeError, match="checksum kernel failed"):
+                client.update_weights_from_tensor(sent, weight_version="4")
+            monkeypatch.setattr(weight_checksum, "named_checksums", real)
+            assert engine.weight_version == "2"
+            assert all(torch.equal(engine.name_map.resolve(n), t) for n, t in before.items())
+            assert engine.weights_checksum(sorted(expected)) == real(accepted)  # version 2's receipts, kept whole
+    finally:
+        engine.shutdown()
+
+
+def _served(engine):
+    from slime.backends.embedded import EngineHTTPServer
+    from slime.backends.megatron.weight_sync import EngineEndpoint
+
+    server = EngineHTTPServer(engine, "tok", 0)
+    server.start_in_thread()
+    return server, EngineEndpoint(server.url, token="tok")
+
+
+def test_fp8_disk_sync_with_check_weight_sync_reads_back_what_the_sender_checksummed(checkpoints, tmp_path):
+    """--update-weight-mode disk with --check-weight-sync, the trainer's FP8 weights sent as the checkpoint stores
+    them (factory.in_checkpoint_format: e4m3 + weight_scale_inv): the read-back (/get_weights_checksum of every
+    sent name, scales included) equals the sender's checksums of the bytes it wrote, the weights land
+    dequantized; a second sync of other values verifies too (the engine answers what it holds now)."""
+    from slime.backends.megatron.weight_sync import WeightSync
+    from slime.backends.megatron.weight_sync.factory import in_checkpoint_format
+
+    if checkpoints["type"] != "glm5_next":
+        pytest.skip("one family suffices for the read-back")
+    engine = _engine(checkpoints["fp8"])
+    server, endpoint = _served(engine)
+    block, fp8 = tuple(checkpoints["block"]), set(checkpoints["expected"])
+    try:
+        held = load_file(os.path.join(checkpoints["deq"], "model.safetensors"))
+        g = torch.Generator().manual_seed(8)
+        for version in (1, 2):
+            trained = {n: t + 0.01 * torch.randn(t.shape, generator=g) for n, t in sorted(held.items())}
+            names = sorted(trained)
+            buckets = [[(n, trained[n]) for n in names[i:i + 7]] for i in range(0, len(names), 7)]
+            ws = WeightSync("disk", lambda buckets=buckets: in_checkpoint_format(iter(buckets), dict.fromkeys(fp8, block)),
+                            [endpoint], rank=0, disk_dir=str(tmp_path / "sync"))
+            metrics = ws.sync(version=version)
+            assert metrics["weight_sync/checked_tensors"] == len(trained) + len(fp8)
+            for n, w in trained.items():
+                want = _float64_dequantized(*quantize(w, block), block) if n in fp8 else w
+                assert torch.equal(engine.name_map.resolve(n), want), n
+            assert engine.weight_version == str(version)
+            ws.close()
+    finally:
+        server.stop()
+        engine.shutdown()
+
+
+def test_fp8_read_back_follows_the_weights_the_engine_holds(checkpoints):
+    """After an FP8 update the read-back answers each pair as sent. A weight sent again in high precision answers
+    its new bytes and its scale is no longer known; a weight whose bytes changed by another route answers its live
+    checksum and its scale is refused in one line; released weights keep no scale."""
+    import re
+
+    from slime.backends.embedded.errors import BadRequest
+    from slime.utils.fp8_blocks import Fp8BlockFormat
+    from slime.utils.weight_checksum import named_checksums
+
+    if checkpoints["type"] != "glm5_next":
+        pytest.skip("one family suffices")
+    engine = _engine(checkpoints["fp8"])
+    resolve = engine.name_map.resolve
+    try:
+        g = torch.Generator().manual_seed(9)
+        a, b, c = sorted(checkpoints["expected"])[:3]
+        trained = [(n, resolve(n) + 0.01 * torch.randn(resolve(n).shape, generator=g)) for n in (a, b, c)]
+        sent = list(quantize_named(trained, {a, b, c}, Fp8BlockFormat(tuple(checkpoints["block"]))))
+        engine.update_from_named_tensors(sent)
+        assert engine.weights_checksum([n for n, _ in sent]) == named_checksums(sent)
+        high = [(a, trained[0][1] + 0.02)]
+        engine.update_from_named_tensors(high)
+        assert engine.weights_checksum([a]) == named_checksums(high)
+        with pytest.raises(BadRequest, match=re.escape(f"unknown weights ['{scale_name(a)}']")):
+            engine.weights_checksum([scale_name(a)])
+        with torch.no_grad():
+            resolve(b).add_(1.0)
+        with pytest.raises(BadRequest, match=re.escape(f"{scale_name(b)}: {b} changed since")) as e:
+            engine.weights_checksum([b, scale_name(b)])
+        assert "\n" not in str(e.value)
+        assert engine.weights_checksum([b]) == named_checksums([(b, resolve(b))])
+        pair_c = [(n, t) for n, t in sent if n in (c, scale_name(c))]
+        assert engine.weights_checksum([c, scale_name(c)]) == named_checksums(pair_c)
+        engine.release_memory(["weights"])
+        engine.resume_memory(["weights"])
+        with pytest.raises(BadRequest, match="unknown weights"):
+            engine.weights_checksum([scale_name(c)])
+        assert engine.weights_checksum([c]) == named_checksums([(c, resolve(c))])
     finally:
         engine.shutdown()

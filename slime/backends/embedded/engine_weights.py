@@ -46,6 +46,7 @@ class WeightControl:
                 sets.detach()
         self.__dict__.pop("_packed_buffers", None)  # the flattened_bucket receive buffers of distributed updates
         with self._model_lock:
+            self._fp8_receipts().clear()  # nothing received is held any more
             for name, p in self.model.named_parameters():
                 self._released_weights[name] = (p.shape, p.dtype)
                 p.data = torch.empty(0, dtype=p.dtype, device=p.device)
@@ -74,13 +75,25 @@ class WeightControl:
         if self._released_weights is not None:
             raise BadRequest("weights are released; call /resume_memory_occupation with tags [\"weights\"] first")
 
-    def _commit(self, plan: list[PlannedCopy], weight_version: Any) -> None:
+    def _commit(self, plan: list[PlannedCopy], weight_version: Any, staged: dict | None = None) -> None:
+        """Apply a checked plan, with the receipts of its FP8 pairs (`staged`, else computed here before any
+        copy: fp8_receipts.py), which replace the receipts of every weight it changes."""
+        from slime.backends.embedded.fp8_receipts import stage_receipts
+
+        staged = stage_receipts(plan) if staged is None else staged
         with self._model_lock:
             apply_plan(plan)
             if self.tp is not None:  # tensor parallel: every rank holds the full weights (tensor_parallel.py)
                 self.tp.weights_changed([(p.name, p.target) for p in plan])
+            self._fp8_receipts().commit([p.name for p in plan], staged)
             if weight_version is not None:
                 self.weight_version = str(weight_version)
+
+    def _fp8_receipts(self):
+        """What /get_weights_checksum answers for the weights received as block-FP8 pairs (fp8_receipts.py)."""
+        from slime.backends.embedded.fp8_receipts import Fp8Receipts
+
+        return self.__dict__.setdefault("_fp8_receipt_book", Fp8Receipts())
 
     def _fp8_layout(self):
         """The block-FP8 layout of the served checkpoint (its config.json), else e4m3 in 128 x 128 blocks: how an
@@ -101,27 +114,35 @@ class WeightControl:
                                           weight_version: Any = None) -> tuple[int, dict[str, list[int]]]:
         """update_from_named_tensors, also answering slime.utils.weight_checksum of every tensor as received,
         under the names it was sent by: what the sender checksums (the bytes it sent), so an FP8 pair counts as
-        its e4m3 weight and its weight_scale_inv, not as the dequantized weight this engine keeps. Computed
-        before the commit, so an update is applied with its checksums or not at all; the other tensors land
-        byte for byte (plan_update refuses any cast), and /get_weights_checksum reads the weights back."""
+        its e4m3 weight and its weight_scale_inv, not as the dequantized weight this engine keeps (the pair's
+        receipt, which /get_weights_checksum answers later too). Computed before the commit, so an update is
+        applied with its checksums or not at all; the other tensors land byte for byte (plan_update refuses
+        any cast)."""
+        from slime.backends.embedded.fp8_receipts import received_checksums, stage_receipts
         from slime.utils.weight_checksum import named_checksums
 
         plan = self._plan_named(named)
-        sums = named_checksums(named)
-        self._commit(plan, weight_version)
-        return len(plan), sums
+        staged = stage_receipts(plan)
+        received = received_checksums(staged)
+        sums = {**named_checksums((n, t) for n, t in named if n not in received), **received}
+        self._commit(plan, weight_version, staged)
+        return len(plan), {n: sums[n] for n, _ in named}
 
     def _plan_named(self, named: list[tuple[str, torch.Tensor]]) -> list[PlannedCopy]:
         """The checked copies of an update by name (FP8 pairs dequantized); BadRequest, nothing changed."""
-        from slime.backends.embedded.fp8_checkpoint import dequantize_named
+        from slime.backends.embedded.fp8_checkpoint import FLOAT8, dequantize_named
+        from slime.backends.embedded.fp8_receipts import mark_received
+        from slime.utils.fp8_blocks import SCALE_SUFFIX
 
         self._require_weights()
-        names = self.name_map
+        names, sent = self.name_map, dict(named)
         named = dequantize_named(named, self._fp8_layout(), "weight update rejected, nothing changed",
                                  lambda n: names.resolve(n).dtype if n in names else torch.float32)
         plan = plan_update(self.name_map, [(n, t.shape, t.dtype) for n, t in named])
         for p, (_, t) in zip(plan, named):
             p.source = t
+        mark_received(plan, {p.name: (p.name + SCALE_SUFFIX, sent[p.name], sent[p.name + SCALE_SUFFIX])
+                             for p in plan if sent[p.name].dtype in FLOAT8})
         return plan
 
     def update_from_disk(self, model_path: str, weight_version: Any = None) -> int:
@@ -186,6 +207,7 @@ class WeightControl:
                     raise BadRequest(f"weight update rejected, nothing changed: {len(bad)} weights differ from "
                                      f"the trainer's checksums (first: {bad[:3]})")
             sets.switch(touched)
+            self._fp8_receipts().drop(names)  # these weights are now the trainer's high-precision writes
             if weight_version is not None:
                 self.weight_version = str(weight_version)
             out = {"updated": len(names), **sets.state()}
@@ -281,15 +303,22 @@ class WeightControl:
             raise error
         if flat:
             sources = [v() for v in sources]
-        received = {n: b for (n, _, _), b in zip(specs, sources)}
+        self._fill_received(plan, {n: b for (n, _, _), b in zip(specs, sources)}, fp8_scales)
+        self._commit(plan, weight_version)
+        return len(plan)
+
+    def _fill_received(self, plan: list[PlannedCopy], received: dict[str, torch.Tensor],
+                       fp8_scales: dict[str, str]) -> None:
+        """Each planned copy's source from the received tensors, an FP8 pair dequantized (its checksums as
+        received noted first: fp8_receipts.py)."""
+        from slime.backends.embedded.fp8_checkpoint import dequantized
+        from slime.backends.embedded.fp8_receipts import mark_received
+
+        mark_received(plan, {w: (s, received[w], received[s]) for w, s in fp8_scales.items()})
         for p in plan:
             p.source = received[p.name]
             if p.name in fp8_scales:
-                from slime.backends.embedded.fp8_checkpoint import dequantized
-
                 p.source = dequantized(p.source, received[fp8_scales[p.name]], self._fp8_layout(), p.name)
-        self._commit(plan, weight_version)
-        return len(plan)
 
     def _fold_fp8(self, specs: list[tuple[str, list[int], torch.dtype]]):
         """(specs as the weights they update, {FP8 weight: its scale}): a block-FP8 pair (the sender's
@@ -352,7 +381,8 @@ class WeightControl:
         destroy_custom_process_group(group)
 
     def weights_checksum(self, names: Any) -> dict[str, list[int]]:
-        """slime.utils.weight_checksum of each named weight (HF or runtime names), to verify a sync."""
+        """slime.utils.weight_checksum of each named weight (HF or runtime names), to verify a sync; a weight
+        received as a block-FP8 pair, and its weight_scale_inv, as the sender checksummed them (fp8_receipts.py)."""
         from slime.utils.weight_checksum import named_checksums
 
         self._require_weights()
@@ -360,11 +390,13 @@ class WeightControl:
             names = self.name_map.checkpoint_names()
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise BadRequest("names must be a list of weight names (or omitted for all)")
-        unknown = [n for n in names if n not in self.name_map]
-        if unknown:
-            raise BadRequest(f"unknown weights {unknown[:3]}{' ...' if len(unknown) > 3 else ''}")
+        receipts = self._fp8_receipts()
         with self._model_lock:
-            return named_checksums((n, self.name_map.resolve(n)) for n in names)
+            unknown = [n for n in names if n not in self.name_map and receipts.weight_of(n) is None]
+            if unknown:
+                raise BadRequest(f"unknown weights {unknown[:3]}{' ...' if len(unknown) > 3 else ''}")
+            return receipts.answer(names, lambda weights: named_checksums((n, self.name_map.resolve(n))
+                                                                          for n in weights))
 
     def weights_by_name(self, name: str, truncate_size: int) -> list:
         """A weight (HF or runtime name) as float32 nested lists, first dimension cut to `truncate_size`."""

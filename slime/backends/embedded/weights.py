@@ -250,6 +250,9 @@ class PlannedCopy:
     name: str
     target: torch.Tensor
     source: torch.Tensor | None  # None until received (distributed path)
+    # (scale name, checksums of the e4m3 weight and of the scale as received) when `source` is their
+    # dequantization (fp8_receipts.py)
+    fp8_received: tuple[str, list[int], list[int]] | None = None
 
 
 def plan_update(
@@ -328,6 +331,7 @@ def plan_disk_update(name_map: WeightNameMap, model_path: str, fp8: "Fp8Layout |
     from safetensors import safe_open
 
     from slime.backends.embedded.fp8_checkpoint import Fp8Layout, dequantized, fold_scales, layout_of_dir
+    from slime.backends.embedded.fp8_receipts import mark_received
 
     specs, where = [], {}
     for path in safetensors_files(model_path):
@@ -360,8 +364,10 @@ def plan_disk_update(name_map: WeightNameMap, model_path: str, fp8: "Fp8Layout |
     for path, items in by_scale_file.items():
         with _reading(path):
             with safe_open(path, framework="pt", device="cpu") as f:
-                for p in items:
-                    p.source = dequantized(p.source, f.get_tensor(scales[p.name]), fp8, p.name)
+                pairs = {p.name: (scales[p.name], p.source, f.get_tensor(scales[p.name])) for p in items}
+        mark_received(items, pairs)
+        for p in items:
+            p.source = dequantized(p.source, pairs[p.name][2], fp8, p.name)
     return plan
 
 
