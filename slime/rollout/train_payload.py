@@ -39,7 +39,25 @@ def pack_samples(samples: Sequence[Any], reward_key: str | None = None) -> dict[
         # --use-rollout-indexer-replay: the engines' DSA selections, int32 [sum(len - 1), L, width] (same rows)
         "rollout_indexer_topk": _routes_of(samples, lengths, "rollout_indexer_topk"),
         "teacher_log_probs": np.concatenate([_teacher_of(s) for s in samples]) if with_teacher else None,
+        "rollout_ids": rollout_ids_of(samples),
     }
+
+
+def rollout_ids_of(samples: Sequence[Any]) -> np.ndarray:
+    """Each sample's rollout (upstream's train_data["rollout_ids"]): `Sample.rollout_id`, shared by the samples one
+    execution gave (a forked agent session); a sample without one is a rollout of its own, numbered as upstream
+    does (the smallest ids no other sample holds, in sample order). The trainer's steps take whole rollouts."""
+    ids = [getattr(s, "rollout_id", None) for s in samples]
+    taken = {int(i) for i in ids if i is not None}
+    out, fresh = [], 0
+    for i in ids:
+        if i is None:
+            while fresh in taken:
+                fresh += 1
+            taken.add(fresh)
+            i = fresh
+        out.append(int(i))
+    return np.array(out, dtype=np.int64)
 
 
 def _teacher_of(sample) -> np.ndarray:

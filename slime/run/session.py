@@ -27,13 +27,12 @@ def reuses_train_log_probs(args, num_samples: int) -> bool:
     separate old-policy forward: exactly one optimizer step per rollout (so that forward runs on the weights
     that generated the rollout, like the old-policy forward would), nothing needs them before training (no
     KL-shaped reward), the engine's log-probs do not replace them (--use-rollout-logprobs) and no dropout."""
-    from slime.backends.megatron.data import step_indices
-
     kl_in_reward = (args.advantage_estimator.startswith("reinforce_plus_plus") or args.advantage_estimator == "ppo") \
         and args.kl_coef > 0
     if args.use_opd or args.use_rollout_entropy:  # the OPD term / the hooks read them (and the entropy) before training
         return False
-    one_step = len(step_indices(num_samples, args.global_batch_size)) == 1
+    # at most one step: steps take --global-batch-size rollouts, of one sample or more (the trainer counts them)
+    one_step = num_samples // args.global_batch_size <= 1
     # with --hidden-dropout the training forward is stochastic; old log-probs need the deterministic one
     # --keep-old-actor: the old log-probs come from the kept copy, not from the weights being trained
     return (one_step and not kl_in_reward and not args.use_rollout_logprobs and args.hidden_dropout == 0

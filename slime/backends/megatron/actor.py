@@ -145,8 +145,10 @@ class MegatronTrainRayActor:
 
         started = time.perf_counter()
         batch = batch_from_payload(payload)
-        batch.reuse_train_log_probs = reuse_train_log_probs
+        # the driver knows the sample count only: with forked rollouts the steps are counted here
+        batch.reuse_train_log_probs = reuse_train_log_probs and len(D.batch_steps(batch, self.args.global_batch_size)) == 1
         metrics: dict[str, float] = {"time/log_probs": 0.0, "time/log_probs_old": 0.0, "time/log_probs_ref": 0.0,
+                                     "train/reused_log_probs": float(batch.reuse_train_log_probs),
                                      **self.finish_save(blocking=False)}  # --async-save: written during the rollout
         return self.runner.train_rollout(rollout_id, batch, metrics, started)
 

@@ -160,7 +160,7 @@ class Critic:
         self.model.train()
         sums = torch.zeros(4, dtype=torch.float64)  # value loss, clip fraction, samples, loss tokens
         grad_norms = []
-        for step in D.step_indices(len(batch), args.global_batch_size):
+        for step in D.batch_steps(batch, args.global_batch_size):
             shard = policy.dp_shard(batch, step)
             if args.calculate_per_token_loss:
                 total = torch.tensor([sum(float(sum(batch.loss_masks[i])) for i in shard)], dtype=torch.float64)

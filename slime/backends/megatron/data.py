@@ -41,6 +41,9 @@ class RolloutBatch:
     teacher_log_probs: list | None = None
     # --use-rollout-entropy: the old policy's entropy of each response token, from its log-prob pass
     entropy: list[torch.Tensor] | None = None
+    # the rollout each sample came from (upstream's train_data["rollout_ids"]): a forked agent session gives several
+    # samples of one rollout, which stay in one optimizer step (see `batch_steps`); None: one rollout per sample
+    rollout_ids: list[int] | None = None
     # Set by the driver when the first training forward's detached log-probs serve as the old log-probs
     # (one optimizer step per rollout, nothing needs them before training): no separate old forward.
     reuse_train_log_probs: bool = False
@@ -74,6 +77,7 @@ class RolloutBatch:
             rollout_indexer_topk=pick(self.rollout_indexer_topk),
             old_log_probs=pick(self.old_log_probs), ref_log_probs=pick(self.ref_log_probs),
             advantages=pick(self.advantages), values=pick(self.values), teacher_log_probs=pick(self.teacher_log_probs),
+            rollout_ids=pick(self.rollout_ids),
         )
 
 
@@ -82,6 +86,30 @@ def step_indices(num_samples: int, global_batch_size: int) -> list[list[int]]:
     if num_samples % global_batch_size:
         raise ValueError(f"{num_samples} rollout samples do not split into global batches of {global_batch_size}")
     return [list(range(s, s + global_batch_size)) for s in range(0, num_samples, global_batch_size)]
+
+
+def rollout_steps(rollout_ids: Sequence[int], global_batch_size: int) -> list[list[int]]:
+    """Upstream's step split (slime.utils.dp_schedule.build_dp_schedule): the samples grouped by rollout id in
+    order of first appearance, each step the samples of --global-batch-size rollouts (a rollout's samples in
+    their order), as many steps as whole sets of rollouts; the samples of the rollouts after the last whole set
+    are not trained. With one sample per rollout and a divisible count: `step_indices`."""
+    members: dict[int, list[int]] = {}
+    for i, rid in enumerate(rollout_ids):
+        members.setdefault(int(rid), []).append(i)
+    rollouts = list(members.values())
+    if len(rollouts) < global_batch_size:
+        raise ValueError(f"{len(rollout_ids)} rollout samples come from {len(rollouts)} rollouts, fewer than one "
+                         f"optimizer step of --global-batch-size {global_batch_size} rollouts")
+    return [[i for rollout in rollouts[s:s + global_batch_size] for i in rollout]
+            for s in range(0, len(rollouts) - global_batch_size + 1, global_batch_size)]
+
+
+def batch_steps(batch: RolloutBatch, global_batch_size: int) -> list[list[int]]:
+    """Sample indices of each optimizer step of the batch: by rollout id when the batch has them (the trainer's
+    payload always does), else consecutive slices that must divide the batch."""
+    if batch.rollout_ids is None:
+        return step_indices(len(batch), global_batch_size)
+    return rollout_steps(batch.rollout_ids, global_batch_size)
 
 
 def dp_shard(indices: Sequence[int], dp_rank: int, dp_size: int) -> list[int]:

@@ -221,7 +221,7 @@ class PolicyModel:
     def my_samples(self, batch: D.RolloutBatch) -> list[int]:
         """Samples this rank trains on this rollout (its data-parallel shard of every step)."""
         mine: list[int] = []
-        for step in D.step_indices(len(batch), self.args.global_batch_size):
+        for step in D.batch_steps(batch, self.args.global_batch_size):
             mine.extend(self.dp_shard(batch, step))
         return mine
 
@@ -291,7 +291,7 @@ class PolicyModel:
 
         if REPLAY.mode == "record":  # the training pass's micro-batches, so that it finds their recorded routes
             picked = set(indices)
-            return [mb for step in D.step_indices(len(batch), self.args.global_batch_size)
+            return [mb for step in D.batch_steps(batch, self.args.global_batch_size)
                     for mb in self.micro_batches(batch, [i for i in self.dp_shard(batch, step) if i in picked])]
         # no grad: --log-probs-max-tokens-per-gpu may pack more per micro-batch
         return self.micro_batches(batch, indices, self.args.log_probs_max_tokens_per_gpu)

@@ -44,6 +44,8 @@ def batch_from_payload(payload: dict[str, Any]) -> RolloutBatch:
         rollout_indexer_topk=_routes_per_sample(payload.get("rollout_indexer_topk"), offsets),
         teacher_log_probs=None if teacher is None else
         [torch.from_numpy(teacher[resp_offsets[i]:resp_offsets[i + 1]].copy()) for i in range(n)],
+        # absent from a --custom-convert-samples-to-train-data-path payload: one rollout per sample
+        rollout_ids=None if payload.get("rollout_ids") is None else payload["rollout_ids"].tolist(),
     )
 
 

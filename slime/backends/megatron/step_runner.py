@@ -10,6 +10,7 @@ data-parallel group and handed from the last pipeline stage to the others.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -23,6 +24,8 @@ from slime.backends.megatron.loss import METRIC_KEYS, MISMATCH_KEYS, LossConfig,
 from slime.backends.megatron.manual_gc import ManualGC
 from slime.backends.megatron.policy import PolicyModel
 from slime.backends.megatron.timing import PhaseTimer
+
+logger = logging.getLogger(__name__)
 
 
 def old_pass_replay(args, batch: D.RolloutBatch):
@@ -93,6 +96,11 @@ class StepRunner:
 
         args, policy = self.args, self.policy
         mine = policy.my_samples(batch)
+        untrained = len(batch) - sum(len(step) for step in D.batch_steps(batch, args.global_batch_size))
+        if untrained and policy.rank == 0:  # upstream drops them too: steps take whole sets of rollouts
+            logger.warning("rollout %d: %d of its %d samples are not trained (their rollouts come after the last "
+                           "whole --global-batch-size %d rollouts)", rollout_id, untrained, len(batch),
+                           args.global_batch_size)
         if self.critic is not None:  # first, as upstream's critic group: its old values feed the actor's GAE
             metrics.update(self.critic.train_rollout(rollout_id, batch, mine))
             if rollout_id < args.num_critic_only_steps:  # --num-critic-only-steps: the actor does not train yet
@@ -190,7 +198,7 @@ class StepRunner:
         keys = self.metric_keys()
         tally = _Tally(totals={k: 0.0 for k in keys})
         grad_norms, losses = [], []
-        steps = D.step_indices(len(batch), args.global_batch_size)
+        steps = D.batch_steps(batch, args.global_batch_size)
         policy.profiler.end_log_probs()
         if batch.reuse_train_log_probs and len(steps) != 1:
             raise ValueError(f"reuse_train_log_probs needs one optimizer step per rollout, but {len(batch)} samples make "

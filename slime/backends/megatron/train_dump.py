@@ -50,7 +50,8 @@ def shard_rollout_data(batch: D.RolloutBatch, indices: Sequence[int], global_bat
         "total_lengths": [len(batch.tokens[i]) for i in indices],
         "raw_reward": [float(r) for r in batch.rewards],  # whole rollout, as upstream ships it to every rank
         "local_raw_reward": [float(batch.rewards[i]) for i in indices],
-        "global_batch_sizes": [len(step) for step in D.step_indices(len(batch), global_batch_size)],
+        # upstream's: rollouts per step (the samples per step when each rollout is one sample)
+        "global_batch_sizes": [global_batch_size] * len(D.batch_steps(batch, global_batch_size)),
     }
     for field, name in _PER_TOKEN.items():
         values = getattr(batch, field)
