@@ -103,3 +103,15 @@ def test_both_readers_refuse_a_malformed_pair_in_the_same_line(tmp_path, case):
         assert message.startswith(f"{path}: malformed block-FP8 weights: {words}"), message
         assert "\n" not in message and "re-quantize it with slime.utils.fp8_blocks.quantize" in message
     assert str(trainer.value) == str(engine.value)
+
+
+def test_stored_specs_read_every_dtype_from_the_header(tmp_path):
+    """stored_specs (the pairing's input for tools reading shards, tools/fp8_cast_bf16.py): names, shapes and
+    dtypes as stored, float8 included, without reading tensor data."""
+    from slime.utils.fp8_pairs import stored_specs
+
+    tensors = {**_tensors(), "ids": torch.arange(5, dtype=torch.int32), "mask": torch.ones(2, 3, dtype=torch.bool),
+               "half": torch.zeros(4, dtype=torch.bfloat16)}
+    path = tmp_path / "model.safetensors"
+    save_file(tensors, str(path))
+    assert sorted(stored_specs(str(path))) == sorted((n, list(t.shape), t.dtype) for n, t in tensors.items())

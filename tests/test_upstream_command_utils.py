@@ -242,41 +242,115 @@ def test_rsync_copies_contents_without_rsync(tmp_path, monkeypatch):
     assert (tmp_path / "out" / "dst" / "d" / "f").read_text() == "x"
 
 
-def test_fp8_cast_bf16_dequantizes_every_block_fp8_weight(tmp_path):
-    """A two-shard block-FP8 checkpoint (a weight of odd shape whose scale grid sits in the other shard) -> bf16
-    equal to the float64 dequantization within bf16's rounding; scales dropped, config no longer FP8."""
-    from safetensors.torch import load_file, save_file
+QUANT = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [64, 128]}
 
-    from slime.utils.fp8_blocks import expand_blocks, quantize
+
+def _fp8_checkpoint(src, edit=None, quant=None) -> dict:
+    """A two-shard block-FP8 checkpoint in [64, 128] blocks (a weight of odd shape whose scale grid sits in the
+    other shard, a 3-d expert weight, a norm); `edit(shards)` changes the tensors before they are written.
+    Returns the tensors as written."""
+    from safetensors.torch import save_file
+
+    from slime.utils.fp8_blocks import quantize
 
     g = torch.Generator().manual_seed(3)
-    w = torch.randn(130, 200, generator=g) * 3
-    q, scale = quantize(w, (64, 128))
-    e = torch.randn(2, 70, 40, generator=g)
-    qe, se = quantize(e, (64, 128))
-    norm = torch.rand(200, generator=g)
-    src, dst = tmp_path / "fp8", tmp_path / "bf16"
+    q, scale = quantize(torch.randn(130, 200, generator=g) * 3, (64, 128))
+    qe, se = quantize(torch.randn(2, 70, 40, generator=g), (64, 128))
+    shards = {"s1.safetensors": {"a.weight": q, "norm.weight": torch.rand(200, generator=g), "e.weight": qe,
+                                 "e.weight_scale_inv": se},
+              "s2.safetensors": {"a.weight_scale_inv": scale}}
+    if edit is not None:
+        edit(shards)
     src.mkdir()
-    save_file({"a.weight": q, "norm.weight": norm, "e.weight": qe, "e.weight_scale_inv": se}, src / "s1.safetensors")
-    save_file({"a.weight_scale_inv": scale}, src / "s2.safetensors")
-    weight_map = {"a.weight": "s1.safetensors", "norm.weight": "s1.safetensors", "e.weight": "s1.safetensors",
-                  "e.weight_scale_inv": "s1.safetensors", "a.weight_scale_inv": "s2.safetensors"}
+    for file_name, tensors in shards.items():
+        save_file(tensors, src / file_name)
+    weight_map = {n: f for f, tensors in shards.items() for n in tensors}
     (src / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    quant = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [64, 128]}
-    (src / "config.json").write_text(json.dumps({"model_type": "x", "quantization_config": quant}))
+    (src / "config.json").write_text(json.dumps({"model_type": "x", "quantization_config": quant or QUANT}))
     (src / "tokenizer.json").write_text("{}")
+    return {n: t for tensors in shards.values() for n, t in tensors.items()}
+
+
+def test_fp8_cast_bf16_dequantizes_every_block_fp8_weight(tmp_path):
+    """The checkpoint -> bf16 equal to the float64 dequantization within bf16's rounding; scales dropped, config
+    no longer FP8."""
+    from safetensors.torch import load_file
+
+    from slime.utils.fp8_blocks import expand_blocks
+
+    src, dst = tmp_path / "fp8", tmp_path / "bf16"
+    stored = _fp8_checkpoint(src)
     U.fp8_cast_bf16(str(src), str(dst))
     got = load_file(dst / "s1.safetensors")
     assert sorted(got) == ["a.weight", "e.weight", "norm.weight"] and not os.path.exists(dst / "s2.safetensors")
-    for name, (qq, ss) in {"a.weight": (q, scale), "e.weight": (qe, se)}.items():
+    for name in ("a.weight", "e.weight"):
+        qq, ss = stored[name], stored[name + "_scale_inv"]
         ref = qq.double() * expand_blocks(ss.double(), *qq.shape[-2:], (64, 128))
         assert got[name].dtype == torch.bfloat16
         torch.testing.assert_close(got[name].double(), ref, rtol=2 ** -8, atol=0)
-    assert torch.equal(got["norm.weight"], norm)
+    assert torch.equal(got["norm.weight"], stored["norm.weight"])
     index = json.loads((dst / "model.safetensors.index.json").read_text())["weight_map"]
     assert index == {"a.weight": "s1.safetensors", "e.weight": "s1.safetensors", "norm.weight": "s1.safetensors"}
     assert "quantization_config" not in json.loads((dst / "config.json").read_text())
     assert (dst / "tokenizer.json").exists()
+
+
+def _fp8_tool():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fp8_cast_bf16_tool", os.path.join(REPO, "tools", "fp8_cast_bf16.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _pop(name):
+    return lambda shards: next(t.pop(name) for t in shards.values() if name in t)
+
+
+FP8_REFUSALS = {  # what slime's HF reader and the embedded engine refuse (slime/utils/fp8_pairs.py)
+    "missing_scale": (_pop("a.weight_scale_inv"), None, "a.weight is float8 without its a.weight_scale_inv"),
+    "orphan_scale": (lambda s: s["s2.safetensors"].update({"norm.weight_scale_inv": torch.ones(1, 2)}), None,
+                     "norm.weight_scale_inv scales no float8 weight norm.weight"),
+    "scale_grid": (lambda s: s["s2.safetensors"].update({"a.weight_scale_inv": torch.ones(3, 3)}), None,
+                   "a.weight_scale_inv has shape [3, 3], a [130, 200] weight in [64, 128] blocks needs [3, 2]"),
+    "e5m2_weight": (lambda s: s["s1.safetensors"].update({"e.weight": s["s1.safetensors"]["e.weight"].float().to(
+        torch.float8_e5m2)}), None, "e.weight is float8_e5m2, block FP8 here is e4m3"),
+    "unconverted_module": (None, {**QUANT, "modules_to_not_convert": ["e"]},
+                           "e.weight is float8, but quantization_config.modules_to_not_convert keeps its module"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FP8_REFUSALS))
+def test_fp8_cast_bf16_refuses_what_the_reader_and_the_engine_refuse(tmp_path, capsys, case):
+    """A malformed block-FP8 checkpoint: one line on stderr naming the tensor, exit 2, nothing written (upstream's
+    script warned about a missing scale and copied the float8 weight, and kept an orphan scale in the index)."""
+    edit, quant, match = FP8_REFUSALS[case]
+    src, dst = tmp_path / "fp8", tmp_path / "bf16"
+    _fp8_checkpoint(src, edit, quant)
+    assert _fp8_tool().main(["--input-fp8-hf-path", str(src), "--output-bf16-hf-path", str(dst)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"fp8_cast_bf16: {src}: malformed block-FP8 weights: {match}"), err
+    assert "re-quantize" in err and not dst.exists()
+
+
+def test_fp8_cast_bf16_refusal_exits_2_through_the_launcher(tmp_path, capfd):
+    """U.fp8_cast_bf16 on a checkpoint whose float8 weight lacks its scale, and on a truncated shard: the tool exits
+    2 with one line (the launcher raises CalledProcessError), no traceback, nothing written."""
+    src, dst = tmp_path / "fp8", tmp_path / "bf16"
+    _fp8_checkpoint(src, _pop("a.weight_scale_inv"))
+    with pytest.raises(subprocess.CalledProcessError) as e:
+        U.fp8_cast_bf16(str(src), str(dst))
+    err = capfd.readouterr().err
+    assert e.value.returncode == 2 and "Traceback" not in err and not dst.exists()
+    assert [ln for ln in err.splitlines() if ln] == [
+        f"fp8_cast_bf16: {src}: malformed block-FP8 weights: a.weight is float8 without its a.weight_scale_inv; "
+        "re-quantize it with slime.utils.fp8_blocks.quantize (e4m3 + float32 weight_scale_inv per [64, 128] block)"]
+    shard = src / "s1.safetensors"
+    shard.write_bytes(shard.read_bytes()[:20])
+    assert _fp8_tool().main(["--input-fp8-hf-path", str(src), "--output-bf16-hf-path", str(dst)]) == 2
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and f"--input-fp8-hf-path shard {shard}" in err and not dst.exists(), err
 
 
 def test_helpers_equal_upstream(monkeypatch, capsys):

@@ -2,12 +2,19 @@
 
     python tools/fp8_cast_bf16.py --input-fp8-hf-path /root/DeepSeek-V3 --output-bf16-hf-path /root/DeepSeek-V3-bf16
 
-Every float8 weight with a `<name>_scale_inv` grid (config.json's quantization_config: e4m3, weight_block_size)
+Every float8 weight with its `<name>_scale_inv` grid (config.json's quantization_config: e4m3, weight_block_size)
 is dequantized block by block (slime.utils.fp8_blocks.dequantize, in float32, then rounded once to bfloat16) and
 its scale grid dropped; every other tensor is copied as stored. Shards keep their file names; the index maps the
 remaining tensors; config.json loses its quantization_config (the output is not FP8), and the tokenizer, chat
 template and remote-code files are copied. Runs on the host's CPU, one shard in memory at a time (plus the shard
 that holds a scale grid stored apart from its weight).
+
+The weights are paired with their scales from the shards' headers, before anything is written, by the pairing
+slime's HF reader and the embedded engine use (slime/utils/fp8_pairs.py): a checkpoint they would refuse (a
+float8 weight without its scale, a scale without its float8 weight, a scale grid that does not fit, an e5m2
+weight, a float8 weight in a module quantization_config.modules_to_not_convert names) is refused in one line,
+exit 2. Upstream's script instead warned about a float8 weight without its scale and copied it as float8, and
+dropped an orphan scale from the shards but not from the index.
 """
 
 import argparse
@@ -24,22 +31,50 @@ import torch  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from slime.utils.fp8_blocks import SCALE_SUFFIX, Fp8BlockFormat, dequantize  # noqa: E402
+from slime.utils import safetensors_header  # noqa: E402
+from slime.utils.fp8_blocks import Fp8FormatError, dequantize  # noqa: E402
+from slime.utils.fp8_pairs import Fp8Layout, pair_scales, stored_specs  # noqa: E402
 
 COPIED = ("tokenizer*", "chat_template*", "*.py", "*.jinja", "generation_config.json", "special_tokens_map.json")
 
 
-def _weight_map(src: str) -> dict[str, str]:
+class CastError(ValueError):
+    """An input this tool refuses; the message is one line naming the problem and the fix."""
+
+
+def _shards(src: str) -> list[str]:
+    """The checkpoint's shard files: those its index names, else every *.safetensors."""
     index = os.path.join(src, "model.safetensors.index.json")
     if os.path.exists(index):
         with open(index) as f:
-            return json.load(f)["weight_map"]
-    shards = sorted(glob.glob(os.path.join(src, "*.safetensors")))
-    out = {}
-    for shard in shards:
-        with safe_open(shard, "pt") as f:
-            out.update(dict.fromkeys(f.keys(), os.path.basename(shard)))
-    return out
+            files = sorted(set(json.load(f)["weight_map"].values()))
+        missing = [fn for fn in files if not os.path.isfile(os.path.join(src, fn))]
+        if missing:
+            raise CastError(f"{src}: model.safetensors.index.json names missing shards {missing[:3]}; copy them "
+                            "or fix the index")
+        return files
+    return sorted(os.path.basename(p) for p in glob.glob(os.path.join(src, "*.safetensors")))
+
+
+def _plan(src: str, config: dict) -> tuple[dict[str, str], dict[str, str], tuple[int, int]]:
+    """({tensor: its shard}, {float8 weight: its scale}, block) from the shards' headers; CastError when the
+    checkpoint's block-FP8 weights are malformed (slime.utils.fp8_pairs)."""
+    file_of, specs = {}, []
+    for file_name in _shards(src):
+        try:  # a truncated or foreign shard is one line, not safetensors' error
+            safetensors_header.check(os.path.join(src, file_name), flag="--input-fp8-hf-path")
+        except safetensors_header.SafetensorsHeaderError as e:
+            raise CastError(str(e)) from e
+        for spec in stored_specs(os.path.join(src, file_name)):
+            file_of[spec[0]] = file_name
+            specs.append(spec)
+    if not specs:
+        raise CastError(f"no *.safetensors in {src}; point --input-fp8-hf-path at an HF checkpoint")
+    try:
+        layout = Fp8Layout.from_config(config) or Fp8Layout()
+        return file_of, pair_scales(specs, layout), layout.fmt.block
+    except Fp8FormatError as e:
+        raise CastError(f"{src}: {e}") from e
 
 
 def _read_tensor(src: str, file_name: str, name: str) -> torch.Tensor:
@@ -47,35 +82,32 @@ def _read_tensor(src: str, file_name: str, name: str) -> torch.Tensor:
         return f.get_tensor(name)
 
 
-def _cast_shard(src: str, file_name: str, weight_map: dict[str, str], block: tuple[int, int]) -> dict:
+def _cast_shard(src: str, file_name: str, file_of: dict[str, str], pairs: dict[str, str],
+                block: tuple[int, int]) -> dict:
     tensors = load_file(os.path.join(src, file_name))
+    scales = set(pairs.values())
     out = {}
     for name, tensor in tensors.items():
-        if name.endswith(SCALE_SUFFIX) and name[: -len(SCALE_SUFFIX)] in weight_map:
+        if name in scales:
             continue  # folded into its weight
-        scale = name + SCALE_SUFFIX
-        if tensor.element_size() == 1 and tensor.is_floating_point() and scale in weight_map:
-            scale_inv = tensors[scale] if scale in tensors else _read_tensor(src, weight_map[scale], scale)
+        if name in pairs:
+            scale = pairs[name]
+            scale_inv = tensors[scale] if scale in tensors else _read_tensor(src, file_of[scale], scale)
             tensor = dequantize(tensor, scale_inv, block, dtype=torch.bfloat16, name=name)
-        elif tensor.element_size() == 1 and tensor.is_floating_point():
-            print(f"warning: {name} is float8 without {scale}; copied as stored", file=sys.stderr)
         out[name] = tensor
     return out
 
 
 def cast_checkpoint(src: str, dst: str) -> int:
-    """Write the bfloat16 checkpoint; returns how many weights were dequantized."""
+    """Write the bfloat16 checkpoint; returns how many weights were dequantized. CastError, with nothing
+    written, for a checkpoint whose block-FP8 weights the HF reader and the embedded engine refuse."""
     with open(os.path.join(src, "config.json")) as f:
         config = json.load(f)
-    fmt = Fp8BlockFormat.from_config(config) or Fp8BlockFormat()
-    weight_map = _weight_map(src)
-    if not weight_map:
-        raise SystemExit(f"fp8_cast_bf16: no *.safetensors in {src}; point --input-fp8-hf-path at an HF checkpoint")
+    file_of, pairs, block = _plan(src, config)
     os.makedirs(dst, exist_ok=True)
-    cast, kept = 0, {}
-    for file_name in sorted(set(weight_map.values())):
-        tensors = _cast_shard(src, file_name, weight_map, fmt.block)
-        cast += sum(1 for n in tensors if n + SCALE_SUFFIX in weight_map)
+    kept = {}
+    for file_name in sorted(set(file_of.values())):
+        tensors = _cast_shard(src, file_name, file_of, pairs, block)
         if tensors:  # a shard of scale grids only has nothing left
             save_file(tensors, os.path.join(dst, file_name), metadata={"format": "pt"})
         kept.update(dict.fromkeys(tensors, file_name))
@@ -89,7 +121,7 @@ def cast_checkpoint(src: str, dst: str) -> int:
         for path in glob.glob(os.path.join(src, pattern)):
             if os.path.isfile(path):
                 shutil.copy(path, dst)
-    return cast
+    return len(pairs)
 
 
 def main(argv=None) -> int:
@@ -101,7 +133,11 @@ def main(argv=None) -> int:
         print(f"fp8_cast_bf16: no config.json in {a.input_fp8_hf_path}; point --input-fp8-hf-path at an HF "
               "checkpoint", file=sys.stderr)
         return 2
-    cast = cast_checkpoint(a.input_fp8_hf_path, a.output_bf16_hf_path)
+    try:
+        cast = cast_checkpoint(a.input_fp8_hf_path, a.output_bf16_hf_path)
+    except CastError as e:
+        print(f"fp8_cast_bf16: {e}", file=sys.stderr)
+        return 2
     print(f"fp8_cast_bf16: {cast} weights dequantized to bfloat16 in {a.output_bf16_hf_path}")
     return 0
 

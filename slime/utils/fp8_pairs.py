@@ -64,6 +64,23 @@ def _matches_at_boundary(pattern: str, module: str) -> bool:
         return module == pattern or module.startswith(pattern + ".")
 
 
+# safetensors' dtype codes; a dtype this torch lacks pairs as uint8 (never float8, never a float scale)
+STORED_DTYPES = {code: getattr(torch, name) for code, name in (
+    ("F64", "float64"), ("F32", "float32"), ("F16", "float16"), ("BF16", "bfloat16"), ("F8_E4M3", "float8_e4m3fn"),
+    ("F8_E5M2", "float8_e5m2"), ("I64", "int64"), ("I32", "int32"), ("I16", "int16"), ("I8", "int8"),
+    ("U8", "uint8"), ("BOOL", "bool")) if hasattr(torch, name)}
+
+
+def stored_specs(path: str) -> list[Spec]:
+    """(name, shape, dtype) of every tensor of a safetensors file, from its header alone: what pair_scales
+    checks before any tensor is read."""
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as f:
+        slices = [(name, f.get_slice(name)) for name in f.keys()]
+        return [(name, sl.get_shape(), STORED_DTYPES.get(sl.get_dtype(), torch.uint8)) for name, sl in slices]
+
+
 def pair_scales(specs: Iterable[Spec], layout: Fp8Layout) -> dict[str, str]:
     """{float8 weight: its scale's name} of a tensor set; Fp8FormatError, one line naming the first malformed
     tensor (and how many more) and the fix, when any weight or scale breaks the rules above."""
