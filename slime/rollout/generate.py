@@ -428,7 +428,7 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
     concurrency = request_concurrency(args, int(count) if count is not None else 1)
     workers = max(1, min(concurrency // chunk, -(-len(samples) // chunk)))
     if workers == 1:  # e.g. one batched request per engine and one engine: on this thread (no thread to start;
-        worker()      # the caller's HTTP connection, kept open between rollouts, carries it)
+        worker()      # the generation loop's executor thread, idle between rollouts, keeps its HTTP connection)
     else:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rollout") as pool:
             futures = [pool.submit(worker) for _ in range(workers)]
