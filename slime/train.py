@@ -209,4 +209,6 @@ def _shutdown_ray() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from slime.utils.exits import end_entry_point
+
+    end_entry_point(main())

@@ -9,7 +9,6 @@ slime.run.session's; only the loop differs. --colocate is refused: the engines n
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Sequence
 
 COLOCATE_REFUSED = ("train_async.py: error: --colocate is not supported: the engines generate while the trainer "
@@ -42,4 +41,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from slime.utils.exits import end_entry_point
+
+    end_entry_point(main())

@@ -369,3 +369,18 @@ def hard_exit(code: int, line: str) -> None:
         sys.stdout.flush()
     finally:
         os._exit(code)
+
+
+def end_entry_point(code: int | None) -> None:
+    """`sys.exit(code)` for a command whose work is done (train.py, the embedded engine's server), with every
+    object alive now frozen (`gc.freeze`) first, so that the interpreter's exit skips the cycle collector's passes
+    over them. Why: in a process that imported torch, transformers, megatron-core and Ray those passes took
+    1.6-3.1 s of its exit (0.2-0.6 s frozen, 1.2 core-s less; load 6-7 on 2 cores), and a run's driver and its
+    engines exit on the path a caller waits on. Everything else of the exit is unchanged (non-daemon threads
+    joined, atexit handlers, modules torn down by reference counting, files flushed); only objects in reference
+    cycles made before the call are not collected, whose finalizers Python never promises at exit. Only in
+    `__main__` blocks: a process that goes on (a test calling main()) would keep those objects for good."""
+    import gc
+
+    gc.freeze()
+    sys.exit(code)

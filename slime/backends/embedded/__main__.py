@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"embedded engine serving {args.model_path} at {server.url}", flush=True)
     stop.wait()
     server.stop()
-    sys.exit(0)
+    return 0
 
 
 def _follow(args: argparse.Namespace) -> None:
@@ -98,4 +98,6 @@ def _follow(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from slime.utils.exits import end_entry_point
+
+    end_entry_point(main())
