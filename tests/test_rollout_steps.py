@@ -128,3 +128,13 @@ def test_the_trainer_takes_upstreams_steps(actor_and_args, name):
     assert trained == want["steps"]
     assert metrics["train/steps"] == len(want["global_batch_sizes"]) > 1
     assert metrics["train/reused_log_probs"] == 0.0  # several steps: the old log-probs come from their own forward
+
+
+def test_a_step_that_does_not_split_over_data_parallel_ranks_is_one_line():
+    """Upstream spreads a step's micro-batches over the ranks; here every rank takes an equal share of its samples."""
+    steps = D.batch_steps(batch_from_payload(pack_samples(_samples([0, 0, 1]))), 2)
+    assert steps == [[0, 1, 2]]
+    for shard in (lambda: D.dp_shard(steps[0], 0, 2), lambda: D.balanced_dp_shard(steps[0], [4, 5, 6], 0, 2)):
+        with pytest.raises(ValueError, match=r"^3 samples of an optimizer step do not split over 2 data-parallel "
+                                             r"ranks \(a step takes whole rollouts"):
+            shard()

@@ -112,10 +112,16 @@ def batch_steps(batch: RolloutBatch, global_batch_size: int) -> list[list[int]]:
     return rollout_steps(batch.rollout_ids, global_batch_size)
 
 
+def _uneven_step(num_samples: int, dp_size: int) -> str:
+    return (f"{num_samples} samples of an optimizer step do not split over {dp_size} data-parallel ranks (a step "
+            "takes whole rollouts, and a forked agent session gives its rollout several samples); train such "
+            "rollouts with one data-parallel rank")
+
+
 def dp_shard(indices: Sequence[int], dp_rank: int, dp_size: int) -> list[int]:
     """This data-parallel rank's samples of a step: strided, so each rank sees every group position."""
     if len(indices) % dp_size:
-        raise ValueError(f"{len(indices)} samples do not split over {dp_size} data-parallel ranks")
+        raise ValueError(_uneven_step(len(indices), dp_size))
     return list(indices[dp_rank::dp_size])
 
 
@@ -124,7 +130,7 @@ def balanced_dp_shard(indices: Sequence[int], token_counts: Sequence[int], dp_ra
     nearly equal token totals (longest first, each to the lightest set that still has room). Every rank
     computes the same split from the same counts."""
     if len(indices) % dp_size:
-        raise ValueError(f"{len(indices)} samples do not split over {dp_size} data-parallel ranks")
+        raise ValueError(_uneven_step(len(indices), dp_size))
     cap = len(indices) // dp_size
     loads, members = [0] * dp_size, [[] for _ in range(dp_size)]
     for i in sorted(range(len(indices)), key=lambda i: (-token_counts[i], i)):
