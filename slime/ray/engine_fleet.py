@@ -182,7 +182,7 @@ class RolloutEngines(EngineFleet):
         """Where upstream's plugins send requests (args.sglang_router_ip/port): the fleet proxy
         (slime.rollout.fleet_proxy), which spreads them over the engines (or sends them to the sglang-router)
         and re-sends a request lost to a dead engine once the fleet has restarted it, counting it in `counters`
-        (the rollout's generate._Counters). None: no engine."""
+        (the rollout's generate.RolloutCounters). None: no engine."""
         if not self.n:
             return None
         if self._proxy is None:

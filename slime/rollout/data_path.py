@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from slime.rollout.errors import RolloutError
-from slime.rollout.generate import _Counters, generate_rollout
+from slime.rollout.generate import RolloutCounters, generate_rollout
 from slime.rollout.rewards import reward_value
 
 
@@ -53,7 +53,7 @@ class RolloutDataPath:
 
             init_http_client(args)
         self.data_source = global_prompt_source(args, self.tokenizer)
-        self.progress: _Counters | None = None  # of the rollout in progress
+        self.progress: RolloutCounters | None = None  # of the rollout in progress
         self._plugin_data_source = None  # upstream's data source, made on the first plugin rollout
         self._eval_sets = None  # loaded on the first eval
 
@@ -82,7 +82,7 @@ class RolloutDataPath:
         from slime.rollout.sample_hooks import set_current_rollout_id
 
         set_current_rollout_id(rollout_id)
-        self.progress = _Counters()
+        self.progress = RolloutCounters()
         before = fleet.recovery.restart_counters()
         fleet.recovery.health_resume()  # until the engines are offloaded or the weight sync begins (upstream's window)
         if plugin:
@@ -96,7 +96,7 @@ class RolloutDataPath:
             metrics["rollout/raw_reward_mean"] = sum(rewards) / len(rewards)
         return samples, metrics
 
-    def _plugin_args(self, fleet: Any, counters: _Counters):
+    def _plugin_args(self, fleet: Any, counters: RolloutCounters):
         """Upstream's plugin contracts (slime.rollout.plugin_rollout): args naming the router (the fleet proxy,
         which counts its re-sent requests in `counters`), and upstream's data source (made once, over the
         manager's prompts)."""
@@ -159,7 +159,7 @@ class RolloutDataPath:
         if plugin_rollout.uses_plugin_eval(self.args):  # upstream's eval function contract
             fleet.recovery.refresh_versions()
             fleet.recovery.rollout_id = rollout_id
-            args = self._plugin_args(fleet, _Counters())
+            args = self._plugin_args(fleet, RolloutCounters())
             return plugin_rollout.run_plugin_eval(args, rollout_id, self._plugin_data_source)
         if self._eval_sets is None:
             self._eval_sets = load_eval_sets(self.args, self.tokenizer)

@@ -23,7 +23,7 @@ from slime.rollout import rm_hub
 from slime.rollout.data_source import JsonlDataSource, make_samples
 from slime.rollout.eval_datasets import EvalDataset, eval_dataset_list, resolve_eval_dataset
 from slime.rollout.errors import RolloutError
-from slime.rollout.generate import FleetGroups, _Counters, generate_groups
+from slime.rollout.generate import FleetGroups, RolloutCounters, generate_groups
 from slime.rollout.rewards import reward_value
 from slime.rollout.sample import SampleStatus
 
@@ -71,7 +71,7 @@ def evaluate(args: argparse.Namespace, fleet: Any, sets: list[EvalSet], tokenize
             config.prepare(x)
         base += len(items) * n
         # the generation loop over the built-in transport, as a training rollout (one group per prompt)
-        generator = FleetGroups(sampling, fleet, tokenizer, set_reward, _Counters(), evaluation=True,
+        generator = FleetGroups(sampling, fleet, tokenizer, set_reward, RolloutCounters(), evaluation=True,
                                 extra_params=config.extra_sampling_params())
         samples = generate_groups(sampling, generator, [fresh[i:i + n] for i in range(0, len(fresh), n)])
         rewards = [reward_value(x.reward, sampling.reward_key) for x in samples]

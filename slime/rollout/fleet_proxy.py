@@ -26,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from slime.rollout.errors import RolloutError
-from slime.rollout.generate import MAX_FAILED_ATTEMPTS, EngineFleet, _Counters, lose_request
+from slime.rollout.generate import MAX_FAILED_ATTEMPTS, EngineFleet, RolloutCounters, lose_request
 from slime.rollout.router import NoEngineAvailable
 from slime.utils.http_client import EngineUnreachable, HttpClient
 
@@ -48,7 +48,7 @@ class FleetProxy(ThreadingHTTPServer):
         self._clients: dict[str, HttpClient] = {}
         self._lock = threading.Lock()
         self.forwarded = 0  # requests answered by an engine (tests, logs)
-        self.counters = _Counters()  # the rollout in progress's (set by the fleet for each plugin rollout)
+        self.counters = RolloutCounters()  # the rollout in progress's (set by the fleet for each plugin rollout)
         super().__init__((host, 0), _Handler)
         self._thread = threading.Thread(target=self.serve_forever, name="fleet-proxy", daemon=True)
         self._thread.start()

@@ -105,7 +105,10 @@ def sample_seed(args: Any, index: int) -> int:
     return (int(args.rollout_seed) * 1_000_003 + index) % (1 << 62)
 
 
-class _Counters:
+class RolloutCounters:
+    """One rollout's progress, shared by its sending threads and the fleet proxy: samples done, samples re-issued
+    after a lost request (rollout/reissued_requests), samples aborted by a pause (rollout/aborted_requests)."""
+
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.done = 0
@@ -203,7 +206,7 @@ async def _await(x: Any) -> Any:
     return await x
 
 
-def lose_request(fleet: EngineFleet, idx: int, gen: int, error: BaseException, counters: _Counters,
+def lose_request(fleet: EngineFleet, idx: int, gen: int, error: BaseException, counters: RolloutCounters,
                  samples: int) -> None:
     """A request engine `idx` never answered (its process died; behind sglang-router, a 5xx): it is counted as
     re-issued (`samples` of them, rollout/reissued_requests) and reported to the fleet, which restarts and
@@ -271,7 +274,7 @@ class _Sender:
     the engine lost or aborted goes back to the queue. Raises RolloutError on an unrecoverable failure."""
 
     def __init__(self, args: Any, fleet: EngineFleet, queue: _WorkQueue, custom: Any, behind_router: bool,
-                 tokenizer: Any, reward_fn: RewardFn | None, counters: _Counters, engine_times: EngineTimes | None,
+                 tokenizer: Any, reward_fn: RewardFn | None, counters: RolloutCounters, engine_times: EngineTimes | None,
                  evaluation: bool, extra_params: dict[str, Any] | None, on_done: Any = None) -> None:
         """custom: the --custom-generate-function-path function (or None); behind_router: generation goes
         through sglang-router (fleet.behind_router()); on_done: called with each request's finished samples."""
@@ -394,9 +397,9 @@ class _Sender:
 
 
 def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer: Any, reward_fn: RewardFn | None,
-                progress: _Counters | None = None, engine_times: EngineTimes | None = None,
+                progress: RolloutCounters | None = None, engine_times: EngineTimes | None = None,
                 evaluation: bool = False, extra_params: dict[str, Any] | None = None,
-                on_done: Any = None) -> _Counters:
+                on_done: Any = None) -> RolloutCounters:
     """Generate (and score) every sample in place. Raises RolloutError on the first unrecoverable failure.
     Each finished sample passes through --rollout-sample-hook-path before its reward. extra_params: sampling
     params no rollout flag sets (an eval set's min_new_tokens, repetition_penalty), added to every request's;
@@ -405,7 +408,7 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
     Workers take up to `samples_per_request` pending samples each and send them as one /generate request
     (a list of prompts; a single prompt when it is one); lost or aborted samples go back to the queue.
     At most --max-concurrency samples are in flight."""
-    counters = progress or _Counters()
+    counters = progress or RolloutCounters()
     custom = load_generate_function(args)
     chunk = 1 if custom is not None else samples_per_request(args, fleet, len(samples))
     behind_router = bool(fleet.behind_router())
@@ -443,7 +446,7 @@ def run_samples(args: Any, fleet: EngineFleet, samples: list[Sample], tokenizer:
     return counters
 
 
-def rollout_metrics(samples: list[Sample], counters: _Counters, elapsed: float) -> dict[str, float]:
+def rollout_metrics(samples: list[Sample], counters: RolloutCounters, elapsed: float) -> dict[str, float]:
     n = max(1, len(samples))
     tokens = sum(s.response_length for s in samples)
     return {
@@ -472,7 +475,7 @@ class FleetGroups:
     partial rollout to hand them back to)."""
 
     def __init__(self, args: Any, fleet: EngineFleet, tokenizer: Any, reward_fn: RewardFn | None,
-                 counters: _Counters, engine_times: EngineTimes | None = None, evaluation: bool = False,
+                 counters: RolloutCounters, engine_times: EngineTimes | None = None, evaluation: bool = False,
                  extra_params: dict[str, Any] | None = None) -> None:
         self.args, self.fleet, self.tokenizer, self.reward_fn = args, fleet, tokenizer, reward_fn
         self.counters, self.engine_times, self.evaluation = counters, engine_times, evaluation
@@ -549,7 +552,7 @@ def generate_groups(args: Any, generator: FleetGroups, groups: list[list[Sample]
 
 
 def generate_rollout(args: Any, fleet: EngineFleet, data_source: Any, tokenizer: Any, reward_fn: RewardFn | None,
-                     progress: _Counters | None = None,
+                     progress: RolloutCounters | None = None,
                      health: dict[int, Any] | None = None) -> tuple[list[Sample], dict[str, float]]:
     """--rollout-batch-size prompt groups, every sample generated and rewarded, through the generation loop
     (slime.rollout.streaming) over the built-in transport (FleetGroups). Dynamic sampling, over-sampling and
@@ -565,7 +568,7 @@ def generate_rollout(args: Any, fleet: EngineFleet, data_source: Any, tokenizer:
     n, target = args.n_samples_per_prompt, args.rollout_batch_size
     t0 = time.perf_counter()
     engine_times = EngineTimes(fleet, health)
-    counters = progress or _Counters()
+    counters = progress or RolloutCounters()
     items = data_source.next_batch(target)
     indices = data_source.take_sample_indices(len(items) * n)
     fresh = make_samples(items, n, indices)
