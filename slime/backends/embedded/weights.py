@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 import torch
 
 from slime.backends.embedded.errors import BadRequest
+from slime.utils.fp8_pairs import STORED_DTYPES
 
 if TYPE_CHECKING:
     from slime.backends.embedded.fp8_checkpoint import Fp8Layout
@@ -398,9 +399,6 @@ def _reading(path: str):
 
 
 def _safetensors_dtype(code: str) -> torch.dtype:
-    table = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
-             "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool", "F8_E4M3": "float8_e4m3fn",
-             "F8_E5M2": "float8_e5m2"}
-    if code not in table:
+    if code not in STORED_DTYPES:
         raise BadRequest(f"safetensors dtype {code} is not supported")
-    return parse_dtype(table[code])
+    return STORED_DTYPES[code]

@@ -20,10 +20,6 @@ _FUSED = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<kind>gate_up_proj|down_
 
 
 _SAFETENSORS_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64}
-# every stored dtype, for block-FP8 pairing (float8 weights, high-precision scales); one torch lacks counts as uint8
-_PAIRING_DTYPES = {**_SAFETENSORS_DTYPES, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-                   "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-                   "BOOL": torch.bool}
 
 
 class HFCheckpointError(ValueError):
@@ -84,11 +80,11 @@ class HFCheckpoint:
         """{e4m3 weight: its weight_scale_inv} and the block size (config.json quantization_config, else 128 x 128),
         paired and checked from the headers as the embedded engine pairs them (slime.utils.fp8_pairs)."""
         from slime.utils.fp8_blocks import Fp8FormatError
-        from slime.utils.fp8_pairs import Fp8Layout, pair_scales
+        from slime.utils.fp8_pairs import STORED_DTYPES, Fp8Layout, pair_scales
 
         try:
             layout = Fp8Layout.from_config(self.config) or Fp8Layout()
-            specs = [(n, self._shape(n), _PAIRING_DTYPES.get(self._stored_dtype(n), torch.uint8)) for n in self._file_of]
+            specs = [(n, self._shape(n), STORED_DTYPES.get(self._stored_dtype(n), torch.uint8)) for n in self._file_of]
             return pair_scales(specs, layout), layout.fmt.block
         except Fp8FormatError as e:
             raise HFCheckpointError(f"{self.dir}: {e}") from e
