@@ -214,6 +214,28 @@ def test_custom_convert_samples_to_train_data_errors_name_the_problem():
         train_data_payload(args, _samples(2))
 
 
+def _forked_ids(args, samples):
+    """An upstream converter that returns rollout_ids: samples 0-2 one forked rollout, 3 and 4 one each."""
+    return {**_to_train_data(args, [None] + samples), "rollout_ids": [7, 7, 7, 2, 9][:len(samples)]}
+
+
+def test_custom_convert_rollout_ids_reach_the_step_split():
+    from slime.backends.megatron.data import batch_steps
+    from slime.rollout.generate import RolloutError
+    from slime.rollout.plugin_rollout import train_data_payload
+
+    args = SimpleNamespace(custom_convert_samples_to_train_data_path="tests.test_rollout_data._forked_ids")
+    batch = batch_from_payload(train_data_payload(args, _samples(5)))
+    assert batch.rollout_ids == [7, 7, 7, 2, 9]
+    assert batch_steps(batch, 1) == [[0, 1, 2], [3], [4]]  # the fork stays in one step: 3 steps, not 5
+    assert batch_steps(batch, 2) == [[0, 1, 2, 3]]  # rollout 9 after the last whole set is not trained
+    without = train_data_payload(SimpleNamespace(
+        custom_convert_samples_to_train_data_path="tests.test_rollout_data._to_train_data"), _samples(5))
+    assert without["rollout_ids"] is None and batch_steps(batch_from_payload(without), 2) == [[0, 1], [2, 3]]
+    with pytest.raises(RolloutError, match="rollout_ids has 5 entries for 6 samples"):
+        train_data_payload(args, _samples(6))
+
+
 def _short_mask(args, samples):
     return {"tokens": [s.tokens for s in samples], "response_lengths": [s.response_length + 1 for s in samples],
             "rewards": [0.0] * len(samples), "loss_masks": [[1, 1]] * len(samples)}

@@ -157,8 +157,8 @@ LOOP_METRICS = ("rollout/start_time", "rollout/end_time", "rollout/weight_versio
 
 def train_data_payload(args: Any, samples: list[Sample]) -> dict | None:
     """--custom-convert-samples-to-train-data-path: `fn(args, samples) -> dict` as upstream's (tokens,
-    response_lengths, rewards, loss_masks, optional rollout_log_probs; one entry per trained sample), as the
-    trainer's flat payload. Its rewards are used as they are (no reward post-process, no group
+    response_lengths, rewards, loss_masks, optional rollout_log_probs and rollout_ids; one entry per trained
+    sample), as the trainer's flat payload. Its rewards are used as they are (no reward post-process, no group
     normalization), as upstream's. None when the flag is unset."""
     import numpy as np
 
@@ -182,8 +182,12 @@ def train_data_payload(args: Any, samples: list[Sample]) -> dict | None:
         if not 0 < n < len(t) or len(m) != n or (log_probs is not None and len(log_probs[i]) != n):
             raise RolloutError(f"{where}: sample {i} has {len(t)} tokens, response_length {n}, {len(m)} loss-mask "
                                f"entries" + (f", {len(log_probs[i])} rollout_log_probs" if log_probs is not None else ""))
+    ids = data.get("rollout_ids")  # upstream's step split needs them; without, each sample is a rollout of its own
+    if ids is not None and len(ids) != len(tokens):
+        raise RolloutError(f"{where}: rollout_ids has {len(ids)} entries for {len(tokens)} samples")
     total = np.array([len(t) for t in tokens], dtype=np.int64)
     return {
+        "rollout_ids": None if ids is None else np.array([int(i) for i in ids], dtype=np.int64),
         "tokens": np.array([x for t in tokens for x in t], dtype=np.int64),
         "offsets": np.concatenate([[0], np.cumsum(total)]).astype(np.int64),
         "response_lengths": np.array(lengths, dtype=np.int64),
