@@ -1,6 +1,7 @@
 """Worker of tests/test_glm5_next_indexer_replay.py: one spawned trainer rank (gloo) with
---use-rollout-indexer-replay at TP2 (sequence parallel: the DSA layers gather the sequence before the indexer)
-or CP2 (each rank's chunks attend over their sequences' prefixes); with the trainer's indexer weights changed it
+--use-rollout-indexer-replay at TP2 (sequence parallel: the DSA layers gather the sequence before the indexer),
+CP2 (each rank's chunks attend over their sequences' prefixes), PP2 (the DSA layers on the second stage read
+the payload by global layer index) or EP2; with the trainer's indexer weights changed it
 computes the rollout's log-probs replayed and selected by itself, and rank 0 writes both."""
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import torch
 import torch.distributed as dist
 
 CONFIGS = {"tp2": ["--tensor-model-parallel-size", "2"], "cp2": ["--context-parallel-size", "2"],
+           # PP2 splits the 5 layers 2 + 3: both DSA layers (global indices 2 and 3) sit on the second stage
+           "pp2": ["--pipeline-model-parallel-size", "2"], "ep2": ["--expert-model-parallel-size", "2"],
            # DP2, full activation recompute: the training forward (with grad) recomputes each layer in backward
            "recompute": ["--recompute-granularity", "full", "--recompute-method", "uniform",
                          "--recompute-num-layers", "1"]}
@@ -23,6 +26,7 @@ def run(rank: int, world: int, port: int, ckpt: str, rollout_path: str, out_dir:
     from slime.backends.megatron.actor import MegatronTrainRayActor
     from slime.backends.megatron.hf_export import unwrap
     from slime.config.arguments import parse_args
+    from slime_plugins.models.glm5_next.attention import NopeMlaDsaAttention
 
     init_rank(rank, world, port)
     payload = torch.load(rollout_path, weights_only=False)
@@ -34,6 +38,9 @@ def run(rank: int, world: int, port: int, ckpt: str, rollout_path: str, out_dir:
         actor.init(args)
         _perturb_indexers(unwrap(actor.model))  # the same seed on every rank: replicated indexer weights
         out = _train_forward_gaps(actor, payload) if name == "recompute" else _log_prob_passes(actor, payload)
+        out["dsa_layers"] = [None] * world  # each rank's DSA layers, by global index
+        dist.all_gather_object(out["dsa_layers"], sorted(
+            m.layer_index for m in unwrap(actor.model).modules() if isinstance(m, NopeMlaDsaAttention)))
         if rank == 0:
             torch.save(out, os.path.join(out_dir, f"{name}.pt"))
         dist.barrier()

@@ -39,8 +39,9 @@ def actor(tiny_ckpt):
     return actor
 
 
-def _engine_rollout(tiny_ckpt, change_engine=None):
-    """The engine's answers to PROMPTS (one batched /generate over HTTP, as the rollout sends it)."""
+def _engine_rollout(tiny_ckpt, change_engine=None, routed_experts=False):
+    """The engine's answers to PROMPTS (one batched /generate over HTTP, as the rollout sends it); with
+    `routed_experts` the MoE routes too."""
     from slime.backends.embedded import EmbeddedEngine, EngineConfig, EngineHTTPServer
     from slime.utils.http_client import EngineClient
 
@@ -52,7 +53,8 @@ def _engine_rollout(tiny_ckpt, change_engine=None):
     try:
         params = [{"max_new_tokens": NEW, "temperature": 1.0, "sampling_seed": i, "ignore_eos": True}
                   for i in range(len(PROMPTS))]
-        return EngineClient(server.url, "t").generate(PROMPTS, params, return_logprob=True, return_indexer_topk=True)
+        return EngineClient(server.url, "t").generate(PROMPTS, params, return_logprob=True, return_indexer_topk=True,
+                                                     return_routed_experts=routed_experts)
     finally:
         server.stop()
         engine.shutdown()
@@ -251,10 +253,12 @@ def test_flag_refuses_what_cannot_replay(tmp_path, tiny_ckpt, capsys):
                           ).use_rollout_indexer_replay  # off by default
 
 
-def test_replay_at_tp2_cp2_and_under_recompute_uses_the_engines_selection(tiny_ckpt, rollout, tmp_path):
-    """TP2 (sequence parallel) and CP2 (each rank's chunks select over their sequences' prefixes), the trainer's
-    indexer changed: replayed, the log-probs are the engine's (1e-5); selecting by themselves not (> 1e-3). DP2
-    with full activation recompute: the training forward's (with grad, layers recomputed in backward) too."""
+def test_replay_at_tp2_cp2_pp2_ep2_and_under_recompute_uses_the_engines_selection(tiny_ckpt, rollout, tmp_path):
+    """TP2 (sequence parallel), CP2 (each rank's chunks select over their sequences' prefixes), PP2 (layers split
+    2 + 3: both DSA layers on the second stage, which indexes the payload by global layer) and EP2, the trainer's
+    indexer changed: replayed, the log-probs are the engine's (1e-5; measured 4.8e-7 in each layout); selecting
+    by themselves not (> 1e-3; 0.098). DP2 with full activation recompute: the training forward's (with grad,
+    layers recomputed in backward) too."""
     from glm5_helpers import spawn_ranks
     from indexer_replay_parallel_worker import run
 
@@ -263,11 +267,12 @@ def test_replay_at_tp2_cp2_and_under_recompute_uses_the_engines_selection(tiny_c
     samples, batch = rollout
     path = str(tmp_path / "rollout.pt")
     torch.save(pack_samples(samples), path)
-    names = ["tp2", "cp2", "recompute"]
+    names = ["tp2", "cp2", "pp2", "ep2", "recompute"]
     spawn_ranks(run, 2, tiny_ckpt, path, str(tmp_path), names)
     gaps = torch.load(tmp_path / "recompute.pt")
     assert gaps[True] <= 1e-5 and gaps[False] > 1e-3, gaps
-    for name in names[:2]:
+    for name in names[:-1]:
         got = torch.load(tmp_path / f"{name}.pt")
         assert _max_diff(got[True], batch.rollout_log_probs) <= 1e-5, name
         assert _max_diff(got[False], batch.rollout_log_probs) > 1e-3, name
+    assert torch.load(tmp_path / "pp2.pt")["dsa_layers"] == [[], [2, 3]]  # the selection reaches the second stage
