@@ -209,7 +209,7 @@ def test_custom_convert_samples_to_train_data_errors_name_the_problem():
     from slime.rollout.generate import RolloutError
     from slime.rollout.plugin_rollout import train_data_payload
 
-    args = SimpleNamespace(custom_convert_samples_to_train_data_path="tests.test_rollout_data._short_mask")
+    args = _manager_args(custom_convert_samples_to_train_data_path="tests.test_rollout_data._short_mask")
     with pytest.raises(RolloutError, match="sample 0 has .* 2 loss-mask entries"):
         train_data_payload(args, _samples(2))
 
@@ -224,12 +224,12 @@ def test_custom_convert_rollout_ids_reach_the_step_split():
     from slime.rollout.generate import RolloutError
     from slime.rollout.plugin_rollout import train_data_payload
 
-    args = SimpleNamespace(custom_convert_samples_to_train_data_path="tests.test_rollout_data._forked_ids")
+    args = _manager_args(custom_convert_samples_to_train_data_path="tests.test_rollout_data._forked_ids")
     batch = batch_from_payload(train_data_payload(args, _samples(5)))
     assert batch.rollout_ids == [7, 7, 7, 2, 9]
     assert batch_steps(batch, 1) == [[0, 1, 2], [3], [4]]  # the fork stays in one step: 3 steps, not 5
     assert batch_steps(batch, 2) == [[0, 1, 2, 3]]  # rollout 9 after the last whole set is not trained
-    without = train_data_payload(SimpleNamespace(
+    without = train_data_payload(_manager_args(
         custom_convert_samples_to_train_data_path="tests.test_rollout_data._to_train_data"), _samples(5))
     assert without["rollout_ids"] is None and batch_steps(batch_from_payload(without), 2) == [[0, 1], [2, 3]]
     with pytest.raises(RolloutError, match="rollout_ids has 5 entries for 6 samples"):
@@ -281,7 +281,7 @@ def _eval_log(rollout_id, args, data, extra_metrics):
 def test_custom_eval_rollout_log_function_is_called_and_can_take_over(take_over):
     from slime.rollout.plugin_rollout import run_plugin_eval
 
-    args = SimpleNamespace(eval_function_path="tests.test_rollout_data._eval_fn", rollout_num_engines=1,
+    args = _manager_args(eval_function_path="tests.test_rollout_data._eval_fn", rollout_num_engines=1,
                            custom_eval_rollout_log_function_path="tests.test_rollout_data._eval_log",
                            logged=[], take_over=take_over)
     metrics = run_plugin_eval(args, 4, None)

@@ -30,7 +30,7 @@ DEFAULT_ROLLOUT_FUNCTION = "slime.rollout.sglang_rollout.generate_rollout"
 
 
 def uses_plugin_rollout(args: Any) -> bool:
-    return any(getattr(args, name, None) for name in (*PLUGIN_FLAGS, *STREAMING_FLAGS))
+    return any(getattr(args, name) for name in (*PLUGIN_FLAGS, *STREAMING_FLAGS))
 
 
 def plugin_args(args: Any, router_url: str, num_engines: int, engines: list | None = None) -> Any:
@@ -44,7 +44,7 @@ def plugin_args(args: Any, router_url: str, num_engines: int, engines: list | No
 
 
 def make_data_source(args: Any, source: Any, tokenizer: Any) -> Any:
-    path = getattr(args, "data_source_path", None)
+    path = args.data_source_path
     if path:
         return load_function(path)(args)
     from slime.rollout.data_source import RolloutDataSourceWithBuffer
@@ -78,7 +78,7 @@ def check_samples(samples: list[Sample], where: str) -> None:
 
 def run_plugin_rollout(args: Any, rollout_id: int, data_source: Any) -> tuple[list[Sample], dict[str, float]]:
     init_http_client(args)
-    path = getattr(args, "rollout_function_path", None) or DEFAULT_ROLLOUT_FUNCTION
+    path = args.rollout_function_path or DEFAULT_ROLLOUT_FUNCTION
     t0 = time.perf_counter()
     out = call_rollout_fn(load_function(path), args, rollout_id, data_source, evaluation=False)
     if not isinstance(out, RolloutFnTrainOutput):
@@ -96,7 +96,7 @@ def run_plugin_rollout(args: Any, rollout_id: int, data_source: Any) -> tuple[li
 
 def uses_plugin_eval(args: Any) -> bool:
     # (the streaming flags concern training rollouts: evaluation stays the built-in one for them)
-    return any(getattr(args, name, None) for name in ("eval_function_path", *PLUGIN_FLAGS))
+    return any(getattr(args, name) for name in ("eval_function_path", *PLUGIN_FLAGS))
 
 
 def run_plugin_eval(args: Any, rollout_id: int, data_source: Any) -> dict[str, float]:
@@ -107,7 +107,7 @@ def run_plugin_eval(args: Any, rollout_id: int, data_source: Any) -> dict[str, f
     from slime.rollout.base_types import RolloutFnEvalOutput
 
     init_http_client(args)
-    path = (getattr(args, "eval_function_path", None) or getattr(args, "rollout_function_path", None)
+    path = (args.eval_function_path or args.rollout_function_path
             or DEFAULT_ROLLOUT_FUNCTION)
     t0 = time.perf_counter()
     out = call_rollout_fn(load_function(path), args, rollout_id, data_source, evaluation=True)
@@ -136,7 +136,7 @@ def post_process_rewards(args: Any, samples: list[Sample], payload: dict) -> dic
     `rewards` as they are (no group normalization of its own), as upstream's does."""
     import numpy as np
 
-    path = getattr(args, "custom_reward_post_process_path", None)
+    path = args.custom_reward_post_process_path
     if not path:
         return {}
     raw, rewards = load_function(path)(args, samples)
@@ -162,7 +162,7 @@ def train_data_payload(args: Any, samples: list[Sample]) -> dict | None:
     normalization), as upstream's. None when the flag is unset."""
     import numpy as np
 
-    path = getattr(args, "custom_convert_samples_to_train_data_path", None)
+    path = args.custom_convert_samples_to_train_data_path
     if not path:
         return None
     data = load_function(path)(args, samples)
@@ -201,7 +201,7 @@ def train_data_payload(args: Any, samples: list[Sample]) -> dict | None:
 def log_rollout(args: Any, rollout_id: int, samples: list[Sample], metrics: dict, rollout_time: float) -> dict:
     """--custom-rollout-log-function-path: `fn(rollout_id, args, samples, rollout_extra_metrics, rollout_time)
     -> bool` after each rollout; True: it logged the rollout, the built-in metrics are dropped (LOOP_METRICS stay)."""
-    path = getattr(args, "custom_rollout_log_function_path", None)
+    path = args.custom_rollout_log_function_path
     if path and load_function(path)(rollout_id, args, samples, metrics, rollout_time):
         return {k: v for k, v in metrics.items() if k in LOOP_METRICS}
     return metrics
@@ -210,13 +210,13 @@ def log_rollout(args: Any, rollout_id: int, samples: list[Sample], metrics: dict
 def log_eval(args: Any, rollout_id: int, data: dict, extra_metrics: dict | None, metrics: dict) -> dict:
     """--custom-eval-rollout-log-function-path: `fn(rollout_id, args, data, extra_metrics) -> bool` after each
     evaluation ({set: {"rewards", "truncated", "samples"}}); True: the built-in eval metrics are dropped."""
-    path = getattr(args, "custom_eval_rollout_log_function_path", None)
+    path = args.custom_eval_rollout_log_function_path
     if path and load_function(path)(rollout_id, args, data, extra_metrics):
         return {k: v for k, v in metrics.items() if not k.startswith("eval/")}
-    if getattr(args, "log_passrate", False):  # pass@k of each eval set over groups of --n-samples-per-eval-prompt
+    if args.log_passrate:  # pass@k of each eval set over groups of --n-samples-per-eval-prompt
         from slime.rollout.rollout_metrics import pass_at_k
 
-        n = getattr(args, "n_samples_per_eval_prompt", None) or 1
+        n = args.n_samples_per_eval_prompt or 1
         for name, result in data.items():
             rewards = [float(r) for r in result.get("rewards", [])]
             if n > 1 and rewards and len(rewards) % n == 0:
