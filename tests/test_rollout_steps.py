@@ -14,6 +14,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from slime.backends.megatron import data as D
 from slime.backends.megatron.rollout_data import batch_from_payload, pack_samples
@@ -138,3 +139,49 @@ def test_a_step_that_does_not_split_over_data_parallel_ranks_is_one_line():
         with pytest.raises(ValueError, match=r"^3 samples of an optimizer step do not split over 2 data-parallel "
                                              r"ranks \(a step takes whole rollouts"):
             shard()
+
+
+def test_the_trainer_reduces_a_forked_rollout_to_one_token_mean(actor_and_args, monkeypatch):
+    """Two rollouts of 2 and 3 samples (interleaved; some loss tokens masked), one step of --global-batch-size 2
+    packed into micro-batches of <= 24 tokens, which split the rollouts. The step reuses its forward's log-probs
+    as the old ones (ratio 1, PPO's loss -A per token): its loss and train/pg_loss are upstream's
+    -(1/2) sum over rollouts of (sum of A over the rollout's loss tokens / their count), in float64."""
+    actor, args = actor_and_args
+    monkeypatch.setattr(args, "rollout_batch_size", 1)  # 5 samples != 1 x 1: one reward group of the rollout
+    samples = _samples([0, 1, 1, 0, 1], seed=5)
+    for k, s in enumerate(samples):
+        s.response_length, s.tokens = 4, [3 + (7 * k + 5 * j) % 90 for j in range(6)]
+        s.loss_mask = [1, 0, 1, 1] if k % 2 else [1, 1, 1, 1]
+        s.rollout_log_probs = [-0.5] * 4
+        s.reward = float(k in (1, 3))
+    seen = {}
+    runner = actor.runner
+    real, real_mbs = runner._train_step, runner.policy.micro_batches
+
+    def recording(rollout_id, step_id, batch, step, *rest):
+        seen["batch"], seen["step"] = batch, list(step)
+        return real(rollout_id, step_id, batch, step, *rest)
+
+    def micro_batches(batch, indices, *a, **kw):
+        out = real_mbs(batch, indices, *a, **kw)
+        seen.setdefault("mbs", []).append(out)
+        return out
+
+    runner._train_step, runner.policy.micro_batches = recording, micro_batches
+    try:
+        metrics = actor.train_rollout(0, pack_samples(samples), True)
+    finally:
+        del runner._train_step, runner.policy.micro_batches
+    batch = seen["batch"]
+    assert seen["step"] == [0, 3, 1, 2, 4] and metrics["train/reused_log_probs"] == 1.0
+    train_mbs = seen["mbs"][-1]
+    assert len(train_mbs) > 1 and not any(set(mb) >= {1, 2, 4} for mb in train_mbs)  # rollout 1 is split
+    want = 0.0
+    for members in ([0, 3], [1, 2, 4]):
+        adv = sum(float((torch.as_tensor(batch.advantages[i], dtype=torch.float64)
+                         * torch.tensor(batch.loss_masks[i], dtype=torch.float64)).sum()) for i in members)
+        want += -adv / sum(sum(batch.loss_masks[i]) for i in members)
+    want /= 2
+    assert abs(want) > 1e-3
+    assert metrics["train/loss"] == pytest.approx(want, rel=1e-5, abs=1e-6)
+    assert metrics["train/pg_loss"] == pytest.approx(want, rel=1e-5, abs=1e-6)

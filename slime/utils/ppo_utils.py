@@ -245,12 +245,21 @@ def tis_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, cl
 
 
 # --- reductions ---------------------------------------------------------------------------
-def sample_mean_sum(values: torch.Tensor, lengths: Sequence[int], loss_mask: torch.Tensor) -> torch.Tensor:
-    """Sum over samples of each sample's masked token mean (divide by the step's sample count outside)."""
+def sample_mean_sum(values: torch.Tensor, lengths: Sequence[int], loss_mask: torch.Tensor,
+                    denominators: Sequence[float | None] | None = None) -> torch.Tensor:
+    """Sum over samples of each sample's masked token sum over its denominator (divide by the step's rollout
+    count outside): its own loss-mask total, or where `denominators` gives one (a sample of a rollout with
+    several samples), its rollout's loss-mask total, so the rollout's samples add up to one token mean
+    (upstream's rollout_mask_sums). None entries keep the sample's own mask sum, the same operations as
+    without `denominators`."""
     if not lengths:
         return values.sum() * 0
-    parts = zip(_split(values, lengths), _split(loss_mask.to(values.dtype), lengths))
-    return torch.stack([(v * m).sum() / m.sum().clamp_min(1) for v, m in parts]).sum()
+    if denominators is not None and len(denominators) != len(lengths):
+        raise ValueError(f"{len(denominators)} denominators for {len(lengths)} samples")
+    parts = zip(_split(values, lengths), _split(loss_mask.to(values.dtype), lengths),
+                denominators if denominators is not None else [None] * len(lengths))
+    return torch.stack([(v * m).sum() / (m.sum() if d is None else m.new_tensor(float(d))).clamp_min(1)
+                        for v, m, d in parts]).sum()
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,

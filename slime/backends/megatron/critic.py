@@ -158,8 +158,9 @@ class Critic:
         t0 = time.perf_counter()
         args, policy = self.args, self.policy
         self.model.train()
-        sums = torch.zeros(4, dtype=torch.float64)  # value loss, clip fraction, samples, loss tokens
+        sums = torch.zeros(4, dtype=torch.float64)  # value loss, clip fraction, rollouts, loss tokens
         grad_norms = []
+        denominators, shares = D.rollout_denominators(batch), D.rollout_shares(batch)
         for step in D.batch_steps(batch, args.global_batch_size):
             shard = policy.dp_shard(batch, step)
             if args.calculate_per_token_loss:
@@ -167,7 +168,7 @@ class Critic:
                 dist.all_reduce(total, group=policy.dp_group)
                 normalizer = max(float(total.item()) / policy.dp_size, 1.0)
             else:
-                normalizer = float(len(shard))
+                normalizer = D.sample_mean_normalizer(batch, step, shard, policy.dp_size)
             self.model.zero_grad_buffer()
             self.optimizer.zero_grad()
 
@@ -180,10 +181,12 @@ class Critic:
 
                 def reduce(v):
                     return (v * mask).sum() if args.calculate_per_token_loss else \
-                        ppo_utils.sample_mean_sum(v, mb.response_lengths, mask)
+                        ppo_utils.sample_mean_sum(v, mb.response_lengths, mask,
+                                                  [denominators[i] for i in mb.sample_indices])
 
                 total = reduce(loss)
-                sums.add_(torch.tensor([float(total.detach()), float(reduce(clipped)), len(mb.sample_indices),
+                sums.add_(torch.tensor([float(total.detach()), float(reduce(clipped)),
+                                        sum(shares[i] for i in mb.sample_indices),
                                         float(mask.sum())], dtype=torch.float64))
                 return total / normalizer  # noqa: B023 (runs within this step)
 

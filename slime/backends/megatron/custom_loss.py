@@ -44,7 +44,8 @@ def micro_batch_dict(batch: Any, mb: Any, device: torch.device, old_log_probs: t
 
 
 def custom_loss(args: Any, batch: Any, mb: Any, logits: torch.Tensor, normalizer: float, keys: tuple[str, ...],
-                old_log_probs: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                old_log_probs: torch.Tensor | None = None,
+                denominators: list[float | None] | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """(loss / normalizer, metric sums for `keys`): the user's loss as the built-in loss's stand-in."""
     if mb.cp is not None:
         raise ValueError("--loss-type custom_loss does not support context parallel; use --context-parallel-size 1")
@@ -55,7 +56,7 @@ def custom_loss(args: Any, batch: Any, mb: Any, logits: torch.Tensor, normalizer
     def sum_of_sample_mean(x: torch.Tensor) -> torch.Tensor:
         if args.calculate_per_token_loss:
             return (x * mask).sum()
-        return ppo_utils.sample_mean_sum(x, lengths, mask)
+        return ppo_utils.sample_mean_sum(x, lengths, mask, denominators)
 
     loss, log = fn(args, micro_batch_dict(batch, mb, logits.device, old_log_probs), logits, sum_of_sample_mean)
     metrics = {k: 0.0 for k in keys}

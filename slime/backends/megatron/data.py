@@ -112,6 +112,44 @@ def batch_steps(batch: RolloutBatch, global_batch_size: int) -> list[list[int]]:
     return rollout_steps(batch.rollout_ids, global_batch_size)
 
 
+def _rollout_sizes(batch: RolloutBatch) -> dict[int, int]:
+    sizes: dict[int, int] = {}
+    for rid in batch.rollout_ids or ():
+        sizes[int(rid)] = sizes.get(int(rid), 0) + 1
+    return sizes
+
+
+def rollout_denominators(batch: RolloutBatch) -> list[float | None]:
+    """Per sample, the divisor of its masked token sums in a per-sample-mean loss: None (its own loss-mask total)
+    when its rollout is that sample alone, else the loss-mask total over all its rollout's samples (upstream's
+    rollout_mask_sums), so a forked rollout adds up to one token mean wherever packing puts its samples."""
+    if batch.rollout_ids is None:
+        return [None] * len(batch)
+    sizes, totals = _rollout_sizes(batch), {}
+    for rid, mask in zip(batch.rollout_ids, batch.loss_masks):
+        totals[int(rid)] = totals.get(int(rid), 0) + int(sum(mask))
+    return [float(totals[int(rid)]) if sizes[int(rid)] > 1 else None for rid in batch.rollout_ids]
+
+
+def rollout_shares(batch: RolloutBatch) -> list[float]:
+    """Per sample, its share of its rollout (1 / the rollout's samples): the shares of a step's samples add up
+    to its rollout count, the count its per-sample-mean metrics are averaged over."""
+    if batch.rollout_ids is None:
+        return [1.0] * len(batch)
+    sizes = _rollout_sizes(batch)
+    return [1.0 / sizes[int(rid)] for rid in batch.rollout_ids]
+
+
+def sample_mean_normalizer(batch: RolloutBatch, step: Sequence[int], shard: Sequence[int], dp_size: int) -> float:
+    """This rank's divisor of a step's per-sample-mean loss: upstream divides the step's sum by its rollout
+    count, which the data-parallel gradient mean spreads over the ranks; with one sample per rollout that is
+    the rank's sample count, as always."""
+    rollouts = len(step) if batch.rollout_ids is None else len({int(batch.rollout_ids[i]) for i in step})
+    if rollouts == len(step):
+        return float(len(shard))
+    return rollouts / dp_size
+
+
 def _uneven_step(num_samples: int, dp_size: int) -> str:
     return (f"{num_samples} samples of an optimizer step do not split over {dp_size} data-parallel ranks (a step "
             "takes whole rollouts, and a forked agent session gives its rollout several samples); train such "

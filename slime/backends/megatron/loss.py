@@ -1,8 +1,9 @@
 """The RL training objective of one micro-batch, built from slime.utils.ppo_utils formulas.
 
 loss = policy_loss * tis - entropy_coef * entropy + kl_loss_coef * kl(actor || ref),
-each term reduced per sample (masked token mean) and summed over samples, then divided by
-the step's sample count on this rank (or, with --calculate-per-token-loss, summed over tokens
+each term reduced per sample (masked token mean; a rollout of several samples, an agent's forked
+session, one token mean over all its samples, as upstream) and summed over samples, then divided by
+the step's rollout count on this rank (or, with --calculate-per-token-loss, summed over tokens
 and divided by the step's token count). Gradients over micro-batches then add up to the step mean.
 """
 
@@ -162,9 +163,12 @@ def rl_loss(cfg: LossConfig, log_probs: torch.Tensor, entropy: torch.Tensor, old
             advantages: torch.Tensor, loss_mask: torch.Tensor, lengths: Sequence[int], normalizer: float,
             ref_log_probs: torch.Tensor | None = None,
             rollout_log_probs: torch.Tensor | None = None, hooks: LossHooks | None = None,
-            total_lengths: Sequence[int] | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+            total_lengths: Sequence[int] | None = None,
+            denominators: Sequence[float | None] | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss (scaled by 1/normalizer) and metric sums for flat per-response-token tensors. hooks: upstream's
-    TIS/RS and pg-loss reducer functions (total_lengths, prompt + response per sample, are passed to them)."""
+    TIS/RS and pg-loss reducer functions (total_lengths, prompt + response per sample, are passed to them).
+    denominators: per sample, its rollout's loss-mask total where the rollout has several samples
+    (data.rollout_denominators; the per-sample means then add up to one mean per rollout)."""
     if normalizer <= 0:
         raise ValueError(f"loss normalizer must be > 0, got {normalizer}")
     mask = loss_mask.to(torch.float32)
@@ -181,7 +185,7 @@ def rl_loss(cfg: LossConfig, log_probs: torch.Tensor, entropy: torch.Tensor, old
             values = values * over
         if cfg.per_token_loss:
             return (values * mask).sum()
-        return ppo_utils.sample_mean_sum(values, lengths, mask)
+        return ppo_utils.sample_mean_sum(values, lengths, mask, denominators)
 
     if hooks is not None and hooks.pg_loss_reducer is not None:  # e.g. Dr.GRPO's constant denominator
         reducer = hooks.pg_loss_reducer(list(total_lengths), list(lengths), list(kept.split(lengths)),
@@ -218,7 +222,8 @@ def rl_loss(cfg: LossConfig, log_probs: torch.Tensor, entropy: torch.Tensor, old
 
 
 def mtp_loss(mtp_log_probs: Sequence[torch.Tensor], masks: Sequence[torch.Tensor], lengths: Sequence[int],
-             normalizer: float, scale: float, per_token: bool) -> tuple[torch.Tensor, float]:
+             normalizer: float, scale: float, per_token: bool,
+             denominators: Sequence[float | None] | None = None) -> tuple[torch.Tensor, float]:
     """Multi-token prediction loss (--enable-mtp-training), as Megatron's: cross entropy of each MTP depth's
     prediction, masked, times --mtp-loss-scaling-factor / depths. Here on the response tokens of the RL
     loss (masks: loss mask x target exists), reduced like the RL loss (per-sample masked mean, or per token)
@@ -227,13 +232,15 @@ def mtp_loss(mtp_log_probs: Sequence[torch.Tensor], masks: Sequence[torch.Tensor
     total = torch.zeros((), device=mtp_log_probs[0].device) if mtp_log_probs else torch.zeros(())
     for lp, mask in zip(mtp_log_probs, masks):
         ce = -lp.float()
-        total = total + ((ce * mask).sum() if per_token else ppo_utils.sample_mean_sum(ce, lengths, mask))
+        total = total + ((ce * mask).sum() if per_token else ppo_utils.sample_mean_sum(ce, lengths, mask,
+                                                                                        denominators))
     depths = max(len(mtp_log_probs), 1)
     return total * (scale / depths) / normalizer, float(total.detach()) / depths
 
 
 def sft_loss(log_probs: torch.Tensor, loss_mask: torch.Tensor, lengths: Sequence[int], normalizer: float,
-             per_token: bool, keys: Sequence[str]) -> tuple[torch.Tensor, dict[str, float]]:
+             per_token: bool, keys: Sequence[str],
+             denominators: Sequence[float | None] | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """`--loss-type sft_loss` (upstream's): negative log-likelihood of the loss-masked response tokens, reduced
     like the RL loss (per-sample masked mean, or per token under --calculate-per-token-loss) and scaled by
     1/normalizer. Its metric sum is reported as pg_loss (the other RL metrics are 0)."""
@@ -241,7 +248,8 @@ def sft_loss(log_probs: torch.Tensor, loss_mask: torch.Tensor, lengths: Sequence
         raise ValueError(f"loss normalizer must be > 0, got {normalizer}")
     mask = loss_mask.to(torch.float32)
     nll = -log_probs.float()
-    total = (nll * mask).sum() if per_token else ppo_utils.sample_mean_sum(nll, [int(n) for n in lengths], mask)
+    total = (nll * mask).sum() if per_token else \
+        ppo_utils.sample_mean_sum(nll, [int(n) for n in lengths], mask, denominators)
     metrics = {k: 0.0 for k in keys}
     metrics["pg_loss"] = float(total.detach())
     return total / normalizer, metrics

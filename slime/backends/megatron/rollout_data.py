@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from slime.backends.megatron.data import RolloutBatch
+from slime.backends.megatron.data import RolloutBatch, rollout_denominators, rollout_shares
 # the packing moved to the rollout side (the manager packs); kept importable here for tests and plugin code
 from slime.rollout.train_payload import pack_samples, payload_summary  # noqa: F401
 from slime.utils import ppo_utils
@@ -99,10 +99,12 @@ def share_advantages(args, batch: RolloutBatch, indices: Sequence[int],
     batch.advantages = advantages
     abs_sum, n_tokens = _sum_all([float((adv.abs() * mask).sum()), float(mask.sum())], all_reduce)
     metrics = {"train/advantage_abs_mean": abs_sum / max(n_tokens, 1.0)}
-    if opd is not None:  # upstream's opd_reverse_kl: the per-sample masked mean, averaged over samples
+    if opd is not None:  # upstream's opd_reverse_kl: the per-sample (a forked rollout: per-rollout) masked mean,
+        # averaged over rollouts
         reverse_kl = ppo_utils.opd_reverse_kl(opd.student_log_probs, opd.teacher_log_probs)
-        per_sample, count = ppo_utils.sample_mean_sum(reverse_kl, lengths, mask), len(indices)
-        total, samples = _sum_all([float(per_sample), float(count)], all_reduce)
+        denominators, shares = rollout_denominators(batch), rollout_shares(batch)
+        per_sample = ppo_utils.sample_mean_sum(reverse_kl, lengths, mask, [denominators[i] for i in indices])
+        total, samples = _sum_all([float(per_sample), float(sum(shares[i] for i in indices))], all_reduce)
         metrics["train/opd_reverse_kl"] = total / max(samples, 1.0)
     if batch.rollout_log_probs is not None and batch.old_log_probs is not None:
         # Train-inference mismatch: the trainer's and the engine's log-probs of the same tokens, same weights.

@@ -76,6 +76,9 @@ class _Tally:
     mismatch_max: torch.Tensor = field(default_factory=lambda: torch.zeros(1, dtype=torch.float64))
     captured_old: dict[int, torch.Tensor] = field(default_factory=dict)  # --save-debug-train-data, reused old log-probs
     step_loss: float = 0.0
+    # per sample (data.rollout_denominators / rollout_shares): a forked rollout's samples reduce to one token mean
+    denominators: list[float | None] = field(default_factory=list)
+    shares: list[float] = field(default_factory=list)
 
 
 class StepRunner:
@@ -196,7 +199,8 @@ class StepRunner:
 
             reset_optimizer_states(policy.optimizer)
         keys = self.metric_keys()
-        tally = _Tally(totals={k: 0.0 for k in keys})
+        tally = _Tally(totals={k: 0.0 for k in keys}, denominators=D.rollout_denominators(batch),
+                       shares=D.rollout_shares(batch))
         grad_norms, losses = [], []
         steps = D.batch_steps(batch, args.global_batch_size)
         policy.profiler.end_log_probs()
@@ -229,7 +233,7 @@ class StepRunner:
         # --custom-megatron-before-train-step-hook-path
         hooks.before_train_step(args, rollout_id, step_id, policy.model, policy.optimizer, policy.lr_scheduler)
         shard = policy.dp_shard(batch, step)
-        normalizer = self._normalizer(batch, shard)
+        normalizer = self._normalizer(batch, step, shard)
         policy.model.zero_grad_buffer()
         policy.optimizer.zero_grad()
         tally.step_loss = 0.0
@@ -261,12 +265,13 @@ class StepRunner:
         dist.all_reduce(loss_t, group=policy.dp_group)
         return grad_norm, float(loss_t.item()) / policy.dp_size, lr
 
-    def _normalizer(self, batch: D.RolloutBatch, shard: list[int]) -> float:
-        """The step's loss divisor: its samples, or (--calculate-per-token-loss) the DP mean of its loss tokens."""
+    def _normalizer(self, batch: D.RolloutBatch, step: list[int], shard: list[int]) -> float:
+        """The step's loss divisor: its rollouts' share on this rank, or (--calculate-per-token-loss) the DP mean
+        of its loss tokens."""
         import torch.distributed as dist
 
         if not self.args.calculate_per_token_loss:
-            return float(len(shard))
+            return D.sample_mean_normalizer(batch, step, shard, self.policy.dp_size)
         n_tokens = sum(float(sum(batch.loss_masks[i])) for i in shard)
         total = torch.tensor([n_tokens], dtype=torch.float64)
         dist.all_reduce(total, group=self.policy.dp_group)
@@ -286,6 +291,7 @@ class StepRunner:
                                                           for i in mb.sample_indices]).to(log_probs.device)
 
         loss_mask = mb.loss_mask.to(log_probs.device)
+        denominators = [tally.denominators[i] for i in mb.sample_indices]
         rollout_lp = cat(batch.rollout_log_probs)
         # Same weights, same packing, same forward as compute_log_probs: its values, detached.
         old = log_probs.detach().float() if reuse else cat(batch.old_log_probs)
@@ -301,27 +307,29 @@ class StepRunner:
             from slime.backends.megatron.custom_loss import custom_loss
 
             loss, m = custom_loss(args, batch, mb, policy.sampling_logits(logits), normalizer, tuple(tally.totals),
-                                  old_log_probs=old)
+                                  old_log_probs=old, denominators=denominators)
         elif args.loss_type == "sft_loss":
             loss, m = sft_loss(log_probs, loss_mask, mb.response_lengths, normalizer, args.calculate_per_token_loss,
-                               tuple(tally.totals))
+                               tuple(tally.totals), denominators)
         else:
             loss, m = rl_loss(self.loss_config, log_probs, entropy, old, cat(batch.advantages), loss_mask,
                               mb.response_lengths, normalizer, ref_log_probs=cat(batch.ref_log_probs),
                               rollout_log_probs=rollout_lp, hooks=self.loss_hooks,
-                              total_lengths=[len(batch.tokens[i]) for i in mb.sample_indices])
+                              total_lengths=[len(batch.tokens[i]) for i in mb.sample_indices],
+                              denominators=denominators)
         if self.mtp:
-            loss_mtp, m["mtp_loss"] = self._mtp_loss(mb, mtp_depths, loss_mask, normalizer)
+            loss_mtp, m["mtp_loss"] = self._mtp_loss(mb, mtp_depths, loss_mask, normalizer, denominators)
             loss = loss + loss_mtp
         tally.step_loss += float(loss.detach())
         for k in tally.totals:
             tally.totals[k] += m[k]
-        tally.counts += torch.tensor([len(mb.sample_indices), float(mb.loss_mask.sum()), mb.num_tokens],
+        tally.counts += torch.tensor([sum(tally.shares[i] for i in mb.sample_indices), float(mb.loss_mask.sum()),
+                                      mb.num_tokens],
                                      dtype=torch.float64)
         return loss
 
-    def _mtp_loss(self, mb: D.PackedMicroBatch, depth_logits: list, loss_mask: torch.Tensor,
-                  normalizer: float) -> tuple[torch.Tensor, float]:
+    def _mtp_loss(self, mb: D.PackedMicroBatch, depth_logits: list, loss_mask: torch.Tensor, normalizer: float,
+                  denominators: list[float | None]) -> tuple[torch.Tensor, float]:
         """--enable-mtp-training: the MTP heads' loss on this micro-batch's response tokens (raw logits: the
         heads learn the model's next-next tokens, not the sampling distribution)."""
         from slime.backends.megatron.loss import mtp_loss
@@ -333,7 +341,7 @@ class StepRunner:
             lps.append(lp)
             masks.append(loss_mask * valid.to(loss_mask.device))
         return mtp_loss(lps, masks, mb.response_lengths, normalizer, self.args.mtp_loss_scaling_factor,
-                        self.args.calculate_per_token_loss)
+                        self.args.calculate_per_token_loss, denominators)
 
     def _reduced_metrics(self, batch: D.RolloutBatch, keys: tuple[str, ...], tally: _Tally, losses: list[float],
                          grad_norms: list[float], lr: float, elapsed: float, seconds: dict[str, float]
