@@ -10,6 +10,8 @@ Also: the stage split and the pipeline flags' validation."""
 
 from __future__ import annotations
 
+import json
+
 import os
 import time
 
@@ -73,6 +75,29 @@ def test_bad_pipeline_layouts_fail_with_one_line(tmp_path, extra, needle, capsys
                     "--actor-num-gpus-per-node", "2", "--pipeline-model-parallel-size", "2", *extra])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and needle in err and "\n" not in err and "--" in err
+
+
+@pytest.mark.parametrize("first, refused", [(3, True), (2, False), (4, False)])
+def test_a_stage_never_starts_with_a_shared_indexer_layer(tmp_path, first, refused, capsys):
+    """The tiny glm5_next's layer 3 is a 'shared' DSA layer (it reuses layer 2's top-k): a stage that starts with
+    it is refused before Ray, in one line naming the layer and the flag; the other splits pass."""
+    from slime.config.arguments import parse_args
+    from slime_plugins.models.glm5_next.tiny import tiny_config
+
+    text = tiny_config("glm5_next_text").to_dict()
+    assert text["indexer_types"][3] == "shared" and text["layer_types"][2:4] == ["indexed_attention"] * 2
+    (tmp_path / "config.json").write_text(json.dumps(text))
+    argv = ["--hf-checkpoint", str(tmp_path), "--num-rollout", "1", "--global-batch-size", "8",
+            "--actor-num-gpus-per-node", "2", "--pipeline-model-parallel-size", "2",
+            "--decoder-first-pipeline-num-layers", str(first)]
+    if not refused:
+        assert parse_args(argv).pipeline_model_parallel_size == 2
+        return
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "\n" not in err
+    assert "stage 2 starts with layer 3" in err and "top-k of layer 2" in err and "--decoder-first" in err
 
 
 @pytest.fixture(scope="module")

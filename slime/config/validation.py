@@ -266,9 +266,33 @@ def _validate_pipeline(args: argparse.Namespace) -> None:
     if not isinstance(layers, int):
         return
     try:
-        stage_layer_counts(layers, pp, first, last)
+        counts = stage_layer_counts(layers, pp, first, last)
     except ValueError as e:
         raise ArgumentError(str(e)) from None
+    _require_whole_indexer_chains(args, counts)
+
+
+def _require_whole_indexer_chains(args: argparse.Namespace, counts: list[int]) -> None:
+    """A DSA layer with indexer type "shared" (GLM-5, glm5_next configs that set them) reuses the top-k of the
+    layer right before it, which only exists in the same forward: a stage must not start with one. Caught here,
+    before Ray, instead of a RuntimeError at the first long enough sequence."""
+    from slime_plugins.models.registry import UnsupportedModelError, get_family
+
+    try:
+        arch = get_family(args.hf_config.get("model_type")).parse(args.hf_config)
+    except (UnsupportedModelError, ValueError, TypeError, KeyError):
+        return  # the model checks report it
+    if not callable(getattr(arch, "indexer_type", None)):
+        return
+    starts = [sum(counts[:k]) for k in range(1, len(counts))]
+    split = [(k + 2, layer) for k, layer in enumerate(starts) if arch.indexer_type(layer) == "shared"]
+    if split:
+        stage, layer = split[0]
+        raise ArgumentError(
+            f"--pipeline-model-parallel-size {len(counts)} splits the layers {' + '.join(map(str, counts))}: stage "
+            f"{stage} starts with layer {layer}, a DSA layer of indexer type 'shared' that reuses the top-k of layer "
+            f"{layer - 1} on the stage before; set --decoder-first/last-pipeline-num-layers so that each stage starts "
+            "with a 'full' DSA layer or a non-DSA layer")
 
 
 def _validate_colocated_engine_span(args: argparse.Namespace) -> None:
