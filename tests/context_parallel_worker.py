@@ -19,6 +19,9 @@ CONFIGS: dict[str, tuple[int, list[str]]] = {
     # MTP training (checkpoint with an MTP layer): depth 1's inputs are the tokens one ahead of each row
     "single_mtp": (1, ["--no-use-distributed-optimizer", "--enable-mtp-training", "--mtp-loss-scaling-factor", "0.5"]),
     "cp2_mtp": (2, ["--context-parallel-size", "2", "--enable-mtp-training", "--mtp-loss-scaling-factor", "0.5"]),
+    # a batch with forked rollouts (rollout_ids): one step of 2 rollouts
+    "single_forked": (1, ["--no-use-distributed-optimizer", "--global-batch-size", "2"]),
+    "cp2_forked": (2, ["--context-parallel-size", "2", "--global-batch-size", "2"]),
 }
 
 

@@ -97,6 +97,35 @@ def test_mtp_training_under_context_parallel_equals_single_rank(tmp_path):
     assert err <= 1e-5, f"cp2_mtp: updated {worst} differs from the single-rank step by {err:.3g} (rel)"
 
 
+@pytest.mark.timeout(600)
+def test_forked_rollouts_under_context_parallel_reduce_as_upstream(tmp_path):
+    """Two rollouts of 2 and 3 samples (an agent's forked session; interleaved, some tokens unmasked), one step:
+    the single-rank run packs them into micro-batches of <= 64 tokens (splitting the 3-sample rollout), CP2 into
+    others; both give upstream's loss, one token mean per rollout over the step's 2 rollouts, in float64 (the
+    step's forward gives the old log-probs: ratio 1, the loss per token -A), and the same updated weights."""
+    ckpt = write_checkpoint(tmp_path / "ckpt", "glm_moe_dsa", seed=3)
+    batch = rl_batch(5, 2, lengths=(25, 31), responses=(4, 9))
+    batch["rollout_ids"] = [0, 1, 1, 0, 1]
+    batch_path, out = str(tmp_path / "batch.pt"), str(tmp_path)
+    torch.save(batch, batch_path)
+    _spawn(1, ["single_forked"], ckpt, batch_path, out)
+    _spawn(2, ["cp2_forked"], ckpt, batch_path, out)
+    want = 0.0
+    for members in ([0, 3], [1, 2, 4]):
+        masks = [torch.tensor(batch["loss_masks"][i], dtype=torch.float64) for i in members]
+        adv = sum(float((batch["advantages"][i].double() * m).sum()) for i, m in zip(members, masks))
+        want -= adv / sum(float(m.sum()) for m in masks) / 2
+    per_sample = -sum(float((batch["advantages"][i].double() * torch.tensor(m, dtype=torch.float64)).sum()) / sum(m)
+                      for i, m in enumerate(batch["loss_masks"])) / 5
+    assert abs(per_sample - want) > 1e-3  # the per-sample mean would fail
+    ref, got = (torch.load(os.path.join(out, f"{n}.pt")) for n in ("single_forked", "cp2_forked"))
+    assert ref["loss"] == pytest.approx(want, rel=1e-5, abs=1e-7)
+    assert got["loss"] == pytest.approx(want, rel=1e-5, abs=1e-7)
+    worst = max(ref["weights"], key=lambda n: max_rel(got["weights"][n], ref["weights"][n]))
+    err = max_rel(got["weights"][worst], ref["weights"][worst])
+    assert err <= 1e-5, f"cp2_forked: updated {worst} differs from the single-rank step by {err:.3g} (rel)"
+
+
 def test_one_writer_per_pipeline_stage_under_context_parallel(monkeypatch):
     """HF export and the per-stage weight sync write from one rank per stage: the CP ranks of DP rank 0 hold the
     same weights, and only CP rank 0 of them writes (two writers raced on the same shard file)."""
