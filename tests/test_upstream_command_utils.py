@@ -353,6 +353,22 @@ def test_fp8_cast_bf16_refusal_exits_2_through_the_launcher(tmp_path, capfd):
     assert err.count("\n") == 1 and f"--input-fp8-hf-path shard {shard}" in err and not dst.exists(), err
 
 
+def test_fp8_cast_bf16_refuses_its_input_as_output_and_a_tensor_in_two_shards(tmp_path, capsys):
+    """Writing into the input would overwrite a shard whose scale grid another shard still needs; a tensor stored
+    twice has no defined source. Each: one line, exit 2, the input untouched."""
+    src = tmp_path / "fp8"
+    _fp8_checkpoint(src, lambda s: s["s2.safetensors"].update({"norm.weight": torch.zeros(200)}))
+    shards = {p.name: p.read_bytes() for p in src.iterdir()}
+    assert _fp8_tool().main(["--input-fp8-hf-path", str(src), "--output-bf16-hf-path", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"fp8_cast_bf16: {src}: norm.weight is stored in both s1.safetensors and s2.safetensors; keep it " \
+                  "in one shard\n" and not (tmp_path / "out").exists()
+    assert _fp8_tool().main(["--input-fp8-hf-path", str(src), "--output-bf16-hf-path", f"{src}/"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"fp8_cast_bf16: --output-bf16-hf-path {src}/ is the input checkpoint; give a new directory\n"
+    assert {p.name: p.read_bytes() for p in src.iterdir()} == shards
+
+
 def test_helpers_equal_upstream(monkeypatch, capsys):
     for key in LAUNCH_ENV:
         monkeypatch.delenv(key, raising=False)

@@ -66,6 +66,9 @@ def _plan(src: str, config: dict) -> tuple[dict[str, str], dict[str, str], tuple
         except safetensors_header.SafetensorsHeaderError as e:
             raise CastError(str(e)) from e
         for spec in stored_specs(os.path.join(src, file_name)):
+            if spec[0] in file_of:  # which copy the reader would take is undefined; the index names one shard
+                raise CastError(f"{src}: {spec[0]} is stored in both {file_of[spec[0]]} and {file_name}; keep it in "
+                                "one shard")
             file_of[spec[0]] = file_name
             specs.append(spec)
     if not specs:
@@ -101,6 +104,8 @@ def _cast_shard(src: str, file_name: str, file_of: dict[str, str], pairs: dict[s
 def cast_checkpoint(src: str, dst: str) -> int:
     """Write the bfloat16 checkpoint; returns how many weights were dequantized. CastError, with nothing
     written, for a checkpoint whose block-FP8 weights the HF reader and the embedded engine refuse."""
+    if os.path.realpath(src) == os.path.realpath(dst):  # each shard would be overwritten while others need it
+        raise CastError(f"--output-bf16-hf-path {dst} is the input checkpoint; give a new directory")
     with open(os.path.join(src, "config.json")) as f:
         config = json.load(f)
     file_of, pairs, block = _plan(src, config)
@@ -114,7 +119,7 @@ def cast_checkpoint(src: str, dst: str) -> int:
     with open(os.path.join(dst, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {}, "weight_map": dict(sorted(kept.items()))}, f, indent=2)
     config.pop("quantization_config", None)
-    config.get("text_config", {}).pop("quantization_config", None)
+    (config.get("text_config") or {}).pop("quantization_config", None)  # text_config may be null
     with open(os.path.join(dst, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     for pattern in COPIED:
