@@ -138,6 +138,8 @@ def test_execute_train_refusals_come_before_anything_runs(launcher, gpu_node):
         U.execute_train("--lr 1", 1, None, train_script="nope.py")
     with pytest.raises(U.LaunchError, match=r"extra_env_vars: 'B' is not KEY=VALUE"):
         U.execute_train("--lr 1", 1, None, config=U.ExecuteTrainConfig(extra_env_vars="A=1 B"))
+    with pytest.raises(U.LaunchError, match=r"extra_env_vars: '\[\"A=1\"\]' is JSON but not an object"):
+        U.execute_train("--lr 1", 1, None, config=U.ExecuteTrainConfig(extra_env_vars='["A=1"]'))
     assert launcher == [] and calls == []
 
 

@@ -67,9 +67,13 @@ def get_env_enable_infinite_run() -> bool:
 def _parse_extra_env_vars(text: str) -> dict[str, Any]:
     """ExecuteTrainConfig.extra_env_vars: a JSON object, or space-separated KEY=VALUE words ("" -> {})."""
     try:
-        return json.loads(text)
+        parsed = json.loads(text)
     except ValueError:
-        pass
+        parsed = None
+    if isinstance(parsed, dict):
+        return parsed
+    if parsed is not None or text.strip() == "null":  # "5", "[...]": JSON, but no environment
+        raise LaunchError(f"extra_env_vars: {text!r} is JSON but not an object; give a JSON object or KEY=VALUE words")
     env = {}
     for word in text.split():
         key, sep, value = word.partition("=")
