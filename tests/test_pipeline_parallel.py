@@ -11,7 +11,6 @@ Also: the stage split and the pipeline flags' validation."""
 from __future__ import annotations
 
 import json
-
 import os
 import time
 
