@@ -423,3 +423,12 @@ def test_dataclass_cli_reads_options_and_environment():
     assert runner.invoke(app, [], env={}).exit_code == 2  # --name is required
     with pytest.raises(TypeError, match="must be annotated with a dataclass"):
         U.dataclass_cli(lambda options: None)
+
+
+def test_star_import_gives_every_public_name_as_upstreams_module():
+    """Upstream's module has no __all__: `from ...command_utils import *` gives all its public names, the
+    re-exported exec_command and dataclass_cli included."""
+    scope: dict = {}
+    exec("from slime.utils.external_utils.command_utils import *", scope)
+    assert {"execute_train", "convert_checkpoint", "fp8_cast_bf16", "hf_download_dataset", "rsync_simple",
+            "get_default_wandb_args", "ExecuteTrainConfig", "exec_command", "dataclass_cli"} <= set(scope)

@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import urlparse
 
-from slime.utils.external_utils.typer_utils import dataclass_cli
-from slime.utils.misc import exec_command
-
-__all__ = ["dataclass_cli", "exec_command"]  # upstream scripts call U.exec_command and U.dataclass_cli
+# re-exported (`x as x`): upstream scripts call U.exec_command and U.dataclass_cli; no __all__, so that
+# `from ...command_utils import *` gives every public name, as upstream's module (which has none) does
+from slime.utils.external_utils.typer_utils import dataclass_cli as dataclass_cli
+from slime.utils.misc import exec_command as exec_command
 
 repo_base_dir = Path(__file__).resolve().parents[3]
 DATASETS_DIR = "/root/datasets"  # where hf_download_dataset puts `org/name` (as upstream: /root/datasets/name)
