@@ -42,7 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 @one_line_errors
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.tp_size > 1 and not args.dist_init_addr:
@@ -79,8 +79,9 @@ def main(argv: list[str] | None = None) -> None:
     return 0
 
 
-def _follow(args: argparse.Namespace) -> None:
-    """TP rank > 0: load the same model, join rank 0's group and repeat its commands (no HTTP server)."""
+def _follow(args: argparse.Namespace) -> int:
+    """TP rank > 0: load the same model, join rank 0's group and repeat its commands (no HTTP server); the
+    process's exit code (main's caller ends through exits.end_entry_point, as rank 0 does)."""
     from slime.backends.embedded import EmbeddedEngine, EngineConfig
     from slime.backends.embedded.tensor_parallel import follow
 
@@ -93,8 +94,8 @@ def _follow(args: argparse.Namespace) -> None:
         follow(engine, engine.tp_group)
     except RuntimeError as e:  # rank 0 went away (its process ended): this rank has nothing left to serve
         print(f"embedded engine TP rank {args.tp_rank}: rank 0 is gone ({str(e).splitlines()[0]})", flush=True)
-        sys.exit(1)
-    sys.exit(0)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
