@@ -413,3 +413,32 @@ def test_sglang_engines_are_started_to_return_routed_experts():
 
     assert "--enable-return-routed-experts" in sglang_passthrough(rollout_defaults(use_rollout_routing_replay=True))
     assert "--enable-return-routed-experts" not in sglang_passthrough(rollout_defaults())
+
+
+def test_rows_as_packed_lays_out_each_samples_fed_tokens():
+    """The layout routing and indexer top-k replay share (routing_replay.rows_as_packed): a sample's rows at its
+    tokens but the last, `fill` at its last token, at a one-token sample and at the padding; under context
+    parallel only this rank's tokens; rows of another shape refused through the caller's error."""
+    from types import SimpleNamespace
+
+    from slime.utils.routing_replay import rows_as_packed
+
+    tokens = [[1, 2, 3], [4], [5, 6]]
+    rows = [torch.tensor([[[1, 2]], [[3, 4]]]), torch.zeros(0, 7, 9), torch.tensor([[[5, 6]]])]
+    mb = SimpleNamespace(sample_indices=[0, 1, 2], tokens=torch.zeros(1, 8), cp=None,
+                         cu_seqlens=torch.tensor([0, 3, 4, 6]))
+
+    def misfit(i, shape, n):
+        return ValueError(f"sample {i}: {shape} for {n} tokens")
+
+    ids, valid = rows_as_packed(rows, tokens, mb, (1, 2), -1, misfit)
+    assert ids.dtype == torch.int32 and ids[:, 0].tolist() == [[1, 2], [3, 4], [-1, -1], [-1, -1], [5, 6]] + \
+        [[-1, -1]] * 3
+    assert valid.tolist() == [True, True, False, False, True, False, False, False]
+    mb.cp = SimpleNamespace(local_index=torch.tensor([1, 4, 7]))
+    ids, valid = rows_as_packed(rows, tokens, mb, (1, 2), 0, misfit)
+    assert ids[:, 0].tolist() == [[3, 4], [5, 6], [0, 0]] and valid.tolist() == [True, True, False]
+    with pytest.raises(ValueError, match=r"^sample 2: \(1, 1, 3\) for 2 tokens$"):
+        rows_as_packed([rows[0], rows[1], torch.zeros(1, 1, 3)], tokens, mb, (1, 2), -1, misfit)
+    with pytest.raises(ValueError, match=r"^sample 0: \(3, 1, 2\) for 3 tokens$"):
+        rows_as_packed([torch.zeros(3, 1, 2), rows[1], rows[2]], tokens, mb, (1, 2), -1, misfit)

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from slime.utils.routing_replay import rows_as_packed
+
 META_KEY = "indexer_topk"
 REQUEST_FIELD = "return_indexer_topk"
 
@@ -77,28 +79,13 @@ class IndexerReplay:
         if self.batch is None:
             return None
         topk = self.batch.rollout_indexer_topk
-        total = int(mb.tokens.shape[-1])
         shapes = {tuple(torch.as_tensor(topk[i]).shape[1:]) for i in mb.sample_indices
                   if len(self.batch.tokens[i]) > 1}
         if len(shapes) > 1:
             raise IndexerReplayError(f"indexer top-k of different layouts in one micro-batch: {sorted(shapes)}")
-        layers, width = shapes.pop() if shapes else (0, 0)
-        ids = torch.full((total, layers, width), -1, dtype=torch.int32)
-        valid = torch.zeros(total, dtype=torch.bool)
-        starts = mb.cu_seqlens.tolist()
-        for j, i in enumerate(mb.sample_indices):
-            n = len(self.batch.tokens[i])
-            rows = torch.as_tensor(topk[i], dtype=torch.int32)
-            if rows.ndim != 3 or rows.shape[0] != n - 1:
-                raise IndexerReplayError(f"sample {i}: indexer top-k of shape {tuple(rows.shape)} for {n} tokens; "
-                                         f"expected ({n - 1}, layers, width)")
-            if n > 1:
-                ids[starts[j]:starts[j] + n - 1] = rows
-                valid[starts[j]:starts[j] + n - 1] = True
-        if mb.cp is not None:
-            local = mb.cp.local_index.cpu()
-            ids, valid = ids[local], valid[local]
-        return ids, valid
+        inner = shapes.pop() if shapes else (0, 0)  # (layers, width)
+        return rows_as_packed(topk, self.batch.tokens, mb, inner, -1, lambda i, shape, n: IndexerReplayError(
+            f"sample {i}: indexer top-k of shape {shape} for {n} tokens; expected ({n - 1}, layers, width)"))
 
 
 def replayed(computed: torch.Tensor, replay: tuple[torch.Tensor, torch.Tensor], layer: int) -> torch.Tensor:

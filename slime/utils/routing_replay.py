@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -124,26 +124,39 @@ class RoutingReplay:
         then its sequence-parallel slice): (ids int32 [T_local, layers, k], replayed bool [T_local])."""
         routes = self.batch.rollout_routed_experts
         first = torch.as_tensor(routes[mb.sample_indices[0]])
-        total = int(mb.tokens.shape[-1])
-        ids = torch.zeros(total, *first.shape[1:], dtype=torch.int32)
-        valid = torch.zeros(total, dtype=torch.bool)
-        starts = mb.cu_seqlens.tolist()
-        for j, i in enumerate(mb.sample_indices):
-            r = torch.as_tensor(routes[i], dtype=torch.int32)
-            n = len(self.batch.tokens[i])
-            if r.ndim != 3 or r.shape[0] != n - 1 or r.shape[1:] != first.shape[1:]:
-                raise RoutingReplayError(f"sample {i}: routed experts of shape {tuple(r.shape)} for {n} tokens; "
-                                         f"expected ({n - 1}, {first.shape[1]}, {first.shape[2]})")
-            ids[starts[j]:starts[j] + n - 1] = r
-            valid[starts[j]:starts[j] + n - 1] = True
-        if mb.cp is not None:
-            local = mb.cp.local_index.cpu()
-            ids, valid = ids[local], valid[local]
+        ids, valid = rows_as_packed(routes, self.batch.tokens, mb, tuple(first.shape[1:]), 0, lambda i, shape, n: (
+            RoutingReplayError(f"sample {i}: routed experts of shape {shape} for {n} tokens; expected "
+                               f"({n - 1}, {first.shape[1]}, {first.shape[2]})")))
         tp = self.layout.get("sp_size", 1)
         if tp > 1:
             rank = self.layout["tp_rank"]
             ids, valid = ids.chunk(tp)[rank], valid.chunk(tp)[rank]
         return ids, valid
+
+
+def rows_as_packed(per_sample: Sequence[Any], tokens: Sequence[Sequence[int]], mb: Any, inner: tuple[int, ...],
+                   fill: int, misfit: Callable[[int, tuple[int, ...], int], Exception]
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows an engine recorded per fed token (sample i's: int32 [len - 1, *inner], every token but the last) laid
+    out as this rank's tokens of packed micro-batch `mb` (its context-parallel chunks): (rows int32
+    [T_local, *inner], bool [T_local]: the token has a recorded row); each sample's last token and the padding
+    hold `fill`. `misfit(i, shape, tokens)`: the error for sample i's rows of another shape. Routing replay and
+    indexer top-k replay (slime.utils.indexer_replay) both lay out their payloads with it."""
+    total = int(mb.tokens.shape[-1])
+    ids = torch.full((total, *inner), fill, dtype=torch.int32)
+    valid = torch.zeros(total, dtype=torch.bool)
+    starts = mb.cu_seqlens.tolist()
+    for j, i in enumerate(mb.sample_indices):
+        rows, n = torch.as_tensor(per_sample[i], dtype=torch.int32), len(tokens[i])
+        if rows.ndim != len(inner) + 1 or rows.shape[0] != n - 1 or (n > 1 and tuple(rows.shape[1:]) != inner):
+            raise misfit(i, tuple(rows.shape), n)
+        if n > 1:  # a one-token sample has no rows (and its empty ones may be laid out otherwise)
+            ids[starts[j]:starts[j] + n - 1] = rows
+            valid[starts[j]:starts[j] + n - 1] = True
+    if mb.cp is not None:
+        local = mb.cp.local_index.cpu()
+        ids, valid = ids[local], valid[local]
+    return ids, valid
 
 
 REPLAY = RoutingReplay()
