@@ -367,21 +367,15 @@ class EmbeddedEngine(WeightControl):
             routes = self._routes.take(*ids.shape) if capture else None
             selected = self._indexers.take(mask, ids.shape[1]) if keys else None
         self.stats["forward_steps"] += 1
-        if selected is not None:  # the DSA layers' keys of each row's fed tokens (indexer_topk.py)
+        if selected is not None or routes is not None:  # each row's fed tokens: routers' experts, DSA layers' keys
             from slime.backends.embedded.indexer_topk import extend
 
             for i, r in enumerate(rows):
+                length = len(r.input_ids) + len(r.output_ids)
                 if r.return_indexer_topk:
-                    r.indexer = extend(r.indexer, selected[i], ids.shape[1], len(r.input_ids) + len(r.output_ids))
-        if routes is not None:
-            width = ids.shape[1]
-            for i, r in enumerate(rows):
-                if not r.return_routed_experts:
-                    continue
-                if width == 1 and r.routed is not None:  # decode: the row's newest token
-                    r.routed = torch.cat([r.routed, routes[i]])
-                else:  # (re-)prefill: the row's whole sequence, right-aligned in the left-padded batch
-                    r.routed = routes[i, width - len(r.input_ids) - len(r.output_ids):].clone()
+                    r.indexer = extend(r.indexer, selected[i], ids.shape[1], length)
+                if r.return_routed_experts:
+                    r.routed = extend(r.routed, routes[i], ids.shape[1], length)
         return out.logits[:, -1, :]
 
     def _new_cache(self) -> Any:

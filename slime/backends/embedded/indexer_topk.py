@@ -70,9 +70,9 @@ class IndexerCapture:
 
 
 def extend(previous: torch.Tensor | None, new: torch.Tensor, fed: int, length: int) -> torch.Tensor:
-    """A request's rows after a forward that fed `fed` columns of a left-padded batch (`new`: its [fed, ...]
-    rows): a decode step (fed 1) appends its token's row; a (re-)prefill gives its whole sequence of `length`
-    tokens, right-aligned."""
+    """A request's per-token rows (these DSA keys, or the routers' experts: routed_experts.py) after a forward
+    that fed `fed` columns of a left-padded batch (`new`: its [fed, ...] rows): a decode step (fed 1) appends its
+    token's row; a (re-)prefill gives its whole sequence of `length` tokens, right-aligned."""
     if fed == 1 and previous is not None:
         return torch.cat([previous, new])
     return new[fed - length:].clone()
