@@ -13,8 +13,9 @@ The weights are paired with their scales from the shards' headers, before anythi
 slime's HF reader and the embedded engine use (slime/utils/fp8_pairs.py): a checkpoint they would refuse (a
 float8 weight without its scale, a scale without its float8 weight, a scale grid that does not fit, an e5m2
 weight, a float8 weight in a module quantization_config.modules_to_not_convert names) is refused in one line,
-exit 2. Upstream's script instead warned about a float8 weight without its scale and copied it as float8, and
-dropped an orphan scale from the shards but not from the index.
+exit 2, as are a tensor stored in two shards and an output directory that is the input. Upstream's script
+instead warned about a float8 weight without its scale and copied it as float8, and dropped an orphan scale
+from the shards but not from the index.
 """
 
 import argparse
