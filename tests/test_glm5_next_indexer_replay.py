@@ -233,6 +233,24 @@ def test_client_asks_for_indexer_topk_as_sglang_names_it(monkeypatch):
     assert sent["return_indexer_topk"] is True and "return_routed_experts" not in sent
 
 
+@pytest.mark.parametrize("evaluation", [False, True])
+def test_only_training_rollouts_ask_for_indexer_topk(evaluation):
+    """Evaluation never trains on the selection (~371 KB per token at full size): its requests do not ask for it;
+    routing replay's field is asked for in both, as upstream's generate does."""
+    from types import SimpleNamespace
+
+    from slime.config.arguments import build_parser
+    from slime.rollout.generate import _Sender, _WorkQueue
+
+    args = build_parser().parse_args([])
+    args.use_rollout_indexer_replay = args.use_rollout_routing_replay = True
+    sender = _Sender(args, fleet=SimpleNamespace(), queue=_WorkQueue([], 1), custom=None, behind_router=False,
+                     tokenizer=None, reward_fn=None, counters=None, engine_times=None, evaluation=evaluation,
+                     extra_params=None)
+    assert sender.routed.get("return_routed_experts") is True
+    assert sender.routed.get("return_indexer_topk") is (None if evaluation else True)
+
+
 def test_flag_refuses_what_cannot_replay(tmp_path, tiny_ckpt, capsys):
     """(d) One line, exit 2, before Ray: a model without GLM-5.3-Flash's DSA layers, SGLang engines, sglang-router."""
     from slime_plugins.models.common.tiny import write_tiny_checkpoint

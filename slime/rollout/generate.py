@@ -286,7 +286,9 @@ class _Sender:
         self.timeout = float(args.rollout_request_timeout)
         # --use-rollout-routing-replay: the engines return each sample's routed experts
         self.routed = {"return_routed_experts": True} if args.use_rollout_routing_replay else {}
-        if args.use_rollout_indexer_replay:  # and the DSA layers' selected keys (indexer top-k replay)
+        # and the DSA layers' selected keys (indexer top-k replay), for training only: at full size they are
+        # ~371 KB per token, which an evaluation never trains on
+        if args.use_rollout_indexer_replay and not evaluation:
             self.routed["return_indexer_topk"] = True
         self.attempts = {s.index: _Attempts() for s in queue.pending}
 
