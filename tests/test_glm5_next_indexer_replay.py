@@ -259,7 +259,8 @@ def test_flag_refuses_what_cannot_replay(tmp_path, tiny_ckpt, capsys):
     path = write_tiny_checkpoint(str(tmp_path / "qwen3"), "qwen3")
     cases = [(["--hf-checkpoint", path], "model_type 'qwen3'"),
              (["--hf-checkpoint", tiny_ckpt, "--rollout-engine", "sglang"], "SGLang 0.5.23 does not capture"),
-             (["--hf-checkpoint", tiny_ckpt, "--rollout-router", "sglang-router"], "drops return_indexer_topk")]
+             (["--hf-checkpoint", tiny_ckpt, "--rollout-router", "sglang-router"], "drops return_indexer_topk"),
+             (["--hf-checkpoint", str(tmp_path)], "needs the model's config.json")]
     capsys.readouterr()  # the checkpoint writer's progress
     for extra, words in cases:
         with pytest.raises(SystemExit) as e:

@@ -36,7 +36,10 @@ def validate_indexer_replay_args(args: argparse.Namespace) -> None:
     from slime.config.model_args import text_model_config
     from slime.config.rollout_flags import resolve_engine_kind
 
-    cfg = text_model_config(args.hf_config or {})
+    if args.hf_config is None:
+        raise ArgumentError(f"{FLAG} needs the model's config.json (its DSA layers and top-k): {args.hf_checkpoint} "
+                            "has none; pass --hf-checkpoint with the checkpoint's directory")
+    cfg = text_model_config(args.hf_config)
     model_type = cfg.get("model_type")
     layers = list(cfg.get("layer_types") or [])
     if model_type not in MODEL_TYPES:
