@@ -150,3 +150,34 @@ def test_over_sampling_batch_size_below_the_rollout_batch_is_refused(tmp_path, c
     with pytest.raises(SystemExit):
         parse_args([*base, "--over-sampling-batch-size", "3"])
     assert "--over-sampling-batch-size 3 must be >= --rollout-batch-size 4" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("outcome", ["cancelled", "failed", "done"])
+def test_a_generation_job_that_ends_without_its_groups_fails_them(outcome):
+    """The built-in groups' job (run_samples on a thread): if it fails or is cancelled, every group it had not
+    finished fails with the cause, so the streaming loop raises instead of waiting for them forever."""
+    import asyncio
+
+    from slime.rollout.errors import RolloutError
+    from slime.rollout.generate import _fail_unfinished
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        finished, unfinished, job = loop.create_future(), loop.create_future(), loop.create_future()
+        finished.set_result(["group 0"])
+        if outcome == "cancelled":
+            job.cancel()
+        elif outcome == "failed":
+            job.set_exception(RolloutError("engine 1 lost sample 3"))
+        else:
+            job.set_result(None)
+        _fail_unfinished([finished, unfinished], job)
+        return finished, unfinished
+
+    finished, unfinished = asyncio.run(run())
+    assert finished.result() == ["group 0"]  # a settled group keeps its samples
+    if outcome == "done":
+        assert not unfinished.done()
+    else:
+        with pytest.raises(RolloutError, match="cancelled" if outcome == "cancelled" else "lost sample 3"):
+            unfinished.result()

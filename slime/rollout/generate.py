@@ -514,8 +514,7 @@ class FleetGroups:
         job = loop.run_in_executor(None, functools.partial(
             run_samples, self.args, self.fleet, samples, self.tokenizer, self.reward_fn, self.counters,
             self.engine_times, self.evaluation, self.extra_params, finished))
-        # a failed submission fails its unfinished groups (the loop then raises its error)
-        job.add_done_callback(lambda j: [_settle(f, None, j.exception()) for f in futures if j.exception()])
+        job.add_done_callback(functools.partial(_fail_unfinished, futures))
         self.jobs.append(job)
         self.pendings.update(futures)
         self.remaining_batch_size += len(groups)
@@ -524,6 +523,14 @@ class FleetGroups:
         jobs, self.jobs = self.jobs, []
         await asyncio.gather(*jobs, return_exceptions=True)  # the groups it drops: their errors matter no more
         return []
+
+
+def _fail_unfinished(futures: list[asyncio.Future], job: asyncio.Future) -> None:
+    """A failed (or cancelled) submission fails its unfinished groups, so the loop raises instead of waiting."""
+    error = RolloutError("the generation job was cancelled") if job.cancelled() else job.exception()
+    if error is not None:
+        for f in futures:
+            _settle(f, None, error)
 
 
 def _settle(future: asyncio.Future, group: Any, error: BaseException | None) -> None:
