@@ -6,10 +6,7 @@ computes the rollout's log-probs replayed and selected by itself, and rank 0 wri
 
 from __future__ import annotations
 
-import os
-
 import torch
-import torch.distributed as dist
 
 CONFIGS = {"tp2": ["--tensor-model-parallel-size", "2"], "cp2": ["--context-parallel-size", "2"],
            # PP2 splits the 5 layers 2 + 3: both DSA layers (global indices 2 and 3) sit on the second stage
@@ -20,48 +17,37 @@ CONFIGS = {"tp2": ["--tensor-model-parallel-size", "2"], "cp2": ["--context-para
 
 
 def run(rank: int, world: int, port: int, ckpt: str, rollout_path: str, out_dir: str, names: list[str]) -> None:
-    from glm5_helpers import init_rank
+    from replay_helpers import run_layouts
+
+    run_layouts(rank, world, port, ckpt, rollout_path, out_dir, names, "--use-rollout-indexer-replay", CONFIGS,
+                _perturbed_indexers_measure)
+
+
+def _perturbed_indexers_measure(name: str, actor, payload) -> dict:
+    """With the trainer's indexer weights changed: the log-prob passes (the training forward's gaps under recompute)
+    and, gathered from every rank, the global indices of its DSA layers."""
+    import torch.distributed as dist
     from test_glm5_next_indexer_replay import _perturb_indexers
 
-    from slime.backends.megatron.actor import MegatronTrainRayActor
     from slime.backends.megatron.hf_export import unwrap
-    from slime.config.arguments import parse_args
     from slime_plugins.models.glm5_next.attention import NopeMlaDsaAttention
 
-    init_rank(rank, world, port)
-    payload = torch.load(rollout_path, weights_only=False)
-    for name in names:
-        args = parse_args(["--hf-checkpoint", ckpt, "--num-rollout", "1", "--global-batch-size", "4",
-                           "--micro-batch-size", "2", "--actor-num-gpus-per-node", str(world),
-                           "--use-rollout-indexer-replay", *CONFIGS[name]])
-        actor = MegatronTrainRayActor(world, rank)
-        actor.init(args)
-        _perturb_indexers(unwrap(actor.model))  # the same seed on every rank: replicated indexer weights
-        out = _train_forward_gaps(actor, payload) if name == "recompute" else _log_prob_passes(actor, payload)
-        out["dsa_layers"] = [None] * world  # each rank's DSA layers, by global index
-        dist.all_gather_object(out["dsa_layers"], sorted(
-            m.layer_index for m in unwrap(actor.model).modules() if isinstance(m, NopeMlaDsaAttention)))
-        if rank == 0:
-            torch.save(out, os.path.join(out_dir, f"{name}.pt"))
-        dist.barrier()
-    dist.destroy_process_group()
+    _perturb_indexers(unwrap(actor.model))  # the same seed on every rank: replicated indexer weights
+    out = _train_forward_gaps(actor, payload) if name == "recompute" else _log_prob_passes(actor, payload)
+    out["dsa_layers"] = [None] * dist.get_world_size()  # each rank's DSA layers, by global index
+    dist.all_gather_object(out["dsa_layers"], sorted(
+        m.layer_index for m in unwrap(actor.model).modules() if isinstance(m, NopeMlaDsaAttention)))
+    return out
 
 
 def _log_prob_passes(actor, payload) -> dict:
     """The old-policy log-prob pass (no grad), replayed and selecting by itself."""
-    from contextlib import nullcontext
+    from replay_helpers import replayed_and_own
 
     from slime.backends.megatron.rollout_data import batch_from_payload
     from slime.utils.indexer_replay import INDEXER_REPLAY
 
-    batch = batch_from_payload(payload)
-    everything = list(range(len(batch)))
-    out = {}
-    for replay in (True, False):
-        with INDEXER_REPLAY.replaying(batch) if replay else nullcontext():
-            lp = actor._log_probs_of(batch, everything)
-        out[replay] = [lp[i] for i in everything]
-    return out
+    return replayed_and_own(actor, batch_from_payload(payload), INDEXER_REPLAY.replaying)
 
 
 def _train_forward_gaps(actor, payload) -> dict:

@@ -15,37 +15,25 @@ CONFIGS = {"tp2": ["--tensor-model-parallel-size", "2"], "cp2": ["--context-para
 
 
 def run(rank: int, world: int, port: int, ckpt: str, rollout_path: str, out_dir: str, names: list[str]) -> None:
-    from contextlib import nullcontext
+    from replay_helpers import run_layouts
 
-    from glm5_helpers import init_rank
-    from slime.backends.megatron.actor import MegatronTrainRayActor
+    run_layouts(rank, world, port, ckpt, rollout_path, out_dir, names, "--use-rollout-routing-replay", CONFIGS,
+                _biased_routers_measure)
+
+
+def _biased_routers_measure(name: str, actor, payload) -> dict:
+    """With experts 6 and 7 winning every choice the routers make themselves: the log-probs replayed and routed by
+    themselves."""
+    from replay_helpers import replayed_and_own
+
     from slime.backends.megatron.rollout_data import batch_from_payload
-    from slime.config.arguments import parse_args
     from slime.utils.routing_replay import REPLAY
     from slime_plugins.models.common.moe import MoELayer
 
-    init_rank(rank, world, port)
-    payload = torch.load(rollout_path, weights_only=False)
-    for name in names:
-        args = parse_args(["--hf-checkpoint", ckpt, "--num-rollout", "1", "--global-batch-size", "4",
-                           "--micro-batch-size", "2", "--actor-num-gpus-per-node", str(world),
-                           "--use-rollout-routing-replay", *CONFIGS[name]])
-        actor = MegatronTrainRayActor(world, rank)
-        actor.init(args)
-        for m in actor.model.modules():
-            if isinstance(m, MoELayer):  # experts 6 and 7 win every choice the routers make themselves
-                m.expert_bias.copy_(torch.tensor([0, 0, 0, 0, 0, 0, 5.0, 5.0]))
-        batch = batch_from_payload(payload)
-        everything = list(range(len(batch)))
-        out = {}
-        for replay in (True, False):
-            with REPLAY.replaying("rollout", batch) if replay else nullcontext():
-                lp = actor._log_probs_of(batch, everything)
-            out[replay] = [lp[i] for i in everything]
-        if rank == 0:
-            torch.save(out, os.path.join(out_dir, f"{name}.pt"))
-        dist.barrier()
-    dist.destroy_process_group()
+    for m in actor.model.modules():
+        if isinstance(m, MoELayer):
+            m.expert_bias.copy_(torch.tensor([0, 0, 0, 0, 0, 0, 5.0, 5.0]))
+    return replayed_and_own(actor, batch_from_payload(payload), lambda batch: REPLAY.replaying("rollout", batch))
 
 
 def run_families(rank: int, world: int, port: int, items: list, out_dir: str) -> None:
@@ -54,6 +42,8 @@ def run_families(rank: int, world: int, port: int, items: list, out_dir: str) ->
     from contextlib import nullcontext
 
     from glm5_helpers import init_rank
+    from replay_helpers import all_log_probs
+
     from slime.backends.megatron.actor import MegatronTrainRayActor
     from slime.backends.megatron.rollout_data import batch_from_payload
     from slime.config.arguments import parse_args
@@ -68,10 +58,8 @@ def run_families(rank: int, world: int, port: int, items: list, out_dir: str) ->
         actor = MegatronTrainRayActor(world, rank)
         actor.init(args)
         batch = batch_from_payload(torch.load(payload_path, weights_only=False))
-        everything = list(range(len(batch)))
         with REPLAY.replaying("rollout", batch):
-            lp = actor._log_probs_of(batch, everything)
-        out = {"replayed": [lp[i] for i in everything], "ids": {}}
+            out = {"replayed": all_log_probs(actor, batch), "ids": {}}
         layers = [m for m in actor.model.modules() if isinstance(m, MoELayer)]
         gen = torch.Generator().manual_seed(0)
         with torch.no_grad():
@@ -88,7 +76,7 @@ def run_families(rank: int, world: int, port: int, items: list, out_dir: str) ->
             MoELayer.route = spy
             try:
                 with REPLAY.replaying("rollout", batch) if replay else nullcontext():
-                    actor._log_probs_of(batch, everything)
+                    all_log_probs(actor, batch)
             finally:
                 MoELayer.route = original
             out["ids"][replay] = seen

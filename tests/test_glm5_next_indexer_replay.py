@@ -10,6 +10,7 @@ import base64
 import numpy as np
 import pytest
 import torch
+from replay_helpers import all_log_probs, max_diff
 
 from slime.config.arguments import parse_args
 
@@ -94,12 +95,7 @@ def _log_probs(actor, batch, replay):
     from slime.utils.indexer_replay import INDEXER_REPLAY
 
     with INDEXER_REPLAY.replaying(batch) if replay else nullcontext():
-        out = actor._log_probs_of(batch, list(range(len(batch))))
-    return [out[i] for i in range(len(batch))]
-
-
-def _max_diff(a, b):
-    return max(float((x - torch.tensor(y)).abs().max()) for x, y in zip(a, b))
+        return all_log_probs(actor, batch)
 
 
 def _trainer_selections(actor, tokens):
@@ -139,7 +135,7 @@ def test_engine_records_the_trainers_selection_and_replay_matches_its_log_probs(
         assert torch.equal(mine[2][: len(s.tokens) - 1].to(torch.int32), rows[:, 2])
         assert torch.equal(mine[3], mine[2])
     assert max(len(s.tokens) for s in samples) > WIDTH  # some queries drop keys: the selection matters
-    diff = _max_diff(_log_probs(actor, batch, replay=True), batch.rollout_log_probs)
+    diff = max_diff(_log_probs(actor, batch, replay=True), batch.rollout_log_probs)
     assert diff <= 1e-5, diff
 
 
@@ -157,8 +153,8 @@ def test_replay_uses_the_rollouts_selection_after_the_trainers_indexer_changed(a
                            != torch.as_tensor(s.rollout_indexer_topk)[:, 2]).any(-1).sum())
                       for s in samples if len(s.tokens) > WIDTH)
         assert changed > 0  # the trainer would now attend over other keys
-        replayed = _max_diff(_log_probs(actor, batch, replay=True), batch.rollout_log_probs)
-        own = _max_diff(_log_probs(actor, batch, replay=False), batch.rollout_log_probs)
+        replayed = max_diff(_log_probs(actor, batch, replay=True), batch.rollout_log_probs)
+        own = max_diff(_log_probs(actor, batch, replay=False), batch.rollout_log_probs)
     finally:
         model.load_state_dict(saved, strict=False)
     assert replayed <= 1e-5 and own > 1e-3, (replayed, own)
@@ -292,6 +288,6 @@ def test_replay_at_tp2_cp2_pp2_ep2_and_under_recompute_uses_the_engines_selectio
     assert gaps[True] <= 1e-5 and gaps[False] > 1e-3, gaps
     for name in names[:-1]:
         got = torch.load(tmp_path / f"{name}.pt")
-        assert _max_diff(got[True], batch.rollout_log_probs) <= 1e-5, name
-        assert _max_diff(got[False], batch.rollout_log_probs) > 1e-3, name
+        assert max_diff(got[True], batch.rollout_log_probs) <= 1e-5, name
+        assert max_diff(got[False], batch.rollout_log_probs) > 1e-3, name
     assert torch.load(tmp_path / "pp2.pt")["dsa_layers"] == [[], [2, 3]]  # the selection reaches the second stage

@@ -12,7 +12,8 @@ from contextlib import ExitStack
 
 import pytest
 import torch
-from test_glm5_next_indexer_replay import LAYERS, _engine_rollout, _max_diff, _perturb_indexers, _samples
+from replay_helpers import all_log_probs, max_diff
+from test_glm5_next_indexer_replay import LAYERS, _engine_rollout, _perturb_indexers, _samples
 
 from slime.config.arguments import parse_args
 
@@ -44,8 +45,7 @@ def _log_probs(actor, batch, indexers: bool, routes: bool):
             stack.enter_context(INDEXER_REPLAY.replaying(batch))
         if routes:
             stack.enter_context(REPLAY.replaying("rollout", batch))
-        out = actor._log_probs_of(batch, list(range(len(batch))))
-    return [out[i] for i in range(len(batch))]
+        return all_log_probs(actor, batch)
 
 
 def _perturb_routers(model, seed=1):
@@ -78,7 +78,7 @@ def test_indexer_and_routing_replay_each_honour_their_own_selection(tiny_ckpt):
             _perturb_indexers(model)
         if changed != "indexers":
             _perturb_routers(model)
-        gap[changed] = {(i, r): _max_diff(_log_probs(actor, batch, i, r), want)
+        gap[changed] = {(i, r): max_diff(_log_probs(actor, batch, i, r), want)
                         for i in (True, False) for r in (True, False)}
         model.load_state_dict(weights, strict=False)
     ind, rou, both = gap["indexers"], gap["routers"], gap["both"]
@@ -113,7 +113,7 @@ def test_mtp_training_with_indexer_replay_replays_the_main_layers_only(tiny_ckpt
     seen, original = [], attention.replayed
     monkeypatch.setattr(attention, "replayed", lambda topk, replay, layer: seen.append(layer) or original(
         topk, replay, layer))
-    replayed = _max_diff(_log_probs(actor, batch, True, False), batch.rollout_log_probs)
+    replayed = max_diff(_log_probs(actor, batch, True, False), batch.rollout_log_probs)
     assert set(seen) == {2}, seen
     assert replayed <= 1e-5, replayed
     gaps, weights = {}, {k: v.detach().clone() for k, v in model.state_dict().items() if torch.is_tensor(v)}

@@ -4,6 +4,7 @@ process: the embedded engine returns the experts its routers chose per token (SG
 
 import pytest
 import torch
+from replay_helpers import all_log_probs, max_diff
 
 from slime.config.arguments import parse_args
 
@@ -73,12 +74,7 @@ def _log_probs(actor, batch, replay):
     from slime.utils.routing_replay import REPLAY
 
     with REPLAY.replaying("rollout", batch) if replay else nullcontext():
-        out = actor._log_probs_of(batch, list(range(len(batch))))
-    return [out[i] for i in range(len(batch))]
-
-
-def _max_diff(a, b):
-    return max(float((x - torch.tensor(y)).abs().max()) for x, y in zip(a, b))
+        return all_log_probs(actor, batch)
 
 
 def test_changed_router_bias_still_routes_as_the_engine(actor, rollout):
@@ -88,7 +84,7 @@ def test_changed_router_bias_still_routes_as_the_engine(actor, rollout):
     layers = _moe_layers(actor)
     saved = [m.expert_bias.clone() for m in layers]
     before = _log_probs(actor, batch, replay=True)
-    assert _max_diff(before, batch.rollout_log_probs) < 1e-4  # same weights: the engine's values
+    assert max_diff(before, batch.rollout_log_probs) < 1e-4  # same weights: the engine's values
     try:
         for m in layers:  # experts 6 and 7 (group 2) win every choice
             m.expert_bias.copy_(torch.tensor([0, 0, 0, 0, 0, 0, 5.0, 5.0]))
@@ -97,8 +93,8 @@ def test_changed_router_bias_still_routes_as_the_engine(actor, rollout):
     finally:
         for m, b in zip(layers, saved):
             m.expert_bias.copy_(b)
-    assert _max_diff(replayed, batch.rollout_log_probs) < 1e-4
-    assert _max_diff(own, batch.rollout_log_probs) > 1e-2  # measured ~0.5: routing by itself differs
+    assert max_diff(replayed, batch.rollout_log_probs) < 1e-4
+    assert max_diff(own, batch.rollout_log_probs) > 1e-2  # measured ~0.5: routing by itself differs
 
 
 def test_changed_router_weights_route_every_token_as_the_engine(actor, rollout, monkeypatch):
@@ -249,8 +245,8 @@ def test_replay_at_tp2_cp2_ep2_routes_as_the_engine(tiny_ckpt, rollout, tmp_path
     spawn_ranks(run, 2, tiny_ckpt, path, str(tmp_path), names)
     for name in names:
         got = torch.load(tmp_path / f"{name}.pt")
-        assert _max_diff(got[True], batch.rollout_log_probs) < 1e-4, name
-        assert _max_diff(got[False], batch.rollout_log_probs) > 1e-2, name
+        assert max_diff(got[True], batch.rollout_log_probs) < 1e-4, name
+        assert max_diff(got[False], batch.rollout_log_probs) > 1e-2, name
 
 
 def steer_experts_before_training(args, rollout_id, step_id, model, optimizer, scheduler):
@@ -349,7 +345,7 @@ def test_other_moe_families_replay_the_engines_routes(model_type, families):
     by the trainer (one spawned rank for both families), give the engine's log-probs; with the router weights
     scrambled every fed token still goes to the engine's experts, and by themselves the routers choose others."""
     samples, got = families[model_type]
-    assert _max_diff(got["replayed"], [s.rollout_log_probs for s in samples]) < 1e-4
+    assert max_diff(got["replayed"], [s.rollout_log_probs for s in samples]) < 1e-4
     moe = sorted(k for k in got["ids"][True] if k is not None)
     assert moe, "no MoE layer replayed"
     differs = 0
