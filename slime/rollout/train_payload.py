@@ -35,9 +35,9 @@ def pack_samples(samples: Sequence[Any], reward_key: str | None = None) -> dict[
         "rollout_log_probs": np.fromiter((x for s in samples for x in s.rollout_log_probs), dtype=np.float32,
                                          count=int(response.sum())) if with_lp else None,
         # --use-rollout-routing-replay: the engines' experts of each sample's fed tokens, int32 [sum(len - 1), L, k]
-        "rollout_routed_experts": _routes_of(samples, lengths),
+        "rollout_routed_experts": _routes_of(samples, lengths, masks),
         # --use-rollout-indexer-replay: the engines' DSA selections, int32 [sum(len - 1), L, width] (same rows)
-        "rollout_indexer_topk": _routes_of(samples, lengths, "rollout_indexer_topk"),
+        "rollout_indexer_topk": _routes_of(samples, lengths, masks, "rollout_indexer_topk"),
         "teacher_log_probs": np.concatenate([_teacher_of(s) for s in samples]) if with_teacher else None,
         "rollout_ids": rollout_ids_of(samples),
     }
@@ -68,12 +68,26 @@ def _teacher_of(sample) -> np.ndarray:
     return values
 
 
-def _routes_of(samples: Sequence[Any], lengths: np.ndarray, name: str = "rollout_routed_experts") -> np.ndarray | None:
-    """The per-token rows `name` of every sample (one per token but the last), concatenated; None if one lacks them."""
+def _routes_of(samples: Sequence[Any], lengths: np.ndarray, masks: Sequence[Sequence[int]],
+               name: str = "rollout_routed_experts") -> np.ndarray | None:
+    """The per-token rows `name` of every sample (one per token but the last), concatenated; None if one lacks them.
+    A sample whose last piece is a tool or environment turn has rows only for the tokens the engine was fed (its
+    last request's); the rows of the tokens after them are NOT_FED (the trainer keeps its own choice there). Those
+    tokens may only precede untrained ones: a trained token needs every earlier token's row."""
     if not samples or any(getattr(s, name, None) is None for s in samples):
         return None
+    from slime.utils.routing_replay import NOT_FED
+
     routes = [np.asarray(getattr(s, name), dtype=np.int32) for s in samples]
-    for s, r, n in zip(samples, routes, lengths):
+    for k, (s, r, n, mask) in enumerate(zip(samples, routes, lengths, masks)):
+        fed = r.shape[0] if r.ndim == 3 else n - 1
+        if fed < n - 1:
+            trained = [t for t, m in enumerate(mask, start=n - len(mask)) if m and t > fed]
+            if trained:
+                raise ValueError(f"sample {getattr(s, 'index', '?')}: {name} covers the first {fed} tokens the engine "
+                                 f"was fed, but token {trained[0]} of {n} after them is trained; a model turn needs "
+                                 "its meta_info (append_response_tokens(..., meta_info=...))")
+            routes[k] = r = np.concatenate([r, np.full((n - 1 - fed, *r.shape[1:]), NOT_FED, dtype=np.int32)])
         if r.ndim != 3 or r.shape[0] != n - 1:
             raise ValueError(f"sample {getattr(s, 'index', '?')}: {name} has shape {r.shape}, expected "
                              f"({n - 1}, layers, k): one row per token but the last")

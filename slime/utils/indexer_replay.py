@@ -10,8 +10,10 @@ selected key positions of that token, counted from the sequence's first token, i
 (`ops.kpool_indexer`, transformers' Glm5NextTextIndexer): the best pools' tokens first, then with
 index_kpool_always_select_tail the visible incomplete pool, -1 in unused slots; width = index_topk
 (+ index_kpool - 1 with the tail). Prompt tokens are recorded too (the engine's prefill runs the indexer over
-them), so every position whose log-prob is trained attends over exactly the rollout's keys; the sample's last
-token, never fed to the engine, and padding keep the trainer's own selection (nothing trained reads them).
+them), so every position whose log-prob is trained attends over exactly the rollout's keys; the tokens never fed
+to the engine (each sample's last, and a tool turn that ends the sample after the engine's last request: their
+rows are NOT_FED, slime.utils.routing_replay) and padding keep the trainer's own selection (nothing trained reads
+them: they only shape their own, loss-masked, log-probs).
 
 Trainer side: `INDEXER_REPLAY.replaying(batch)` around the log-prob and training passes; `selection(mb)` lays
 the rollout's rows out as the micro-batch's tokens sit on this rank (its context-parallel chunks; the DSA layers

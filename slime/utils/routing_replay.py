@@ -6,8 +6,8 @@ Sources of the choices, per pass over packed micro-batches:
   over the sample's tokens but the last; SGLang's `return_routed_experts`);
 - "recorded": the routers' own choices in an earlier pass over the same micro-batches (`record`).
 The gate weights are always the current router's scores at the replayed experts (so the router still learns);
-only the choice is replayed. Tokens without a replayed choice (padding, a sample's last token, MTP layers)
-are routed by the router.
+only the choice is replayed. Tokens without a replayed choice (padding, a sample's last token, the tokens of a
+tool turn that ends a sample after the engine's last request, MTP layers) are routed by the router.
 
 The choices reach a layer through `REPLAY`: the trainer calls `begin_micro_batch(mb)` before each micro-batch's
 forward; a layer's forward that runs during backward (activation recompute) takes the micro-batch of its
@@ -134,14 +134,21 @@ class RoutingReplay:
         return ids, valid
 
 
+NOT_FED = -2
+"""The value of every slot of a row the engine never recorded: the tokens after its last request's (a tool or
+environment turn that ends the sample; slime.rollout.train_payload fills them). No expert id or key position is
+negative but -1 (an unused indexer slot), so such a row cannot be an engine's."""
+
+
 def rows_as_packed(per_sample: Sequence[Any], tokens: Sequence[Sequence[int]], mb: Any, inner: tuple[int, ...],
                    fill: int, misfit: Callable[[int, tuple[int, ...], int], Exception]
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows an engine recorded per fed token (sample i's: int32 [len - 1, *inner], every token but the last) laid
     out as this rank's tokens of packed micro-batch `mb` (its context-parallel chunks): (rows int32
-    [T_local, *inner], bool [T_local]: the token has a recorded row); each sample's last token and the padding
-    hold `fill`. `misfit(i, shape, tokens)`: the error for sample i's rows of another shape. Routing replay and
-    indexer top-k replay (slime.utils.indexer_replay) both lay out their payloads with it."""
+    [T_local, *inner], bool [T_local]: the token has a recorded row); each sample's last token, its NOT_FED rows
+    and the padding hold `fill` and keep the trainer's own choice. `misfit(i, shape, tokens)`: the error for
+    sample i's rows of another shape. Routing replay and indexer top-k replay (slime.utils.indexer_replay) both lay
+    out their payloads with it."""
     total = int(mb.tokens.shape[-1])
     ids = torch.full((total, *inner), fill, dtype=torch.int32)
     valid = torch.zeros(total, dtype=torch.bool)
@@ -151,8 +158,9 @@ def rows_as_packed(per_sample: Sequence[Any], tokens: Sequence[Sequence[int]], m
         if rows.ndim != len(inner) + 1 or rows.shape[0] != n - 1 or (n > 1 and tuple(rows.shape[1:]) != inner):
             raise misfit(i, tuple(rows.shape), n)
         if n > 1:  # a one-token sample has no rows (and its empty ones may be laid out otherwise)
-            ids[starts[j]:starts[j] + n - 1] = rows
-            valid[starts[j]:starts[j] + n - 1] = True
+            fed = ~(rows.reshape(n - 1, -1) == NOT_FED).all(1) if rows[0].numel() else torch.ones(n - 1, dtype=bool)
+            ids[starts[j]:starts[j] + n - 1] = torch.where(fed.reshape(-1, *[1] * len(inner)), rows, fill)
+            valid[starts[j]:starts[j] + n - 1] = fed
     if mb.cp is not None:
         local = mb.cp.local_index.cpu()
         ids, valid = ids[local], valid[local]
