@@ -37,8 +37,10 @@ def _engine_rows(n, seed=0):
             "topk": torch.randint(-1, n, (n, 2, 3), generator=g, dtype=torch.int32)}
 
 
-def _tool_ending_sample():
+def _tool_ending_sample(experts=None):
     rows = _engine_rows(32)
+    if experts is not None:
+        rows["experts"] = experts
     s = Sample(index=0, tokens=[1, 2, 3], reward=1.0)
     _model_turn(s, rows, [4, 5, 6])
     s.append_response_tokens(ARGS, tokens=[7, 8], trainable=False)  # a tool call's observation
@@ -86,6 +88,33 @@ def test_a_trained_token_after_the_fed_rows_is_refused():
     s.append_response_tokens(ARGS, tokens=[14, 15], log_probs=[-1.0, -1.0])
     with pytest.raises(ValueError, match=r"sample 0: rollout_routed_experts covers the first 9 tokens .* token 13 "):
         pack_samples([s])
+
+
+def test_the_sample_is_upstreams_and_upstreams_trainer_refuses_it():
+    """Upstream's Sample builds the same tokens, loss mask, log-probs and rows (the fed tokens': 9 of 12) from the
+    same engine answers; upstream's trainer (prepare_routed_experts_for_routing_replay) then refuses it with a bare
+    assertion (recorded: tests/data/upstream_tool_tail_cases.json), and so does this project's copy of that path
+    (one line); this project's trainer path packs it: the engine's 9 rows, 3 NOT_FED."""
+    import json
+    import os
+
+    from slime.backends.megatron_utils import cp_utils
+    from slime.rollout.train_payload import pack_samples
+
+    with open(os.path.join(os.path.dirname(__file__), "data", "upstream_tool_tail_cases.json")) as f:
+        up = json.load(f)
+    assert up["repository"] == "THUDM/slime" and len(up["commit"]) == 40
+    assert up["trainer_refuses"]["type"] == "AssertionError"
+    s, _ = _tool_ending_sample(torch.tensor(up["engine_routes"], dtype=torch.int32))
+    assert (s.tokens, s.loss_mask, s.rollout_log_probs) == (up["tokens"], up["loss_mask"], up["rollout_log_probs"])
+    assert torch.as_tensor(s.rollout_routed_experts).tolist() == up["rollout_routed_experts"]
+    with pytest.raises(ValueError, match="do not cover tokens .* but the last"):
+        cp_utils.prepare_routed_experts_for_routing_replay([torch.as_tensor(s.rollout_routed_experts)],
+                                                           [torch.tensor(s.tokens)], num_experts=8,
+                                                           data_pad_size_multiplier=1, sequence_parallel=False,
+                                                           allgather_cp=False)
+    packed = pack_samples([s])["rollout_routed_experts"]
+    assert packed[:9].tolist() == up["rollout_routed_experts"] and bool((packed[9:] == NOT_FED).all())
 
 
 @pytest.fixture(scope="module")
