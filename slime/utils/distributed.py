@@ -124,6 +124,9 @@ def abort_custom_process_group(group: Any) -> None:
 
 
 def destroy_custom_process_group(group: Any) -> None:
+    """Unregister the group. Its gloo worker threads stop only when the caller drops its last reference: a
+    process that exits still holding the group frees it during interpreter shutdown, where a worker releasing
+    its last collective's tensors needs the GIL, is ended by Python, and the process aborts."""
     try:
         dist.destroy_process_group(group)
     except Exception:
