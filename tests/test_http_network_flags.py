@@ -92,7 +92,10 @@ def test_distributed_post_spreads_posts_over_ray_actors_on_the_nodes(servers):
     started = not ray.is_initialized()
     if started:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        # a cluster of its own: a bare ray.init() joins the cluster another process on this machine recorded
+        # (cluster_utils or `ray start`), and with num_cpus it then fails with "When connecting to an existing
+        # cluster, num_cpus and num_gpus must not be provided"
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         http_utils.init_http_client(_args(router_url, use_distributed_post=True, actor_num_gpus_per_node=2,
                                           sglang_server_concurrency=4, max_concurrency=8))
@@ -100,19 +103,21 @@ def test_distributed_post_spreads_posts_over_ray_actors_on_the_nodes(servers):
         nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
         assert len(actors) == 2 * len(nodes)
 
-        async def four():
-            return await asyncio.gather(*(http_utils.post(router_url + "/generate", {"i": i}) for i in range(4)))
+        n = 2 * len(actors)  # two posts per actor, in turn (an earlier test's Ray may have several nodes)
 
-        outs = asyncio.run(four())
+        async def posts():
+            return await asyncio.gather(*(http_utils.post(router_url + "/generate", {"i": i}) for i in range(n)))
+
+        outs = asyncio.run(posts())
         stats = ray.get([a.stats.remote() for a in actors])
-        assert [s["sent"] for s in stats] == [2, 2] and {s["node_id"] for s in stats} == nodes
-        assert sorted(b["i"] for _, b in _Direct.seen) == [0, 1, 2, 3]
+        assert [s["sent"] for s in stats] == [2] * len(actors) and {s["node_id"] for s in stats} == nodes
+        assert sorted(b["i"] for _, b in _Direct.seen) == list(range(n))
         assert all(o["via"] == "direct" for o in outs) and len({o["pid"] for o in outs}) == 1  # the server's pid
         ray.kill(actors[0])  # a failing actor: its posts are sent from here (upstream's fallback)
         with pytest.raises(ray.exceptions.RayActorError):  # dead before the posts (kill is asynchronous)
             ray.get(actors[0].stats.remote(), timeout=60)
-        assert asyncio.run(four())
-        assert len(_Direct.seen) == 8
+        assert asyncio.run(posts())
+        assert len(_Direct.seen) == 2 * n
     finally:
         http_utils.stop_posters()
         if started:
