@@ -32,7 +32,8 @@ def two_engine_manager(base, num_cpus: int, **overrides: Any) -> Iterator[tuple[
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+        # a cluster of its own: a bare ray.init() joins one another process on the machine recorded
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
     handle = create_rollout_manager(args)
     try:
         yield handle, args

@@ -102,7 +102,8 @@ def test_engine_actor_holds_all_its_devices_on_ray(gpu_standin):
     if ray.is_initialized():
         pytest.skip("needs its own Ray session with declared GPUs")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False)
+    # a cluster of its own: a bare ray.init() joins one another process on the machine recorded
+    ray.init(address="local", num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False)
     try:
         slots = create_placement_groups(_args(per_node=2, rollout=2, per_engine=2), cpus_per_bundle=0.25)
         rollout = slots["rollout"]
