@@ -57,17 +57,22 @@ def _world_line(args: argparse.Namespace, arch, world: int, tp: int, pp: int, cp
             f"world that is a multiple of {tp * pp * cp}")
 
 
-def _architecture(hf_config: dict | None):
-    """The family's architecture dataclass, or None when there is no config.json or the family is unknown or
-    refuses it (reported by the model checks, not here)."""
+def parsed_architecture(hf_config: dict | None):
+    """The family's architecture dataclass of config.json, or None when there is none or the family is unknown or
+    refuses it (reported by the model checks, not by the layout checks that call this)."""
     if not hf_config:
         return None
     from slime_plugins.models.registry import UnsupportedModelError, get_family
 
     try:
-        arch = get_family(hf_config.get("model_type")).parse(hf_config)
+        return get_family(hf_config.get("model_type")).parse(hf_config)
     except (UnsupportedModelError, ValueError, TypeError, KeyError):
         return None
+
+
+def _architecture(hf_config: dict | None):
+    """parsed_architecture, when its family states how it splits (check_parallel)."""
+    arch = parsed_architecture(hf_config)
     return arch if hasattr(arch, "check_parallel") else None
 
 

@@ -276,12 +276,9 @@ def _require_whole_indexer_chains(args: argparse.Namespace, counts: list[int]) -
     """A DSA layer with indexer type "shared" (GLM-5, glm5_next configs that set them) reuses the top-k of the
     layer right before it, which only exists in the same forward: a stage must not start with one. Caught here,
     before Ray, instead of a RuntimeError at the first long enough sequence."""
-    from slime_plugins.models.registry import UnsupportedModelError, get_family
+    from slime.config.parallel_sizes import parsed_architecture
 
-    try:
-        arch = get_family(args.hf_config.get("model_type")).parse(args.hf_config)
-    except (UnsupportedModelError, ValueError, TypeError, KeyError):
-        return  # the model checks report it
+    arch = parsed_architecture(args.hf_config)  # None: the model checks report why
     if not callable(getattr(arch, "indexer_type", None)):
         return
     starts = [sum(counts[:k]) for k in range(1, len(counts))]
